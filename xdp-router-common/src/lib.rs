@@ -1,0 +1,196 @@
+//! The map ABI shared by the xdp-router eBPF program and `xdp-routerd`.
+//!
+//! Everything here is `#[repr(C)]` with fixed-width fields and explicit padding, so the eBPF side
+//! and the daemon agree byte for byte. Byte order is named on every field: `_be` fields hold the
+//! value exactly as it appears on the wire (network byte order, read from packet memory as a
+//! native integer); everything else is host order. A compile-time assert pins each type's size.
+#![no_std]
+
+pub mod checksum;
+pub mod reason;
+
+pub use reason::Reason;
+
+/// Name of the XDP program in the object file.
+pub const PROG_NAME: &str = "xdp_router";
+
+/// Map names (at most 15 bytes: the kernel truncates longer ones).
+pub const MAP_FLOWS_V4: &str = "FLOWS_V4";
+pub const MAP_FLOWS_V6: &str = "FLOWS_V6";
+pub const MAP_IFACES: &str = "IFACES";
+pub const MAP_TX_PORTS: &str = "TX_PORTS";
+pub const MAP_STATS: &str = "STATS";
+pub const MAP_SETTINGS: &str = "SETTINGS";
+
+/// Default capacity of each flow map (per address family); the daemon overrides it from the
+/// config at load time (`EbpfLoader::map_max_entries`).
+pub const DEFAULT_FLOW_CAPACITY: u32 = 65_536;
+
+/// Number of interface slots in [`MAP_STATS`]. Slot 0 counts packets whose ingress interface is
+/// not in [`MAP_IFACES`] (which should not happen: the program is only attached to managed ones).
+pub const MAX_IFACE_SLOTS: u32 = 64;
+
+/// Entries of the per-CPU [`MAP_STATS`] array: one [`Counter`] per (interface slot, reason).
+pub const STATS_ENTRIES: u32 = MAX_IFACE_SLOTS * Reason::COUNT;
+
+/// Index into [`MAP_STATS`] for an interface slot and a reason.
+#[inline(always)]
+pub const fn stats_index(slot: u32, reason: Reason) -> u32 {
+    slot * Reason::COUNT + reason as u32
+}
+
+/// Key of [`MAP_FLOWS_V4`]: one direction of a connection as it arrives on `ifindex`.
+///
+/// The ingress interface is part of the key so a host on one side cannot ride a flow that was
+/// set up for the other side.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKeyV4 {
+    /// Ingress interface index (host order).
+    pub ifindex: u32,
+    /// Source address (network order).
+    pub src_be: u32,
+    /// Destination address (network order).
+    pub dst_be: u32,
+    /// Source port (network order).
+    pub sport_be: u16,
+    /// Destination port (network order).
+    pub dport_be: u16,
+    /// IP protocol number (6 = TCP, 17 = UDP).
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<FlowKeyV4>() == 20);
+
+/// Key of [`MAP_FLOWS_V6`]; see [`FlowKeyV4`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKeyV6 {
+    /// Ingress interface index (host order).
+    pub ifindex: u32,
+    /// Source address (network order, as four raw 32-bit words).
+    pub src_be: [u32; 4],
+    /// Destination address (network order).
+    pub dst_be: [u32; 4],
+    /// Source port (network order).
+    pub sport_be: u16,
+    /// Destination port (network order).
+    pub dport_be: u16,
+    /// IP protocol number (6 = TCP, 17 = UDP).
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<FlowKeyV6>() == 44);
+
+/// `FlowV4::flags` / `FlowV6::flags`: this entry is the reply direction of its connection.
+pub const FLOW_F_REPLY: u32 = 1 << 0;
+/// The source address or port is rewritten (SNAT, or the reverse of a DNAT on replies).
+pub const FLOW_F_REWRITE_SRC: u32 = 1 << 1;
+/// The destination address or port is rewritten (DNAT, or the reverse of an SNAT on replies).
+pub const FLOW_F_REWRITE_DST: u32 = 1 << 2;
+
+/// Traffic counters of one flow direction, updated atomically by the datapath.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowCounters {
+    /// Packets forwarded by the fast path.
+    pub packets: u64,
+    /// Bytes forwarded by the fast path (L2 frame length as received).
+    pub bytes: u64,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) of the last forwarded packet; 0 = never.
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<FlowCounters>() == 24);
+
+/// Value of [`MAP_FLOWS_V4`]: what to do with a packet matching the key.
+///
+/// After the rewrite the packet carries `new_src_be:new_sport_be -> new_dst_be:new_dport_be`.
+/// Without NAT these equal the key's fields and both checksum diffs are 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowV4 {
+    pub new_src_be: u32,
+    pub new_dst_be: u32,
+    pub new_sport_be: u16,
+    pub new_dport_be: u16,
+    /// `FLOW_F_*`.
+    pub flags: u32,
+    /// One's-complement sum to add to the IPv4 header checksum for the address rewrite
+    /// (see [`checksum::nat_diff_v4`]); computed once per flow by the daemon.
+    pub l3_csum_diff: u32,
+    /// One's-complement sum to add to the TCP/UDP checksum for the address + port rewrite.
+    pub l4_csum_diff: u32,
+    pub _pad: u32,
+    pub counters: FlowCounters,
+}
+const _: () = assert!(core::mem::size_of::<FlowV4>() == 56);
+
+/// Value of [`MAP_FLOWS_V6`]; see [`FlowV4`]. IPv6 has no header checksum.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowV6 {
+    pub new_src_be: [u32; 4],
+    pub new_dst_be: [u32; 4],
+    pub new_sport_be: u16,
+    pub new_dport_be: u16,
+    /// `FLOW_F_*`.
+    pub flags: u32,
+    /// One's-complement sum to add to the TCP/UDP checksum for the address + port rewrite.
+    pub l4_csum_diff: u32,
+    pub _pad: u32,
+    pub counters: FlowCounters,
+}
+const _: () = assert!(core::mem::size_of::<FlowV6>() == 72);
+
+/// `IfaceInfo::flags`: the interface faces the LAN.
+pub const IFACE_F_LAN: u32 = 1 << 0;
+/// The interface faces the WAN.
+pub const IFACE_F_WAN: u32 = 1 << 1;
+/// Egress on this interface is shaped by a qdisc: the fast path must not bypass it, so packets
+/// routed out of it go to the kernel (`Reason::PassEgressShaped`).
+pub const IFACE_F_SHAPED: u32 = 1 << 2;
+
+/// Value of [`MAP_IFACES`], keyed by ifindex (host order): a managed interface.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IfaceInfo {
+    /// Slot in [`MAP_STATS`], 1..MAX_IFACE_SLOTS.
+    pub slot: u32,
+    /// `IFACE_F_*`.
+    pub flags: u32,
+}
+const _: () = assert!(core::mem::size_of::<IfaceInfo>() == 8);
+
+/// One packets/bytes counter in the per-CPU [`MAP_STATS`] array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+const _: () = assert!(core::mem::size_of::<Counter>() == 16);
+
+/// The single entry (index 0) of the [`MAP_SETTINGS`] array, written by the daemon.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// Non-zero: established flows are forwarded in XDP. Zero: every packet is passed to the
+    /// kernel (`Reason::PassDisabled`). Flipped live for A/B runs; nothing is detached.
+    pub fastpath_enabled: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<Settings>() == 8);
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all of these are #[repr(C)], made only of integers and integer arrays, with
+    // explicit padding fields, so every bit pattern is valid and there are no implicit holes.
+    unsafe impl aya::Pod for FlowKeyV4 {}
+    unsafe impl aya::Pod for FlowKeyV6 {}
+    unsafe impl aya::Pod for FlowV4 {}
+    unsafe impl aya::Pod for FlowV6 {}
+    unsafe impl aya::Pod for IfaceInfo {}
+    unsafe impl aya::Pod for Counter {}
+    unsafe impl aya::Pod for Settings {}
+}

@@ -1,0 +1,123 @@
+//! Why the datapath did what it did with a packet. Every packet is counted under exactly one
+//! reason, per ingress interface, in the per-CPU `STATS` map.
+
+/// Outcome of one packet. `Forwarded*` means the fast path sent it; every `Pass*` means it was
+/// handed to the kernel stack unmodified.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Forwarded by the fast path, original direction of the connection (e.g. LAN -> WAN).
+    ForwardedOriginal = 0,
+    /// Forwarded by the fast path, reply direction (e.g. WAN -> LAN).
+    ForwardedReply = 1,
+    /// The fast path is switched off (`xdp-routerd fastpath off`).
+    PassDisabled = 2,
+    /// Not IPv4/IPv6 (ARP, LLDP, VLAN-tagged, ...).
+    PassNotIp = 3,
+    /// Truncated or malformed headers; the kernel decides what to do with it.
+    PassMalformed = 4,
+    /// IPv4 header with options (IHL > 5).
+    PassIpv4Options = 5,
+    /// IPv4 fragment (MF set or non-zero offset).
+    PassIpv4Fragment = 6,
+    /// IPv6 with an extension header (incl. fragment header) before the transport header.
+    PassIpv6ExtHeader = 7,
+    /// TTL / hop limit <= 1: the kernel sends the ICMP time-exceeded.
+    PassTtlExpired = 8,
+    /// Neither TCP nor UDP (ICMP, GRE, ...).
+    PassNotTcpUdp = 9,
+    /// TCP SYN, FIN or RST: connection setup and teardown stay with conntrack.
+    PassTcpControl = 10,
+    /// No offloaded flow for this 5-tuple and ingress interface.
+    PassNoFlow = 11,
+    /// The FIB says the kernel must handle it (local, blackhole, unreachable, prohibit, ...).
+    PassFibNotForwardable = 12,
+    /// The FIB has a route but no resolved neighbour: the kernel resolves ARP/ND.
+    PassNoNeighbour = 13,
+    /// Packet bigger than the egress MTU: the kernel fragments or sends frag-needed/PTB.
+    PassFragNeeded = 14,
+    /// The egress interface is not managed by xdp-router.
+    PassEgressNotManaged = 15,
+    /// The egress interface has a shaping qdisc the fast path must not bypass.
+    PassEgressShaped = 16,
+}
+
+impl Reason {
+    /// Number of reasons (the `STATS` array's stride per interface slot).
+    pub const COUNT: u32 = 17;
+
+    /// Every reason, in discriminant order.
+    pub const ALL: [Reason; Self::COUNT as usize] = [
+        Reason::ForwardedOriginal,
+        Reason::ForwardedReply,
+        Reason::PassDisabled,
+        Reason::PassNotIp,
+        Reason::PassMalformed,
+        Reason::PassIpv4Options,
+        Reason::PassIpv4Fragment,
+        Reason::PassIpv6ExtHeader,
+        Reason::PassTtlExpired,
+        Reason::PassNotTcpUdp,
+        Reason::PassTcpControl,
+        Reason::PassNoFlow,
+        Reason::PassFibNotForwardable,
+        Reason::PassNoNeighbour,
+        Reason::PassFragNeeded,
+        Reason::PassEgressNotManaged,
+        Reason::PassEgressShaped,
+    ];
+
+    /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Reason::ForwardedOriginal => "forwarded_original",
+            Reason::ForwardedReply => "forwarded_reply",
+            Reason::PassDisabled => "fastpath_disabled",
+            Reason::PassNotIp => "not_ip",
+            Reason::PassMalformed => "malformed",
+            Reason::PassIpv4Options => "ipv4_options",
+            Reason::PassIpv4Fragment => "ipv4_fragment",
+            Reason::PassIpv6ExtHeader => "ipv6_ext_header",
+            Reason::PassTtlExpired => "ttl_expired",
+            Reason::PassNotTcpUdp => "not_tcp_udp",
+            Reason::PassTcpControl => "tcp_syn_fin_rst",
+            Reason::PassNoFlow => "no_flow",
+            Reason::PassFibNotForwardable => "fib_not_forwardable",
+            Reason::PassNoNeighbour => "no_neighbour",
+            Reason::PassFragNeeded => "frag_needed",
+            Reason::PassEgressNotManaged => "egress_not_managed",
+            Reason::PassEgressShaped => "egress_shaped",
+        }
+    }
+
+    /// True for the reasons that mean "forwarded by the fast path".
+    pub const fn is_forwarded(self) -> bool {
+        matches!(self, Reason::ForwardedOriginal | Reason::ForwardedReply)
+    }
+
+    /// The reason with this discriminant, if any.
+    pub const fn from_u32(v: u32) -> Option<Reason> {
+        if v < Self::COUNT {
+            Some(Self::ALL[v as usize])
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_is_in_discriminant_order_and_names_are_unique() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i);
+            assert_eq!(Reason::from_u32(i as u32), Some(*r));
+            for other in &Reason::ALL[..i] {
+                assert_ne!(r.name(), other.name());
+            }
+        }
+        assert_eq!(Reason::from_u32(Reason::COUNT), None);
+    }
+}

@@ -1,0 +1,27 @@
+//! Builds the eBPF object (xdp-router-ebpf) with nightly + bpf-linker and embeds it: the normal
+//! `cargo build` of xdp-routerd produces a daemon that carries its datapath.
+//! `cargo xtask setup` installs what this needs (rust-src on nightly, bpf-linker).
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use aya_build::{Package, Toolchain};
+
+fn main() -> anyhow::Result<()> {
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
+    let ebpf_dir = manifest_dir.join("../xdp-router-ebpf");
+    let ebpf_dir = ebpf_dir
+        .canonicalize()
+        .context("xdp-router-ebpf directory")?;
+    let root_dir = ebpf_dir.to_str().context("non-UTF-8 path")?;
+    aya_build::build_ebpf(
+        [Package {
+            name: "xdp-router-ebpf",
+            root_dir,
+            ..Default::default()
+        }],
+        Toolchain::default(),
+    )
+    .context(
+        "building the eBPF object failed; run `cargo xtask setup` (nightly rust-src + bpf-linker)",
+    )
+}
