@@ -1,4 +1,3 @@
 fn main() {
-    let obj = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp-router"));
-    println!("{}", obj.len());
+    println!("{}", xdp_routerd::datapath::EBPF_OBJECT.len());
 }

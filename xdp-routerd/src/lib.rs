@@ -1,0 +1,4 @@
+//! xdp-routerd: attaches the xdp-router XDP program to the managed interfaces and keeps its maps
+//! in step with the kernel (conntrack over ctnetlink; links, addresses and routes over rtnetlink).
+pub mod datapath;
+pub mod sync;

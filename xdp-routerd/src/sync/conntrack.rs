@@ -1,0 +1,1 @@
+//! Conntrack entries as domain values, and the pure translation from ctnetlink messages.

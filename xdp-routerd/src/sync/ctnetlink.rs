@@ -1,0 +1,1 @@
+//! The ctnetlink socket: dump, events, timeout refresh.

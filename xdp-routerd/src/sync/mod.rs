@@ -1,0 +1,3 @@
+//! Keeping the datapath maps in step with the kernel.
+pub mod conntrack;
+pub mod ctnetlink;
