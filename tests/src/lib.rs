@@ -1,1 +1,2 @@
-//! Shared helpers for the privileged tests.
+//! Shared helpers for the privileged tests (run as root by `cargo xtask test`).
+pub mod netns;

@@ -1,0 +1,147 @@
+//! Network namespaces for privileged tests: created with a unique name, deleted on drop.
+
+use std::{
+    fs::File,
+    os::fd::AsFd,
+    process::{Command, Output},
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A network namespace that lives as long as this value (deleted on drop, even on panic).
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates `xr-<tag>-<pid>-<seq>` (at most 15 chars of tag are kept short by callers).
+    pub fn new(tag: &str) -> Netns {
+        let name = format!(
+            "xr-{tag}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        run_ok("ip", &["netns", "add", &name]);
+        let ns = Netns { name };
+        ns.exec_ok("ip", &["link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// The namespace's name (for `ip netns exec`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs a command inside the namespace and returns its output (does not check the status).
+    pub fn exec(&self, prog: &str, args: &[&str]) -> Output {
+        let mut full = vec!["netns", "exec", &self.name, prog];
+        full.extend_from_slice(args);
+        Command::new("ip")
+            .args(&full)
+            .output()
+            .unwrap_or_else(|e| panic!("spawn ip netns exec {prog}: {e}"))
+    }
+
+    /// Runs a command inside the namespace; panics with its stderr when it fails.
+    pub fn exec_ok(&self, prog: &str, args: &[&str]) -> String {
+        let out = self.exec(prog, args);
+        assert!(
+            out.status.success(),
+            "in netns {}: {prog} {}: {}",
+            self.name,
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs a shell snippet inside the namespace; panics when it fails.
+    pub fn sh(&self, script: &str) -> String {
+        self.exec_ok("sh", &["-c", script])
+    }
+
+    /// A `Command` that will run `prog` inside the namespace (for spawning long-lived processes).
+    pub fn command(&self, prog: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, prog]);
+        c
+    }
+
+    /// Runs `f` on a new thread that has entered this namespace (sockets it creates live there),
+    /// and returns its result.
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+            // SAFETY: setns on a valid namespace fd only changes this (new) thread's netns.
+            let rc = unsafe {
+                libc::setns(
+                    std::os::fd::AsRawFd::as_raw_fd(&file.as_fd()),
+                    libc::CLONE_NEWNET,
+                )
+            };
+            assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    }
+
+    /// Creates a veth pair `a` (in self) ⇄ `b` (in `peer`), both up.
+    pub fn veth(&self, a: &str, peer: &Netns, b: &str) {
+        self.exec_ok(
+            "ip",
+            &["link", "add", a, "type", "veth", "peer", "name", b, "netns", peer.name()],
+        );
+        self.exec_ok("ip", &["link", "set", a, "up"]);
+        peer.exec_ok("ip", &["link", "set", b, "up"]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Kill anything still running inside (only processes this test started live there).
+        let _ = Command::new("ip").args(["netns", "pids", &self.name]).output().map(|o| {
+            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+        });
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// Runs a host command; panics with its stderr when it fails.
+pub fn run_ok(prog: &str, args: &[&str]) -> String {
+    let out = Command::new(prog)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {prog}: {e}"));
+    assert!(
+        out.status.success(),
+        "{prog} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// True when running as root. Privileged tests call [`require_root`] first.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Returns false (after printing a loud SKIP line) when the test cannot run here; panics instead
+/// when `CI` is set, since in CI a skip is a failure.
+pub fn require_root(test: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    let msg = format!("SKIP {test}: needs root (network namespaces, BPF, iptables)");
+    if std::env::var_os("CI").is_some() {
+        panic!("{msg}; CI is set, so a skip is a failure");
+    }
+    eprintln!("\n*** {msg} ***\n");
+    false
+}
