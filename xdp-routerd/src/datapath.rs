@@ -1,4 +1,288 @@
-//! The loaded eBPF object and its typed maps.
+//! The loaded eBPF object: the XDP program, its attachments and typed handles on its maps.
+//!
+//! One [`Datapath`] owns everything the kernel holds for us. Attachments are bpf_links owned by
+//! this process, so when it exits for any reason (SIGTERM, panic, SIGKILL) the kernel detaches
+//! the program and carries every packet itself.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context as _, anyhow, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, MapError, PerCpuArray, xdp::DevMapHash},
+    programs::{Xdp, XdpMode, xdp::XdpLinkId},
+};
+use tracing::{info, warn};
+use xdp_router_common::{
+    Counter, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, MAP_FLOWS_V4, MAP_FLOWS_V6,
+    MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME, Reason,
+    Settings, stats_index,
+};
+
+use crate::{config::XdpModeConfig, flows::FlowTable};
 
 /// The xdp-router eBPF object, built by build.rs (aya-build) and embedded in the binary.
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp-router"));
+pub static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp-router"));
+
+/// How the program ended up attached to an interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachMode {
+    Native,
+    Generic,
+}
+
+impl AttachMode {
+    /// Name used in `status` and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttachMode::Native => "native",
+            AttachMode::Generic => "generic",
+        }
+    }
+}
+
+struct Attachment {
+    link: XdpLinkId,
+    mode: AttachMode,
+}
+
+/// The loaded object, its attachments and typed map handles.
+pub struct Datapath {
+    ebpf: Ebpf,
+    flows_v4: HashMap<MapData, FlowKeyV4, FlowV4>,
+    flows_v6: HashMap<MapData, FlowKeyV6, FlowV6>,
+    ifaces: HashMap<MapData, u32, IfaceInfo>,
+    tx_ports: DevMapHash<MapData>,
+    stats: PerCpuArray<MapData, Counter>,
+    settings: Array<MapData, Settings>,
+    attached: BTreeMap<u32, Attachment>,
+    flow_capacity: u32,
+}
+
+fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(
+    ebpf: &mut Ebpf,
+    name: &str,
+) -> anyhow::Result<T> {
+    let map = ebpf
+        .take_map(name)
+        .ok_or_else(|| anyhow!("eBPF object has no map {name}"))?;
+    T::try_from(map).with_context(|| format!("map {name} has an unexpected type"))
+}
+
+impl Datapath {
+    /// Loads the embedded object with flow maps of `flow_capacity` entries each and verifies
+    /// the program. Nothing is attached yet. The fast path starts switched on.
+    pub fn load(flow_capacity: u32) -> anyhow::Result<Datapath> {
+        Self::load_object(EBPF_OBJECT, flow_capacity)
+    }
+
+    /// [`Datapath::load`] for an arbitrary object (tests).
+    pub fn load_object(object: &[u8], flow_capacity: u32) -> anyhow::Result<Datapath> {
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(MAP_FLOWS_V4, flow_capacity)
+            .map_max_entries(MAP_FLOWS_V6, flow_capacity)
+            .load(object)
+            .map_err(explain_load_error)?;
+        let prog: &mut Xdp = ebpf
+            .program_mut(PROG_NAME)
+            .ok_or_else(|| anyhow!("eBPF object has no program {PROG_NAME}"))?
+            .try_into()?;
+        prog.load()
+            .map_err(|e| anyhow!("the kernel rejected the XDP program: {e:#}"))?;
+        let mut dp = Datapath {
+            flows_v4: take(&mut ebpf, MAP_FLOWS_V4)?,
+            flows_v6: take(&mut ebpf, MAP_FLOWS_V6)?,
+            ifaces: take(&mut ebpf, MAP_IFACES)?,
+            tx_ports: take(&mut ebpf, MAP_TX_PORTS)?,
+            stats: take(&mut ebpf, MAP_STATS)?,
+            settings: take(&mut ebpf, MAP_SETTINGS)?,
+            ebpf,
+            attached: BTreeMap::new(),
+            flow_capacity,
+        };
+        dp.set_fastpath(true)?;
+        Ok(dp)
+    }
+
+    fn program(&mut self) -> anyhow::Result<&mut Xdp> {
+        Ok(self
+            .ebpf
+            .program_mut(PROG_NAME)
+            .ok_or_else(|| anyhow!("eBPF object has no program {PROG_NAME}"))?
+            .try_into()?)
+    }
+
+    /// Registers `ifindex` as managed (stats slot, flags, devmap entry) and attaches the
+    /// program to it. Returns the mode it got.
+    pub fn attach(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        if slot == 0 || slot >= MAX_IFACE_SLOTS {
+            bail!("interface slot {slot} out of range");
+        }
+        self.ifaces
+            .insert(ifindex, IfaceInfo { slot, flags }, 0)
+            .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
+        self.tx_ports
+            .insert(ifindex, ifindex, None, 0)
+            .with_context(|| format!("{name}: cannot add to {MAP_TX_PORTS}"))?;
+        let result = self.attach_program(name, ifindex, mode);
+        if result.is_err() {
+            let _ = self.ifaces.remove(&ifindex);
+            let _ = self.tx_ports.remove(ifindex);
+        }
+        result
+    }
+
+    fn attach_program(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        let prog = self.program()?;
+        let (link, got) = match mode {
+            XdpModeConfig::Generic => (
+                prog.attach_to_if_index(ifindex, XdpMode::Skb)
+                    .map_err(|e| anyhow!("{name}: cannot attach XDP (generic mode): {e}"))?,
+                AttachMode::Generic,
+            ),
+            XdpModeConfig::Native => match prog.attach_to_if_index(ifindex, XdpMode::Driver) {
+                Ok(link) => (link, AttachMode::Native),
+                Err(native_err) => {
+                    warn!(
+                        interface = name,
+                        error = %native_err,
+                        "native XDP attach failed; falling back to generic mode (much slower)"
+                    );
+                    let link = prog
+                        .attach_to_if_index(ifindex, XdpMode::Skb)
+                        .map_err(|e| {
+                            anyhow!("{name}: cannot attach XDP: native: {native_err}; generic: {e}")
+                        })?;
+                    (link, AttachMode::Generic)
+                }
+            },
+        };
+        self.attached
+            .insert(ifindex, Attachment { link, mode: got });
+        info!(
+            interface = name,
+            ifindex,
+            mode = got.as_str(),
+            "XDP program attached"
+        );
+        Ok(got)
+    }
+
+    /// Detaches from `ifindex` (if attached) and forgets it in the maps. Used when an interface
+    /// disappears; the kernel already dropped the link if the device is gone.
+    pub fn detach(&mut self, ifindex: u32) {
+        if let Some(a) = self.attached.remove(&ifindex)
+            && let Ok(prog) = self.program()
+        {
+            let _ = prog.detach(a.link);
+        }
+        let _ = self.ifaces.remove(&ifindex);
+        let _ = self.tx_ports.remove(ifindex);
+    }
+
+    /// Attach mode of `ifindex`, if attached.
+    pub fn attach_mode(&self, ifindex: u32) -> Option<AttachMode> {
+        self.attached.get(&ifindex).map(|a| a.mode)
+    }
+
+    /// Switches the fast path on or off (a map flag; nothing is detached).
+    pub fn set_fastpath(&mut self, on: bool) -> anyhow::Result<()> {
+        self.settings
+            .set(
+                0,
+                Settings {
+                    fastpath_enabled: on as u32,
+                    _pad: 0,
+                },
+                0,
+            )
+            .context("cannot write the settings map")
+    }
+
+    /// Whether the fast path is on.
+    pub fn fastpath(&self) -> anyhow::Result<bool> {
+        Ok(self
+            .settings
+            .get(&0, 0)
+            .context("cannot read the settings map")?
+            .fastpath_enabled
+            != 0)
+    }
+
+    /// Capacity of each flow map.
+    pub fn flow_capacity(&self) -> u32 {
+        self.flow_capacity
+    }
+
+    /// Packets/bytes summed over CPUs for one (interface slot, reason).
+    pub fn counter(&self, slot: u32, reason: Reason) -> anyhow::Result<Counter> {
+        let values = self
+            .stats
+            .get(&stats_index(slot, reason), 0)
+            .context("cannot read the stats map")?;
+        Ok(values.iter().fold(Counter::default(), |acc, c| Counter {
+            packets: acc.packets + c.packets,
+            bytes: acc.bytes + c.bytes,
+        }))
+    }
+
+    /// All IPv4 flow entries (for `flows`).
+    pub fn flows_v4(&self) -> Vec<(FlowKeyV4, FlowV4)> {
+        self.flows_v4.iter().filter_map(Result::ok).collect()
+    }
+
+    /// All IPv6 flow entries (for `flows`).
+    pub fn flows_v6(&self) -> Vec<(FlowKeyV6, FlowV6)> {
+        self.flows_v6.iter().filter_map(Result::ok).collect()
+    }
+}
+
+impl FlowTable for Datapath {
+    fn insert_v4(&mut self, key: &FlowKeyV4, value: &FlowV4) -> Result<(), MapError> {
+        self.flows_v4.insert(key, value, 0)
+    }
+    fn insert_v6(&mut self, key: &FlowKeyV6, value: &FlowV6) -> Result<(), MapError> {
+        self.flows_v6.insert(key, value, 0)
+    }
+    fn remove_v4(&mut self, key: &FlowKeyV4) {
+        let _ = self.flows_v4.remove(key);
+    }
+    fn remove_v6(&mut self, key: &FlowKeyV6) {
+        let _ = self.flows_v6.remove(key);
+    }
+    fn get_v4(&self, key: &FlowKeyV4) -> Option<FlowV4> {
+        self.flows_v4.get(key, 0).ok()
+    }
+    fn get_v6(&self, key: &FlowKeyV6) -> Option<FlowV6> {
+        self.flows_v6.get(key, 0).ok()
+    }
+}
+
+/// Turns the usual load failures into one actionable line.
+fn explain_load_error(e: aya::EbpfError) -> anyhow::Error {
+    let text = format!("{e:#}");
+    if text.contains("Operation not permitted") || text.contains("EPERM") {
+        anyhow!(
+            "cannot load the eBPF program: permission denied (run as root or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON)"
+        )
+    } else if text.contains("btf") || text.contains("BTF") {
+        anyhow!(
+            "cannot load the eBPF program: kernel BTF problem ({text}); a kernel with CONFIG_DEBUG_INFO_BTF is required"
+        )
+    } else {
+        anyhow!("cannot load the eBPF program: {text}")
+    }
+}

@@ -1,4 +1,9 @@
 //! xdp-routerd: attaches the xdp-router XDP program to the managed interfaces and keeps its maps
 //! in step with the kernel (conntrack over ctnetlink; links, addresses and routes over rtnetlink).
+pub mod config;
+pub mod control;
+pub mod daemon;
 pub mod datapath;
+pub mod flows;
+pub mod status;
 pub mod sync;

@@ -1,3 +1,4 @@
 //! Keeping the datapath maps in step with the kernel.
 pub mod conntrack;
 pub mod ctnetlink;
+pub mod rtnl;

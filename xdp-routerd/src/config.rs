@@ -1,0 +1,219 @@
+//! The TOML configuration file (`xdp-routerd run --config FILE`).
+//!
+//! Unknown keys are errors, every field has an explicit default, and errors name the file and
+//! the line so a typo is a one-line fix.
+
+use std::{
+    collections::HashSet,
+    fmt,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Default path of the control socket (root-only Unix socket).
+pub const DEFAULT_CONTROL_SOCKET: &str = "/run/xdp-router/control.sock";
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Unix socket the control commands (`status`, `fastpath`, `flows`) talk to.
+    #[serde(default = "default_control_socket")]
+    pub control_socket: PathBuf,
+    /// How the XDP program is attached.
+    #[serde(default)]
+    pub xdp_mode: XdpModeConfig,
+    /// Capacity of each flow map (one per address family), in flow directions.
+    #[serde(default = "default_flow_capacity")]
+    pub flow_capacity: u32,
+    /// How often the conntrack timeouts of flows that carried fast-path traffic are refreshed.
+    #[serde(default = "default_keepalive_interval_ms")]
+    pub keepalive_interval_ms: u64,
+    /// Log filter (tracing `EnvFilter` syntax, e.g. `info` or `xdp_routerd=debug`); the
+    /// `RUST_LOG` environment variable wins when set.
+    #[serde(default = "default_log_level")]
+    pub log_level: String,
+    /// Interfaces the fast path manages.
+    #[serde(rename = "interface", default)]
+    pub interfaces: Vec<InterfaceConfig>,
+}
+
+/// One managed interface.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterfaceConfig {
+    /// Kernel interface name, e.g. `eth0`.
+    pub name: String,
+    /// Which side of the router it faces.
+    pub role: Role,
+    /// Egress on this interface is shaped (tc qdisc): the fast path never sends out of it, so
+    /// the shaper keeps seeing every packet. Traffic arriving on it is still accelerated.
+    #[serde(default)]
+    pub shaped: bool,
+}
+
+/// Which side of the router an interface faces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Lan,
+    Wan,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Lan => "lan",
+            Role::Wan => "wan",
+        })
+    }
+}
+
+/// XDP attach mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpModeConfig {
+    /// Driver (native) mode; falls back to generic (skb) mode with a warning when the driver
+    /// has no XDP support.
+    #[default]
+    Native,
+    /// Generic (skb) mode: works everywhere, much slower.
+    Generic,
+}
+
+fn default_control_socket() -> PathBuf {
+    PathBuf::from(DEFAULT_CONTROL_SOCKET)
+}
+fn default_flow_capacity() -> u32 {
+    xdp_router_common::DEFAULT_FLOW_CAPACITY
+}
+fn default_keepalive_interval_ms() -> u64 {
+    2000
+}
+fn default_log_level() -> String {
+    "info".to_string()
+}
+
+/// A configuration error, already formatted for the user (`file:line: message`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("{}: cannot read: {e}", path.display())))?;
+        Config::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates config text; `origin` names it in error messages.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            let msg = e.message().trim().to_string();
+            match line {
+                Some(l) => ConfigError(format!("{origin}:{l}: {msg}")),
+                None => ConfigError(format!("{origin}: {msg}")),
+            }
+        })?;
+        config
+            .validate()
+            .map_err(|m| ConfigError(format!("{origin}: {m}")))?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot: at least one LAN and one WAN... see the messages.
+    fn validate(&self) -> Result<(), String> {
+        if self.interfaces.is_empty() {
+            return Err("no [[interface]] configured: list the LAN and WAN interfaces".into());
+        }
+        let mut seen = HashSet::new();
+        for i in &self.interfaces {
+            if i.name.is_empty() || i.name.len() > 15 || i.name.contains(['/', ' ']) {
+                return Err(format!("invalid interface name {:?}", i.name));
+            }
+            if !seen.insert(i.name.as_str()) {
+                return Err(format!("interface {:?} is listed twice", i.name));
+            }
+        }
+        if self.interfaces.len() as u32 >= xdp_router_common::MAX_IFACE_SLOTS {
+            return Err(format!(
+                "at most {} interfaces can be managed",
+                xdp_router_common::MAX_IFACE_SLOTS - 1
+            ));
+        }
+        if self.flow_capacity < 16 {
+            return Err(format!(
+                "flow_capacity = {} is too small (minimum 16)",
+                self.flow_capacity
+            ));
+        }
+        if !(100..=60_000).contains(&self.keepalive_interval_ms) {
+            return Err(format!(
+                "keepalive_interval_ms = {} is out of range (100..=60000)",
+                self.keepalive_interval_ms
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_parses() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/xdp-routerd.toml");
+        let c = Config::load(Path::new(path)).expect("example config");
+        assert_eq!(c.interfaces.len(), 2);
+        assert!(c.interfaces.iter().any(|i| i.role == Role::Wan));
+        assert!(c.interfaces.iter().any(|i| i.role == Role::Lan));
+        assert_eq!(c.control_socket, PathBuf::from(DEFAULT_CONTROL_SOCKET));
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let c = Config::parse("[[interface]]\nname = \"eth0\"\nrole = \"wan\"\n", "t").unwrap();
+        assert_eq!(c.xdp_mode, XdpModeConfig::Native);
+        assert_eq!(c.flow_capacity, xdp_router_common::DEFAULT_FLOW_CAPACITY);
+        assert!(!c.interfaces[0].shaped);
+    }
+
+    #[test]
+    fn unknown_key_names_file_and_line() {
+        let err = Config::parse(
+            "flow_capacity = 1024\n\n[[interface]]\nname = \"eth0\"\nrloe = \"wan\"\n",
+            "x.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("x.toml:5:"), "{err}");
+        assert!(err.contains("rloe"), "{err}");
+    }
+
+    #[test]
+    fn invalid_role_is_explained() {
+        let err = Config::parse("[[interface]]\nname = \"eth0\"\nrole = \"dmz\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("x.toml:3:"), "{err}");
+        assert!(err.contains("lan") && err.contains("wan"), "{err}");
+    }
+
+    #[test]
+    fn duplicates_and_empty_are_rejected() {
+        assert!(
+            Config::parse("", "x")
+                .unwrap_err()
+                .0
+                .contains("no [[interface]]")
+        );
+        let dup = "[[interface]]\nname = \"a\"\nrole = \"wan\"\n[[interface]]\nname = \"a\"\nrole = \"lan\"\n";
+        assert!(Config::parse(dup, "x").unwrap_err().0.contains("twice"));
+    }
+}

@@ -1,0 +1,486 @@
+//! Where conntrack entries become fast-path flows.
+//!
+//! [`FlowManager`] decides, for each conntrack entry, whether it may be offloaded and with which
+//! map entries (one per direction, keyed by ingress interface), writes them through the
+//! [`FlowTable`] trait and removes them when conntrack or the routing says so. It is pure
+//! bookkeeping over two small traits so it can be unit-tested with in-memory fakes.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::IpAddr,
+};
+
+use aya::maps::MapError;
+use xdp_router_common::{
+    FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FlowCounters, FlowKeyV4, FlowKeyV6,
+    FlowV4, FlowV6,
+    checksum::{nat_diff_v4, nat_diff_v6},
+};
+
+use crate::sync::conntrack::{CtEntry, CtTuple};
+
+/// The flow maps, as the manager needs them (implemented by [`crate::datapath::Datapath`]).
+pub trait FlowTable {
+    fn insert_v4(&mut self, key: &FlowKeyV4, value: &FlowV4) -> Result<(), MapError>;
+    fn insert_v6(&mut self, key: &FlowKeyV6, value: &FlowV6) -> Result<(), MapError>;
+    fn remove_v4(&mut self, key: &FlowKeyV4);
+    fn remove_v6(&mut self, key: &FlowKeyV6);
+    fn get_v4(&self, key: &FlowKeyV4) -> Option<FlowV4>;
+    fn get_v6(&self, key: &FlowKeyV6) -> Option<FlowV6>;
+}
+
+/// What the manager needs to know about the kernel's routing (implemented over rtnetlink).
+pub trait PathOracle {
+    /// The interface packets *from* `addr` arrive on: the output interface of the unicast route
+    /// to `addr` (symmetric routing, as rp_filter assumes). `None` for local, blackhole,
+    /// unreachable or missing routes.
+    fn ingress_for(&self, addr: IpAddr) -> Option<u32>;
+    /// Whether `addr` is one of this router's own addresses.
+    fn is_local(&self, addr: IpAddr) -> bool;
+}
+
+/// Why a conntrack entry is not (or no longer) offloaded, besides conntrack's own reasons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Skip {
+    /// Conntrack state does not allow it (not established, helper, protocol…).
+    NotEstablished,
+    /// One endpoint is not reached through a managed interface (or is the router itself).
+    PathNotManaged,
+    /// The SNAT address is no longer an address of this router.
+    NatAddressGone,
+    /// The flow map is full; the connection stays in the kernel.
+    TableFull,
+    /// Another map error.
+    MapError,
+}
+
+impl Skip {
+    /// Stable name for logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Skip::NotEstablished => "not_established",
+            Skip::PathNotManaged => "path_not_managed",
+            Skip::NatAddressGone => "nat_address_gone",
+            Skip::TableFull => "flow_table_full",
+            Skip::MapError => "map_error",
+        }
+    }
+}
+
+/// The map key of one flow direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirKey {
+    V4(FlowKeyV4),
+    V6(FlowKeyV6),
+}
+
+/// One offloaded connection: both directions' keys and what the keep-alive saw last.
+#[derive(Debug, Clone)]
+pub struct Offloaded {
+    /// The conntrack entry as last seen.
+    pub entry: CtEntry,
+    /// `[original, reply]` map keys.
+    pub keys: [DirKey; 2],
+    /// Latest `last_seen_ns` over both directions at the previous keep-alive pass.
+    pub last_seen_ns: u64,
+}
+
+/// Outcome of [`FlowManager::upsert`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upsert {
+    /// Newly offloaded (or re-offloaded on a new path).
+    Added,
+    /// Already offloaded with the same map entries; nothing written.
+    Unchanged,
+    /// Not offloaded (and removed if it was).
+    Skipped(Skip),
+}
+
+/// Counters the manager keeps for `status` and metrics.
+#[derive(Debug, Clone, Default)]
+pub struct ManagerStats {
+    /// Connections offloaded since start.
+    pub offloaded_total: u64,
+    /// Connections taken back from the fast path since start.
+    pub removed_total: u64,
+    /// Connections considered but not offloaded, by reason.
+    pub skipped: BTreeMap<&'static str, u64>,
+}
+
+/// Keeps the flow maps equal to "the offloadable subset of conntrack".
+#[derive(Default)]
+pub struct FlowManager {
+    conns: HashMap<CtTuple, Offloaded>,
+    managed: BTreeMap<u32, String>,
+    stats: ManagerStats,
+}
+
+impl FlowManager {
+    /// An empty manager.
+    pub fn new() -> FlowManager {
+        FlowManager::default()
+    }
+
+    /// Sets the managed interfaces (ifindex → name) that flows may enter or leave through.
+    pub fn set_managed(&mut self, managed: BTreeMap<u32, String>) {
+        self.managed = managed;
+    }
+
+    /// Name of a managed interface.
+    pub fn iface_name(&self, ifindex: u32) -> Option<&str> {
+        self.managed.get(&ifindex).map(String::as_str)
+    }
+
+    /// Number of offloaded connections.
+    pub fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// True when nothing is offloaded.
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &ManagerStats {
+        &self.stats
+    }
+
+    /// The offloaded connections.
+    pub fn conns(&self) -> impl Iterator<Item = &Offloaded> {
+        self.conns.values()
+    }
+
+    /// Offloads `entry` if conntrack and the routing allow it, else makes sure it is not.
+    pub fn upsert(
+        &mut self,
+        entry: CtEntry,
+        table: &mut impl FlowTable,
+        paths: &impl PathOracle,
+    ) -> Upsert {
+        let plan = match self.plan(&entry, paths) {
+            Ok(plan) => plan,
+            Err(skip) => {
+                self.remove(&entry.orig, table);
+                *self.stats.skipped.entry(skip.name()).or_default() += 1;
+                return Upsert::Skipped(skip);
+            }
+        };
+        if let Some(existing) = self.conns.get_mut(&entry.orig)
+            && existing.keys == plan.keys
+        {
+            existing.entry = entry;
+            return Upsert::Unchanged;
+        }
+        self.remove(&entry.orig, table);
+        if let Err(skip) = plan.write(table) {
+            *self.stats.skipped.entry(skip.name()).or_default() += 1;
+            return Upsert::Skipped(skip);
+        }
+        self.stats.offloaded_total += 1;
+        self.conns.insert(
+            entry.orig.clone(),
+            Offloaded {
+                entry,
+                keys: plan.keys,
+                last_seen_ns: 0,
+            },
+        );
+        Upsert::Added
+    }
+
+    /// Takes a connection back from the fast path. Returns whether it was offloaded.
+    pub fn remove(&mut self, orig: &CtTuple, table: &mut impl FlowTable) -> bool {
+        let Some(conn) = self.conns.remove(orig) else {
+            return false;
+        };
+        for key in &conn.keys {
+            match key {
+                DirKey::V4(k) => table.remove_v4(k),
+                DirKey::V6(k) => table.remove_v6(k),
+            }
+        }
+        self.stats.removed_total += 1;
+        true
+    }
+
+    /// Re-checks every offloaded connection against the current routes, addresses and managed
+    /// interfaces (after an rtnetlink change): moved paths are rewritten, broken ones removed.
+    /// Returns how many were removed.
+    pub fn revalidate(&mut self, table: &mut impl FlowTable, paths: &impl PathOracle) -> usize {
+        let entries: Vec<CtEntry> = self.conns.values().map(|c| c.entry.clone()).collect();
+        entries
+            .into_iter()
+            .filter(|e| matches!(self.upsert(e.clone(), table, paths), Upsert::Skipped(_)))
+            .count()
+    }
+
+    /// Makes the offloaded set match a fresh conntrack dump (after start or a netlink overrun).
+    /// Returns `(removed, upserted)`.
+    pub fn resync(
+        &mut self,
+        dump: Vec<CtEntry>,
+        table: &mut impl FlowTable,
+        paths: &impl PathOracle,
+    ) -> (usize, usize) {
+        let present: std::collections::HashSet<CtTuple> =
+            dump.iter().map(|e| e.orig.clone()).collect();
+        let stale: Vec<CtTuple> = self
+            .conns
+            .keys()
+            .filter(|k| !present.contains(*k))
+            .cloned()
+            .collect();
+        for k in &stale {
+            self.remove(k, table);
+        }
+        let n = dump.len();
+        for e in dump {
+            self.upsert(e, table, paths);
+        }
+        (stale.len(), n)
+    }
+
+    /// Connections that carried fast-path traffic since the previous call (their conntrack
+    /// timeout must be refreshed). Also removes connections whose map entries vanished.
+    pub fn active_since_last_pass(&mut self, table: &impl FlowTable) -> Vec<CtEntry> {
+        let mut active = Vec::new();
+        for conn in self.conns.values_mut() {
+            let latest = conn
+                .keys
+                .iter()
+                .filter_map(|k| counters(table, k))
+                .map(|c| c.last_seen_ns)
+                .max()
+                .unwrap_or(0);
+            if latest > conn.last_seen_ns {
+                conn.last_seen_ns = latest;
+                active.push(conn.entry.clone());
+            }
+        }
+        active
+    }
+
+    /// Packets/bytes/last-seen of one direction.
+    pub fn counters(&self, table: &impl FlowTable, key: &DirKey) -> Option<FlowCounters> {
+        counters(table, key)
+    }
+
+    fn plan(&self, entry: &CtEntry, paths: &impl PathOracle) -> Result<Plan, Skip> {
+        entry.offload_decision().map_err(|_| Skip::NotEstablished)?;
+        let (orig, reply) = (&entry.orig, &entry.reply);
+        let ingress_orig = paths.ingress_for(orig.src).ok_or(Skip::PathNotManaged)?;
+        let ingress_reply = paths.ingress_for(reply.src).ok_or(Skip::PathNotManaged)?;
+        if !self.managed.contains_key(&ingress_orig) || !self.managed.contains_key(&ingress_reply) {
+            return Err(Skip::PathNotManaged);
+        }
+        // SNAT (masquerade): replies are addressed to the router's own address. If that address
+        // is gone (DHCP renew, PPP reconnect), the kernel will drop the connection: so do we.
+        if reply.dst != orig.src && !paths.is_local(reply.dst) {
+            return Err(Skip::NatAddressGone);
+        }
+        Ok(Plan::new(orig, reply, ingress_orig, ingress_reply))
+    }
+}
+
+fn counters(table: &impl FlowTable, key: &DirKey) -> Option<FlowCounters> {
+    match key {
+        DirKey::V4(k) => table.get_v4(k).map(|v| v.counters),
+        DirKey::V6(k) => table.get_v6(k).map(|v| v.counters),
+    }
+}
+
+/// The two map entries of a connection.
+enum PlanValues {
+    V4([(FlowKeyV4, FlowV4); 2]),
+    V6([(FlowKeyV6, FlowV6); 2]),
+}
+
+struct Plan {
+    keys: [DirKey; 2],
+    values: PlanValues,
+}
+
+/// One direction: packets `from` arrive on `ifindex` and leave rewritten as `to`.
+struct Dir<'a> {
+    ifindex: u32,
+    from: &'a CtTuple,
+    to_src: IpAddr,
+    to_sport: u16,
+    to_dst: IpAddr,
+    to_dport: u16,
+    reply: bool,
+}
+
+impl Plan {
+    fn new(orig: &CtTuple, reply: &CtTuple, ingress_orig: u32, ingress_reply: u32) -> Plan {
+        // Original direction A:a -> B:b leaves as A':a' -> B':b' where the reply tuple is
+        // B':b' -> A':a'; the reply direction is the mirror image.
+        let dirs = [
+            Dir {
+                ifindex: ingress_orig,
+                from: orig,
+                to_src: reply.dst,
+                to_sport: reply.dport,
+                to_dst: reply.src,
+                to_dport: reply.sport,
+                reply: false,
+            },
+            Dir {
+                ifindex: ingress_reply,
+                from: reply,
+                to_src: orig.dst,
+                to_sport: orig.dport,
+                to_dst: orig.src,
+                to_dport: orig.sport,
+                reply: true,
+            },
+        ];
+        match (orig.src, orig.dst) {
+            (IpAddr::V4(_), IpAddr::V4(_)) => {
+                let [a, b] = dirs.map(|d| v4_entry(&d));
+                Plan {
+                    keys: [DirKey::V4(a.0), DirKey::V4(b.0)],
+                    values: PlanValues::V4([a, b]),
+                }
+            }
+            _ => {
+                let [a, b] = dirs.map(|d| v6_entry(&d));
+                Plan {
+                    keys: [DirKey::V6(a.0), DirKey::V6(b.0)],
+                    values: PlanValues::V6([a, b]),
+                }
+            }
+        }
+    }
+
+    fn write(&self, table: &mut impl FlowTable) -> Result<(), Skip> {
+        let res = match &self.values {
+            PlanValues::V4(es) => es.iter().try_for_each(|(k, v)| table.insert_v4(k, v)),
+            PlanValues::V6(es) => es.iter().try_for_each(|(k, v)| table.insert_v6(k, v)),
+        };
+        res.map_err(|e| {
+            // Undo a half-written connection.
+            for key in &self.keys {
+                match key {
+                    DirKey::V4(k) => table.remove_v4(k),
+                    DirKey::V6(k) => table.remove_v6(k),
+                }
+            }
+            if is_full(&e) {
+                Skip::TableFull
+            } else {
+                Skip::MapError
+            }
+        })
+    }
+}
+
+fn is_full(e: &MapError) -> bool {
+    matches!(e, MapError::SyscallError(s)
+        if matches!(s.io_error.raw_os_error(), Some(libc::E2BIG) | Some(libc::ENOMEM) | Some(libc::ENOSPC)))
+}
+
+/// Raw (memory-order) representation of an IPv4 address, as the datapath reads it.
+pub fn raw_v4(a: IpAddr) -> u32 {
+    match a {
+        IpAddr::V4(a) => u32::from_ne_bytes(a.octets()),
+        IpAddr::V6(_) => 0,
+    }
+}
+
+/// Raw (memory-order) representation of an IPv6 address.
+pub fn raw_v6(a: IpAddr) -> [u32; 4] {
+    let o = match a {
+        IpAddr::V6(a) => a.octets(),
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+    };
+    core::array::from_fn(|i| {
+        u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
+    })
+}
+
+fn flags(d: &Dir<'_>) -> u32 {
+    let mut f = if d.reply { FLOW_F_REPLY } else { 0 };
+    if d.to_src != d.from.src || d.to_sport != d.from.sport {
+        f |= FLOW_F_REWRITE_SRC;
+    }
+    if d.to_dst != d.from.dst || d.to_dport != d.from.dport {
+        f |= FLOW_F_REWRITE_DST;
+    }
+    f
+}
+
+fn v4_entry(d: &Dir<'_>) -> (FlowKeyV4, FlowV4) {
+    let key = FlowKeyV4 {
+        ifindex: d.ifindex,
+        src_be: raw_v4(d.from.src),
+        dst_be: raw_v4(d.from.dst),
+        sport_be: d.from.sport.to_be(),
+        dport_be: d.from.dport.to_be(),
+        proto: d.from.proto,
+        _pad: [0; 3],
+    };
+    let (new_src, new_dst) = (raw_v4(d.to_src), raw_v4(d.to_dst));
+    let (new_sport, new_dport) = (d.to_sport.to_be(), d.to_dport.to_be());
+    let (l3, l4) = nat_diff_v4(
+        key.src_be,
+        key.dst_be,
+        key.sport_be,
+        key.dport_be,
+        new_src,
+        new_dst,
+        new_sport,
+        new_dport,
+    );
+    let value = FlowV4 {
+        new_src_be: new_src,
+        new_dst_be: new_dst,
+        new_sport_be: new_sport,
+        new_dport_be: new_dport,
+        flags: flags(d),
+        l3_csum_diff: l3,
+        l4_csum_diff: l4,
+        _pad: 0,
+        counters: FlowCounters::default(),
+    };
+    (key, value)
+}
+
+fn v6_entry(d: &Dir<'_>) -> (FlowKeyV6, FlowV6) {
+    let key = FlowKeyV6 {
+        ifindex: d.ifindex,
+        src_be: raw_v6(d.from.src),
+        dst_be: raw_v6(d.from.dst),
+        sport_be: d.from.sport.to_be(),
+        dport_be: d.from.dport.to_be(),
+        proto: d.from.proto,
+        _pad: [0; 3],
+    };
+    let (new_src, new_dst) = (raw_v6(d.to_src), raw_v6(d.to_dst));
+    let (new_sport, new_dport) = (d.to_sport.to_be(), d.to_dport.to_be());
+    let l4 = nat_diff_v6(
+        key.src_be,
+        key.dst_be,
+        key.sport_be,
+        key.dport_be,
+        new_src,
+        new_dst,
+        new_sport,
+        new_dport,
+    );
+    let value = FlowV6 {
+        new_src_be: new_src,
+        new_dst_be: new_dst,
+        new_sport_be: new_sport,
+        new_dport_be: new_dport,
+        flags: flags(d),
+        l4_csum_diff: l4,
+        _pad: 0,
+        counters: FlowCounters::default(),
+    };
+    (key, value)
+}
+
+#[cfg(test)]
+mod tests;

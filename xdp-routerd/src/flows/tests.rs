@@ -1,0 +1,307 @@
+//! FlowManager against in-memory fakes of the maps and the routing.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::{IpAddr, Ipv4Addr},
+};
+
+use xdp_router_common::checksum;
+
+use super::*;
+use crate::sync::conntrack::CtStatus;
+
+#[derive(Default)]
+struct FakeTable {
+    v4: HashMap<FlowKeyV4, FlowV4>,
+    v6: HashMap<FlowKeyV6, FlowV6>,
+    capacity: usize,
+}
+
+fn full_error() -> MapError {
+    MapError::SyscallError(aya::sys::SyscallError {
+        call: "bpf_map_update_elem",
+        io_error: std::io::Error::from_raw_os_error(libc::E2BIG),
+    })
+}
+
+impl FlowTable for FakeTable {
+    fn insert_v4(&mut self, key: &FlowKeyV4, value: &FlowV4) -> Result<(), MapError> {
+        if self.capacity != 0 && self.v4.len() >= self.capacity && !self.v4.contains_key(key) {
+            return Err(full_error());
+        }
+        self.v4.insert(*key, *value);
+        Ok(())
+    }
+    fn insert_v6(&mut self, key: &FlowKeyV6, value: &FlowV6) -> Result<(), MapError> {
+        self.v6.insert(*key, *value);
+        Ok(())
+    }
+    fn remove_v4(&mut self, key: &FlowKeyV4) {
+        self.v4.remove(key);
+    }
+    fn remove_v6(&mut self, key: &FlowKeyV6) {
+        self.v6.remove(key);
+    }
+    fn get_v4(&self, key: &FlowKeyV4) -> Option<FlowV4> {
+        self.v4.get(key).copied()
+    }
+    fn get_v6(&self, key: &FlowKeyV6) -> Option<FlowV6> {
+        self.v6.get(key).copied()
+    }
+}
+
+/// LAN 10.0.1.0/24 and fd00:1::/64 on ifindex 3, everything else via WAN ifindex 2.
+struct FakePaths {
+    local: HashSet<IpAddr>,
+    wan: u32,
+}
+
+impl PathOracle for FakePaths {
+    fn ingress_for(&self, addr: IpAddr) -> Option<u32> {
+        if self.local.contains(&addr) {
+            return None;
+        }
+        match addr {
+            IpAddr::V4(a) if a.octets()[..3] == [10, 0, 1] => Some(3),
+            IpAddr::V6(a) if a.segments()[..4] == [0xfd00, 1, 0, 0] => Some(3),
+            _ => Some(self.wan),
+        }
+    }
+    fn is_local(&self, addr: IpAddr) -> bool {
+        self.local.contains(&addr)
+    }
+}
+
+fn paths() -> FakePaths {
+    FakePaths {
+        local: ["203.0.113.1", "10.0.1.1", "fd00:1::1"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect(),
+        wan: 2,
+    }
+}
+
+fn managed() -> BTreeMap<u32, String> {
+    BTreeMap::from([(2, "eth0".to_string()), (3, "eth1".to_string())])
+}
+
+const IPS_SEEN_REPLY: u32 = 1 << 1;
+const IPS_ASSURED: u32 = 1 << 2;
+const TCP_ESTABLISHED: u8 = 3;
+
+fn tuple(src: &str, sport: u16, dst: &str, dport: u16, proto: u8) -> CtTuple {
+    CtTuple {
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        proto,
+        sport,
+        dport,
+    }
+}
+
+/// LAN 10.0.1.2:40000 -> 198.51.100.7:443, masqueraded to 203.0.113.1:61000.
+fn snat_tcp() -> CtEntry {
+    CtEntry {
+        id: Some(1),
+        orig: tuple("10.0.1.2", 40000, "198.51.100.7", 443, 6),
+        reply: tuple("198.51.100.7", 443, "203.0.113.1", 61000, 6),
+        status: CtStatus::from_bits_retain(IPS_SEEN_REPLY | IPS_ASSURED),
+        tcp_flags: None,
+        tcp_state: Some(TCP_ESTABLISHED),
+        timeout: Some(300),
+        mark: 0,
+        zone: 0,
+        has_helper: false,
+    }
+}
+
+fn manager() -> FlowManager {
+    let mut m = FlowManager::new();
+    m.set_managed(managed());
+    m
+}
+
+#[test]
+fn snat_connection_gets_both_directions_with_correct_rewrite() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    assert_eq!(m.upsert(snat_tcp(), &mut t, &paths()), Upsert::Added);
+    assert_eq!(t.v4.len(), 2);
+    let ip = |s: &str| u32::from_ne_bytes(s.parse::<Ipv4Addr>().unwrap().octets());
+
+    let orig_key = FlowKeyV4 {
+        ifindex: 3,
+        src_be: ip("10.0.1.2"),
+        dst_be: ip("198.51.100.7"),
+        sport_be: 40000u16.to_be(),
+        dport_be: 443u16.to_be(),
+        proto: 6,
+        _pad: [0; 3],
+    };
+    let v = t.v4[&orig_key];
+    assert_eq!(v.new_src_be, ip("203.0.113.1"));
+    assert_eq!(v.new_sport_be, 61000u16.to_be());
+    assert_eq!(v.new_dst_be, ip("198.51.100.7"));
+    assert_eq!(v.new_dport_be, 443u16.to_be());
+    assert_eq!(v.flags, FLOW_F_REWRITE_SRC);
+
+    let reply_key = FlowKeyV4 {
+        ifindex: 2,
+        src_be: ip("198.51.100.7"),
+        dst_be: ip("203.0.113.1"),
+        sport_be: 443u16.to_be(),
+        dport_be: 61000u16.to_be(),
+        proto: 6,
+        _pad: [0; 3],
+    };
+    let r = t.v4[&reply_key];
+    assert_eq!(r.new_dst_be, ip("10.0.1.2"));
+    assert_eq!(r.new_dport_be, 40000u16.to_be());
+    assert_eq!(r.flags, FLOW_F_REPLY | FLOW_F_REWRITE_DST);
+
+    // Applying both diffs in turn is the identity (the reply undoes the original's rewrite).
+    assert_eq!(
+        checksum::apply(checksum::apply(0x1234, v.l4_csum_diff), r.l4_csum_diff),
+        0x1234
+    );
+    assert_eq!(
+        checksum::apply(checksum::apply(0xbeef, v.l3_csum_diff), r.l3_csum_diff),
+        0xbeef
+    );
+}
+
+#[test]
+fn routed_ipv6_has_no_rewrite() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    let e = CtEntry {
+        orig: tuple("fd00:1::2", 5000, "fd00:2::2", 5201, 6),
+        reply: tuple("fd00:2::2", 5201, "fd00:1::2", 5000, 6),
+        ..snat_tcp()
+    };
+    assert_eq!(m.upsert(e, &mut t, &paths()), Upsert::Added);
+    assert_eq!(t.v6.len(), 2);
+    for v in t.v6.values() {
+        assert_eq!(v.flags & (FLOW_F_REWRITE_SRC | FLOW_F_REWRITE_DST), 0);
+        assert_eq!(checksum::apply(0x4321, v.l4_csum_diff), 0x4321);
+    }
+}
+
+#[test]
+fn not_established_is_skipped_and_removes_existing() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    assert_eq!(m.upsert(snat_tcp(), &mut t, &paths()), Upsert::Added);
+    // FIN seen by the kernel: conntrack moves to FIN_WAIT (4).
+    let closing = CtEntry {
+        tcp_state: Some(4),
+        ..snat_tcp()
+    };
+    assert_eq!(
+        m.upsert(closing, &mut t, &paths()),
+        Upsert::Skipped(Skip::NotEstablished)
+    );
+    assert!(t.v4.is_empty());
+    assert!(m.is_empty());
+    assert_eq!(m.stats().removed_total, 1);
+}
+
+#[test]
+fn update_with_same_path_keeps_counters() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    m.upsert(snat_tcp(), &mut t, &paths());
+    for v in t.v4.values_mut() {
+        v.counters.packets = 7;
+    }
+    assert_eq!(m.upsert(snat_tcp(), &mut t, &paths()), Upsert::Unchanged);
+    assert!(t.v4.values().all(|v| v.counters.packets == 7));
+}
+
+#[test]
+fn unmanaged_or_local_endpoints_are_not_offloaded() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    // WAN is ifindex 9, not managed.
+    let p = FakePaths { wan: 9, ..paths() };
+    assert_eq!(
+        m.upsert(snat_tcp(), &mut t, &p),
+        Upsert::Skipped(Skip::PathNotManaged)
+    );
+    // A connection to the router itself.
+    let to_router = CtEntry {
+        orig: tuple("10.0.1.2", 40000, "10.0.1.1", 22, 6),
+        reply: tuple("10.0.1.1", 22, "10.0.1.2", 40000, 6),
+        ..snat_tcp()
+    };
+    assert_eq!(
+        m.upsert(to_router, &mut t, &paths()),
+        Upsert::Skipped(Skip::PathNotManaged)
+    );
+    assert!(t.v4.is_empty());
+}
+
+#[test]
+fn route_change_revalidation_takes_flows_back() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    m.upsert(snat_tcp(), &mut t, &paths());
+    assert_eq!(m.revalidate(&mut t, &paths()), 0);
+    assert_eq!(t.v4.len(), 2);
+    // The default route now points out of an unmanaged interface.
+    assert_eq!(m.revalidate(&mut t, &FakePaths { wan: 9, ..paths() }), 1);
+    assert!(t.v4.is_empty());
+}
+
+#[test]
+fn masquerade_address_removed_takes_flows_back() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    m.upsert(snat_tcp(), &mut t, &paths());
+    let mut p = paths();
+    p.local.remove(&"203.0.113.1".parse().unwrap());
+    assert_eq!(m.revalidate(&mut t, &p), 1);
+    assert!(t.v4.is_empty());
+}
+
+#[test]
+fn resync_removes_vanished_connections() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    m.upsert(snat_tcp(), &mut t, &paths());
+    let other = CtEntry {
+        orig: tuple("10.0.1.3", 1000, "198.51.100.7", 53, 17),
+        reply: tuple("198.51.100.7", 53, "203.0.113.1", 1000, 17),
+        tcp_state: None,
+        ..snat_tcp()
+    };
+    assert_eq!(m.resync(vec![other], &mut t, &paths()), (1, 1));
+    assert_eq!(m.len(), 1);
+    assert_eq!(t.v4.len(), 2);
+    assert!(t.v4.keys().all(|k| k.proto == 17));
+}
+
+#[test]
+fn full_table_leaves_connection_in_kernel_without_half_entries() {
+    let (mut m, mut t) = (
+        manager(),
+        FakeTable {
+            capacity: 1,
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        m.upsert(snat_tcp(), &mut t, &paths()),
+        Upsert::Skipped(Skip::TableFull)
+    );
+    assert!(t.v4.is_empty());
+    assert_eq!(m.stats().skipped.get("flow_table_full"), Some(&1));
+}
+
+#[test]
+fn keepalive_reports_only_connections_with_new_traffic() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    m.upsert(snat_tcp(), &mut t, &paths());
+    assert!(m.active_since_last_pass(&t).is_empty());
+    for v in t.v4.values_mut().take(1) {
+        v.counters.last_seen_ns = 1_000;
+    }
+    assert_eq!(m.active_since_last_pass(&t).len(), 1);
+    assert!(
+        m.active_since_last_pass(&t).is_empty(),
+        "no new traffic since the last pass"
+    );
+}

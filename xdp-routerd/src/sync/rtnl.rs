@@ -1,0 +1,321 @@
+//! Links, addresses and routes over rtnetlink.
+//!
+//! The datapath itself asks the live kernel FIB (`bpf_fib_lookup`) and neighbour table for every
+//! packet, so routes and neighbours are not copied into maps. What the daemon needs from
+//! rtnetlink is (1) route queries (`ip route get`) to decide whether a connection's endpoints sit
+//! behind managed interfaces, and (2) change notifications: a link that appears or disappears,
+//! or an address or route change that may invalidate an offloaded flow's NAT or path.
+
+use std::{
+    io,
+    net::IpAddr,
+    sync::{
+        Mutex,
+        atomic::{AtomicU32, Ordering},
+    },
+};
+
+use netlink_packet_core::{NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::{
+    AddressFamily, RouteNetlinkMessage,
+    link::LinkAttribute,
+    route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteType},
+};
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use tokio::sync::mpsc;
+
+use crate::flows::PathOracle;
+
+/// What a route query found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteInfo {
+    /// Route type (unicast, local, blackhole, ...).
+    pub kind: RouteType,
+    /// Output interface, if any.
+    pub oif: Option<u32>,
+}
+
+/// `ip route get` over a private rtnetlink socket.
+pub struct RouteLookup {
+    sock: Mutex<Socket>,
+    seq: AtomicU32,
+}
+
+impl RouteLookup {
+    /// Opens the socket (in the caller's network namespace).
+    pub fn new() -> io::Result<RouteLookup> {
+        let mut sock = Socket::new(NETLINK_ROUTE)?;
+        sock.bind_auto()?;
+        sock.connect(&SocketAddr::new(0, 0))?;
+        Ok(RouteLookup {
+            sock: Mutex::new(sock),
+            seq: AtomicU32::new(1),
+        })
+    }
+
+    /// The route the kernel would use to reach `dst`; `None` when it has none (unreachable,
+    /// blackhole and prohibit routes make the kernel answer with an error).
+    pub fn get(&self, dst: IpAddr) -> io::Result<Option<RouteInfo>> {
+        let mut header = RouteHeader::default();
+        let (family, len) = match dst {
+            IpAddr::V4(_) => (AddressFamily::Inet, 32),
+            IpAddr::V6(_) => (AddressFamily::Inet6, 128),
+        };
+        header.address_family = family;
+        header.destination_prefix_length = len;
+        let mut msg = RouteMessage::default();
+        msg.header = header;
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(dst)));
+
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let mut nl_header = NetlinkHeader::default();
+        nl_header.flags = NLM_F_REQUEST;
+        nl_header.sequence_number = seq;
+        let mut req = NetlinkMessage::new(
+            nl_header,
+            NetlinkPayload::from(RouteNetlinkMessage::GetRoute(msg)),
+        );
+        req.finalize();
+        let mut buf = vec![0; req.buffer_len()];
+        req.serialize(&mut buf);
+
+        let sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+        sock.send(&buf, 0)?;
+        loop {
+            let (data, _) = sock.recv_from_full()?;
+            let mut offset = 0;
+            while offset < data.len() {
+                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..])
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                let len = msg.header.length as usize;
+                if msg.header.sequence_number == seq {
+                    return Ok(match msg.payload {
+                        NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(r)) => {
+                            Some(route_info(&r))
+                        }
+                        // ENETUNREACH, EINVAL (blackhole), EACCES (prohibit), ...
+                        NetlinkPayload::Error(_) => None,
+                        _ => None,
+                    });
+                }
+                if len == 0 {
+                    break;
+                }
+                offset += len;
+            }
+        }
+    }
+}
+
+fn route_info(r: &RouteMessage) -> RouteInfo {
+    let oif = r.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Oif(i) => Some(*i),
+        _ => None,
+    });
+    RouteInfo {
+        kind: r.header.kind,
+        oif,
+    }
+}
+
+impl PathOracle for RouteLookup {
+    fn ingress_for(&self, addr: IpAddr) -> Option<u32> {
+        match self.get(addr) {
+            Ok(Some(RouteInfo {
+                kind: RouteType::Unicast,
+                oif,
+            })) => oif,
+            _ => None,
+        }
+    }
+
+    fn is_local(&self, addr: IpAddr) -> bool {
+        matches!(
+            self.get(addr),
+            Ok(Some(RouteInfo {
+                kind: RouteType::Local,
+                ..
+            }))
+        )
+    }
+}
+
+/// A change the daemon reacts to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RtEvent {
+    /// A link exists (new or changed).
+    LinkUp { ifindex: u32, name: String },
+    /// A link was deleted.
+    LinkGone { ifindex: u32, name: String },
+    /// An address or route was added or removed: offloaded flows must be revalidated.
+    PathsChanged,
+    /// Notifications were lost (socket overrun): re-read everything.
+    Overrun,
+}
+
+/// Turns one rtnetlink notification into a domain event (pure; unit-tested).
+pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
+    let link_name = |attrs: &[LinkAttribute]| {
+        attrs.iter().find_map(|a| match a {
+            LinkAttribute::IfName(n) => Some(n.clone()),
+            _ => None,
+        })
+    };
+    match msg {
+        RouteNetlinkMessage::NewLink(l) => Some(RtEvent::LinkUp {
+            ifindex: l.header.index,
+            name: link_name(&l.attributes)?,
+        }),
+        RouteNetlinkMessage::DelLink(l) => Some(RtEvent::LinkGone {
+            ifindex: l.header.index,
+            name: link_name(&l.attributes)?,
+        }),
+        RouteNetlinkMessage::NewAddress(_)
+        | RouteNetlinkMessage::DelAddress(_)
+        | RouteNetlinkMessage::NewRoute(_)
+        | RouteNetlinkMessage::DelRoute(_) => Some(RtEvent::PathsChanged),
+        _ => None,
+    }
+}
+
+const RTMGRP_LINK: u32 = 0x1;
+const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+const RTMGRP_IPV4_ROUTE: u32 = 0x40;
+const RTMGRP_IPV6_IFADDR: u32 = 0x100;
+const RTMGRP_IPV6_ROUTE: u32 = 0x400;
+
+/// Subscribes to link, address and route notifications. A thread reads the socket (in the
+/// caller's network namespace) and sends [`RtEvent`]s; the receiver closes if the socket fails.
+pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
+    let mut sock = Socket::new(NETLINK_ROUTE)?;
+    let _ = sock.set_rx_buf_sz(4 << 20);
+    sock.bind(&SocketAddr::new(
+        0,
+        RTMGRP_LINK
+            | RTMGRP_IPV4_IFADDR
+            | RTMGRP_IPV4_ROUTE
+            | RTMGRP_IPV6_IFADDR
+            | RTMGRP_IPV6_ROUTE,
+    ))?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::thread::Builder::new()
+        .name("rtnl-events".into())
+        .spawn(move || {
+            loop {
+                let data = match sock.recv_from_full() {
+                    Ok((data, _)) => data,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                        if tx.send(RtEvent::Overrun).is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::error!(error = %e, "rtnetlink event socket failed");
+                        return;
+                    }
+                };
+                let mut offset = 0;
+                while offset < data.len() {
+                    let Ok(msg) =
+                        NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..])
+                    else {
+                        break;
+                    };
+                    let len = msg.header.length as usize;
+                    if let NetlinkPayload::InnerMessage(inner) = &msg.payload
+                        && let Some(ev) = translate(inner)
+                        && tx.send(ev).is_err()
+                    {
+                        return;
+                    }
+                    if len == 0 {
+                        break;
+                    }
+                    offset += len;
+                }
+            }
+        })?;
+    Ok(rx)
+}
+
+/// ifindex of the interface called `name`, if it exists.
+pub fn ifindex(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: c is a valid NUL-terminated string.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (i != 0).then_some(i)
+}
+
+#[cfg(test)]
+mod tests {
+    use netlink_packet_route::link::LinkMessage;
+
+    use super::*;
+
+    #[test]
+    fn link_messages_become_link_events() {
+        let mut l = LinkMessage::default();
+        l.header.index = 7;
+        l.attributes.push(LinkAttribute::IfName("eth1".into()));
+        assert_eq!(
+            translate(&RouteNetlinkMessage::NewLink(l.clone())),
+            Some(RtEvent::LinkUp {
+                ifindex: 7,
+                name: "eth1".into()
+            })
+        );
+        assert_eq!(
+            translate(&RouteNetlinkMessage::DelLink(l)),
+            Some(RtEvent::LinkGone {
+                ifindex: 7,
+                name: "eth1".into()
+            })
+        );
+    }
+
+    #[test]
+    fn route_and_address_changes_invalidate_paths() {
+        assert_eq!(
+            translate(&RouteNetlinkMessage::DelRoute(RouteMessage::default())),
+            Some(RtEvent::PathsChanged)
+        );
+        assert_eq!(
+            translate(&RouteNetlinkMessage::NewAddress(Default::default())),
+            Some(RtEvent::PathsChanged)
+        );
+        assert_eq!(
+            translate(&RouteNetlinkMessage::NewNeighbour(Default::default())),
+            None
+        );
+    }
+
+    #[test]
+    fn route_reply_round_trips_to_route_info() {
+        // RTM_NEWROUTE reply to `ip route get 10.0.2.2`: unicast via oif 4.
+        let mut r = RouteMessage::default();
+        r.header.address_family = AddressFamily::Inet;
+        r.header.kind = RouteType::Unicast;
+        r.attributes.push(RouteAttribute::Oif(4));
+        let mut m = NetlinkMessage::new(
+            NetlinkHeader::default(),
+            NetlinkPayload::from(RouteNetlinkMessage::NewRoute(r)),
+        );
+        m.finalize();
+        let mut buf = vec![0; m.buffer_len()];
+        m.serialize(&mut buf);
+        let back = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf).unwrap();
+        let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(r)) = back.payload else {
+            panic!("not a route");
+        };
+        assert_eq!(
+            route_info(&r),
+            RouteInfo {
+                kind: RouteType::Unicast,
+                oif: Some(4)
+            }
+        );
+    }
+}
