@@ -257,6 +257,18 @@ impl Handler for ControlHandler {
 /// Runs the daemon until SIGINT/SIGTERM (or a fatal error). On return every XDP attachment is
 /// gone (links are dropped with the datapath) and the control socket is removed.
 pub async fn run(config: Config, socket: PathBuf) -> anyhow::Result<()> {
+    run_with(config, socket, |_status| {}).await
+}
+
+/// A source of [`Status`] snapshots for other subsystems (metrics).
+pub type StatusSource = Arc<dyn Fn() -> anyhow::Result<Status> + Send + Sync>;
+
+/// [`run`], calling `started` with a status source once everything is attached and synced.
+pub async fn run_with(
+    config: Config,
+    socket: PathBuf,
+    started: impl FnOnce(StatusSource),
+) -> anyhow::Result<()> {
     // Everything a user can get wrong is checked before anything is attached.
     let mut ifaces = Vec::new();
     for (i, cfg) in config.interfaces.iter().enumerate() {
@@ -321,6 +333,8 @@ pub async fn run(config: Config, socket: PathBuf) -> anyhow::Result<()> {
         control::serve(listener, handler).await;
         Err(anyhow!("control socket closed"))
     });
+    let source_state = state.clone();
+    started(Arc::new(move || lock(&source_state).status()));
     info!(socket = %socket.display(), "xdp-routerd running; fast path on");
 
     let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
@@ -383,6 +397,7 @@ async fn resync(state: &Shared, paths: &RouteLookup, ct: &mut CtNetlink) -> anyh
         let before = flows.stats().offloaded_total;
         let (removed, _) = flows.resync(dump, dp, paths);
         s.ct.resyncs += 1;
+        s.ct.last_resync_ms = started.elapsed().as_millis() as u64;
         let added = s.flows.stats().offloaded_total - before;
         info!(
             entries = n,

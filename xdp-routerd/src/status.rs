@@ -71,6 +71,8 @@ pub struct ConntrackStatus {
     pub errors: u64,
     /// Connections considered but not offloaded, by reason.
     pub skipped: std::collections::BTreeMap<String, u64>,
+    /// Duration of the last full resync, in milliseconds.
+    pub last_resync_ms: u64,
 }
 
 /// One offloaded flow direction (`flows --json`).
