@@ -179,7 +179,7 @@ impl FlowManager {
         }
         self.stats.offloaded_total += 1;
         self.conns.insert(
-            entry.orig.clone(),
+            entry.orig,
             Offloaded {
                 entry,
                 keys: plan.keys,
@@ -224,7 +224,7 @@ impl FlowManager {
         paths: &impl PathOracle,
     ) -> (usize, usize) {
         let present: std::collections::HashSet<CtTuple> =
-            dump.iter().map(|e| e.orig.clone()).collect();
+            dump.iter().map(|e| e.orig).collect();
         let stale: Vec<CtTuple> = self
             .conns
             .keys()
