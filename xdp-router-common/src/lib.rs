@@ -7,6 +7,8 @@
 #![no_std]
 
 pub mod checksum;
+pub mod lab;
+pub mod parse;
 pub mod reason;
 
 pub use reason::Reason;

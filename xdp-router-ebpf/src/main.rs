@@ -1,11 +1,38 @@
+//! The xdp-router XDP program: forwards packets of offloaded (established) flows itself and
+//! passes everything else to the kernel untouched, counting each packet under a [`Reason`].
+//!
+//! [`Reason`]: xdp_router_common::Reason
 #![no_std]
 #![no_main]
+// Atomic add on the flow counters (see flow.rs): the eBPF crate is built with nightly anyway.
+#![feature(core_intrinsics)]
+#![expect(internal_features, reason = "core_intrinsics for BPF atomic add")]
+
+mod flow;
+mod maps;
+mod parse;
+mod rewrite;
+mod stats;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 
+/// Entry point, attached to every managed interface. Counts the packet per ingress interface
+/// and reason; a packet the fast path does not forward goes to the kernel (`XDP_PASS`).
 #[xdp]
-pub fn xdp_router(_ctx: XdpContext) -> u32 {
-    xdp_action::XDP_PASS
+pub fn xdp_router(ctx: XdpContext) -> u32 {
+    let ifindex = ctx.ingress_ifindex() as u32;
+    let slot = stats::ingress_slot(ifindex);
+    let bytes = (ctx.data_end() - ctx.data()) as u64;
+    match flow::try_forward(&ctx, ifindex) {
+        Ok(fwd) => {
+            stats::count(slot, fwd.reason, bytes);
+            fwd.action
+        }
+        Err(reason) => {
+            stats::count(slot, reason, bytes);
+            xdp_action::XDP_PASS
+        }
+    }
 }
 
 #[cfg(not(test))]

@@ -310,7 +310,10 @@ pub async fn run_with(
     let mut requests = CtNetlink::new().map_err(ct_err)?;
     let mut events = CtSubscription::new().map_err(ct_err)?;
     let keepalive = CtNetlink::new().map_err(ct_err)?;
+    // Our own timeout refreshes and liberal-flag updates come back as UPDATE events that carry
+    // nothing new.
     events.ignore_events_from(keepalive.port_id());
+    events.ignore_events_from(requests.port_id());
     resync(&state, &paths, &mut requests).await?;
 
     let mut tasks = JoinSet::new();
@@ -460,8 +463,13 @@ async fn conntrack_events(
         {
             let mut s = lock(&state);
             s.ct.events += batch.len() as u64;
-            let State { dp, flows, .. } = &mut *s;
+            let State { dp, flows, ct, .. } = &mut *s;
             for ev in batch {
+                let kind = match ev {
+                    CtEvent::Upsert(_) => "new_or_update",
+                    CtEvent::Destroy(_) => "destroy",
+                };
+                *ct.events_by_type.entry(kind.into()).or_default() += 1;
                 match ev {
                     CtEvent::Upsert(e) => {
                         let tcp = e.orig.proto == IPPROTO_TCP;

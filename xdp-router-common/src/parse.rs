@@ -1,0 +1,484 @@
+//! Pure per-packet decisions of the datapath, kept here so they are unit-tested on the host and
+//! called unchanged from eBPF: which header fields send a packet to the kernel, and under which
+//! [`Reason`].
+//!
+//! Every function takes header fields already converted to host order (or single bytes) and
+//! returns `Ok` when the fast path may go on, or the reason to pass the packet to the kernel.
+
+use crate::Reason;
+
+/// EtherType of IPv4 (host order).
+pub const ETH_P_IP: u16 = 0x0800;
+/// EtherType of IPv6 (host order).
+pub const ETH_P_IPV6: u16 = 0x86dd;
+/// Length of an Ethernet II header without VLAN tags.
+pub const ETH_HLEN: usize = 14;
+/// Length of an IPv4 header without options.
+pub const IPV4_HLEN: usize = 20;
+/// Length of the fixed IPv6 header.
+pub const IPV6_HLEN: usize = 40;
+/// Length of a TCP header without options.
+pub const TCP_HLEN: usize = 20;
+/// Length of a UDP header.
+pub const UDP_HLEN: usize = 8;
+/// IP protocol number of TCP.
+pub const IPPROTO_TCP: u8 = 6;
+/// IP protocol number of UDP.
+pub const IPPROTO_UDP: u8 = 17;
+
+/// TCP flag bits in byte 13 of the TCP header.
+pub const TCP_FIN: u8 = 0x01;
+/// See [`TCP_FIN`].
+pub const TCP_SYN: u8 = 0x02;
+/// See [`TCP_FIN`].
+pub const TCP_RST: u8 = 0x04;
+
+/// IPv4 "more fragments" flag in the host-order flags/fragment-offset word.
+pub const IPV4_MF: u16 = 0x2000;
+/// IPv4 fragment offset mask in the host-order flags/fragment-offset word.
+pub const IPV4_OFFSET_MASK: u16 = 0x1fff;
+
+/// Network layer of a frame, from its EtherType.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum L3 {
+    /// IPv4 follows the Ethernet header.
+    V4,
+    /// IPv6 follows the Ethernet header.
+    V6,
+}
+
+/// Classifies a host-order EtherType. VLAN tags (0x8100, 0x88a8) are not looked through: the
+/// FIB result carries no VLAN to put back, so tagged frames stay with the kernel.
+#[inline(always)]
+pub const fn classify_ethertype(ethertype: u16) -> Result<L3, Reason> {
+    match ethertype {
+        ETH_P_IP => Ok(L3::V4),
+        ETH_P_IPV6 => Ok(L3::V6),
+        _ => Err(Reason::PassNotIp),
+    }
+}
+
+/// Minimum header length of the transport protocol `proto` (TCP without options, UDP), or 0
+/// for anything else.
+#[inline(always)]
+pub const fn l4_min_len(proto: u8) -> usize {
+    match proto {
+        IPPROTO_TCP => TCP_HLEN,
+        IPPROTO_UDP => UDP_HLEN,
+        _ => 0,
+    }
+}
+
+/// The fields of an IPv4 header the fast path looks at (host order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv4Fields {
+    /// First byte: version (high nibble) and IHL in 32-bit words (low nibble).
+    pub version_ihl: u8,
+    /// Total length of the datagram in bytes.
+    pub tot_len: u16,
+    /// Flags (3 bits) and fragment offset (13 bits).
+    pub frag_off: u16,
+    /// Time to live.
+    pub ttl: u8,
+    /// Transport protocol.
+    pub proto: u8,
+    /// Bytes in the frame from the start of the IPv4 header to the end of the frame.
+    pub available: usize,
+}
+
+/// Decides whether an IPv4 header may take the fast path, in the datapath's order: malformed,
+/// options, fragment, TTL, protocol.
+#[inline(always)]
+pub const fn check_ipv4(h: &Ipv4Fields) -> Result<(), Reason> {
+    let ihl = (h.version_ihl & 0x0f) as usize;
+    let tot_len = h.tot_len as usize;
+    // The kernel drops these in ip_rcv_core(); let it do so and count them.
+    if h.version_ihl >> 4 != 4 || ihl < 5 || tot_len < ihl * 4 || tot_len > h.available {
+        return Err(Reason::PassMalformed);
+    }
+    // Options (record route, timestamps, ...) need the kernel's option processing on forward.
+    if ihl > 5 {
+        return Err(Reason::PassIpv4Options);
+    }
+    // Only the first fragment has ports; conntrack reassembles fragments (nf_defrag_ipv4).
+    if h.frag_off & (IPV4_MF | IPV4_OFFSET_MASK) != 0 {
+        return Err(Reason::PassIpv4Fragment);
+    }
+    // The kernel must answer with ICMP time exceeded (RFC 1812 5.3.1).
+    if h.ttl <= 1 {
+        return Err(Reason::PassTtlExpired);
+    }
+    if h.proto != IPPROTO_TCP && h.proto != IPPROTO_UDP {
+        return Err(Reason::PassNotTcpUdp);
+    }
+    // A datagram too short to hold its transport header is the kernel's to drop.
+    if tot_len < IPV4_HLEN + l4_min_len(h.proto) {
+        return Err(Reason::PassMalformed);
+    }
+    Ok(())
+}
+
+/// True for IPv6 next-header values that are extension headers (RFC 8200 4, IANA "IPv6
+/// Extension Header Types"): hop-by-hop, routing, fragment, ESP, AH, destination options,
+/// mobility, HIP, shim6 and the experimental 253/254.
+#[inline(always)]
+pub const fn is_ipv6_ext_header(next_header: u8) -> bool {
+    matches!(
+        next_header,
+        0 | 43 | 44 | 50 | 51 | 60 | 135 | 139 | 140 | 253 | 254
+    )
+}
+
+/// The fields of an IPv6 header the fast path looks at (host order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv6Fields {
+    /// First byte: version (high nibble) and the high nibble of the traffic class.
+    pub version_tc: u8,
+    /// Payload length in bytes (everything after the fixed 40-byte header).
+    pub payload_len: u16,
+    /// Next header.
+    pub next_header: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Bytes in the frame from the start of the IPv6 header to the end of the frame.
+    pub available: usize,
+}
+
+/// Decides whether an IPv6 header may take the fast path, in the datapath's order: malformed,
+/// extension header / protocol, hop limit.
+#[inline(always)]
+pub const fn check_ipv6(h: &Ipv6Fields) -> Result<(), Reason> {
+    let payload_len = h.payload_len as usize;
+    // Wrong version or a payload length beyond the frame: ip6_rcv_core() drops it.
+    // (Jumbograms have payload length 0 and a hop-by-hop header, handled below.)
+    if h.version_tc >> 4 != 6 || IPV6_HLEN + payload_len > h.available {
+        return Err(Reason::PassMalformed);
+    }
+    if h.next_header != IPPROTO_TCP && h.next_header != IPPROTO_UDP {
+        // Walking extension headers costs verifier complexity and cycles for a rare case; the
+        // kernel handles them (and a fragment header means conntrack must reassemble).
+        if is_ipv6_ext_header(h.next_header) {
+            return Err(Reason::PassIpv6ExtHeader);
+        }
+        return Err(Reason::PassNotTcpUdp);
+    }
+    // The kernel must answer with ICMPv6 time exceeded (RFC 8200 3, RFC 4443 3.3).
+    if h.hop_limit <= 1 {
+        return Err(Reason::PassTtlExpired);
+    }
+    if payload_len < l4_min_len(h.next_header) {
+        return Err(Reason::PassMalformed);
+    }
+    Ok(())
+}
+
+/// True when a TCP segment with these flags (byte 13 of the header) must go to the kernel:
+/// SYN, FIN and RST drive conntrack's TCP state machine, which must see them.
+#[inline(always)]
+pub const fn is_tcp_control(flags: u8) -> bool {
+    flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0
+}
+
+/// `bpf_fib_lookup()` return codes (include/uapi/linux/bpf.h, `BPF_FIB_LKUP_RET_*`).
+pub mod fib {
+    /// Lookup successful: egress ifindex and MACs are filled in.
+    pub const SUCCESS: i64 = 0;
+    /// Destination is a blackhole route.
+    pub const BLACKHOLE: i64 = 1;
+    /// Destination is an unreachable route.
+    pub const UNREACHABLE: i64 = 2;
+    /// Destination is a prohibit route.
+    pub const PROHIBIT: i64 = 3;
+    /// Packet is not forwarded (local delivery, broadcast, multicast, ...).
+    pub const NOT_FWDED: i64 = 4;
+    /// Forwarding is disabled on the ingress interface.
+    pub const FWD_DISABLED: i64 = 5;
+    /// Forwarding needs a lightweight tunnel encap the helper does not support.
+    pub const UNSUPP_LWT: i64 = 6;
+    /// No valid neighbour entry for the next hop.
+    pub const NO_NEIGH: i64 = 7;
+    /// Packet size exceeds the egress MTU.
+    pub const FRAG_NEEDED: i64 = 8;
+}
+
+/// Maps a `bpf_fib_lookup()` return code (flags 0, XDP: MTU checked against `tot_len`) to
+/// `Ok` (forward) or the reason to pass the packet to the kernel.
+#[inline(always)]
+pub const fn check_fib_result(rc: i64) -> Result<(), Reason> {
+    match rc {
+        fib::SUCCESS => Ok(()),
+        // "BPF_FIB_LKUP_RET_NO_NEIGH: no neighbor entry for nh" (uapi bpf.h). The helper only
+        // reads the neighbour table; the kernel's output path resolves ARP/ND and queues.
+        fib::NO_NEIGH => Err(Reason::PassNoNeighbour),
+        // "BPF_FIB_LKUP_RET_FRAG_NEEDED: fragmentation required to fwd" (uapi bpf.h): for XDP
+        // the helper compares tot_len with the route/device MTU (net/core/filter.c,
+        // bpf_ipv{4,6}_fib_lookup with check_mtu); the kernel fragments or sends ICMP
+        // frag-needed / packet-too-big.
+        fib::FRAG_NEEDED => Err(Reason::PassFragNeeded),
+        // BLACKHOLE / UNREACHABLE / PROHIBIT: the kernel drops and sends the right ICMP error.
+        // NOT_FWDED: local delivery, broadcast or multicast, not routed. FWD_DISABLED: the
+        // admin turned forwarding off on the ingress interface, the kernel decides.
+        // UNSUPP_LWT: encap routes (MPLS, seg6, ...) the helper cannot follow. Negative values
+        // are errors (e.g. -ENODEV for an unknown ingress ifindex). None is ours to forward.
+        _ => Err(Reason::PassFibNotForwardable),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4() -> Ipv4Fields {
+        Ipv4Fields {
+            version_ihl: 0x45,
+            tot_len: 60,
+            frag_off: 0x4000, // DF only
+            ttl: 64,
+            proto: IPPROTO_TCP,
+            available: 60,
+        }
+    }
+
+    fn v6() -> Ipv6Fields {
+        Ipv6Fields {
+            version_tc: 0x60,
+            payload_len: 20,
+            next_header: IPPROTO_TCP,
+            hop_limit: 64,
+            available: 60,
+        }
+    }
+
+    #[test]
+    fn ethertypes() {
+        assert_eq!(classify_ethertype(0x0800), Ok(L3::V4));
+        assert_eq!(classify_ethertype(0x86dd), Ok(L3::V6));
+        for t in [0x0806, 0x8100, 0x88a8, 0x88cc, 0x8847, 0] {
+            assert_eq!(classify_ethertype(t), Err(Reason::PassNotIp), "{t:#x}");
+        }
+    }
+
+    #[test]
+    fn ipv4_good_and_padding_allowed() {
+        assert_eq!(check_ipv4(&v4()), Ok(()));
+        // Ethernet padding after the datagram is fine.
+        assert_eq!(
+            check_ipv4(&Ipv4Fields {
+                available: 100,
+                ..v4()
+            }),
+            Ok(())
+        );
+        let udp = Ipv4Fields {
+            proto: IPPROTO_UDP,
+            tot_len: 28,
+            ..v4()
+        };
+        assert_eq!(check_ipv4(&udp), Ok(()));
+    }
+
+    #[test]
+    fn ipv4_malformed() {
+        let m = Err(Reason::PassMalformed);
+        assert_eq!(
+            check_ipv4(&Ipv4Fields {
+                version_ihl: 0x65,
+                ..v4()
+            }),
+            m
+        );
+        assert_eq!(
+            check_ipv4(&Ipv4Fields {
+                version_ihl: 0x44,
+                ..v4()
+            }),
+            m
+        );
+        assert_eq!(
+            check_ipv4(&Ipv4Fields {
+                tot_len: 19,
+                ..v4()
+            }),
+            m
+        );
+        assert_eq!(
+            check_ipv4(&Ipv4Fields {
+                tot_len: 61,
+                ..v4()
+            }),
+            m
+        );
+        // Options claimed longer than the datagram.
+        assert_eq!(
+            check_ipv4(&Ipv4Fields {
+                version_ihl: 0x4f,
+                tot_len: 56,
+                ..v4()
+            }),
+            m
+        );
+        // Too short for the transport header.
+        assert_eq!(
+            check_ipv4(&Ipv4Fields {
+                tot_len: 39,
+                ..v4()
+            }),
+            m
+        );
+        let udp = Ipv4Fields {
+            proto: IPPROTO_UDP,
+            tot_len: 27,
+            ..v4()
+        };
+        assert_eq!(check_ipv4(&udp), m);
+    }
+
+    #[test]
+    fn ipv4_reasons_in_order() {
+        assert_eq!(
+            check_ipv4(&Ipv4Fields {
+                version_ihl: 0x46,
+                ttl: 1,
+                ..v4()
+            }),
+            Err(Reason::PassIpv4Options)
+        );
+        assert_eq!(
+            check_ipv4(&Ipv4Fields {
+                frag_off: 0x2000,
+                ttl: 1,
+                ..v4()
+            }),
+            Err(Reason::PassIpv4Fragment)
+        );
+        assert_eq!(
+            check_ipv4(&Ipv4Fields {
+                frag_off: 0x0001,
+                ..v4()
+            }),
+            Err(Reason::PassIpv4Fragment)
+        );
+        assert_eq!(
+            check_ipv4(&Ipv4Fields {
+                ttl: 1,
+                proto: 1,
+                ..v4()
+            }),
+            Err(Reason::PassTtlExpired)
+        );
+        assert_eq!(
+            check_ipv4(&Ipv4Fields { ttl: 0, ..v4() }),
+            Err(Reason::PassTtlExpired)
+        );
+        assert_eq!(check_ipv4(&Ipv4Fields { ttl: 2, ..v4() }), Ok(()));
+        assert_eq!(
+            check_ipv4(&Ipv4Fields { proto: 1, ..v4() }),
+            Err(Reason::PassNotTcpUdp)
+        );
+        assert_eq!(
+            check_ipv4(&Ipv4Fields { proto: 47, ..v4() }),
+            Err(Reason::PassNotTcpUdp)
+        );
+    }
+
+    #[test]
+    fn ipv6_reasons() {
+        assert_eq!(check_ipv6(&v6()), Ok(()));
+        assert_eq!(
+            check_ipv6(&Ipv6Fields {
+                available: 100,
+                ..v6()
+            }),
+            Ok(())
+        );
+        let m = Err(Reason::PassMalformed);
+        assert_eq!(
+            check_ipv6(&Ipv6Fields {
+                version_tc: 0x40,
+                ..v6()
+            }),
+            m
+        );
+        assert_eq!(
+            check_ipv6(&Ipv6Fields {
+                payload_len: 21,
+                ..v6()
+            }),
+            m
+        );
+        assert_eq!(
+            check_ipv6(&Ipv6Fields {
+                payload_len: 19,
+                ..v6()
+            }),
+            m
+        );
+        for nh in [0, 43, 44, 50, 51, 60, 135, 139, 140, 253, 254] {
+            assert!(is_ipv6_ext_header(nh));
+            assert_eq!(
+                check_ipv6(&Ipv6Fields {
+                    next_header: nh,
+                    hop_limit: 1,
+                    ..v6()
+                }),
+                Err(Reason::PassIpv6ExtHeader),
+                "{nh}"
+            );
+        }
+        for nh in [1, 6, 17, 41, 47, 58, 59, 132] {
+            assert!(!is_ipv6_ext_header(nh));
+        }
+        assert_eq!(
+            check_ipv6(&Ipv6Fields {
+                next_header: 58,
+                ..v6()
+            }),
+            Err(Reason::PassNotTcpUdp)
+        );
+        assert_eq!(
+            check_ipv6(&Ipv6Fields {
+                hop_limit: 1,
+                ..v6()
+            }),
+            Err(Reason::PassTtlExpired)
+        );
+        assert_eq!(
+            check_ipv6(&Ipv6Fields {
+                hop_limit: 2,
+                ..v6()
+            }),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn tcp_control_flags() {
+        assert!(is_tcp_control(TCP_SYN));
+        assert!(is_tcp_control(TCP_SYN | 0x10));
+        assert!(is_tcp_control(TCP_FIN | 0x10));
+        assert!(is_tcp_control(TCP_RST));
+        assert!(!is_tcp_control(0x10)); // ACK
+        assert!(!is_tcp_control(0x18)); // PSH|ACK
+        assert!(!is_tcp_control(0x20 | 0x40 | 0x80)); // URG, ECE, CWR
+    }
+
+    #[test]
+    fn fib_results() {
+        assert_eq!(check_fib_result(fib::SUCCESS), Ok(()));
+        assert_eq!(
+            check_fib_result(fib::NO_NEIGH),
+            Err(Reason::PassNoNeighbour)
+        );
+        assert_eq!(
+            check_fib_result(fib::FRAG_NEEDED),
+            Err(Reason::PassFragNeeded)
+        );
+        for rc in [1, 2, 3, 4, 5, 6, 9, -19, -22] {
+            assert_eq!(
+                check_fib_result(rc),
+                Err(Reason::PassFibNotForwardable),
+                "{rc}"
+            );
+        }
+    }
+}

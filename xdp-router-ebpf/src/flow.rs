@@ -1,0 +1,386 @@
+//! The per-packet pipeline: parse and check the headers, find the offloaded flow, ask the kernel
+//! FIB where the translated packet goes, and only then rewrite and redirect it.
+//!
+//! Every function returns `Err(reason)` for a packet the kernel must handle; nothing is written
+//! to the packet before the last check has passed, so a passed packet is exactly as received.
+
+use core::{
+    intrinsics::{AtomicOrdering, atomic_xadd},
+    mem::{size_of, transmute},
+    ptr::addr_of_mut,
+};
+
+use aya_ebpf::{
+    EbpfContext as _,
+    bindings::bpf_fib_lookup,
+    helpers::{bpf_fib_lookup as fib_lookup, bpf_ktime_get_ns},
+    programs::XdpContext,
+};
+use xdp_router_common::{
+    FLOW_F_REPLY, FlowCounters, FlowKeyV4, FlowKeyV6, IFACE_F_SHAPED, Reason,
+    parse::{
+        ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN, Ipv4Fields, Ipv6Fields, L3,
+        check_fib_result, check_ipv4, check_ipv6, classify_ethertype, is_tcp_control,
+    },
+};
+
+use crate::{
+    maps::{FLOWS_V4, FLOWS_V6, IFACES, SETTINGS, TX_PORTS},
+    parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, ptr_at_mut},
+    rewrite::{self, L4},
+};
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+/// A packet the fast path sent: the XDP action to return and the reason to count it under.
+pub struct Forwarded {
+    /// `XDP_REDIRECT` (or what `bpf_redirect_map` returned).
+    pub action: u32,
+    /// [`Reason::ForwardedOriginal`] or [`Reason::ForwardedReply`].
+    pub reason: Reason,
+}
+
+/// Forwards the packet in `ctx`, received on `ifindex`, or says why the kernel must have it.
+#[inline(always)]
+pub fn try_forward(ctx: &XdpContext, ifindex: u32) -> Result<Forwarded, Reason> {
+    // Switched off by the daemon (A/B runs, maintenance): the kernel carries everything.
+    let enabled = SETTINGS.get(0).map_or(0, |s| s.fastpath_enabled);
+    if enabled == 0 {
+        return Err(Reason::PassDisabled);
+    }
+    let eth: *mut EthHdr = ptr_at_mut(ctx, 0)?;
+    // SAFETY: ptr_at_mut checked that the header is inside the frame.
+    match classify_ethertype(unsafe { (*eth).ethertype() })? {
+        L3::V4 => try_forward_v4(ctx, ifindex, eth),
+        L3::V6 => try_forward_v6(ctx, ifindex, eth),
+    }
+}
+
+/// The transport header after an IP header of `l3_len` bytes: TCP (checked for control flags)
+/// or UDP; returns its raw ports.
+#[inline(always)]
+fn l4_ports(ctx: &XdpContext, proto: u8, l3_len: usize) -> Result<(u16, u16), Reason> {
+    let off = ETH_HLEN + l3_len;
+    if proto == IPPROTO_TCP {
+        let tcp: *mut TcpHdr = ptr_at_mut(ctx, off)?;
+        // SAFETY: bounds checked by ptr_at_mut.
+        let (flags, sport, dport) = unsafe { ((*tcp).flags, (*tcp).sport_be, (*tcp).dport_be) };
+        // Connection setup and teardown drive conntrack's TCP state machine: it must see them.
+        if is_tcp_control(flags) {
+            return Err(Reason::PassTcpControl);
+        }
+        Ok((sport, dport))
+    } else {
+        // check_ipv4 / check_ipv6 only let TCP and UDP through.
+        let udp: *mut UdpHdr = ptr_at_mut(ctx, off)?;
+        // SAFETY: bounds checked by ptr_at_mut.
+        Ok(unsafe { ((*udp).sport_be, (*udp).dport_be) })
+    }
+}
+
+// Stack structs are built from 32-bit words. Runs of constant zero stores would be merged by
+// LLVM into a `memset`, which the BPF backend (LLVM 22 via bpf-linker) lowers to a call to a
+// byte-by-byte loop; words of non-constant values are stored as they are.
+
+/// A zero the optimiser cannot see through (one stack store and load), so that zero fields do
+/// not turn into a `memset` call.
+#[inline(always)]
+fn opaque_zero() -> u32 {
+    let zero = 0u32;
+    // SAFETY: reading a live local.
+    unsafe { core::ptr::read_volatile(&zero) }
+}
+
+/// Two raw 16-bit words as the raw 32-bit word they form in memory (first one first).
+#[inline(always)]
+fn pack16(first: u16, second: u16) -> u32 {
+    let [a, b] = first.to_ne_bytes();
+    let [c, d] = second.to_ne_bytes();
+    u32::from_ne_bytes([a, b, c, d])
+}
+
+/// The `FLOWS_V4` key of a packet.
+#[inline(always)]
+fn key_v4(ifindex: u32, src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> FlowKeyV4 {
+    let words = [
+        ifindex,
+        src,
+        dst,
+        pack16(sport, dport),
+        u32::from_ne_bytes([proto, 0, 0, 0]),
+    ];
+    // SAFETY: FlowKeyV4 is #[repr(C)], 20 bytes of integers without implicit padding (ifindex,
+    // src, dst, sport+dport, proto+_pad), so these words are exactly its fields in order.
+    unsafe { transmute::<[u32; 5], FlowKeyV4>(words) }
+}
+
+/// The `FLOWS_V6` key of a packet.
+#[inline(always)]
+fn key_v6(
+    ifindex: u32,
+    src: [u32; 4],
+    dst: [u32; 4],
+    sport: u16,
+    dport: u16,
+    proto: u8,
+) -> FlowKeyV6 {
+    let [s0, s1, s2, s3] = src;
+    let [d0, d1, d2, d3] = dst;
+    let words = [
+        ifindex,
+        s0,
+        s1,
+        s2,
+        s3,
+        d0,
+        d1,
+        d2,
+        d3,
+        pack16(sport, dport),
+        u32::from_ne_bytes([proto, 0, 0, 0]),
+    ];
+    // SAFETY: FlowKeyV6 is #[repr(C)], 44 bytes of integers without implicit padding, laid out
+    // as these words.
+    unsafe { transmute::<[u32; 11], FlowKeyV6>(words) }
+}
+
+/// `bpf_fib_lookup` input for the translated packet (uapi layout: family, l4_protocol, sport,
+/// dport, tot_len, ifindex, tos/flowinfo, src, dst, tbid/vlan, smac, dmac).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per lookup input field"
+)]
+#[inline(always)]
+fn fib_params(
+    family: u8,
+    proto: u8,
+    sport_be: u16,
+    dport_be: u16,
+    tot_len: u16,
+    ifindex: u32,
+    tos_or_flowinfo: u32,
+    src_be: [u32; 4],
+    dst_be: [u32; 4],
+) -> bpf_fib_lookup {
+    let zero = opaque_zero();
+    let [sp0, sp1] = sport_be.to_ne_bytes();
+    let [s0, s1, s2, s3] = src_be;
+    let [d0, d1, d2, d3] = dst_be;
+    let words = [
+        u32::from_ne_bytes([family, proto, sp0, sp1]),
+        pack16(dport_be, tot_len),
+        ifindex,
+        tos_or_flowinfo,
+        s0,
+        s1,
+        s2,
+        s3,
+        d0,
+        d1,
+        d2,
+        d3,
+        // tbid (input only with BPF_FIB_LOOKUP_TBID), then smac and dmac (outputs).
+        zero,
+        zero,
+        zero,
+        zero,
+    ];
+    // SAFETY: bpf_fib_lookup is the 64-byte #[repr(C)] uapi struct of integers and unions of
+    // integers, 4-byte aligned, laid out as these words.
+    unsafe { transmute::<[u32; 16], bpf_fib_lookup>(words) }
+}
+
+/// Maps `bpf_fib_lookup`'s answer to `Ok(egress ifindex)` once the egress is a managed,
+/// unshaped interface we can redirect to.
+#[inline(always)]
+fn egress_of(ctx: &XdpContext, params: &mut bpf_fib_lookup) -> Result<u32, Reason> {
+    // SAFETY: params is a valid, initialised bpf_fib_lookup of the size passed.
+    let rc = unsafe {
+        fib_lookup(
+            ctx.as_ptr(),
+            params as *mut bpf_fib_lookup,
+            size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    check_fib_result(rc)?;
+    let egress = params.ifindex;
+    // Only interfaces the daemon manages are fast-path targets (their neighbours, qdiscs and
+    // counters are known); anything else keeps the kernel's full output path.
+    let Some(info) = IFACES.get_ptr(egress) else {
+        return Err(Reason::PassEgressNotManaged);
+    };
+    // SAFETY: map value pointer from the kernel.
+    if unsafe { (*info).flags } & IFACE_F_SHAPED != 0 {
+        // A redirect skips the egress qdisc; a shaped link must keep its shaping.
+        return Err(Reason::PassEgressShaped);
+    }
+    // bpf_redirect_map on a missing key would abort (drop) the already rewritten packet, so make
+    // sure the target exists before touching anything.
+    if TX_PORTS.get_ifindex(egress).is_none() {
+        return Err(Reason::PassEgressNotManaged);
+    }
+    Ok(egress)
+}
+
+/// Counts the packet on its flow and redirects it to `egress`.
+#[inline(always)]
+fn finish(counters: *mut FlowCounters, flags: u32, bytes: u64, egress: u32) -> Forwarded {
+    // SAFETY: `counters` points into a flow map value (8-byte aligned); the kernel keeps it
+    // alive for this program run. Several CPUs may forward the same flow, hence atomic adds
+    // (BPF_ATOMIC | BPF_ADD). The bpfel target has no CAS, so `AtomicU64::fetch_add` does not
+    // exist there; the intrinsic lowers to the BPF atomic add directly.
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(addr_of_mut!((*counters).packets), 1);
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
+            addr_of_mut!((*counters).bytes),
+            bytes,
+        );
+        addr_of_mut!((*counters).last_seen_ns).write_volatile(bpf_ktime_get_ns());
+    }
+    let reason = if flags & FLOW_F_REPLY != 0 {
+        Reason::ForwardedReply
+    } else {
+        Reason::ForwardedOriginal
+    };
+    // egress_of() saw the TX_PORTS entry; it can only be gone now if the daemon removed it in
+    // between, and then the helper returns XDP_ABORTED (flags 0): an impossible state made
+    // visible (trace_xdp_exception) rather than a rewritten packet handed to the kernel.
+    let action = match TX_PORTS.redirect(egress, 0) {
+        Ok(action) | Err(action) => action,
+    };
+    Forwarded { action, reason }
+}
+
+/// Length of the whole frame (what the counters count).
+#[inline(always)]
+fn frame_len(ctx: &XdpContext) -> usize {
+    ctx.data_end() - ctx.data()
+}
+
+/// Steps 4-11 for IPv4: checks, flow, FIB, egress, rewrite, counters, redirect.
+#[inline(always)]
+fn try_forward_v4(ctx: &XdpContext, ifindex: u32, eth: *mut EthHdr) -> Result<Forwarded, Reason> {
+    let ip: *mut Ipv4Hdr = ptr_at_mut(ctx, ETH_HLEN)?;
+    // SAFETY: bounds checked by ptr_at_mut; fields are copied out, no reference is kept.
+    let (fields, tos, src, dst) = unsafe {
+        (
+            Ipv4Fields {
+                version_ihl: (*ip).version_ihl,
+                tot_len: (*ip).tot_len(),
+                frag_off: (*ip).frag_off(),
+                ttl: (*ip).ttl,
+                proto: (*ip).proto,
+                available: frame_len(ctx) - ETH_HLEN,
+            },
+            (*ip).tos,
+            (*ip).src_be,
+            (*ip).dst_be,
+        )
+    };
+    check_ipv4(&fields)?;
+    let (sport, dport) = l4_ports(ctx, fields.proto, IPV4_HLEN)?;
+
+    let key = key_v4(ifindex, src, dst, sport, dport, fields.proto);
+    // Not offloaded (yet): new, unconfirmed, or not eligible per the daemon's policy.
+    let Some(flow) = FLOWS_V4.get_ptr_mut(key) else {
+        return Err(Reason::PassNoFlow);
+    };
+    // SAFETY: map value pointer from the kernel; the daemon rewrites whole entries only via
+    // map updates, so a copy of the translation is consistent enough for one packet.
+    let nat = unsafe {
+        rewrite::NatV4 {
+            src_be: (*flow).new_src_be,
+            dst_be: (*flow).new_dst_be,
+            sport_be: (*flow).new_sport_be,
+            dport_be: (*flow).new_dport_be,
+            l3_csum_diff: (*flow).l3_csum_diff,
+            l4_csum_diff: (*flow).l4_csum_diff,
+        }
+    };
+    let flags = unsafe { (*flow).flags };
+
+    let mut params = fib_params(
+        AF_INET,
+        fields.proto,
+        nat.sport_be,
+        nat.dport_be,
+        // Host order: the helper compares it with the egress MTU.
+        fields.tot_len,
+        ifindex,
+        // The TOS byte goes where the union's first byte is.
+        u32::from_ne_bytes([tos, 0, 0, 0]),
+        [nat.src_be, opaque_zero(), opaque_zero(), opaque_zero()],
+        [nat.dst_be, opaque_zero(), opaque_zero(), opaque_zero()],
+    );
+    let egress = egress_of(ctx, &mut params)?;
+
+    let l4 = L4::at(ctx, ETH_HLEN + IPV4_HLEN, fields.proto == IPPROTO_UDP)?;
+    // Every check passed: from here on the packet is ours.
+    rewrite::rewrite_v4(eth, ip, l4, &nat, &params);
+    // SAFETY: `flow` is a live map value pointer.
+    let counters = unsafe { addr_of_mut!((*flow).counters) };
+    Ok(finish(counters, flags, frame_len(ctx) as u64, egress))
+}
+
+/// Steps 4-11 for IPv6 (see [`try_forward_v4`]).
+#[inline(always)]
+fn try_forward_v6(ctx: &XdpContext, ifindex: u32, eth: *mut EthHdr) -> Result<Forwarded, Reason> {
+    let ip: *mut Ipv6Hdr = ptr_at_mut(ctx, ETH_HLEN)?;
+    // SAFETY: bounds checked by ptr_at_mut; fields are copied out, no reference is kept.
+    let (fields, flowinfo, src, dst) = unsafe {
+        (
+            Ipv6Fields {
+                version_tc: (*ip).version_tc(),
+                payload_len: (*ip).payload_len(),
+                next_header: (*ip).next_header,
+                hop_limit: (*ip).hop_limit,
+                available: frame_len(ctx) - ETH_HLEN,
+            },
+            (*ip).flowinfo_be(),
+            (*ip).src_be,
+            (*ip).dst_be,
+        )
+    };
+    check_ipv6(&fields)?;
+    let (sport, dport) = l4_ports(ctx, fields.next_header, IPV6_HLEN)?;
+
+    let key = key_v6(ifindex, src, dst, sport, dport, fields.next_header);
+    // Not offloaded (yet): new, unconfirmed, or not eligible per the daemon's policy.
+    let Some(flow) = FLOWS_V6.get_ptr_mut(key) else {
+        return Err(Reason::PassNoFlow);
+    };
+    // SAFETY: map value pointer from the kernel (see try_forward_v4).
+    let nat = unsafe {
+        rewrite::NatV6 {
+            src_be: (*flow).new_src_be,
+            dst_be: (*flow).new_dst_be,
+            sport_be: (*flow).new_sport_be,
+            dport_be: (*flow).new_dport_be,
+            l4_csum_diff: (*flow).l4_csum_diff,
+        }
+    };
+    let flags = unsafe { (*flow).flags };
+
+    let mut params = fib_params(
+        AF_INET6,
+        fields.next_header,
+        nat.sport_be,
+        nat.dport_be,
+        // The whole datagram, header included, in host order (MTU check).
+        fields.payload_len.wrapping_add(IPV6_HLEN as u16),
+        ifindex,
+        flowinfo,
+        nat.src_be,
+        nat.dst_be,
+    );
+    let egress = egress_of(ctx, &mut params)?;
+
+    let l4 = L4::at(ctx, ETH_HLEN + IPV6_HLEN, fields.next_header == IPPROTO_UDP)?;
+    // Every check passed: from here on the packet is ours.
+    rewrite::rewrite_v6(eth, ip, l4, &nat, &params);
+    // SAFETY: `flow` is a live map value pointer.
+    let counters = unsafe { addr_of_mut!((*flow).counters) };
+    Ok(finish(counters, flags, frame_len(ctx) as u64, egress))
+}

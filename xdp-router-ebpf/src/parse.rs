@@ -1,0 +1,173 @@
+//! Bounds-checked access to packet memory and the headers the fast path reads and rewrites.
+//!
+//! Headers are plain `#[repr(C, packed(2))]` structs of integers, read and written field by
+//! field through accessor methods: nothing is ever reinterpreted as a Rust enum. Multi-byte
+//! fields hold raw wire bytes (`_be`); accessors convert where host order is needed. Packet data
+//! in XDP starts at least 2-byte aligned (`XDP_PACKET_HEADROOM`, or `NET_SKB_PAD + NET_IP_ALIGN`
+//! in drivers), hence `packed(2)`: the compiler emits 16-bit loads for the 32-bit address fields
+//! that sit at 2 mod 4 behind the 14-byte Ethernet header.
+
+use core::mem::size_of;
+
+use aya_ebpf::programs::XdpContext;
+use xdp_router_common::Reason;
+
+/// Pointer to a `T` at `offset` bytes into the frame, if the whole `T` is inside it; a frame too
+/// short for the header is [`Reason::PassMalformed`]. Mutable because every header the fast
+/// path reads is also one it may rewrite (after all checks).
+#[inline(always)]
+pub fn ptr_at_mut<T>(ctx: &XdpContext, offset: usize) -> Result<*mut T, Reason> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + offset + size_of::<T>() > end {
+        return Err(Reason::PassMalformed);
+    }
+    Ok((start + offset) as *mut T)
+}
+
+/// Ethernet II header.
+#[repr(C, packed(2))]
+pub struct EthHdr {
+    /// Destination MAC.
+    pub dst: [u8; 6],
+    /// Source MAC.
+    pub src: [u8; 6],
+    /// EtherType (network order).
+    pub ethertype_be: u16,
+}
+
+impl EthHdr {
+    /// EtherType in host order.
+    #[inline(always)]
+    pub fn ethertype(&self) -> u16 {
+        u16::from_be(self.ethertype_be)
+    }
+}
+
+/// IPv4 header without options.
+#[repr(C, packed(2))]
+pub struct Ipv4Hdr {
+    /// Version (high nibble) and IHL (low nibble).
+    pub version_ihl: u8,
+    /// DSCP/ECN.
+    pub tos: u8,
+    /// Total length (network order).
+    pub tot_len_be: u16,
+    /// Identification (network order).
+    pub id_be: u16,
+    /// Flags and fragment offset (network order).
+    pub frag_off_be: u16,
+    /// Time to live.
+    pub ttl: u8,
+    /// Transport protocol.
+    pub proto: u8,
+    /// Header checksum (raw).
+    pub check: u16,
+    /// Source address (network order).
+    pub src_be: u32,
+    /// Destination address (network order).
+    pub dst_be: u32,
+}
+
+impl Ipv4Hdr {
+    /// Total length in host order.
+    #[inline(always)]
+    pub fn tot_len(&self) -> u16 {
+        u16::from_be(self.tot_len_be)
+    }
+
+    /// Flags and fragment offset in host order.
+    #[inline(always)]
+    pub fn frag_off(&self) -> u16 {
+        u16::from_be(self.frag_off_be)
+    }
+
+    /// The TTL and protocol bytes as the raw 16-bit word the header checksum covers.
+    #[inline(always)]
+    pub fn ttl_proto_word(&self) -> u16 {
+        u16::from_ne_bytes([self.ttl, self.proto])
+    }
+}
+
+/// Fixed IPv6 header.
+#[repr(C, packed(2))]
+pub struct Ipv6Hdr {
+    /// Version (4 bits), traffic class (8), flow label (20), network order.
+    pub vtc_flow_be: u32,
+    /// Payload length (network order).
+    pub payload_len_be: u16,
+    /// Next header.
+    pub next_header: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Source address (network order, raw 32-bit words).
+    pub src_be: [u32; 4],
+    /// Destination address (network order, raw 32-bit words).
+    pub dst_be: [u32; 4],
+}
+
+impl Ipv6Hdr {
+    /// Payload length in host order.
+    #[inline(always)]
+    pub fn payload_len(&self) -> u16 {
+        u16::from_be(self.payload_len_be)
+    }
+
+    /// First byte: version and the high nibble of the traffic class.
+    #[inline(always)]
+    pub fn version_tc(&self) -> u8 {
+        (u32::from_be(self.vtc_flow_be) >> 24) as u8
+    }
+
+    /// Traffic class and flow label without the version, as `bpf_fib_lookup`'s `flowinfo`
+    /// wants it (network order).
+    #[inline(always)]
+    pub fn flowinfo_be(&self) -> u32 {
+        self.vtc_flow_be & u32::to_be(0x0fff_ffff)
+    }
+}
+
+/// TCP header without options (20 bytes).
+#[repr(C, packed(2))]
+pub struct TcpHdr {
+    /// Source port (network order).
+    pub sport_be: u16,
+    /// Destination port (network order).
+    pub dport_be: u16,
+    /// Sequence number (network order).
+    pub seq_be: u32,
+    /// Acknowledgment number (network order).
+    pub ack_be: u32,
+    /// Data offset (high nibble) and reserved bits.
+    pub doff_res: u8,
+    /// Flags: CWR ECE URG ACK PSH RST SYN FIN.
+    pub flags: u8,
+    /// Window (network order).
+    pub window_be: u16,
+    /// Checksum (raw).
+    pub check: u16,
+    /// Urgent pointer (network order).
+    pub urg_ptr_be: u16,
+}
+
+/// The source and destination ports that TCP and UDP headers both start with.
+#[repr(C, packed(2))]
+pub struct PortsHdr {
+    /// Source port (network order).
+    pub sport_be: u16,
+    /// Destination port (network order).
+    pub dport_be: u16,
+}
+
+/// UDP header.
+#[repr(C, packed(2))]
+pub struct UdpHdr {
+    /// Source port (network order).
+    pub sport_be: u16,
+    /// Destination port (network order).
+    pub dport_be: u16,
+    /// Length (network order).
+    pub len_be: u16,
+    /// Checksum (raw); 0 over IPv4 means "none".
+    pub check: u16,
+}

@@ -1,0 +1,126 @@
+//! Where packets are changed: NAT of addresses and ports with incremental checksum updates
+//! (RFC 1624, per-flow diffs precomputed by the daemon), TTL / hop-limit decrement, and the MAC
+//! addresses from the FIB result. Called only after every check has passed.
+
+use aya_ebpf::{bindings::bpf_fib_lookup, programs::XdpContext};
+use xdp_router_common::{
+    Reason,
+    checksum::{apply, apply_udp, combine, diff16},
+};
+
+use crate::parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, PortsHdr, ptr_at_mut};
+
+/// Where the transport header of the packet being forwarded gets written: its ports and its
+/// checksum field, each behind its own bounds check taken right before the rewrite.
+///
+/// Why not keep the TCP/UDP header pointers from parsing: LLVM merges the two differently sized
+/// bounds checks into one and branches on the protocol again at the write; the verifier cannot
+/// carry "not TCP" across that second branch and rejects the TCP write on the UDP-checked path.
+/// Pointers checked for exactly the bytes they cover need no protocol branch at all.
+pub struct L4 {
+    ports: *mut PortsHdr,
+    check: *mut u16,
+    udp: bool,
+}
+
+impl L4 {
+    /// The transport header at `offset` (TCP if `!udp`), already parsed and checked.
+    #[inline(always)]
+    pub fn at(ctx: &XdpContext, offset: usize, udp: bool) -> Result<L4, Reason> {
+        // Offset of the checksum field: TCP 16, UDP 6.
+        let check_off = if udp { 6 } else { 16 };
+        Ok(L4 {
+            ports: ptr_at_mut(ctx, offset)?,
+            check: ptr_at_mut(ctx, offset + check_off)?,
+            udp,
+        })
+    }
+}
+
+/// The IPv4 translation of one flow direction (copied from its `FlowV4`).
+pub struct NatV4 {
+    /// New source address (network order).
+    pub src_be: u32,
+    /// New destination address (network order).
+    pub dst_be: u32,
+    /// New source port (network order).
+    pub sport_be: u16,
+    /// New destination port (network order).
+    pub dport_be: u16,
+    /// Header checksum diff of the address rewrite.
+    pub l3_csum_diff: u32,
+    /// TCP/UDP checksum diff of the address and port rewrite.
+    pub l4_csum_diff: u32,
+}
+
+/// The IPv6 translation of one flow direction (copied from its `FlowV6`).
+pub struct NatV6 {
+    /// New source address (network order).
+    pub src_be: [u32; 4],
+    /// New destination address (network order).
+    pub dst_be: [u32; 4],
+    /// New source port (network order).
+    pub sport_be: u16,
+    /// New destination port (network order).
+    pub dport_be: u16,
+    /// TCP/UDP checksum diff of the address and port rewrite.
+    pub l4_csum_diff: u32,
+}
+
+/// Source and destination MAC from a successful `bpf_fib_lookup`.
+#[inline(always)]
+fn rewrite_macs(eth: *mut EthHdr, fib: &bpf_fib_lookup) {
+    // SAFETY: `eth` was bounds checked by the caller's parse.
+    unsafe {
+        (*eth).dst = fib.dmac;
+        (*eth).src = fib.smac;
+    }
+}
+
+/// Ports and checksum of the transport header. UDP over IPv4 sent without checksum (0) stays
+/// without, and a computed UDP 0 goes out as 0xffff (RFC 768), as `apply_udp` does; a TCP
+/// checksum of 0 is an ordinary value.
+#[inline(always)]
+fn rewrite_l4(l4: L4, sport_be: u16, dport_be: u16, diff: u32) {
+    // SAFETY: both pointers were bounds checked by L4::at.
+    unsafe {
+        (*l4.ports).sport_be = sport_be;
+        (*l4.ports).dport_be = dport_be;
+        let old = *l4.check;
+        *l4.check = if l4.udp {
+            apply_udp(old, diff)
+        } else {
+            apply(old, diff)
+        };
+    }
+}
+
+/// Rewrites a checked IPv4 packet for forwarding: NAT, TTL - 1, header checksum, MACs.
+#[inline(always)]
+pub fn rewrite_v4(eth: *mut EthHdr, ip: *mut Ipv4Hdr, l4: L4, nat: &NatV4, fib: &bpf_fib_lookup) {
+    // SAFETY: `ip` was bounds checked by the caller's parse; TTL >= 2 was checked.
+    unsafe {
+        let old_word = (*ip).ttl_proto_word();
+        (*ip).ttl -= 1;
+        let ttl_diff = diff16(old_word, (*ip).ttl_proto_word());
+        (*ip).src_be = nat.src_be;
+        (*ip).dst_be = nat.dst_be;
+        (*ip).check = apply((*ip).check, combine(nat.l3_csum_diff, ttl_diff));
+    }
+    rewrite_l4(l4, nat.sport_be, nat.dport_be, nat.l4_csum_diff);
+    rewrite_macs(eth, fib);
+}
+
+/// Rewrites a checked IPv6 packet for forwarding: NAT, hop limit - 1, MACs (IPv6 has no header
+/// checksum; the hop limit is not in the pseudo-header).
+#[inline(always)]
+pub fn rewrite_v6(eth: *mut EthHdr, ip: *mut Ipv6Hdr, l4: L4, nat: &NatV6, fib: &bpf_fib_lookup) {
+    // SAFETY: `ip` was bounds checked by the caller's parse; hop limit >= 2 was checked.
+    unsafe {
+        (*ip).hop_limit -= 1;
+        (*ip).src_be = nat.src_be;
+        (*ip).dst_be = nat.dst_be;
+    }
+    rewrite_l4(l4, nat.sport_be, nat.dport_be, nat.l4_csum_diff);
+    rewrite_macs(eth, fib);
+}
