@@ -6,6 +6,7 @@
 use std::{
     collections::HashSet,
     fmt,
+    net::SocketAddr,
     path::{Path, PathBuf},
 };
 
@@ -13,6 +14,9 @@ use serde::{Deserialize, Serialize};
 
 /// Default path of the control socket (root-only Unix socket).
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/xdp-router/control.sock";
+
+/// Default address of the Prometheus `/metrics` endpoint (loopback only).
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9824";
 
 /// The whole configuration file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -34,6 +38,10 @@ pub struct Config {
     /// `RUST_LOG` environment variable wins when set.
     #[serde(default = "default_log_level")]
     pub log_level: String,
+    /// `address:port` of the Prometheus `/metrics` HTTP endpoint; `""` in the file (`None`
+    /// here) disables it.
+    #[serde(default = "default_metrics_listen", with = "listen_addr")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Interfaces the fast path manages.
     #[serde(rename = "interface", default)]
     pub interfaces: Vec<InterfaceConfig>,
@@ -94,6 +102,36 @@ fn default_keepalive_interval_ms() -> u64 {
 fn default_log_level() -> String {
     "info".to_string()
 }
+fn default_metrics_listen() -> Option<SocketAddr> {
+    DEFAULT_METRICS_LISTEN.parse().ok()
+}
+
+/// `metrics_listen`: a socket address, or `""` for "disabled". Parsed during deserialisation so
+/// a bad value is reported with its line.
+mod listen_addr {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize as _, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(a) => s.collect_str(a),
+            None => s.serialize_str(""),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.trim().is_empty() {
+            return Ok(None);
+        }
+        text.trim().parse().map(Some).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "metrics_listen = {text:?} is not an address:port such as \"127.0.0.1:9824\" or \"[::1]:9824\" (\"\" disables the endpoint)"
+            ))
+        })
+    }
+}
 
 /// A configuration error, already formatted for the user (`file:line: message`).
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +162,16 @@ impl Config {
             .validate()
             .map_err(|m| ConfigError(format!("{origin}: {m}")))?;
         Ok(config)
+    }
+
+    /// Managed interfaces that do not exist on this host. Not an error for `check-config` (a
+    /// config may be checked on another machine), but `run` needs them all.
+    pub fn missing_interfaces(&self) -> Vec<&str> {
+        self.interfaces
+            .iter()
+            .filter(|i| crate::sync::rtnl::ifindex(&i.name).is_none())
+            .map(|i| i.name.as_str())
+            .collect()
     }
 
     /// Checks what serde cannot: at least one LAN and one WAN... see the messages.
@@ -182,6 +230,38 @@ mod tests {
         assert_eq!(c.xdp_mode, XdpModeConfig::Native);
         assert_eq!(c.flow_capacity, xdp_router_common::DEFAULT_FLOW_CAPACITY);
         assert!(!c.interfaces[0].shaped);
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9824".parse().unwrap()));
+    }
+
+    #[test]
+    fn metrics_listen_parses_disables_and_explains() {
+        let base = "[[interface]]\nname = \"eth0\"\nrole = \"wan\"\n";
+        let c = Config::parse(&format!("metrics_listen = \"[::1]:9100\"\n{base}"), "t").unwrap();
+        assert_eq!(c.metrics_listen, Some("[::1]:9100".parse().unwrap()));
+        let c = Config::parse(&format!("metrics_listen = \"\"\n{base}"), "t").unwrap();
+        assert_eq!(c.metrics_listen, None);
+        let err = Config::parse(
+            &format!("\nmetrics_listen = \"localhost\"\n{base}"),
+            "x.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("x.toml:2:"), "{err}");
+        assert!(err.contains("address:port"), "{err}");
+        // Serialising and parsing again gives the same config (disabled stays disabled).
+        let c = Config::parse(&format!("metrics_listen = \"\"\n{base}"), "t").unwrap();
+        let again = Config::parse(&toml::to_string(&c).unwrap(), "t").unwrap();
+        assert_eq!(again, c);
+    }
+
+    #[test]
+    fn missing_interfaces_are_listed() {
+        let c = Config::parse(
+            "[[interface]]\nname = \"lo\"\nrole = \"lan\"\n[[interface]]\nname = \"xr-no-such0\"\nrole = \"wan\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.missing_interfaces(), vec!["xr-no-such0"]);
     }
 
     #[test]

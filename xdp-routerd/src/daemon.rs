@@ -372,8 +372,11 @@ fn check_privileges() -> anyhow::Result<()> {
             .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
             .unwrap_or(0);
         const CAP_NET_ADMIN: u64 = 12;
+        const CAP_PERFMON: u64 = 38;
         const CAP_BPF: u64 = 39;
-        if eff & (1 << CAP_NET_ADMIN) == 0 || eff & (1 << CAP_BPF) == 0 {
+        // Without CAP_PERFMON the verifier rejects the program's packet pointer arithmetic.
+        let need = (1 << CAP_NET_ADMIN) | (1 << CAP_BPF) | (1 << CAP_PERFMON);
+        if eff & need != need {
             bail!(
                 "xdp-routerd needs root or the capabilities CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON"
             );

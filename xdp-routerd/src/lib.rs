@@ -5,5 +5,6 @@ pub mod control;
 pub mod daemon;
 pub mod datapath;
 pub mod flows;
+pub mod metrics;
 pub mod status;
 pub mod sync;

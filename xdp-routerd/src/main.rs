@@ -1,13 +1,19 @@
 //! `xdp-routerd`: the XDP fast path for Linux software routers.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{
+    io::{IsTerminal as _, Write as _},
+    path::PathBuf,
+    process::ExitCode,
+    time::{Duration, Instant},
+};
 
+use anyhow::bail;
 use clap::{Parser, Subcommand, ValueEnum};
 use xdp_routerd::{
     config::{Config, DEFAULT_CONTROL_SOCKET},
     control::{self, Request},
-    daemon,
-    status::{Flows, Status},
+    daemon, metrics,
+    status::{AddrFilter, FlowFilter, Flows, Status, render_stats},
 };
 
 #[derive(Parser)]
@@ -52,6 +58,31 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Only flows with this address or prefix at either end, before or after NAT
+        /// (e.g. 192.0.2.7, 10.0.0.0/8, 2001:db8::/32).
+        #[arg(long, value_name = "ADDR[/LEN]", value_parser = parse_addr_filter)]
+        addr: Option<AddrFilter>,
+        /// Only flows with this port at either end, before or after NAT.
+        #[arg(long)]
+        port: Option<u16>,
+    },
+    /// Per-interface counters of the fast path and of every reason a packet went to the kernel
+    /// (like `nstat` for the fast path).
+    Stats {
+        #[command(flatten)]
+        target: Target,
+        /// Print JSON instead of a table (one object per sample in watch mode).
+        #[arg(long)]
+        json: bool,
+        /// Refresh every SECS seconds (default 1) and show deltas and rates; Ctrl-C stops.
+        #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "1")]
+        watch: Option<f64>,
+        /// With --watch: stop after this many refreshes.
+        #[arg(long, requires = "watch", value_name = "N")]
+        count: Option<u64>,
+        /// Also show reasons whose counters are zero.
+        #[arg(long, short)]
+        zeros: bool,
     },
     /// Validate a configuration file and explain what is wrong.
     CheckConfig {
@@ -100,17 +131,36 @@ fn main() -> ExitCode {
     }
 }
 
+fn parse_addr_filter(s: &str) -> Result<AddrFilter, String> {
+    s.parse()
+}
+
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run { config, socket } => {
             let config = Config::load(&config)?;
             init_logging(&config.log_level);
             let socket = socket.unwrap_or_else(|| config.control_socket.clone());
+            // Bound before anything is attached: a taken port is a start-up error.
+            let metrics_listener = config.metrics_listen.map(metrics::bind).transpose()?;
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            rt.block_on(daemon::run(config, socket))
+            let result = rt.block_on(daemon::run_with(config, socket, move |source| {
+                if let Some(listener) = metrics_listener
+                    && let Err(e) = metrics::spawn(listener, source)
+                {
+                    tracing::error!(error = %format!("{e:#}"), "metrics endpoint not started");
+                }
+            }));
+            // The daemon has detached by now; do not let a stuck scrape or control request
+            // delay the exit (SIGTERM must end the process within 2 s).
+            rt.shutdown_timeout(Duration::from_millis(300));
+            if result.is_ok() {
+                tracing::info!("xdp-routerd stopped; the kernel forwards everything");
+            }
+            result
         }
         Command::Status { target, json } => {
             let v = control::call(&target.socket()?, &Request::Status)?;
@@ -128,38 +178,128 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             println!("fast path {}", if on { "on" } else { "off" });
             Ok(())
         }
-        Command::Flows { target, json } => {
+        Command::Flows {
+            target,
+            json,
+            addr,
+            port,
+        } => {
             let v = control::call(&target.socket()?, &Request::Flows)?;
+            let f: Flows = serde_json::from_value(v)?;
+            let f = f.filtered(&FlowFilter { addr, port });
             if json {
-                println!("{v}");
+                println!("{}", serde_json::to_string(&f)?);
             } else {
-                let f: Flows = serde_json::from_value(v)?;
                 print!("{}", f.render());
             }
             Ok(())
         }
+        Command::Stats {
+            target,
+            json,
+            watch,
+            count,
+            zeros,
+        } => stats(&target.socket()?, json, watch, count, zeros),
         Command::CheckConfig { file } => {
             let c = Config::load(&file)?;
+            for name in c.missing_interfaces() {
+                eprintln!(
+                    "{}: warning: interface {name} does not exist on this host (`run` needs it)",
+                    file.display()
+                );
+            }
             println!(
-                "{}: ok ({} interfaces: {})",
+                "{}: ok ({} interfaces: {}; metrics: {})",
                 file.display(),
                 c.interfaces.len(),
                 c.interfaces
                     .iter()
                     .map(|i| format!("{}={}", i.name, i.role))
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                c.metrics_listen
+                    .map(|a| format!("http://{a}/metrics"))
+                    .unwrap_or_else(|| "disabled".into())
             );
             Ok(())
         }
     }
 }
 
+fn status_of(socket: &PathBuf) -> anyhow::Result<Status> {
+    Ok(serde_json::from_value(control::call(
+        socket,
+        &Request::Status,
+    )?)?)
+}
+
+/// `xdp-routerd stats`: one table, or with `watch` a refreshed one with deltas and rates.
+fn stats(
+    socket: &PathBuf,
+    json: bool,
+    watch: Option<f64>,
+    count: Option<u64>,
+    zeros: bool,
+) -> anyhow::Result<()> {
+    let mut prev = status_of(socket)?;
+    let mut at = Instant::now();
+    let Some(secs) = watch else {
+        let rows = prev.stats_rows(None);
+        if json {
+            println!("{}", serde_json::to_string(&rows)?);
+        } else {
+            print!("{}", render_stats(&rows, zeros));
+        }
+        return Ok(());
+    };
+    if !(secs.is_finite() && (0.1..=3600.0).contains(&secs)) {
+        bail!("--watch {secs}: the interval must be between 0.1 and 3600 seconds");
+    }
+    let tty = std::io::stdout().is_terminal() && !json;
+    let mut shown = 0u64;
+    while count.is_none_or(|c| shown < c) {
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        let now = status_of(socket)?;
+        let elapsed = at.elapsed().as_secs_f64();
+        at = Instant::now();
+        let rows = now.stats_rows(Some((&prev, elapsed)));
+        let mut out = std::io::stdout().lock();
+        if json {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({ "interval_seconds": elapsed, "rows": rows })
+            )?;
+        } else {
+            if tty {
+                // Clear the screen and go home, like watch(1).
+                write!(out, "\x1b[H\x1b[2J")?;
+            } else if shown > 0 {
+                writeln!(out)?;
+            }
+            writeln!(
+                out,
+                "every {secs}s (rates over the last {elapsed:.2}s; fast path {}){}",
+                if now.fastpath { "on" } else { "off" },
+                if tty { ", Ctrl-C to stop" } else { "" }
+            )?;
+            write!(out, "{}", render_stats(&rows, zeros))?;
+        }
+        out.flush()?;
+        prev = now;
+        shown += 1;
+    }
+    Ok(())
+}
+
 fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    // No colour codes when stderr is a file or the journal.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }

@@ -1,7 +1,12 @@
 //! What `xdp-routerd status` and `xdp-routerd flows` show: the JSON shapes (a stable interface
 //! for scripts and tests) and their human-readable rendering.
 
-use std::fmt::Write as _;
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    net::{IpAddr, SocketAddr},
+    str::FromStr,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -57,6 +62,10 @@ pub struct CounterRow {
 pub struct ConntrackStatus {
     /// ctnetlink events received.
     pub events: u64,
+    /// ctnetlink events received, by type: `new_or_update` (`IPCTNL_MSG_CT_NEW`; the kernel
+    /// sends NEW and UPDATE events as the same message) and `destroy`.
+    #[serde(default)]
+    pub events_by_type: BTreeMap<String, u64>,
     /// Full resyncs from a dump (start, netlink overrun).
     pub resyncs: u64,
     /// Connections currently offloaded.
@@ -70,7 +79,7 @@ pub struct ConntrackStatus {
     /// ctnetlink errors (failed dumps, refreshes, socket errors).
     pub errors: u64,
     /// Connections considered but not offloaded, by reason.
-    pub skipped: std::collections::BTreeMap<String, u64>,
+    pub skipped: BTreeMap<String, u64>,
     /// Duration of the last full resync, in milliseconds.
     pub last_resync_ms: u64,
 }
@@ -195,5 +204,412 @@ impl Flows {
         }
         let _ = writeln!(s, "{} flow directions", self.flows.len());
         s
+    }
+}
+
+/// One row of `xdp-routerd stats`: a (managed interface, reason) counter and, when a previous
+/// sample is given (`--watch`), what changed since.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatsRow {
+    pub interface: String,
+    pub reason: String,
+    /// True for the reasons that mean "forwarded by the fast path"; the others are fallbacks
+    /// (packets handed to the kernel).
+    pub forwarded: bool,
+    pub packets: u64,
+    pub bytes: u64,
+    /// Packets since the previous sample (watch mode only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_packets: Option<u64>,
+    /// Bytes since the previous sample (watch mode only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_bytes: Option<u64>,
+    /// Packets per second over the interval (watch mode only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packets_per_second: Option<f64>,
+    /// Bits per second (L2 frame bytes × 8) over the interval (watch mode only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bits_per_second: Option<f64>,
+}
+
+fn is_forwarded_reason(name: &str) -> bool {
+    xdp_router_common::Reason::ALL
+        .iter()
+        .any(|r| r.is_forwarded() && r.name() == name)
+}
+
+impl Status {
+    /// The counter rows for `stats`, in interface then reason order. With `prev` (an earlier
+    /// snapshot and the seconds between the two) each row also carries its delta and rates. A
+    /// counter that went backwards (daemon restarted in between) counts from zero.
+    pub fn stats_rows(&self, prev: Option<(&Status, f64)>) -> Vec<StatsRow> {
+        self.counters
+            .iter()
+            .map(|c| {
+                let mut row = StatsRow {
+                    interface: c.interface.clone(),
+                    reason: c.reason.clone(),
+                    forwarded: is_forwarded_reason(&c.reason),
+                    packets: c.packets,
+                    bytes: c.bytes,
+                    delta_packets: None,
+                    delta_bytes: None,
+                    packets_per_second: None,
+                    bits_per_second: None,
+                };
+                if let Some((p, secs)) = prev {
+                    let before = p
+                        .counters
+                        .iter()
+                        .find(|o| o.interface == c.interface && o.reason == c.reason);
+                    let delta = |now: u64, then: u64| if now >= then { now - then } else { now };
+                    let dp = delta(c.packets, before.map_or(0, |b| b.packets));
+                    let db = delta(c.bytes, before.map_or(0, |b| b.bytes));
+                    let secs = secs.max(1e-3);
+                    row.delta_packets = Some(dp);
+                    row.delta_bytes = Some(db);
+                    row.packets_per_second = Some(dp as f64 / secs);
+                    row.bits_per_second = Some(db as f64 * 8.0 / secs);
+                }
+                row
+            })
+            .collect()
+    }
+}
+
+/// Renders `stats` rows as a table, like `nstat` for the fast path: per interface, the
+/// forwarded counters, then every fallback reason, then the share the fast path carried. Rows
+/// whose total is zero are left out unless `zeros`.
+pub fn render_stats(rows: &[StatsRow], zeros: bool) -> String {
+    let watch = rows.iter().any(|r| r.delta_packets.is_some());
+    let mut s = String::new();
+    if watch {
+        let _ = writeln!(
+            s,
+            "{:<12} {:<22} {:>14} {:>16} {:>10} {:>10} {:>10}",
+            "INTERFACE", "REASON", "PACKETS", "BYTES", "+PACKETS", "PKT/S", "BIT/S"
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "{:<12} {:<22} {:>14} {:>16}",
+            "INTERFACE", "REASON", "PACKETS", "BYTES"
+        );
+    }
+    let mut interfaces: Vec<&str> = Vec::new();
+    for r in rows {
+        if !interfaces.contains(&r.interface.as_str()) {
+            interfaces.push(&r.interface);
+        }
+    }
+    for iface in interfaces {
+        let mine: Vec<&StatsRow> = rows.iter().filter(|r| r.interface == iface).collect();
+        // Forwarded first, then the fallbacks, each group in reason order.
+        let ordered = mine
+            .iter()
+            .filter(|r| r.forwarded)
+            .chain(mine.iter().filter(|r| !r.forwarded));
+        for r in ordered.filter(|r| zeros || r.packets != 0) {
+            let label = if r.forwarded {
+                r.reason.clone()
+            } else {
+                format!("pass:{}", r.reason)
+            };
+            if watch {
+                let _ = writeln!(
+                    s,
+                    "{:<12} {:<22} {:>14} {:>16} {:>10} {:>10} {:>10}",
+                    r.interface,
+                    label,
+                    r.packets,
+                    r.bytes,
+                    r.delta_packets.unwrap_or(0),
+                    si(r.packets_per_second.unwrap_or(0.0)),
+                    si(r.bits_per_second.unwrap_or(0.0)),
+                );
+            } else {
+                let _ = writeln!(
+                    s,
+                    "{:<12} {:<22} {:>14} {:>16}",
+                    r.interface, label, r.packets, r.bytes
+                );
+            }
+        }
+        let total: u64 = mine.iter().map(|r| r.packets).sum();
+        let fwd: u64 = mine.iter().filter(|r| r.forwarded).map(|r| r.packets).sum();
+        let share = |f: u64, t: u64| {
+            if t == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.1}%", f as f64 * 100.0 / t as f64)
+            }
+        };
+        if watch {
+            let dt: u64 = mine.iter().map(|r| r.delta_packets.unwrap_or(0)).sum();
+            let df: u64 = mine
+                .iter()
+                .filter(|r| r.forwarded)
+                .map(|r| r.delta_packets.unwrap_or(0))
+                .sum();
+            let _ = writeln!(
+                s,
+                "{iface}: fast path carried {} of {total} packets received (last interval: {} of {dt})",
+                share(fwd, total),
+                share(df, dt)
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "{iface}: fast path carried {} of {total} packets received",
+                share(fwd, total)
+            );
+        }
+    }
+    s
+}
+
+/// `1234567.0` → `1.23M`: short SI rendering for rates.
+fn si(v: f64) -> String {
+    const UNITS: [(f64, &str); 3] = [(1e9, "G"), (1e6, "M"), (1e3, "k")];
+    for (scale, unit) in UNITS {
+        if v >= scale {
+            return format!("{:.2}{unit}", v / scale);
+        }
+    }
+    format!("{v:.0}")
+}
+
+/// `flows --addr`: an address or a prefix (`10.0.0.7`, `10.0.0.0/24`, `2001:db8::/32`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddrFilter {
+    net: IpAddr,
+    prefix: u8,
+}
+
+impl FromStr for AddrFilter {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            format!(
+                "{s:?} is not an IP address or prefix (e.g. 192.0.2.7, 10.0.0.0/8, 2001:db8::/32)"
+            )
+        };
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p.parse::<u8>().map_err(|_| bad())?)),
+            None => (s, None),
+        };
+        let addr = addr.trim_start_matches('[').trim_end_matches(']');
+        let net: IpAddr = addr.parse().map_err(|_| bad())?;
+        let max = if net.is_ipv4() { 32 } else { 128 };
+        let prefix = prefix.unwrap_or(max);
+        if prefix > max {
+            return Err(bad());
+        }
+        Ok(AddrFilter { net, prefix })
+    }
+}
+
+impl AddrFilter {
+    /// True when `a` is inside the prefix (always false across address families).
+    pub fn contains(&self, a: IpAddr) -> bool {
+        match (self.net, a) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// `flows --addr/--port`: a flow direction matches when any of its four endpoints (before and
+/// after the rewrite) has the address, and any has the port. Both must hold when both are given.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FlowFilter {
+    /// Address or prefix to look for.
+    pub addr: Option<AddrFilter>,
+    /// Port to look for.
+    pub port: Option<u16>,
+}
+
+impl FlowFilter {
+    /// Whether `f` passes the filter.
+    pub fn matches(&self, f: &FlowRow) -> bool {
+        let eps: Vec<SocketAddr> = [&f.src, &f.dst, &f.new_src, &f.new_dst]
+            .iter()
+            .filter_map(|e| e.parse().ok())
+            .collect();
+        self.addr
+            .is_none_or(|a| eps.iter().any(|e| a.contains(e.ip())))
+            && self.port.is_none_or(|p| eps.iter().any(|e| e.port() == p))
+    }
+}
+
+impl Flows {
+    /// Keeps the rows that match `filter`.
+    pub fn filtered(mut self, filter: &FlowFilter) -> Flows {
+        self.flows.retain(|f| filter.matches(f));
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(counters: &[(&str, &str, u64, u64)]) -> Status {
+        Status {
+            fastpath: true,
+            interfaces: vec![],
+            flows: FlowCounts {
+                ipv4: 0,
+                ipv6: 0,
+                capacity: 16,
+            },
+            counters: counters
+                .iter()
+                .map(|&(i, r, p, b)| CounterRow {
+                    interface: i.into(),
+                    reason: r.into(),
+                    packets: p,
+                    bytes: b,
+                })
+                .collect(),
+            conntrack: ConntrackStatus::default(),
+        }
+    }
+
+    #[test]
+    fn stats_table_orders_forwarded_first_and_hides_zeros() {
+        let s = status(&[
+            ("lan0", "no_flow", 5, 500),
+            ("lan0", "forwarded_original", 95, 95_000),
+            ("lan0", "not_ip", 0, 0),
+            ("wan0", "forwarded_reply", 0, 0),
+        ]);
+        let out = render_stats(&s.stats_rows(None), false);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("INTERFACE"), "{out}");
+        assert!(
+            lines[1].contains("forwarded_original") && lines[1].contains("95000"),
+            "{out}"
+        );
+        assert!(
+            lines[2].contains("pass:no_flow") && lines[2].ends_with(" 500"),
+            "{out}"
+        );
+        assert!(!out.contains("not_ip"), "{out}");
+        assert!(
+            out.contains("lan0: fast path carried 95.0% of 100 packets"),
+            "{out}"
+        );
+        assert!(
+            out.contains("wan0: fast path carried - of 0 packets"),
+            "{out}"
+        );
+        assert!(render_stats(&s.stats_rows(None), true).contains("pass:not_ip"));
+    }
+
+    #[test]
+    fn stats_rates_come_from_the_previous_sample() {
+        let before = status(&[("lan0", "forwarded_original", 100, 10_000)]);
+        let after = status(&[("lan0", "forwarded_original", 300, 2_010_000)]);
+        let rows = after.stats_rows(Some((&before, 2.0)));
+        assert_eq!(rows[0].delta_packets, Some(200));
+        assert_eq!(rows[0].delta_bytes, Some(2_000_000));
+        assert_eq!(rows[0].packets_per_second, Some(100.0));
+        assert_eq!(rows[0].bits_per_second, Some(8_000_000.0));
+        let out = render_stats(&rows, false);
+        assert!(out.contains("+PACKETS") && out.contains("8.00M"), "{out}");
+        assert!(out.contains("(last interval: 100.0% of 200)"), "{out}");
+        // A restarted daemon (counter went backwards) counts from zero, never underflows.
+        let rows = before.stats_rows(Some((&after, 1.0)));
+        assert_eq!(rows[0].delta_packets, Some(100));
+        // JSON without a previous sample has no rate fields.
+        let json = serde_json::to_value(&before.stats_rows(None)[0]).unwrap();
+        assert!(json.get("packets_per_second").is_none(), "{json}");
+        assert_eq!(json["forwarded"], true);
+    }
+
+    fn flow(src: &str, dst: &str, new_src: &str, new_dst: &str) -> FlowRow {
+        FlowRow {
+            family: "ipv4".into(),
+            ingress: "lan0".into(),
+            proto: "tcp".into(),
+            src: src.into(),
+            dst: dst.into(),
+            new_src: new_src.into(),
+            new_dst: new_dst.into(),
+            direction: "original".into(),
+            packets: 1,
+            bytes: 1,
+            idle_ms: None,
+        }
+    }
+
+    #[test]
+    fn flow_filters_match_any_endpoint() {
+        let nat = flow(
+            "192.168.1.10:40000",
+            "198.51.100.1:443",
+            "203.0.113.5:40000",
+            "198.51.100.1:443",
+        );
+        let mut v6 = flow(
+            "[2001:db8::10]:5000",
+            "[2001:db8:1::1]:53",
+            "[2001:db8::10]:5000",
+            "[2001:db8:1::1]:53",
+        );
+        v6.family = "ipv6".into();
+        let f = |addr: Option<&str>, port: Option<u16>| FlowFilter {
+            addr: addr.map(|a| a.parse().unwrap()),
+            port,
+        };
+        assert!(f(None, None).matches(&nat));
+        assert!(f(Some("192.168.1.10"), None).matches(&nat));
+        assert!(
+            f(Some("203.0.113.0/24"), None).matches(&nat),
+            "rewritten source"
+        );
+        assert!(!f(Some("10.0.0.0/8"), None).matches(&nat));
+        assert!(f(Some("0.0.0.0/0"), Some(443)).matches(&nat));
+        assert!(!f(Some("192.168.1.10"), Some(80)).matches(&nat));
+        assert!(
+            !f(Some("0.0.0.0/0"), None).matches(&v6),
+            "families never match"
+        );
+        assert!(f(Some("2001:db8:1::/48"), Some(53)).matches(&v6));
+        assert!(f(Some("[2001:db8::10]"), None).matches(&v6));
+        let flows = Flows {
+            flows: vec![nat, v6],
+        }
+        .filtered(&f(None, Some(5000)));
+        assert_eq!(flows.flows.len(), 1);
+        assert_eq!(flows.flows[0].family, "ipv6");
+    }
+
+    #[test]
+    fn addr_filter_rejects_garbage() {
+        for bad in [
+            "",
+            "10.0.0.1/33",
+            "2001:db8::/129",
+            "host.example",
+            "10.0.0/8",
+            "1.2.3.4/x",
+        ] {
+            let e = bad.parse::<AddrFilter>().unwrap_err();
+            assert!(e.contains("not an IP address"), "{bad}: {e}");
+        }
     }
 }
