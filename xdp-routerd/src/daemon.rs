@@ -145,8 +145,8 @@ impl State {
                 })
                 .collect(),
             flows: FlowCounts {
-                ipv4: self.dp.flows_v4().len() as u64,
-                ipv6: self.dp.flows_v6().len() as u64,
+                ipv4: self.flows.directions().0,
+                ipv6: self.flows.directions().1,
                 capacity: self.dp.flow_capacity(),
             },
             counters,

@@ -238,16 +238,6 @@ impl Datapath {
             bytes: acc.bytes + c.bytes,
         }))
     }
-
-    /// All IPv4 flow entries (for `flows`).
-    pub fn flows_v4(&self) -> Vec<(FlowKeyV4, FlowV4)> {
-        self.flows_v4.iter().filter_map(Result::ok).collect()
-    }
-
-    /// All IPv6 flow entries (for `flows`).
-    pub fn flows_v6(&self) -> Vec<(FlowKeyV6, FlowV6)> {
-        self.flows_v6.iter().filter_map(Result::ok).collect()
-    }
 }
 
 impl FlowTable for Datapath {

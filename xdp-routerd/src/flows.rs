@@ -136,6 +136,17 @@ impl FlowManager {
         self.conns.len()
     }
 
+    /// Flow map entries written by the manager: `(IPv4, IPv6)` directions (two per connection).
+    /// Kept in memory so a status scrape does not walk the maps.
+    pub fn directions(&self) -> (u64, u64) {
+        let v4 = self
+            .conns
+            .values()
+            .filter(|c| matches!(c.keys[0], DirKey::V4(_)))
+            .count() as u64;
+        (2 * v4, 2 * (self.conns.len() as u64 - v4))
+    }
+
     /// True when nothing is offloaded.
     pub fn is_empty(&self) -> bool {
         self.conns.is_empty()
@@ -223,8 +234,7 @@ impl FlowManager {
         table: &mut impl FlowTable,
         paths: &impl PathOracle,
     ) -> (usize, usize) {
-        let present: std::collections::HashSet<CtTuple> =
-            dump.iter().map(|e| e.orig).collect();
+        let present: std::collections::HashSet<CtTuple> = dump.iter().map(|e| e.orig).collect();
         let stale: Vec<CtTuple> = self
             .conns
             .keys()

@@ -127,6 +127,7 @@ fn snat_connection_gets_both_directions_with_correct_rewrite() {
     let (mut m, mut t) = (manager(), FakeTable::default());
     assert_eq!(m.upsert(snat_tcp(), &mut t, &paths()), Upsert::Added);
     assert_eq!(t.v4.len(), 2);
+    assert_eq!(m.directions(), (2, 0));
     let ip = |s: &str| u32::from_ne_bytes(s.parse::<Ipv4Addr>().unwrap().octets());
 
     let orig_key = FlowKeyV4 {
@@ -180,6 +181,7 @@ fn routed_ipv6_has_no_rewrite() {
     };
     assert_eq!(m.upsert(e, &mut t, &paths()), Upsert::Added);
     assert_eq!(t.v6.len(), 2);
+    assert_eq!(m.directions(), (0, 2));
     for v in t.v6.values() {
         assert_eq!(v.flags & (FLOW_F_REWRITE_SRC | FLOW_F_REWRITE_DST), 0);
         assert_eq!(checksum::apply(0x4321, v.l4_csum_diff), 0x4321);
