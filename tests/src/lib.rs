@@ -1,2 +1,5 @@
 //! Shared helpers for the privileged tests (run as root by `cargo xtask test`).
+pub mod fixture_net;
 pub mod netns;
+pub mod packet;
+pub mod testbed;

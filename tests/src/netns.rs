@@ -92,7 +92,18 @@ impl Netns {
     pub fn veth(&self, a: &str, peer: &Netns, b: &str) {
         self.exec_ok(
             "ip",
-            &["link", "add", a, "type", "veth", "peer", "name", b, "netns", peer.name()],
+            &[
+                "link",
+                "add",
+                a,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                b,
+                "netns",
+                peer.name(),
+            ],
         );
         self.exec_ok("ip", &["link", "set", a, "up"]);
         peer.exec_ok("ip", &["link", "set", b, "up"]);
@@ -102,12 +113,17 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         // Kill anything still running inside (only processes this test started live there).
-        let _ = Command::new("ip").args(["netns", "pids", &self.name]).output().map(|o| {
-            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
-                let _ = Command::new("kill").args(["-9", pid]).status();
-            }
-        });
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+            .map(|o| {
+                for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                    let _ = Command::new("kill").args(["-9", pid]).status();
+                }
+            });
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
     }
 }
 
@@ -138,10 +154,27 @@ pub fn require_root(test: &str) -> bool {
     if is_root() {
         return true;
     }
-    let msg = format!("SKIP {test}: needs root (network namespaces, BPF, iptables)");
+    skip(test, "needs root (network namespaces, BPF, iptables)")
+}
+
+/// Skips `test` loudly and returns false: prints a SKIP line and appends it to the file named by
+/// `XDP_ROUTER_SKIP_LOG` (so `cargo xtask test` can list skips in its summary). Panics instead
+/// when `CI` is set, since in CI a skip is a failure.
+pub fn skip(test: &str, why: &str) -> bool {
+    let msg = format!("SKIP {test}: {why}");
     if std::env::var_os("CI").is_some() {
         panic!("{msg}; CI is set, so a skip is a failure");
     }
     eprintln!("\n*** {msg} ***\n");
+    if let Some(path) = std::env::var_os("XDP_ROUTER_SKIP_LOG") {
+        use std::io::Write as _;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{msg}");
+        }
+    }
     false
 }

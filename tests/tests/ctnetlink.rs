@@ -17,7 +17,7 @@ use xdp_router_tests::netns::{Netns, require_root};
 use xdp_routerd::sync::{
     conntrack::{
         CtEntry, CtEvent, CtStatus, CtTuple, IPPROTO_TCP, IPPROTO_UDP, NotOffloadable,
-        TCP_FLAG_BE_LIBERAL, tcp_state,
+        TCP_FLAG_BE_LIBERAL, TCP_FLAG_MAXACK_SET, tcp_state,
     },
     ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate, KernelTimeouts},
 };
@@ -373,14 +373,14 @@ fn events_report_new_update_destroy() {
     udp_round_trip(&sock);
 
     let new = events.wait(&rt, "NEW", |ev| {
-        matches!(ev, CtEvent::Upsert(e) if e.orig == orig && !e.status.contains(CtStatus::SeenReply))
+        matches!(ev, CtEvent::New(e) if e.orig == orig && !e.status.contains(CtStatus::SeenReply))
     });
     assert_eq!(
         new.entry().offload_decision(),
         Err(NotOffloadable::Unreplied)
     );
     let update = events.wait(&rt, "UPDATE (reply seen)", |ev| {
-        matches!(ev, CtEvent::Upsert(e) if e.orig == orig && e.status.contains(CtStatus::SeenReply))
+        matches!(ev, CtEvent::Update(e) if e.orig == orig && e.status.contains(CtStatus::SeenReply))
     });
     assert_eq!(update.entry().reply.dst, IpAddr::V4(ROUTER_WAN_V4));
     assert_eq!(update.entry().id, new.entry().id, "same entry");
@@ -400,7 +400,7 @@ fn events_report_new_update_destroy() {
     let refreshed = events.wait(
         &rt,
         "UPDATE from a refresh",
-        |ev| matches!(ev, CtEvent::Upsert(e) if e.orig == orig),
+        |ev| matches!(ev, CtEvent::Update(e) if e.orig == orig),
     );
     assert!(
         refreshed.entry().timeout.is_some_and(|t| t > 150),
@@ -589,13 +589,18 @@ fn tcp_liberal_flags_and_timeout_in_one_update() {
         liberal.iter().all(|f| f & TCP_FLAG_BE_LIBERAL != 0),
         "liberal in both directions: {liberal:?}"
     );
-    // The other flags are untouched (the mask only covers BE_LIBERAL).
+    // MAXACK_SET is cleared (RSTs are not checked against a stale td_maxack); the other flags
+    // are untouched.
     assert_eq!(
         [
-            flags[0] | TCP_FLAG_BE_LIBERAL,
-            flags[1] | TCP_FLAG_BE_LIBERAL
+            (flags[0] | TCP_FLAG_BE_LIBERAL) & !TCP_FLAG_MAXACK_SET,
+            (flags[1] | TCP_FLAG_BE_LIBERAL) & !TCP_FLAG_MAXACK_SET
         ],
         liberal
+    );
+    assert!(
+        flags.iter().any(|f| f & TCP_FLAG_MAXACK_SET != 0),
+        "the handshake set MAXACK_SET before the update: {flags:?}"
     );
     assert_eq!(after.tcp_state, Some(tcp_state::ESTABLISHED));
 

@@ -55,7 +55,10 @@ pub const fn apply_udp(check: u16, diff: u32) -> u16 {
 /// Per-flow NAT checksum diffs for IPv4: `(l3, l4)`, where `l3` covers the address rewrite in the
 /// IPv4 header and `l4` covers addresses (pseudo-header) and ports in the TCP/UDP header.
 #[inline(always)]
-#[expect(clippy::too_many_arguments, reason = "old and new 4-tuple, spelled out for the eBPF side")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "old and new 4-tuple, spelled out for the eBPF side"
+)]
 pub const fn nat_diff_v4(
     old_src: u32,
     old_dst: u32,
@@ -73,7 +76,10 @@ pub const fn nat_diff_v4(
 
 /// Per-flow NAT checksum diff for IPv6 TCP/UDP (addresses in the pseudo-header, and ports).
 #[inline(always)]
-#[expect(clippy::too_many_arguments, reason = "old and new 4-tuple, spelled out for the eBPF side")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "old and new 4-tuple, spelled out for the eBPF side"
+)]
 pub const fn nat_diff_v6(
     old_src: [u32; 4],
     old_dst: [u32; 4],

@@ -13,7 +13,7 @@ use core::{
 use aya_ebpf::{
     EbpfContext as _,
     bindings::bpf_fib_lookup,
-    helpers::{bpf_fib_lookup as fib_lookup, bpf_ktime_get_ns},
+    helpers::{bpf_fib_lookup as fib_lookup, bpf_ktime_get_coarse_ns as bpf_ktime_get_ns},
     programs::XdpContext,
 };
 use xdp_router_common::{

@@ -55,10 +55,68 @@ pub struct InterfaceConfig {
     pub name: String,
     /// Which side of the router it faces.
     pub role: Role,
-    /// Egress on this interface is shaped (tc qdisc): the fast path never sends out of it, so
-    /// the shaper keeps seeing every packet. Traffic arriving on it is still accelerated.
+    /// Whether egress on this interface is shaped (tc qdisc). The fast path never sends out of
+    /// a shaped interface, so the shaper keeps seeing every packet; traffic arriving on it is
+    /// still accelerated. `"auto"` (default) decides from the interface's qdiscs, live.
     #[serde(default)]
-    pub shaped: bool,
+    pub shaped: Shaped,
+}
+
+/// `shaped = "auto" | true | false`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Shaped {
+    /// Shaped while a qdisc that can delay or reorder packets sits in the egress tree (see
+    /// [`crate::sync::qdisc`]); followed live over rtnetlink.
+    #[default]
+    Auto,
+    /// `true`: always treated as shaped.
+    Always,
+    /// `false`: never treated as shaped, whatever qdisc it has (the fast path bypasses it).
+    Never,
+}
+
+impl fmt::Display for Shaped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Shaped::Auto => "auto",
+            Shaped::Always => "true",
+            Shaped::Never => "false",
+        })
+    }
+}
+
+impl Serialize for Shaped {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Shaped::Auto => s.serialize_str("auto"),
+            Shaped::Always => s.serialize_bool(true),
+            Shaped::Never => s.serialize_bool(false),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Shaped {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Shaped, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Shaped;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("true, false or \"auto\"")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Shaped, E> {
+                Ok(if v { Shaped::Always } else { Shaped::Never })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Shaped, E> {
+                match v {
+                    "auto" => Ok(Shaped::Auto),
+                    _ => Err(E::custom(format!(
+                        "shaped = {v:?}: expected true, false or \"auto\" (detect shaping qdiscs)"
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// Which side of the router an interface faces.
@@ -229,7 +287,7 @@ mod tests {
         let c = Config::parse("[[interface]]\nname = \"eth0\"\nrole = \"wan\"\n", "t").unwrap();
         assert_eq!(c.xdp_mode, XdpModeConfig::Native);
         assert_eq!(c.flow_capacity, xdp_router_common::DEFAULT_FLOW_CAPACITY);
-        assert!(!c.interfaces[0].shaped);
+        assert_eq!(c.interfaces[0].shaped, Shaped::Auto);
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9824".parse().unwrap()));
     }
 
@@ -252,6 +310,33 @@ mod tests {
         let c = Config::parse(&format!("metrics_listen = \"\"\n{base}"), "t").unwrap();
         let again = Config::parse(&toml::to_string(&c).unwrap(), "t").unwrap();
         assert_eq!(again, c);
+    }
+
+    #[test]
+    fn shaped_is_auto_or_a_boolean() {
+        let parse = |v: &str| {
+            Config::parse(
+                &format!("[[interface]]\nname = \"eth0\"\nrole = \"wan\"\nshaped = {v}\n"),
+                "x.toml",
+            )
+        };
+        assert_eq!(parse("true").unwrap().interfaces[0].shaped, Shaped::Always);
+        assert_eq!(parse("false").unwrap().interfaces[0].shaped, Shaped::Never);
+        assert_eq!(
+            parse("\"auto\"").unwrap().interfaces[0].shaped,
+            Shaped::Auto
+        );
+        for bad in ["\"yes\"", "1"] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.starts_with("x.toml:4:"), "{bad}: {err}");
+            assert!(err.contains("\"auto\""), "{bad}: {err}");
+        }
+        // Each form survives a round trip through the serialiser.
+        for v in ["true", "false", "\"auto\""] {
+            let c = parse(v).unwrap();
+            let again = Config::parse(&toml::to_string(&c).unwrap(), "t").unwrap();
+            assert_eq!(again, c, "{v}");
+        }
     }
 
     #[test]

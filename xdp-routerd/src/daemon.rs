@@ -3,6 +3,8 @@
 //! Tasks: conntrack events → [`FlowManager`]; keep-alive (conntrack timeout refresh of flows the
 //! fast path carried); rtnetlink events (links come and go, paths change); the control socket.
 //! They share one [`State`] behind a mutex: every operation under it is a few map syscalls.
+//! The rtnetlink task also follows the managed interfaces' egress qdiscs (`shaped = "auto"`)
+//! and flips `IFACE_F_SHAPED` in the IFACES map live.
 
 use std::{
     collections::BTreeMap,
@@ -18,14 +20,15 @@ use tracing::{debug, error, info, warn};
 use xdp_router_common::{FLOW_F_REPLY, IFACE_F_LAN, IFACE_F_SHAPED, IFACE_F_WAN, Reason};
 
 use crate::{
-    config::{Config, InterfaceConfig, Role},
+    config::{Config, InterfaceConfig, Role, Shaped},
     control::{self, Handler, Request},
     datapath::{AttachMode, Datapath},
     flows::{DirKey, FlowManager, Upsert},
     status::{ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, Status},
     sync::{
         conntrack::{CtEntry, CtEvent, IPPROTO_TCP},
-        ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, KernelTimeouts},
+        ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate, KernelTimeouts},
+        qdisc::{self, Egress, Qdisc},
         rtnl::{self, RouteLookup, RtEvent},
     },
 };
@@ -36,16 +39,107 @@ struct Managed {
     slot: u32,
     ifindex: Option<u32>,
     mode: Option<AttachMode>,
+    /// Its egress qdiscs as last read; `None` until read (or when the last read failed).
+    egress: Option<Egress>,
 }
 
+/// `shaped_by` while `shaped = "auto"` and the qdiscs are not known yet: in doubt the fast
+/// path does not send out of the interface.
+const SHAPED_UNKNOWN: &str = "unknown qdiscs";
+
 impl Managed {
+    /// Why the fast path must not send out of this interface (`config`, the shaping qdisc's
+    /// kind, or [`SHAPED_UNKNOWN`]); `None` when it may.
+    fn shaped_by(&self) -> Option<String> {
+        match self.cfg.shaped {
+            Shaped::Always => Some("config".into()),
+            Shaped::Never => None,
+            Shaped::Auto => match &self.egress {
+                Some(e) => e.shaper.clone(),
+                None => Some(SHAPED_UNKNOWN.into()),
+            },
+        }
+    }
+
     fn flags(&self) -> u32 {
         let role = match self.cfg.role {
             Role::Lan => IFACE_F_LAN,
             Role::Wan => IFACE_F_WAN,
         };
-        role | if self.cfg.shaped { IFACE_F_SHAPED } else { 0 }
+        role | if self.shaped_by().is_some() {
+            IFACE_F_SHAPED
+        } else {
+            0
+        }
     }
+
+    /// Records freshly read egress qdiscs (`None`: the read failed) and logs what changes for
+    /// the fast path. Returns whether the datapath flags changed.
+    fn set_egress(&mut self, egress: Option<Egress>) -> bool {
+        let name = &self.cfg.name;
+        let before = self.shaped_by();
+        let shaper_before = self.egress.as_ref().and_then(|e| e.shaper.clone());
+        self.egress = egress;
+        let after = self.shaped_by();
+        if self.cfg.shaped == Shaped::Never {
+            let shaper = self.egress.as_ref().and_then(|e| e.shaper.clone());
+            if let Some(kind) = shaper.as_deref()
+                && shaper != shaper_before
+            {
+                warn!(
+                    interface = %name,
+                    qdisc = kind,
+                    "{name}: egress shaped by {kind}, but the config says shaped = false: the fast path bypasses it"
+                );
+            }
+        }
+        if before == after {
+            return false;
+        }
+        match (before.as_deref(), after.as_deref()) {
+            (_, Some(SHAPED_UNKNOWN)) => warn!(
+                interface = %name,
+                "{name}: cannot read its qdiscs: fast path will not send out of it until they are known"
+            ),
+            (_, Some(kind)) => info!(
+                interface = %name,
+                qdisc = kind,
+                "{name}: egress shaped by {kind}: fast path will not send out of it"
+            ),
+            // Not shaped at start: nothing to say.
+            (Some(SHAPED_UNKNOWN), None) => debug!(interface = %name, "egress not shaped"),
+            (_, None) => {
+                let root = self
+                    .egress
+                    .as_ref()
+                    .and_then(|e| e.root.as_deref())
+                    .unwrap_or("none");
+                info!(
+                    interface = %name,
+                    qdisc = root,
+                    "{name}: egress no longer shaped (root qdisc {root}): fast path sends out of it again"
+                )
+            }
+        }
+        true
+    }
+}
+
+/// Reads every qdisc of the namespace (on a blocking thread); a few attempts, since a failed
+/// read leaves `auto` interfaces marked shaped.
+async fn read_qdiscs() -> std::io::Result<Vec<Qdisc>> {
+    let mut last = None;
+    for attempt in 0..3 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        match tokio::task::spawn_blocking(qdisc::dump).await {
+            Ok(Ok(q)) => return Ok(q),
+            Ok(Err(e)) => last = Some(e),
+            Err(e) => last = Some(std::io::Error::other(e.to_string())),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("qdisc dump failed")))
 }
 
 /// Everything the tasks share.
@@ -83,6 +177,9 @@ impl State {
         if let Some(old) = m.ifindex.take() {
             self.dp.detach(old);
         }
+        // A new device: its qdiscs are read right after this (the caller's job); until then
+        // `auto` counts it as shaped.
+        m.egress = None;
         match self.dp.attach(name, ifindex, m.slot, m.flags(), xdp_mode) {
             Ok(mode) => {
                 m.ifindex = Some(ifindex);
@@ -93,6 +190,32 @@ impl State {
         let managed = self.managed_map();
         self.flows.set_managed(managed);
         true
+    }
+
+    /// Applies a fresh qdisc read to every present managed interface and updates the flags of
+    /// those whose shaping changed.
+    fn apply_qdiscs(&mut self, qdiscs: std::io::Result<Vec<Qdisc>>) {
+        let by_ifindex = match qdiscs {
+            Ok(q) => Some(qdisc::egress_by_ifindex(&q)),
+            Err(e) => {
+                error!(error = %e, "cannot read qdiscs (RTM_GETQDISC)");
+                None
+            }
+        };
+        for m in &mut self.ifaces {
+            let Some(ifindex) = m.ifindex else {
+                continue;
+            };
+            let egress = by_ifindex
+                .as_ref()
+                .map(|b| b.get(&ifindex).cloned().unwrap_or_default());
+            if m.set_egress(egress) && m.mode.is_some() {
+                let flags = m.flags();
+                if let Err(e) = self.dp.set_iface_flags(ifindex, m.slot, flags) {
+                    error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
+                }
+            }
+        }
     }
 
     fn link_gone(&mut self, ifindex: u32) -> bool {
@@ -141,7 +264,10 @@ impl State {
                     ifindex: m.ifindex.unwrap_or(0),
                     role: m.cfg.role.to_string(),
                     attach_mode: m.mode.map(AttachMode::as_str).unwrap_or("detached").into(),
-                    shaped: m.cfg.shaped,
+                    shaped: m.shaped_by().is_some(),
+                    shaped_config: m.cfg.shaped.to_string(),
+                    shaped_by: m.shaped_by(),
+                    egress_qdisc: m.egress.as_ref().and_then(|e| e.root.clone()),
                 })
                 .collect(),
             flows: FlowCounts {
@@ -279,6 +405,7 @@ pub async fn run_with(
             slot: i as u32 + 1,
             ifindex: Some(ifindex),
             mode: None,
+            egress: None,
         });
     }
     check_privileges()?;
@@ -286,6 +413,20 @@ pub async fn run_with(
     let _socket_guard = RemoveOnDrop(socket.clone());
 
     let mut dp = Datapath::load(config.flow_capacity)?;
+    // Subscribe before reading qdiscs and dumping conntrack so nothing that happens in between
+    // is lost.
+    let rt_events = rtnl::subscribe().context("cannot subscribe to rtnetlink events")?;
+    // Know which egresses are shaped before the first packet is forwarded.
+    match read_qdiscs().await {
+        Ok(q) => {
+            let by_ifindex = qdisc::egress_by_ifindex(&q);
+            for m in &mut ifaces {
+                let ifindex = m.ifindex.unwrap_or_default();
+                m.set_egress(Some(by_ifindex.get(&ifindex).cloned().unwrap_or_default()));
+            }
+        }
+        Err(e) => error!(error = %e, "cannot read qdiscs (RTM_GETQDISC)"),
+    }
     for m in &mut ifaces {
         let ifindex = m.ifindex.unwrap_or_default();
         m.mode = Some(dp.attach(&m.cfg.name, ifindex, m.slot, m.flags(), config.xdp_mode)?);
@@ -305,8 +446,6 @@ pub async fn run_with(
     }
 
     let paths = Arc::new(RouteLookup::new().context("cannot open an rtnetlink socket")?);
-    // Subscribe before dumping so nothing that happens in between is lost.
-    let rt_events = rtnl::subscribe().context("cannot subscribe to rtnetlink events")?;
     let mut requests = CtNetlink::new().map_err(ct_err)?;
     let mut events = CtSubscription::new().map_err(ct_err)?;
     let keepalive = CtNetlink::new().map_err(ct_err)?;
@@ -468,13 +607,9 @@ async fn conntrack_events(
             s.ct.events += batch.len() as u64;
             let State { dp, flows, ct, .. } = &mut *s;
             for ev in batch {
-                let kind = match ev {
-                    CtEvent::Upsert(_) => "new_or_update",
-                    CtEvent::Destroy(_) => "destroy",
-                };
-                *ct.events_by_type.entry(kind.into()).or_default() += 1;
+                *ct.events_by_type.entry(ev.kind().into()).or_default() += 1;
                 match ev {
-                    CtEvent::Upsert(e) => {
+                    CtEvent::New(e) | CtEvent::Update(e) => {
                         let tcp = e.orig.proto == IPPROTO_TCP;
                         let entry = e.clone();
                         if flows.upsert(e, dp, &*paths) == Upsert::Added {
@@ -528,7 +663,14 @@ async fn keepalive_loop(
             let Some(secs) = timeouts.for_proto(e.orig.proto) else {
                 continue;
             };
-            match ct.refresh_timeout(&e.orig, e.zone, secs).await {
+            // TCP: re-mark it liberal in the same message. Packets the kernel saw since the
+            // last pass (handshake stragglers, shaped egress) set MAXACK_SET again, and a stale
+            // td_maxack would make conntrack ignore the connection's RST.
+            let mut update = CtUpdate::for_entry(&e).timeout(secs);
+            if e.orig.proto == IPPROTO_TCP {
+                update = update.tcp_liberal();
+            }
+            match ct.update(&update).await {
                 Ok(true) => refreshed += 1,
                 Ok(false) => gone.push(e),
                 Err(err) => {
@@ -560,47 +702,65 @@ async fn rtnl_events(
         while let Ok(ev) = events.try_recv() {
             batch.push(ev);
         }
-        let mut s = lock(&state);
-        let mut revalidate = false;
-        for ev in batch {
-            match ev {
-                RtEvent::LinkUp { ifindex, name } => revalidate |= s.link_up(ifindex, &name),
-                RtEvent::LinkGone { ifindex, .. } => revalidate |= s.link_gone(ifindex),
-                RtEvent::PathsChanged => revalidate = true,
-                RtEvent::Overrun => {
-                    warn!("rtnetlink overrun: re-reading links and revalidating flows");
-                    let names: Vec<String> = s.ifaces.iter().map(|m| m.cfg.name.clone()).collect();
-                    for name in names {
-                        match rtnl::ifindex(&name) {
-                            Some(i) => {
-                                s.link_up(i, &name);
-                            }
-                            None => {
-                                if let Some(i) = s
-                                    .ifaces
-                                    .iter()
-                                    .find(|m| m.cfg.name == name)
-                                    .and_then(|m| m.ifindex)
-                                {
-                                    s.link_gone(i);
-                                }
-                            }
-                        }
-                    }
-                    revalidate = true;
-                }
-            }
-        }
-        if revalidate {
-            let State { dp, flows, .. } = &mut *s;
-            let removed = flows.revalidate(dp, &*paths);
-            if removed > 0 {
-                info!(
-                    removed,
-                    "routing or address change: flows handed back to the kernel"
-                );
-            }
+        if apply_rt_events(&state, &paths, batch) {
+            let qdiscs = read_qdiscs().await;
+            lock(&state).apply_qdiscs(qdiscs);
         }
     }
     Err(anyhow!("rtnetlink event socket closed"))
+}
+
+/// Applies a batch of rtnetlink events; returns whether the qdiscs must be read again.
+fn apply_rt_events(state: &Shared, paths: &RouteLookup, batch: Vec<RtEvent>) -> bool {
+    let mut s = lock(state);
+    let mut revalidate = false;
+    let mut reread_qdiscs = false;
+    for ev in batch {
+        match ev {
+            RtEvent::LinkUp { ifindex, name } => {
+                let new_device = s.link_up(ifindex, &name);
+                revalidate |= new_device;
+                reread_qdiscs |= new_device;
+            }
+            RtEvent::LinkGone { ifindex, .. } => revalidate |= s.link_gone(ifindex),
+            RtEvent::PathsChanged => revalidate = true,
+            RtEvent::QdiscChanged { ifindex } => {
+                reread_qdiscs |= s.ifaces.iter().any(|m| m.ifindex == Some(ifindex));
+            }
+            RtEvent::Overrun => {
+                reread_qdiscs = true;
+                warn!("rtnetlink overrun: re-reading links and revalidating flows");
+                let names: Vec<String> = s.ifaces.iter().map(|m| m.cfg.name.clone()).collect();
+                for name in names {
+                    match rtnl::ifindex(&name) {
+                        Some(i) => {
+                            s.link_up(i, &name);
+                        }
+                        None => {
+                            if let Some(i) = s
+                                .ifaces
+                                .iter()
+                                .find(|m| m.cfg.name == name)
+                                .and_then(|m| m.ifindex)
+                            {
+                                s.link_gone(i);
+                            }
+                        }
+                    }
+                }
+                revalidate = true;
+            }
+        }
+    }
+    if revalidate {
+        let State { dp, flows, .. } = &mut *s;
+        let removed = flows.revalidate(dp, paths);
+        if removed > 0 {
+            info!(
+                removed,
+                "routing or address change: flows handed back to the kernel"
+            );
+        }
+    }
+    reread_qdiscs
 }

@@ -193,6 +193,17 @@ impl Datapath {
         let _ = self.tx_ports.remove(ifindex);
     }
 
+    /// Rewrites the `IFACE_F_*` flags of a registered interface (e.g. its egress became shaped
+    /// or stopped being shaped); the program sees them from its next packet on. Fails when
+    /// `ifindex` is not registered (never adds it).
+    pub fn set_iface_flags(&mut self, ifindex: u32, slot: u32, flags: u32) -> anyhow::Result<()> {
+        /// `BPF_EXIST`: update an existing element only.
+        const BPF_EXIST: u64 = 2;
+        self.ifaces
+            .insert(ifindex, IfaceInfo { slot, flags }, BPF_EXIST)
+            .with_context(|| format!("cannot update ifindex {ifindex} in {MAP_IFACES}"))
+    }
+
     /// Attach mode of `ifindex`, if attached.
     pub fn attach_mode(&self, ifindex: u32) -> Option<AttachMode> {
         self.attached.get(&ifindex).map(|a| a.mode)

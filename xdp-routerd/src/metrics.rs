@@ -213,6 +213,18 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
             })
         }),
     )?;
+    gauges(
+        enc,
+        "interface_egress_shaped",
+        "1 while the egress of a managed interface is shaped (config, or a shaping qdisc found with shaped = \"auto\"): the fast path does not send out of it.",
+        None,
+        s.interfaces.iter().map(|i| {
+            (
+                vec![("interface", i.name.clone()), ("role", i.role.clone())],
+                u64::from(i.shaped),
+            )
+        }),
+    )?;
     let families = [("ipv4", s.flows.ipv4), ("ipv6", s.flows.ipv6)];
     gauges(
         enc,
@@ -262,7 +274,7 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
     counters(
         enc,
         "conntrack_events",
-        "ctnetlink events received, by type (new_or_update, destroy).",
+        "ctnetlink events received, by type (new, update, destroy).",
         None,
         ct.events_by_type
             .iter()
@@ -469,6 +481,9 @@ mod tests {
                     role: "lan".into(),
                     attach_mode: "native".into(),
                     shaped: false,
+                    shaped_config: "auto".into(),
+                    shaped_by: None,
+                    egress_qdisc: Some("noqueue".into()),
                 },
                 IfaceStatus {
                     name: "wan0".into(),
@@ -476,6 +491,9 @@ mod tests {
                     role: "wan".into(),
                     attach_mode: "generic".into(),
                     shaped: true,
+                    shaped_config: "auto".into(),
+                    shaped_by: Some("htb".into()),
+                    egress_qdisc: Some("htb".into()),
                 },
             ],
             flows: FlowCounts {
@@ -487,7 +505,8 @@ mod tests {
             conntrack: ConntrackStatus {
                 events: 42,
                 events_by_type: BTreeMap::from([
-                    ("new_or_update".into(), 30),
+                    ("new".into(), 10),
+                    ("update".into(), 20),
                     ("destroy".into(), 12),
                 ]),
                 resyncs: 2,
@@ -612,6 +631,20 @@ mod tests {
             1.0
         );
         assert_eq!(value(&t, "xdp_router_status_read_errors_total"), 0.0);
+        assert_eq!(
+            value(
+                &t,
+                r#"xdp_router_interface_egress_shaped{interface="wan0",role="wan"}"#
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &t,
+                r#"xdp_router_interface_egress_shaped{interface="lan0",role="lan"}"#
+            ),
+            0.0
+        );
         assert!(t.contains("# UNIT xdp_router_fastpath_bytes bytes"), "{t}");
         assert!(t.ends_with("# EOF\n"), "{t}");
     }

@@ -34,7 +34,20 @@ pub struct IfaceStatus {
     pub role: String,
     /// `native`, `generic`, or `detached` (interface missing).
     pub attach_mode: String,
+    /// Egress is shaped: the fast path does not send packets out of this interface.
     pub shaped: bool,
+    /// The `shaped` setting of the config: `auto`, `true` or `false`.
+    #[serde(default)]
+    pub shaped_config: String,
+    /// Why it is shaped: `config` (`shaped = true`), the kind of the shaping qdisc found in
+    /// its egress tree (`auto`, e.g. `htb`), or `unknown qdiscs` (auto, not read yet); null
+    /// when not shaped.
+    #[serde(default)]
+    pub shaped_by: Option<String>,
+    /// Kind of the root egress qdisc as last read (null before the first read or when the
+    /// kernel reports none).
+    #[serde(default)]
+    pub egress_qdisc: Option<String>,
 }
 
 /// Flow map occupancy.
@@ -62,8 +75,8 @@ pub struct CounterRow {
 pub struct ConntrackStatus {
     /// ctnetlink events received.
     pub events: u64,
-    /// ctnetlink events received, by type: `new_or_update` (`IPCTNL_MSG_CT_NEW`; the kernel
-    /// sends NEW and UPDATE events as the same message) and `destroy`.
+    /// ctnetlink events received, by type: `new` (a connection was confirmed), `update` (its
+    /// state, status or timeout changed) and `destroy`.
     #[serde(default)]
     pub events_by_type: BTreeMap<String, u64>,
     /// Full resyncs from a dump (start, netlink overrun).
@@ -115,18 +128,20 @@ impl Status {
         let _ = writeln!(s, "fast path: {}", if self.fastpath { "on" } else { "off" });
         let _ = writeln!(s, "interfaces:");
         for i in &self.interfaces {
+            let qdisc = i
+                .egress_qdisc
+                .as_deref()
+                .map(|q| format!(" qdisc {q}"))
+                .unwrap_or_default();
+            let shaped = match (&i.shaped_by, i.shaped) {
+                (Some(by), true) => format!(" (egress shaped by {by}: not used by the fast path)"),
+                (None, true) => " (egress shaped: not used by the fast path)".to_string(),
+                (_, false) => String::new(),
+            };
             let _ = writeln!(
                 s,
-                "  {:<12} ifindex {:<4} role {:<4} xdp {}{}",
-                i.name,
-                i.ifindex,
-                i.role,
-                i.attach_mode,
-                if i.shaped {
-                    " (shaped egress: not used by the fast path)"
-                } else {
-                    ""
-                }
+                "  {:<12} ifindex {:<4} role {:<4} xdp {}{qdisc}{shaped}",
+                i.name, i.ifindex, i.role, i.attach_mode,
             );
         }
         let _ = writeln!(

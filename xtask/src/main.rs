@@ -1,1 +1,85 @@
-fn main() {}
+//! `cargo xtask …`: the project's developer tasks (see `cargo xtask --help`).
+//!
+//! Builds with stable Rust alone: `setup` is what installs the eBPF toolchain.
+
+mod cmd;
+mod lab;
+mod setup;
+mod test;
+mod workspace;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Developer tasks for xdp-router.
+#[derive(Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing needs (apt packages, nightly + rust-src, bpf-linker).
+    /// Idempotent and quick when everything is present.
+    Setup,
+    /// Build the release daemon (`cargo build --release -p xdp-routerd`).
+    Build,
+    /// Run every test: unit tests, then the privileged tests as root, then the quick benchmark
+    /// (when the xdp-router-bench package exists). Exits non-zero on any failure.
+    Test(test::TestArgs),
+    /// Demo: lan-host ⇄ router ⇄ wan-host namespaces, iperf3 with the fast path off, then on.
+    Lab(lab::LabArgs),
+    /// Run the A/B benchmark: `cargo run --release -p xdp-router-bench -- ARGS`.
+    Bench {
+        /// Arguments for xdp-router-bench (see `cargo xtask bench -- --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.task {
+        Task::Setup => setup::run(),
+        Task::Build => build(),
+        Task::Test(args) => test::run(&args),
+        Task::Lab(args) => lab::run(&args),
+        Task::Bench { args } => bench(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) if cmd::interrupted() => {
+            eprintln!("xtask: interrupted; cleaned up");
+            ExitCode::from(130)
+        }
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Builds the release daemon and prints where it is.
+fn build() -> anyhow::Result<()> {
+    let bin = workspace::build_release_daemon()?;
+    println!("xdp-routerd: {}", bin.display());
+    Ok(())
+}
+
+/// Forwards to the benchmark crate, when it exists.
+fn bench(args: &[String]) -> anyhow::Result<()> {
+    let ws = workspace::Workspace::load()?;
+    if !ws.has_package(workspace::BENCH_PACKAGE) {
+        anyhow::bail!(
+            "package {} is not in this workspace (yet); nothing to run",
+            workspace::BENCH_PACKAGE
+        );
+    }
+    let mut c = cmd::cargo();
+    c.args(["run", "--release", "-p", workspace::BENCH_PACKAGE, "--"])
+        .args(args);
+    cmd::run(&mut c)
+}

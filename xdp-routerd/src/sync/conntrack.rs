@@ -1,8 +1,9 @@
 //! Conntrack entries as domain values, and the pure translation from ctnetlink messages.
 //!
-//! [`event_from_message`] is the one place where a parsed ctnetlink message (from a dump, a
-//! `get` or the event groups) becomes a [`CtEvent`]; [`CtEntry::offload_decision`] is the one
-//! place that decides whether the fast path may carry a flow.
+//! [`event_from_message`] is the one place where a parsed ctnetlink message from the event
+//! groups becomes a [`CtEvent`] (and [`entry_from_message`] the one for dump and get replies);
+//! [`CtEntry::offload_decision`] is the one place that decides whether the fast path may carry
+//! a flow.
 //!
 //! The parsing of tuples, status, timeout, mark and TCP protoinfo comes from
 //! `netlink-packet-netfilter`; CTA_ID, CTA_ZONE and CTA_HELP (which that crate leaves as raw
@@ -78,6 +79,10 @@ pub mod tcp_state {
 /// `IP_CT_TCP_FLAG_BE_LIBERAL` (`uapi/linux/netfilter/nf_conntrack_tcp.h`): window tracking
 /// accepts any sequence number in this direction.
 pub const TCP_FLAG_BE_LIBERAL: u8 = 0x08;
+/// `IP_CT_TCP_FLAG_MAXACK_SET`: `td_maxack` of this direction holds the highest ACK seen.
+/// Conntrack checks an RST's sequence number against the other direction's `td_maxack` only
+/// while this flag is set.
+pub const TCP_FLAG_MAXACK_SET: u8 = 0x20;
 
 /// One direction of a connection, as conntrack keys it. Ports are in host byte order (0 for
 /// protocols without ports).
@@ -171,8 +176,12 @@ pub struct CtEntry {
 /// What a ctnetlink message means for the fast path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CtEvent {
-    /// An entry that exists now: a NEW or UPDATE event, or a dump/get entry.
-    Upsert(CtEntry),
+    /// A NEW event: the kernel just confirmed the entry (`IPCTNL_MSG_CT_NEW` sent with
+    /// `NLM_F_CREATE|NLM_F_EXCL` to `NFNLGRP_CONNTRACK_NEW`).
+    New(CtEntry),
+    /// An entry that exists now and is not new: an UPDATE event (`IPCTNL_MSG_CT_NEW` without
+    /// `NLM_F_CREATE`, sent to `NFNLGRP_CONNTRACK_UPDATE`), or an entry of a dump or get reply.
+    Update(CtEntry),
     /// The entry is gone (DESTROY event, or a DELETE message).
     Destroy(CtEntry),
 }
@@ -181,7 +190,16 @@ impl CtEvent {
     /// The entry this event is about.
     pub fn entry(&self) -> &CtEntry {
         match self {
-            CtEvent::Upsert(e) | CtEvent::Destroy(e) => e,
+            CtEvent::New(e) | CtEvent::Update(e) | CtEvent::Destroy(e) => e,
+        }
+    }
+
+    /// The event type as metrics and `status` name it: `new`, `update` or `destroy`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CtEvent::New(_) => "new",
+            CtEvent::Update(_) => "update",
+            CtEvent::Destroy(_) => "destroy",
         }
     }
 }
@@ -308,19 +326,42 @@ pub enum CtParseError {
     },
 }
 
-/// Turns a parsed nfnetlink message into a conntrack event: `IPCTNL_MSG_CT_NEW` (NEW and UPDATE
-/// events, dump and get replies) becomes [`CtEvent::Upsert`], `IPCTNL_MSG_CT_DELETE` (DESTROY
-/// events) becomes [`CtEvent::Destroy`]; anything else (other subsystems, GET requests, stats)
-/// is `Ok(None)`.
-pub fn event_from_message(msg: &NetfilterMessage) -> Result<Option<CtEvent>, CtParseError> {
+/// `NLM_F_CREATE` (`uapi/linux/netlink.h`).
+const NLM_F_CREATE: u16 = 0x400;
+/// `NLM_F_EXCL`.
+const NLM_F_EXCL: u16 = 0x200;
+
+/// Turns a parsed nfnetlink message and the flags of its netlink header into a conntrack
+/// event: `IPCTNL_MSG_CT_NEW` becomes [`CtEvent::New`] when flagged `NLM_F_CREATE|NLM_F_EXCL`
+/// (how `ctnetlink_conntrack_event()` marks NEW events) and [`CtEvent::Update`] otherwise
+/// (UPDATE events, dump and get replies); `IPCTNL_MSG_CT_DELETE` (DESTROY events) becomes
+/// [`CtEvent::Destroy`]; anything else (other subsystems, GET requests, stats) is `Ok(None)`.
+pub fn event_from_message(
+    msg: &NetfilterMessage,
+    nlmsg_flags: u16,
+) -> Result<Option<CtEvent>, CtParseError> {
     let NetfilterMessageInner::Conntrack(ct) = &msg.inner else {
         return Ok(None);
     };
+    let created = nlmsg_flags & (NLM_F_CREATE | NLM_F_EXCL) == NLM_F_CREATE | NLM_F_EXCL;
     Ok(match ct {
-        ConntrackMessage::New(attrs) => Some(CtEvent::Upsert(entry_from_attributes(attrs)?)),
+        ConntrackMessage::New(attrs) if created => {
+            Some(CtEvent::New(entry_from_attributes(attrs)?))
+        }
+        ConntrackMessage::New(attrs) => Some(CtEvent::Update(entry_from_attributes(attrs)?)),
         ConntrackMessage::Delete(attrs) => Some(CtEvent::Destroy(entry_from_attributes(attrs)?)),
         _ => None,
     })
+}
+
+/// The entry of a dump or get reply (`IPCTNL_MSG_CT_NEW`); `Ok(None)` for anything else.
+pub fn entry_from_message(msg: &NetfilterMessage) -> Result<Option<CtEntry>, CtParseError> {
+    match &msg.inner {
+        NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) => {
+            entry_from_attributes(attrs).map(Some)
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Builds a [`CtEntry`] from the top-level `CTA_*` attributes of a conntrack message.
@@ -573,16 +614,22 @@ mod tests {
         }
     }
 
+    /// The event a golden message translates to, with the flags of its own netlink header.
     fn event(hex: &str) -> CtEvent {
-        event_from_message(&netfilter(hex))
+        let msg = decode_message(&unhex(hex)).expect("golden message decodes");
+        let NetlinkPayload::InnerMessage(inner) = &msg.payload else {
+            panic!("not a netfilter message: {:?}", msg.payload);
+        };
+        event_from_message(inner, msg.header.flags)
             .expect("translates")
             .expect("is a conntrack event")
     }
 
+    /// The entry of a golden NEW/UPDATE event or dump entry.
     fn upsert(hex: &str) -> CtEntry {
         match event(hex) {
-            CtEvent::Upsert(e) => e,
-            other => panic!("expected an upsert, got {other:?}"),
+            CtEvent::New(e) | CtEvent::Update(e) => e,
+            other => panic!("expected an entry that exists, got {other:?}"),
         }
     }
 
@@ -683,6 +730,39 @@ mod tests {
         assert_eq!(update.offload_decision(), Err(NotOffloadable::NotAssured));
         assert!(gone.status.contains(CtStatus::Dying));
         assert_eq!(gone.offload_decision(), Err(NotOffloadable::Dying));
+    }
+
+    #[test]
+    fn new_update_and_destroy_are_told_apart_by_type_and_flags() {
+        // The NEW event carries NLM_F_CREATE|NLM_F_EXCL; the UPDATE event no flags; a dump entry
+        // NLM_F_MULTI (it exists, it is not new).
+        assert!(matches!(event(EVENT_NEW_UDP), CtEvent::New(_)));
+        assert!(matches!(
+            event(EVENT_UPDATE_UDP_REPLIED),
+            CtEvent::Update(_)
+        ));
+        assert!(matches!(event(UDP_ASSURED_V4), CtEvent::Update(_)));
+        assert!(matches!(event(EVENT_DESTROY_UDP), CtEvent::Destroy(_)));
+        let kinds: Vec<&str> = [EVENT_NEW_UDP, EVENT_UPDATE_UDP_REPLIED, EVENT_DESTROY_UDP]
+            .map(|h| event(h).kind())
+            .to_vec();
+        assert_eq!(kinds, ["new", "update", "destroy"]);
+        // Only both flags together mean NEW (NLM_F_EXCL alone is NLM_F_MATCH in GET requests).
+        let inner = netfilter(EVENT_NEW_UDP);
+        assert!(matches!(
+            event_from_message(&inner, NLM_F_EXCL),
+            Ok(Some(CtEvent::Update(_)))
+        ));
+        assert!(matches!(
+            event_from_message(&inner, NLM_F_CREATE | NLM_F_EXCL | 0x1),
+            Ok(Some(CtEvent::New(_)))
+        ));
+        // Replies: the entry whatever the flags; a DELETE message is not an entry.
+        assert_eq!(
+            entry_from_message(&netfilter(UDP_ASSURED_V4)),
+            Ok(Some(upsert(UDP_ASSURED_V4)))
+        );
+        assert_eq!(entry_from_message(&netfilter(EVENT_DESTROY_UDP)), Ok(None));
     }
 
     #[test]
@@ -823,7 +903,8 @@ mod tests {
             ),
             ConntrackMessage::Get(vec![]),
         );
-        assert_eq!(event_from_message(&get), Ok(None));
+        assert_eq!(event_from_message(&get, 0), Ok(None));
+        assert_eq!(entry_from_message(&get), Ok(None));
     }
 
     #[test]

@@ -32,7 +32,7 @@ use tracing::warn;
 
 use super::conntrack::{
     CTA_ZONE, CtEntry, CtEvent, CtParseError, CtTuple, IPPROTO_TCP, TCP_FLAG_BE_LIBERAL,
-    event_from_message,
+    TCP_FLAG_MAXACK_SET, entry_from_message, event_from_message,
 };
 
 /// `NFNLGRP_CONNTRACK_NEW` (`uapi/linux/netfilter/nfnetlink.h`).
@@ -339,7 +339,7 @@ impl CtSubscription {
             let NetlinkPayload::InnerMessage(inner) = &msg.payload else {
                 continue;
             };
-            match event_from_message(inner) {
+            match event_from_message(inner, msg.header.flags) {
                 Ok(Some(ev)) => events.push(ev),
                 Ok(None) => {}
                 Err(e) => {
@@ -387,12 +387,18 @@ pub struct CtUpdate {
     pub zone: u16,
     /// New timeout in seconds (`CTA_TIMEOUT`), if any.
     pub timeout: Option<u32>,
-    /// Set `IP_CT_TCP_FLAG_BE_LIBERAL` on both directions (TCP only).
+    /// Set `IP_CT_TCP_FLAG_BE_LIBERAL` and clear `IP_CT_TCP_FLAG_MAXACK_SET` on both
+    /// directions (TCP only; no other flag is touched).
     ///
     /// Why: once the fast path carries the data, conntrack's TCP window tracking no longer sees
-    /// the sequence numbers, so the closing FIN would look out of window, become INVALID and be
-    /// dropped by a FORWARD chain that accepts only ESTABLISHED. nf_flowtable does the same in
-    /// `flow_offload_fixup_tcp()`.
+    /// the sequence numbers and ACKs. The closing FIN would look out of window, become INVALID
+    /// and be dropped by a FORWARD chain that accepts only ESTABLISHED (hence "be liberal");
+    /// and an RST would be checked against a stale `td_maxack` of the other direction, found
+    /// not to match exactly and ignored ("keep established state to allow a possible challenge
+    /// ACK"), leaving the entry ESTABLISHED for days (hence clearing MAXACK_SET, which skips
+    /// that check until conntrack sees an ACK again). nf_flowtable does the same in
+    /// `flow_offload_fixup_tcp()`. Conntrack sets MAXACK_SET again on the next ACK it sees, so
+    /// the keep-alive repeats this with each refresh.
     pub tcp_liberal: bool,
 }
 
@@ -432,9 +438,14 @@ impl CtUpdate {
         }
         if self.tcp_liberal && self.orig.proto == IPPROTO_TCP {
             let flags = || {
-                // TCPFlags is non-exhaustive; its parser is the public constructor.
-                TCPFlags::parse(&[TCP_FLAG_BE_LIBERAL, TCP_FLAG_BE_LIBERAL])
-                    .expect("two bytes always parse as TCP flags")
+                // struct nf_ct_tcp_flags { flags, mask }: the kernel clears the mask's bits,
+                // then sets those of flags. TCPFlags is non-exhaustive; its parser is the
+                // public constructor.
+                TCPFlags::parse(&[
+                    TCP_FLAG_BE_LIBERAL,
+                    TCP_FLAG_BE_LIBERAL | TCP_FLAG_MAXACK_SET,
+                ])
+                .expect("two bytes always parse as TCP flags")
             };
             attrs.push(ConntrackAttribute::CtaProtoInfo(vec![ProtoInfo::TCP(
                 vec![
@@ -528,9 +539,8 @@ impl CtNetlink {
             .await?;
         Ok(msgs
             .iter()
-            .filter_map(|m| match event_from_message(m) {
-                Ok(Some(CtEvent::Upsert(e))) => Some(e),
-                Ok(_) => None,
+            .filter_map(|m| match entry_from_message(m) {
+                Ok(e) => e,
                 Err(e) => {
                     warn!(error = %e, "skipping malformed conntrack dump entry");
                     None
@@ -559,12 +569,12 @@ impl CtNetlink {
             Err(e) => return Err(e),
         };
         for m in &msgs {
-            let event = event_from_message(m).map_err(|source| CtNetlinkError::Malformed {
+            let entry = entry_from_message(m).map_err(|source| CtNetlinkError::Malformed {
                 op: "get conntrack entry",
                 source,
             })?;
-            if let Some(CtEvent::Upsert(e)) = event {
-                return Ok(Some(e));
+            if entry.is_some() {
+                return Ok(entry);
             }
         }
         Ok(None)
@@ -601,8 +611,9 @@ impl CtNetlink {
             .await
     }
 
-    /// Sets `IP_CT_TCP_FLAG_BE_LIBERAL` on both directions of the existing TCP entry (see
-    /// [`CtUpdate::tcp_liberal`] for why); false when it is gone.
+    /// Sets `IP_CT_TCP_FLAG_BE_LIBERAL` (and clears `IP_CT_TCP_FLAG_MAXACK_SET`) on both
+    /// directions of the existing TCP entry (see [`CtUpdate::tcp_liberal`] for why); false when
+    /// it is gone.
     pub async fn set_tcp_liberal(
         &mut self,
         orig: &CtTuple,
@@ -823,8 +834,8 @@ mod tests {
                 ProtoInfoTCP::OriginalFlags(f) | ProtoInfoTCP::ReplyFlags(f) => f,
                 other => panic!("only flags are sent: {other:?}"),
             };
-            // flags and mask both BE_LIBERAL: no other flag is touched.
-            assert_eq!((f.flags, f.mask), (0x08, 0x08), "direction {i}");
+            // Sets BE_LIBERAL, clears MAXACK_SET; no other flag is touched.
+            assert_eq!((f.flags, f.mask), (0x08, 0x28), "direction {i}");
         }
         assert_eq!(tcp.len(), 2);
     }

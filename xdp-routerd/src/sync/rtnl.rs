@@ -150,6 +150,9 @@ pub enum RtEvent {
     LinkGone { ifindex: u32, name: String },
     /// An address or route was added or removed: offloaded flows must be revalidated.
     PathsChanged,
+    /// A qdisc of this interface was added, replaced or deleted: re-read its egress qdiscs
+    /// (`shaped = "auto"`, see [`crate::sync::qdisc`]).
+    QdiscChanged { ifindex: u32 },
     /// Notifications were lost (socket overrun): re-read everything.
     Overrun,
 }
@@ -175,24 +178,32 @@ pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
         | RouteNetlinkMessage::DelAddress(_)
         | RouteNetlinkMessage::NewRoute(_)
         | RouteNetlinkMessage::DelRoute(_) => Some(RtEvent::PathsChanged),
+        RouteNetlinkMessage::NewQueueDiscipline(q) | RouteNetlinkMessage::DelQueueDiscipline(q) => {
+            Some(RtEvent::QdiscChanged {
+                ifindex: u32::try_from(q.header.index).ok()?,
+            })
+        }
         _ => None,
     }
 }
 
 const RTMGRP_LINK: u32 = 0x1;
+const RTMGRP_TC: u32 = 0x8;
 const RTMGRP_IPV4_IFADDR: u32 = 0x10;
 const RTMGRP_IPV4_ROUTE: u32 = 0x40;
 const RTMGRP_IPV6_IFADDR: u32 = 0x100;
 const RTMGRP_IPV6_ROUTE: u32 = 0x400;
 
-/// Subscribes to link, address and route notifications. A thread reads the socket (in the
-/// caller's network namespace) and sends [`RtEvent`]s; the receiver closes if the socket fails.
+/// Subscribes to link, address, route and qdisc notifications. A thread reads the socket (in
+/// the caller's network namespace) and sends [`RtEvent`]s; the receiver closes if the socket
+/// fails.
 pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
     let mut sock = Socket::new(NETLINK_ROUTE)?;
     let _ = sock.set_rx_buf_sz(4 << 20);
     sock.bind(&SocketAddr::new(
         0,
         RTMGRP_LINK
+            | RTMGRP_TC
             | RTMGRP_IPV4_IFADDR
             | RTMGRP_IPV4_ROUTE
             | RTMGRP_IPV6_IFADDR
@@ -290,6 +301,41 @@ mod tests {
             translate(&RouteNetlinkMessage::NewNeighbour(Default::default())),
             None
         );
+    }
+
+    /// RTM_DELQDISC notification of `tc qdisc del dev a0 root` (the htb).
+    const A0_DEL_HTB_NOTIFICATION: &str = concat!(
+        "b4000000250000003f37026bb4440000000000000300000000000100ffffffff010000000800010068746200",
+        "2400020018000200110003000a00000010000000000000000100000008000500e803000005000c0000000000",
+        "30000700140001005a0000000000000001000000000000001800030000000000000000000000000000000000",
+        "000000002c0003005a0000000000000001000000000000000000000000000000000000000000000000000000",
+        "00000000",
+    );
+
+    #[test]
+    fn qdisc_notifications_name_their_interface() {
+        let raw: Vec<u8> = (0..A0_DEL_HTB_NOTIFICATION.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&A0_DEL_HTB_NOTIFICATION[i..i + 2], 16).unwrap())
+            .collect();
+        let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&raw).unwrap();
+        let NetlinkPayload::InnerMessage(inner) = msg.payload else {
+            panic!("not an rtnetlink message");
+        };
+        assert!(matches!(inner, RouteNetlinkMessage::DelQueueDiscipline(_)));
+        assert_eq!(
+            translate(&inner),
+            Some(RtEvent::QdiscChanged { ifindex: 3 })
+        );
+        let RouteNetlinkMessage::DelQueueDiscipline(q) = inner else {
+            unreachable!()
+        };
+        assert_eq!(
+            translate(&RouteNetlinkMessage::NewQueueDiscipline(q.clone())),
+            Some(RtEvent::QdiscChanged { ifindex: 3 })
+        );
+        // Classes and filters change no qdisc kind.
+        assert_eq!(translate(&RouteNetlinkMessage::NewTrafficClass(q)), None);
     }
 
     #[test]

@@ -1,0 +1,27 @@
+//! Builds the eBPF crate (xdp-router-ebpf) with nightly + bpf-linker, exactly like
+//! xdp-routerd's build.rs, and embeds its `lab` binary: the benchmark's generator, sink,
+//! bare-redirect and pass programs.
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use aya_build::{Package, Toolchain};
+
+fn main() -> anyhow::Result<()> {
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
+    let ebpf_dir = manifest_dir
+        .join("../xdp-router-ebpf")
+        .canonicalize()
+        .context("xdp-router-ebpf directory")?;
+    let root_dir = ebpf_dir.to_str().context("non-UTF-8 path")?;
+    aya_build::build_ebpf(
+        [Package {
+            name: "xdp-router-ebpf",
+            root_dir,
+            ..Default::default()
+        }],
+        Toolchain::default(),
+    )
+    .context(
+        "building the eBPF object failed; run `cargo xtask setup` (nightly rust-src + bpf-linker)",
+    )
+}

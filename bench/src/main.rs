@@ -1,0 +1,125 @@
+//! xdp-router-bench: A/B benchmark (RFC 2544 style) of xdp-router's XDP fast path against
+//! kernel forwarding, on a netns testbed with a BPF_PROG_RUN live-frames generator.
+//!
+//! `cargo xtask bench [args]` runs `xdp-router-bench [args]`; `cargo xtask test` runs
+//! `xdp-router-bench quick`. See docs/benchmarks.md.
+mod cpu;
+mod lab;
+mod latency;
+mod netns;
+mod packet;
+mod report;
+mod router;
+mod run;
+mod search;
+mod tcp;
+mod testbed;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::{packet::Family, router::Scenario};
+
+/// A/B benchmark of the xdp-router fast path (needs root).
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Option<Mode>,
+    #[command(flatten)]
+    opts: Opts,
+}
+
+#[derive(Subcommand, Clone, Copy)]
+enum Mode {
+    /// The full benchmark (the default; ≈ 10–15 min).
+    Run,
+    /// Smoke test: S2, IPv4, 64 and 1518 B, short trials (< 2 min); fails loudly if nothing
+    /// arrives or the fast path carries nothing.
+    Quick,
+}
+
+/// Options of both modes (quick mode changes the defaults of the unset ones).
+#[derive(Args, Clone, Debug)]
+pub struct Opts {
+    /// Output directory (default: target/bench/<timestamp>).
+    #[arg(long, global = true)]
+    out: Option<PathBuf>,
+    /// Trial length in milliseconds (default 400; quick 300).
+    #[arg(long, global = true)]
+    trial_ms: Option<u64>,
+    /// Paced search steps per NDR search after the flat-out trial (default 5; quick 3).
+    #[arg(long, global = true)]
+    steps: Option<u32>,
+    /// Extra attempts of a lossy paced trial before its rate is rejected (shared-VM hiccups).
+    #[arg(long, global = true, default_value_t = 2)]
+    retries: u32,
+    /// Loss limit of the no-drop rate, percent.
+    #[arg(long, global = true, default_value_t = 0.05)]
+    loss_pct: f64,
+    /// Flows per stream (source ports spread over this many).
+    #[arg(long, global = true, default_value_t = 64)]
+    flows: u32,
+    /// Frame sizes in bytes, FCS included (default: 64…1518; IPv6 starts at 78).
+    #[arg(long, global = true, value_delimiter = ',')]
+    sizes: Vec<usize>,
+    /// Address families (default: ipv4,ipv6; quick ipv4).
+    #[arg(long, global = true, value_delimiter = ',', value_parser = parse_family)]
+    families: Vec<Family>,
+    /// Scenarios (default: s1,s2,s3; quick s2).
+    #[arg(long, global = true, value_delimiter = ',')]
+    scenarios: Vec<Scenario>,
+    /// Seconds per iperf3 run (default 2; quick 1).
+    #[arg(long, global = true)]
+    tcp_secs: Option<u32>,
+    /// Skip the iperf3 runs.
+    #[arg(long, global = true)]
+    no_tcp: bool,
+    /// Latency probes per run, 1 ms apart (default 1000; quick 200).
+    #[arg(long, global = true)]
+    latency_probes: Option<u32>,
+    /// Skip the latency runs.
+    #[arg(long, global = true)]
+    no_latency: bool,
+    /// S3 upload shaper rate, Mbit/s.
+    #[arg(long, global = true, default_value_t = 100)]
+    shaper_mbit: u32,
+    /// xdp-routerd binary (default: build and use target/release/xdp-routerd).
+    #[arg(long, global = true)]
+    daemon: Option<PathBuf>,
+    /// Kernel rows only: do not start xdp-routerd (no fast-path rows).
+    #[arg(long, global = true)]
+    no_daemon: bool,
+}
+
+fn parse_family(s: &str) -> Result<Family, String> {
+    match s {
+        "ipv4" | "4" | "v4" => Ok(Family::Ipv4),
+        "ipv6" | "6" | "v6" => Ok(Family::Ipv6),
+        _ => Err(format!("unknown family {s} (ipv4 or ipv6)")),
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let quick = matches!(cli.mode, Some(Mode::Quick));
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    match run::run(&cli.opts, quick, command) {
+        Ok(report) => {
+            print!("{}", report.markdown());
+            let missed = report
+                .targets
+                .iter()
+                .filter(|t| t.met == Some(false))
+                .count();
+            if missed > 0 {
+                eprintln!("{missed} target(s) missed (see the Targets table)");
+            }
+        }
+        Err(e) => {
+            eprintln!("xdp-router-bench: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

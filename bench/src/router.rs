@@ -1,0 +1,477 @@
+//! The router under test: firewall/shaper scenarios as a user would configure them (iptables,
+//! tc), and the real `xdp-routerd` started in the router namespace and driven through its CLI.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
+
+use crate::{netns::Netns, packet::Family};
+
+/// A router configuration under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    /// S1: routed, no filtering. One `ESTABLISHED,RELATED` accept rule (policy ACCEPT) keeps
+    /// conntrack active, since the fast path learns flows from conntrack.
+    S1,
+    /// S2: routed + IPv4 MASQUERADE on the WAN side + `ESTABLISHED,RELATED` accept + 25
+    /// non-matching FORWARD rules, policy DROP (new connections only from the LAN).
+    S2,
+    /// S3: S2 + HTB (pfifo leaf) on the WAN egress: uploads shaped, the WAN interface
+    /// configured `shaped = true`; measured in the download direction.
+    S3,
+}
+
+impl Scenario {
+    /// Short name (`S1`…).
+    pub fn id(self) -> &'static str {
+        match self {
+            Scenario::S1 => "S1",
+            Scenario::S2 => "S2",
+            Scenario::S3 => "S3",
+        }
+    }
+
+    /// One-line description for reports.
+    pub fn label(self) -> &'static str {
+        match self {
+            Scenario::S1 => "routed (conntrack on, no rules to walk)",
+            Scenario::S2 => "routed + MASQUERADE + est. accept + 25 rules",
+            Scenario::S3 => "S2 + HTB on upload (download measured)",
+        }
+    }
+
+    /// Whether `family` is masqueraded (IPv4 only: IPv6 is routed, as usual).
+    pub fn nat(self, family: Family) -> bool {
+        family == Family::Ipv4 && self != Scenario::S1
+    }
+
+    /// Whether the WAN egress has a shaper.
+    pub fn shaped(self) -> bool {
+        self == Scenario::S3
+    }
+}
+
+/// The iptables-restore input for `sc` (`v6` selects ip6tables).
+fn ruleset(sc: Scenario, v6: bool, rl: &str, rw: &str) -> String {
+    let mut r = String::from("*filter\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n");
+    let policy = if sc == Scenario::S1 { "ACCEPT" } else { "DROP" };
+    let _ = writeln!(r, ":FORWARD {policy} [0:0]");
+    r.push_str("-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n");
+    if sc != Scenario::S1 {
+        for i in 1..=25 {
+            let src = if v6 {
+                format!("2001:db8::{i:x}/128")
+            } else {
+                format!("192.0.2.{i}/32")
+            };
+            let _ = writeln!(
+                r,
+                "-A FORWARD -s {src} -p tcp --dport {} -j DROP",
+                10_000 + i
+            );
+        }
+        let _ = writeln!(r, "-A FORWARD -i {rl} -o {rw} -j ACCEPT");
+    }
+    r.push_str("COMMIT\n");
+    if !v6 && sc.nat(Family::Ipv4) {
+        r.push_str("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n");
+        r.push_str(":POSTROUTING ACCEPT [0:0]\n");
+        let _ = writeln!(r, "-A POSTROUTING -o {rw} -j MASQUERADE");
+        r.push_str("COMMIT\n");
+    }
+    r
+}
+
+/// Installs `sc` in the router namespace (replacing any previous scenario) and flushes
+/// conntrack.
+pub fn apply_scenario(
+    rtr: &Netns,
+    sc: Scenario,
+    rl: &str,
+    rw: &str,
+    shaper_mbit: u32,
+) -> Result<()> {
+    clear_scenario(rtr, rw)?;
+    for (tool, v6) in [("iptables-restore", false), ("ip6tables-restore", true)] {
+        let rules = ruleset(sc, v6, rl, rw);
+        let mut child = rtr
+            .command(tool)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot run {tool} (install iptables)"))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            std::io::Write::write_all(&mut stdin, rules.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "{tool} rejected the {} ruleset: {}",
+                sc.id(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    if sc.shaped() {
+        rtr.sh(&format!(
+            "tc qdisc replace dev {rw} root handle 1: htb default 10 && \
+             tc class add dev {rw} parent 1: classid 1:10 htb rate {shaper_mbit}mbit \
+             ceil {shaper_mbit}mbit && \
+             tc qdisc add dev {rw} parent 1:10 handle 10: pfifo limit 1000"
+        ))
+        .context("installing the HTB shaper (needs sch_htb)")?;
+    }
+    flush_conntrack(rtr)
+}
+
+/// Removes firewall rules, NAT and the shaper from the router namespace.
+pub fn clear_scenario(rtr: &Netns, rw: &str) -> Result<()> {
+    rtr.sh(&format!(
+        "for t in iptables ip6tables; do $t -P FORWARD ACCEPT && $t -F && $t -t nat -F; done; \
+         tc qdisc del dev {rw} root 2>/dev/null; true"
+    ))?;
+    Ok(())
+}
+
+/// Deletes every conntrack entry in the router namespace.
+pub fn flush_conntrack(rtr: &Netns) -> Result<()> {
+    // `conntrack -F` fails when the table was never used in this namespace; that is fine.
+    rtr.sh("conntrack -F >/dev/null 2>&1; true")?;
+    Ok(())
+}
+
+/// ASSURED UDP conntrack entries for benchmark flows (original destination port `port`).
+pub fn assured_flows(rtr: &Netns, family: Family, port: u16) -> Result<usize> {
+    let out = rtr
+        .sh(&format!(
+            "conntrack -L -f {} -p udp --dport {port} 2>/dev/null",
+            family.name()
+        ))
+        .context("listing conntrack (install conntrack)")?;
+    Ok(out.lines().filter(|l| l.contains("[ASSURED]")).count())
+}
+
+/// What `xdp-routerd status --json` reported (the fields the benchmark uses).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Status {
+    /// Whether the fast path is on.
+    pub fastpath: bool,
+    /// Offloaded IPv4 flow entries.
+    pub flows_v4: u64,
+    /// Offloaded IPv6 flow entries.
+    pub flows_v6: u64,
+    /// Packets per datapath reason, summed over interfaces.
+    pub reasons: Vec<(String, u64)>,
+}
+
+impl Status {
+    fn parse(json: &str) -> Result<Status> {
+        let v: serde_json::Value =
+            serde_json::from_str(json).context("xdp-routerd status --json is not JSON")?;
+        let fastpath = v["fastpath"]
+            .as_bool()
+            .context("status has no boolean `fastpath`")?;
+        let flows_v4 = v["flows"]["ipv4"]
+            .as_u64()
+            .context("status has no flows.ipv4")?;
+        let flows_v6 = v["flows"]["ipv6"]
+            .as_u64()
+            .context("status has no flows.ipv6")?;
+        let mut reasons: Vec<(String, u64)> = Vec::new();
+        for c in v["counters"].as_array().into_iter().flatten() {
+            let (Some(reason), Some(packets)) = (c["reason"].as_str(), c["packets"].as_u64())
+            else {
+                continue;
+            };
+            match reasons.iter_mut().find(|(r, _)| r == reason) {
+                Some((_, p)) => *p += packets,
+                None => reasons.push((reason.to_owned(), packets)),
+            }
+        }
+        Ok(Status {
+            fastpath,
+            flows_v4,
+            flows_v6,
+            reasons,
+        })
+    }
+
+    /// Offloaded flow entries of `family`.
+    pub fn flows(&self, family: Family) -> u64 {
+        match family {
+            Family::Ipv4 => self.flows_v4,
+            Family::Ipv6 => self.flows_v6,
+        }
+    }
+
+    /// Packets the datapath forwarded itself (`forwarded_*` reasons).
+    pub fn forwarded(&self) -> u64 {
+        self.reasons
+            .iter()
+            .filter(|(r, _)| r.starts_with("forwarded"))
+            .map(|(_, p)| p)
+            .sum()
+    }
+}
+
+/// A running `xdp-routerd` in the router namespace; stopped (SIGTERM, then SIGKILL) on drop.
+pub struct Daemon {
+    child: Child,
+    bin: PathBuf,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Writes a config for the two router interfaces into `dir` and starts the daemon (pinned
+    /// to the generator CPU, away from the datapath CPU), waiting until it answers `status`.
+    pub fn start(
+        bin: &Path,
+        rtr: &Netns,
+        dir: &Path,
+        rl: &str,
+        rw: &str,
+        shaped_wan: bool,
+    ) -> Result<Daemon> {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let socket = dir.join("control.sock");
+        let config = dir.join("xdp-routerd.toml");
+        let log = dir.join("xdp-routerd.log");
+        let _ = fs::remove_file(&socket);
+        let shaped = if shaped_wan { "shaped = true\n" } else { "" };
+        fs::write(
+            &config,
+            format!(
+                "control_socket = \"{}\"\nxdp_mode = \"native\"\nflow_capacity = 65536\n\
+                 keepalive_interval_ms = 2000\nlog_level = \"info\"\n\n\
+                 [[interface]]\nname = \"{rl}\"\nrole = \"lan\"\n\n\
+                 [[interface]]\nname = \"{rw}\"\nrole = \"wan\"\n{shaped}",
+                socket.display()
+            ),
+        )
+        .with_context(|| format!("writing {}", config.display()))?;
+        let logf = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let child = rtr
+            .command("taskset")
+            .arg("-c")
+            .arg(crate::testbed::GEN_CPU.to_string())
+            .arg(bin)
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .arg("--socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone()?)
+            .stderr(logf)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut d = Daemon {
+            child,
+            bin: bin.to_owned(),
+            socket,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(st) = d.child.try_wait()? {
+                bail!(
+                    "xdp-routerd exited at startup ({st}); last log line: {}",
+                    d.log_tail()
+                );
+            }
+            match d.status() {
+                Ok(_) => return Ok(d),
+                Err(e) if Instant::now() > deadline => {
+                    bail!(
+                        "xdp-routerd does not answer `status` after 15 s ({e:#}); log: {}",
+                        d.log_tail()
+                    )
+                }
+                Err(_) => thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        fs::read_to_string(&self.log)
+            .ok()
+            .and_then(|s| s.lines().last().map(str::to_owned))
+            .unwrap_or_else(|| format!("(see {})", self.log.display()))
+    }
+
+    fn cli(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(&self.bin)
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .with_context(|| format!("running {}", self.bin.display()))?;
+        if !out.status.success() {
+            bail!(
+                "xdp-routerd {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `xdp-routerd status --json`.
+    pub fn status(&self) -> Result<Status> {
+        Status::parse(&self.cli(&["status", "--json"])?)
+    }
+
+    /// `xdp-routerd fastpath on|off`, then checks that `status` agrees.
+    pub fn set_fastpath(&self, on: bool) -> Result<()> {
+        self.cli(&["fastpath", if on { "on" } else { "off" }])?;
+        let st = self.status()?;
+        if st.fastpath != on {
+            bail!(
+                "xdp-routerd fastpath {on}: status still says fastpath={}",
+                st.fastpath
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits until at least `n` flow entries of `family` are offloaded (at most `timeout`).
+    pub fn wait_flows(&self, family: Family, n: u64, timeout: Duration) -> Result<Status> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let st = self.status()?;
+            if st.flows(family) >= n {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "xdp-routerd offloaded only {} {} flow entries of the {n} primed flows \
+                     within {timeout:?} (conntrack has them ASSURED); log: {}",
+                    st.flows(family),
+                    family.name(),
+                    self.log.display()
+                );
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops the daemon with SIGTERM (it detaches its programs) and waits for it.
+    pub fn stop(mut self) -> Result<()> {
+        self.terminate()
+    }
+
+    fn terminate(&mut self) -> Result<()> {
+        if self.child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        let pid = i32::try_from(self.child.id()).context("pid out of range")?;
+        // SAFETY: kill(2) on our own child, which has not been reaped yet.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Some(st) = self.child.try_wait()? {
+                if !st.success() {
+                    bail!(
+                        "xdp-routerd exited with {st} on SIGTERM; log: {}",
+                        self.log_tail()
+                    );
+                }
+                return Ok(());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        bail!("xdp-routerd ignored SIGTERM for 5 s and was killed")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Err(e) = self.terminate() {
+            eprintln!("warning: {e:#}");
+        }
+    }
+}
+
+/// Finds (and with `build`, first builds) the release `xdp-routerd` of this workspace.
+pub fn locate_daemon(explicit: Option<&Path>, build: bool) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        if !p.is_file() {
+            bail!("--daemon {}: no such file", p.display());
+        }
+        return Ok(p.to_owned());
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("workspace root")?
+        .to_owned();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    if build {
+        eprintln!("building the daemon: cargo build --release -p xdp-routerd");
+        let st = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .args(["build", "--release", "-p", "xdp-routerd"])
+            .current_dir(&root)
+            .status()
+            .context("running cargo")?;
+        if !st.success() {
+            bail!("cargo build --release -p xdp-routerd failed");
+        }
+    }
+    let bin = target.join("release").join("xdp-routerd");
+    if !bin.is_file() {
+        bail!(
+            "{} not found: run `cargo build --release -p xdp-routerd`",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rulesets_match_the_scenarios() {
+        let s1 = ruleset(Scenario::S1, false, "rl", "rw");
+        assert!(s1.contains(":FORWARD ACCEPT"));
+        assert!(!s1.contains("MASQUERADE"));
+        let s2 = ruleset(Scenario::S2, false, "rl", "rw");
+        assert_eq!(s2.matches("-j DROP").count(), 25);
+        assert!(s2.contains("-A POSTROUTING -o rw -j MASQUERADE"));
+        assert!(s2.find("ESTABLISHED").unwrap() < s2.find("192.0.2.1/32").unwrap());
+        let s3v6 = ruleset(Scenario::S3, true, "rl", "rw");
+        assert!(s3v6.contains("2001:db8::19/128"));
+        assert!(!s3v6.contains("*nat"));
+    }
+
+    #[test]
+    fn status_json_is_read() {
+        let st = Status::parse(
+            r#"{"fastpath": true, "interfaces": [],
+               "flows": {"ipv4": 2, "ipv6": 1, "capacity": 65536},
+               "counters": [{"interface": "a", "reason": "forwarded_original", "packets": 10, "bytes": 1},
+                            {"interface": "b", "reason": "forwarded_reply", "packets": 5, "bytes": 1},
+                            {"interface": "b", "reason": "no_flow", "packets": 7, "bytes": 1}],
+               "conntrack": {"events": 1}}"#,
+        )
+        .unwrap();
+        assert!(st.fastpath);
+        assert_eq!(st.flows(Family::Ipv6), 1);
+        assert_eq!(st.forwarded(), 15);
+        assert!(Status::parse(r#"{"flows": {}}"#).is_err());
+    }
+}

@@ -1,0 +1,872 @@
+//! `prog-cost`: what one packet costs the `xdp_router` program, measured with BPF_PROG_RUN.
+//!
+//! Runs the program (JIT-compiled, as attached) on representative frames in the router
+//! namespace of the fixture table (`xdp_router_tests::fixture_net`), so `bpf_fib_lookup` sees a
+//! real FIB, next to two minimal programs loaded from raw instructions: `XDP_PASS` (the cost of
+//! the BPF_PROG_RUN loop itself) and a bare redirect (rewrite both MACs, `bpf_redirect`), the
+//! ceiling the fast path is compared with. Prints ns/packet: median, min and max over several
+//! samples, each the kernel's own average over `calls × REPEAT` runs.
+//!
+//! What a sample measures: the kernel times only its `repeat` loop around the program
+//! (`bpf_test_run`), so syscall and copy costs are excluded. In that loop the program sees its
+//! own output again (the frame is not reset between repeats), so:
+//! - a forwarded frame loses one TTL per run: frames start at TTL 255 and `REPEAT` stays below
+//!   254 (every call starts from the original frame again);
+//! - a NAT'd frame no longer matches its flow after one run: NAT cases install the flow *pair*
+//!   "original → translated" and "translated → original" (same work per run, the two entries
+//!   alternate), and the reply case translates to a second LAN host so both directions of the
+//!   pair stay forwardable.
+//!
+//! Each sample is then checked: every run must have been counted in `STATS` under the expected
+//! reason and on the flow entries, so a case that silently fell back to `XDP_PASS` fails loudly
+//! instead of reporting a flattering number.
+//!
+//! The numbers are CPU time of the program only. A real forward also pays the driver, the
+//! redirect flush and the egress device, which are the same for the bare redirect and the fast
+//! path, so packet-rate ratios on the wire are closer to 1 than the ratios printed here.
+//!
+//! Run (as root): `cargo run --release -p xdp-router-tests --bin prog-cost [-- --samples N
+//! --calls N]`.
+
+use std::{mem::size_of, net::IpAddr, process::ExitCode};
+
+use aya::programs::{TestRun, TestRunOptions, Xdp, XdpMode};
+use xdp_router_common::{IFACE_F_SHAPED, PROG_NAME, Reason, stats_index};
+use xdp_router_tests::{
+    fixture_net::{
+        Bed, FlowEntry, GW_MAC, LAN_SLOT, Maps, Setup, WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT,
+        build_topology, flow, ifindex, lan_pkt, load, mac, v4, v6, wan_pkt, xdp_md,
+    },
+    netns::{Netns, is_root},
+    packet::{
+        Spec, Transport,
+        tcp_flags::{ACK, PSH},
+    },
+};
+
+/// Program runs per BPF_PROG_RUN call: below the 254 TTL decrements a 255 frame allows.
+const REPEAT: u32 = 250;
+/// TTL / hop limit of the benchmark frames.
+const START_TTL: u8 = 255;
+/// Second LAN host (permanent neighbour added on top of the fixture topology): the "public"
+/// address of the reply case, see the module docs.
+const LAN_HOST2: &str = "192.0.2.11";
+/// MAC of [`LAN_HOST2`].
+const LAN_HOST2_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x0b];
+
+/// Idle veths in the router namespace that the measured programs are attached to.
+const HOLD: [&str; 3] = ["hold0", "hold1", "hold2"];
+
+/// Creates the [`HOLD`] veths (peers in `hosts`, no traffic on them).
+///
+/// Why: for `repeat > 1`, `bpf_prog_test_run_xdp()` puts the program into the XDP dispatcher
+/// and takes it out again (`bpf_prog_change_xdp`) around every call, and each change waits for
+/// an RCU grace period: on a loaded 2-CPU VM that is tens to hundreds of ms per call. A
+/// program the dispatcher already holds (attached in native mode somewhere) only has its
+/// reference count moved. It is also how an attached program is called on a real interface:
+/// directly from the dispatcher, not through an indirect call.
+fn hold_dispatcher(router: &Netns, hosts: &Netns) {
+    for (n, name) in HOLD.iter().enumerate() {
+        router.veth(name, hosts, &format!("hold{n}p"));
+    }
+}
+
+/// Command-line options.
+struct Opts {
+    /// Samples per case (the median is reported).
+    samples: usize,
+    /// BPF_PROG_RUN calls per sample (each `REPEAT` runs).
+    calls: u32,
+    /// Threads measuring each case at once, on the same flow (CPU n for thread n).
+    threads: usize,
+}
+
+impl Opts {
+    fn parse() -> Result<Opts, String> {
+        let mut opts = Opts {
+            samples: 15,
+            calls: 1000,
+            threads: 1,
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let mut value = |name: &str| {
+                args.next()
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .filter(|v| *v > 0)
+                    .ok_or_else(|| format!("{name} needs a positive integer"))
+            };
+            match arg.as_str() {
+                "--samples" => opts.samples = value("--samples")? as usize,
+                "--calls" => opts.calls = value("--calls")?,
+                "--threads" => opts.threads = value("--threads")? as usize,
+                "-h" | "--help" => {
+                    return Err(
+                        "usage: prog-cost [--samples N (15)] [--calls N (1000)] [--threads N (1)]"
+                            .to_owned(),
+                    );
+                }
+                other => return Err(format!("unknown argument {other} (try --help)")),
+            }
+        }
+        Ok(opts)
+    }
+}
+
+/// What runs a case and what it must do.
+enum Subject {
+    /// `xdp_router` with these maps; every run must be counted under `reason` in `slot`, and,
+    /// when forwarded, on the flow entries of the setup.
+    Router {
+        setup: Setup,
+        slot: u32,
+        reason: Reason,
+        verdict: u32,
+    },
+    /// A raw baseline program (index into the baselines) that must return `verdict`.
+    Baseline { index: usize, verdict: u32 },
+}
+
+/// One row of the table.
+struct Case {
+    name: &'static str,
+    frame: Vec<u8>,
+    ingress: u32,
+    subject: Subject,
+}
+
+/// The flows that keep `pkt` forwarded across repeats: its flow (translating it to `new_src` →
+/// `new_dst`) and, when that changes the tuple, the flow of the translated packet back.
+fn flow_pair(
+    ingress: u32,
+    pkt: &Spec,
+    new_src: (IpAddr, u16),
+    new_dst: (IpAddr, u16),
+    reply: bool,
+) -> Vec<FlowEntry> {
+    let there = flow(ingress, pkt, new_src, new_dst, reply);
+    if new_src == (pkt.src, pkt.sport) && new_dst == (pkt.dst, pkt.dport) {
+        return vec![there];
+    }
+    let translated = Spec {
+        src: new_src.0,
+        sport: new_src.1,
+        dst: new_dst.0,
+        dport: new_dst.1,
+        ..pkt.clone()
+    };
+    let back = flow(
+        ingress,
+        &translated,
+        (pkt.src, pkt.sport),
+        (pkt.dst, pkt.dport),
+        reply,
+    );
+    vec![there, back]
+}
+
+/// A forwarding case.
+fn forward(
+    bed: &Bed,
+    name: &'static str,
+    ingress: u32,
+    pkt: Spec,
+    new_src: (IpAddr, u16),
+    new_dst: (IpAddr, u16),
+    reply: bool,
+) -> Case {
+    let slot = if ingress == bed.lan {
+        LAN_SLOT
+    } else {
+        WAN_SLOT
+    };
+    Case {
+        name,
+        frame: pkt.frame(),
+        ingress,
+        subject: Subject::Router {
+            setup: Setup::managed(bed, flow_pair(ingress, &pkt, new_src, new_dst, reply)),
+            slot,
+            reason: if reply {
+                Reason::ForwardedReply
+            } else {
+                Reason::ForwardedOriginal
+            },
+            verdict: XDP_REDIRECT,
+        },
+    }
+}
+
+/// A case passed to the kernel from `lan0` under `reason`.
+fn pass(name: &'static str, pkt: &Spec, ingress: u32, setup: Setup, reason: Reason) -> Case {
+    Case {
+        name,
+        frame: pkt.frame(),
+        ingress,
+        subject: Subject::Router {
+            setup,
+            slot: LAN_SLOT,
+            reason,
+            verdict: XDP_PASS,
+        },
+    }
+}
+
+/// Every row of the table; `baselines` are loaded in this order: XDP_PASS, bare redirect.
+fn cases(bed: &Bed) -> Vec<Case> {
+    let b = bed;
+    let udp = Transport::Udp;
+    let tcp = Transport::Tcp(ACK | PSH);
+    let (client4, client6) = (v4("192.0.2.10"), v6("2001:db8:1::10"));
+    let (server4, server6) = (v4("198.18.0.7"), v6("2001:db8:ff::7"));
+    let (router4, router6) = (v4("198.51.100.1"), v6("2001:db8:2::1"));
+    // Minimum frames: 60 bytes + FCS = 64 on the wire for IPv4; IPv6 + UDP needs at least 62.
+    let bench = |mut p: Spec| {
+        p.ttl = START_TTL;
+        p
+    };
+    let v4_udp = bench(lan_pkt(client4, server4, udp, 18));
+    let v6_udp = bench(lan_pkt(client6, server6, udp, 2));
+    let mut reply = bench(wan_pkt(server4, v4(LAN_HOST2), 61_000, udp));
+    reply.payload_len = 18;
+    vec![
+        forward(
+            b,
+            "v4 udp snat original",
+            b.lan,
+            v4_udp.clone(),
+            (router4, 61_000),
+            (server4, 443),
+            false,
+        ),
+        forward(
+            b,
+            "v4 udp reverse-nat reply",
+            b.wan,
+            reply,
+            (server4, 443),
+            (client4, 40_000),
+            true,
+        ),
+        forward(
+            b,
+            "v4 tcp snat original",
+            b.lan,
+            bench(lan_pkt(client4, server4, tcp, 6)),
+            (router4, 61_000),
+            (server4, 443),
+            false,
+        ),
+        forward(
+            b,
+            "v4 udp routed",
+            b.lan,
+            v4_udp.clone(),
+            (client4, 40_000),
+            (server4, 443),
+            false,
+        ),
+        forward(
+            b,
+            "v6 udp routed",
+            b.lan,
+            v6_udp.clone(),
+            (client6, 40_000),
+            (server6, 443),
+            false,
+        ),
+        forward(
+            b,
+            "v6 udp snat original",
+            b.lan,
+            v6_udp.clone(),
+            (router6, 61_000),
+            (server6, 443),
+            false,
+        ),
+        pass(
+            "pass: egress shaped",
+            &v4_udp,
+            b.lan,
+            Setup::managed(
+                b,
+                flow_pair(b.lan, &v4_udp, (router4, 61_000), (server4, 443), false),
+            )
+            .with_iface_flags(b.wan, IFACE_F_SHAPED),
+            Reason::PassEgressShaped,
+        ),
+        pass(
+            "v6 pass: egress shaped",
+            &v6_udp,
+            b.lan,
+            Setup::managed(
+                b,
+                flow_pair(b.lan, &v6_udp, (router6, 61_000), (server6, 443), false),
+            )
+            .with_iface_flags(b.wan, IFACE_F_SHAPED),
+            Reason::PassEgressShaped,
+        ),
+        pass(
+            "v6 pass: no flow",
+            &v6_udp,
+            b.lan,
+            Setup::managed(b, Vec::new()),
+            Reason::PassNoFlow,
+        ),
+        pass(
+            "pass: no flow",
+            &v4_udp,
+            b.lan,
+            Setup::managed(b, Vec::new()),
+            Reason::PassNoFlow,
+        ),
+        pass(
+            "pass: fast path disabled",
+            &v4_udp,
+            b.lan,
+            Setup {
+                fastpath: false,
+                ..Setup::managed(b, Vec::new())
+            },
+            Reason::PassDisabled,
+        ),
+        Case {
+            name: "baseline: XDP_PASS",
+            frame: v4_udp.frame(),
+            ingress: b.lan,
+            subject: Subject::Baseline {
+                index: 0,
+                verdict: XDP_PASS,
+            },
+        },
+        Case {
+            name: "baseline: bare redirect",
+            frame: v4_udp.frame(),
+            ingress: b.lan,
+            subject: Subject::Baseline {
+                index: 1,
+                verdict: XDP_REDIRECT,
+            },
+        },
+    ]
+}
+
+/// One thread's share of a sample: `calls` BPF_PROG_RUN calls of `REPEAT` runs each; returns
+/// the total ns the kernel measured.
+fn drive(prog: &Xdp, baselines: &[raw::RawXdp], case: &Case, calls: u32) -> Result<u128, String> {
+    let ctx = xdp_md(case.ingress, case.frame.len());
+    let mut total_ns: u128 = 0;
+    for _ in 0..calls {
+        let (ret, ns, want) = match &case.subject {
+            Subject::Router { verdict, .. } => {
+                let res = prog
+                    .test_run(TestRunOptions {
+                        data_in: Some(&case.frame),
+                        ctx_in: Some(&ctx),
+                        repeat: REPEAT,
+                        ..TestRunOptions::default()
+                    })
+                    .map_err(|e| format!("BPF_PROG_RUN of {PROG_NAME}: {e}"))?;
+                (res.return_value, res.duration.as_nanos(), *verdict)
+            }
+            Subject::Baseline { index, verdict } => {
+                let base = baselines
+                    .get(*index)
+                    .ok_or_else(|| format!("no baseline program {index}"))?;
+                let (ret, ns) = base.test_run(&case.frame, &ctx, REPEAT)?;
+                (ret, u128::from(ns), *verdict)
+            }
+        };
+        if ret != want {
+            return Err(format!("verdict {ret}, want {want}"));
+        }
+        total_ns += ns * u128::from(REPEAT);
+    }
+    Ok(total_ns)
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to(cpu: usize) -> Result<(), String> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays inside it for cpu < 1024.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(format!(
+            "pinning a thread to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// One sample of a case: `calls` calls on each of `threads` threads at once (thread n pinned to
+/// CPU n when there are several, all on the same flow); returns the mean ns per run. Checks
+/// that every run took the case's path and was counted (see the module docs).
+fn sample(
+    prog: &Xdp,
+    baselines: &[raw::RawXdp],
+    maps: &mut Maps,
+    case: &Case,
+    calls: u32,
+    threads: usize,
+) -> Result<f64, String> {
+    let runs = u64::from(calls) * u64::from(REPEAT) * threads as u64;
+    let counted_before = match &case.subject {
+        Subject::Router {
+            setup,
+            slot,
+            reason,
+            ..
+        } => {
+            maps.apply(setup);
+            let idx = stats_index(*slot, *reason) as usize;
+            Some(maps.stats().get(idx).map_or(0, |c| c.packets))
+        }
+        Subject::Baseline { .. } => None,
+    };
+    let totals: Vec<Result<u128, String>> = if threads == 1 {
+        vec![drive(prog, baselines, case, calls)]
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|cpu| {
+                    s.spawn(move || {
+                        pin_to(cpu)?;
+                        drive(prog, baselines, case, calls)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("a measuring thread panicked".to_owned()))
+                })
+                .collect()
+        })
+    };
+    let mut total_ns = 0;
+    for t in totals {
+        total_ns += t?;
+    }
+    if let (
+        Some(before),
+        Subject::Router {
+            setup,
+            slot,
+            reason,
+            verdict,
+        },
+    ) = (counted_before, &case.subject)
+    {
+        let idx = stats_index(*slot, *reason) as usize;
+        let counted = maps.stats().get(idx).map_or(0, |c| c.packets) - before;
+        if counted != runs {
+            return Err(format!(
+                "{counted} of {runs} runs counted under {}: the case does not stay on its \
+                 path across repeats",
+                reason.name()
+            ));
+        }
+        if *verdict == XDP_REDIRECT {
+            let on_flows: u64 = setup.flows.iter().map(|f| maps.counters(f).packets).sum();
+            if on_flows != runs {
+                return Err(format!(
+                    "flow counters saw {on_flows} of {runs} runs (lost updates?)"
+                ));
+            }
+        }
+    }
+    Ok(total_ns as f64 / runs as f64)
+}
+
+/// Median, min and max of a case's samples.
+struct Summary {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+fn summarize(samples: &mut [f64]) -> Summary {
+    samples.sort_by(f64::total_cmp);
+    let n = samples.len();
+    let median = if n % 2 == 1 {
+        samples[n / 2]
+    } else {
+        (samples[n / 2 - 1] + samples[n / 2]) / 2.0
+    };
+    Summary {
+        median,
+        min: samples[0],
+        max: samples[n - 1],
+    }
+}
+
+fn sysctl(name: &str) -> String {
+    let path = format!("/proc/sys/{}", name.replace('.', "/"));
+    std::fs::read_to_string(&path).map_or_else(|e| format!("? ({e})"), |s| s.trim().to_owned())
+}
+
+fn main() -> ExitCode {
+    match try_main() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("prog-cost: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn try_main() -> Result<(), String> {
+    let opts = Opts::parse()?;
+    if !is_root() {
+        return Err("needs root (network namespace, BPF); run it with sudo".to_owned());
+    }
+    let jit = sysctl("net.core.bpf_jit_enable");
+    let stats = sysctl("kernel.bpf_stats_enabled");
+    if stats != "0" {
+        eprintln!(
+            "note: kernel.bpf_stats_enabled={stats}: every run also pays for its own accounting"
+        );
+    }
+    let router = Netns::new("pc");
+    let hosts = Netns::new("pch");
+    build_topology(&router, &hosts);
+    router.sh(&format!(
+        "ip neigh replace {LAN_HOST2} lladdr {} dev lan0 nud permanent",
+        mac(LAN_HOST2_MAC)
+    ));
+    hold_dispatcher(&router, &hosts);
+    let Opts {
+        samples,
+        calls,
+        threads,
+    } = opts;
+    let results = router.run(move || -> Result<Vec<(String, usize, Summary)>, String> {
+        let bed = Bed::here();
+        let (mut ebpf, mut maps) = load();
+        let prog: &mut Xdp = ebpf
+            .program_mut(PROG_NAME)
+            .ok_or_else(|| format!("object has no program {PROG_NAME}"))?
+            .try_into()
+            .map_err(|e| format!("{PROG_NAME} is not XDP: {e}"))?;
+        // See hold_dispatcher(): the program and the baselines stay attached while measured.
+        prog.attach_to_if_index(ifindex(HOLD[0]), XdpMode::Driver)
+            .map_err(|e| format!("attaching {PROG_NAME} to {}: {e}", HOLD[0]))?;
+        let prog: &Xdp = prog;
+        let baselines = [
+            raw::RawXdp::load("base_pass", &raw::pass())?,
+            raw::RawXdp::load("base_redirect", &raw::redirect(bed.wan, WAN_MAC, GW_MAC))?,
+        ];
+        let _links = [
+            baselines[0].attach(ifindex(HOLD[1]))?,
+            baselines[1].attach(ifindex(HOLD[2]))?,
+        ];
+        let cases = cases(&bed);
+        let mut all: Vec<Vec<f64>> = vec![Vec::with_capacity(samples); cases.len()];
+        // Round robin over the cases, so that load from other processes spreads over all rows.
+        for _ in 0..samples {
+            for (case, out) in cases.iter().zip(all.iter_mut()) {
+                let ns = sample(prog, &baselines, &mut maps, case, calls, threads)
+                    .map_err(|e| format!("{}: {e}", case.name))?;
+                out.push(ns);
+            }
+        }
+        Ok(cases
+            .iter()
+            .zip(all.iter_mut())
+            .map(|(c, s)| (c.name.to_owned(), c.frame.len(), summarize(s)))
+            .collect())
+    })?;
+
+    let redirect = results
+        .iter()
+        .find(|(n, ..)| n == "baseline: bare redirect")
+        .map(|(_, _, s)| s.median)
+        .ok_or("no bare redirect row")?;
+    println!(
+        "xdp_router per-packet cost (BPF_PROG_RUN, JIT {jit}, {samples} samples x {calls} calls \
+         x {REPEAT} runs, {threads} thread(s))"
+    );
+    println!(
+        "{:<28} {:>5} {:>9} {:>7} {:>7} {:>12}",
+        "case", "bytes", "median ns", "min", "max", "rate vs bare"
+    );
+    for (name, len, s) in &results {
+        println!(
+            "{:<28} {:>5} {:>9.1} {:>7.1} {:>7.1} {:>11.0}%",
+            name,
+            len,
+            s.median,
+            s.min,
+            s.max,
+            100.0 * redirect / s.median
+        );
+    }
+    let median_of = |n: &str| {
+        results
+            .iter()
+            .find(|(m, ..)| m == n)
+            .map(|(_, _, s)| s.median)
+    };
+    if let (Some(a), Some(b)) = (
+        median_of("v4 udp snat original"),
+        median_of("v6 udp snat original"),
+    ) {
+        println!("v6 / v4 udp snat cost: {:.2}", b / a);
+    }
+    if let (Some(a), Some(b)) = (median_of("v4 udp routed"), median_of("v6 udp routed")) {
+        println!("v6 / v4 udp routed cost: {:.2}", b / a);
+    }
+    Ok(())
+}
+
+/// The two baseline programs, loaded from raw eBPF instructions with the `bpf(2)` syscall (aya
+/// loads ELF objects only). Kept tiny on purpose: they are the floor and the ceiling.
+mod raw {
+    use std::{
+        ffi::CString,
+        mem::size_of,
+        os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    };
+
+    const BPF_PROG_LOAD: libc::c_long = 5;
+    const BPF_PROG_TEST_RUN: libc::c_long = 10;
+    const BPF_LINK_CREATE: libc::c_long = 28;
+    /// `BPF_XDP` in `enum bpf_attach_type`.
+    const BPF_XDP: u32 = 37;
+    /// `XDP_FLAGS_DRV_MODE`.
+    const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+    const BPF_PROG_TYPE_XDP: u32 = 6;
+    /// `BPF_FUNC_redirect` in the kernel's helper list (include/uapi/linux/bpf.h).
+    const BPF_FUNC_REDIRECT: i32 = 23;
+    const XDP_PASS: i32 = 2;
+
+    /// `struct bpf_insn`.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    pub struct Insn {
+        code: u8,
+        /// dst_reg (low nibble), src_reg (high nibble).
+        regs: u8,
+        off: i16,
+        imm: i32,
+    }
+
+    const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+        Insn {
+            code,
+            regs: dst | (src << 4),
+            off,
+            imm,
+        }
+    }
+    /// r_dst = imm (BPF_ALU64 | BPF_MOV | BPF_K).
+    const fn mov_imm(dst: u8, imm: i32) -> Insn {
+        insn(0xb7, dst, 0, 0, imm)
+    }
+    /// r_dst = r_src (BPF_ALU64 | BPF_MOV | BPF_X).
+    const fn mov_reg(dst: u8, src: u8) -> Insn {
+        insn(0xbf, dst, src, 0, 0)
+    }
+    /// r_dst += imm (BPF_ALU64 | BPF_ADD | BPF_K).
+    const fn add_imm(dst: u8, imm: i32) -> Insn {
+        insn(0x07, dst, 0, 0, imm)
+    }
+    /// r_dst = *(u32 *)(r_src + off) (BPF_LDX | BPF_MEM | BPF_W).
+    const fn load_u32(dst: u8, src: u8, off: i16) -> Insn {
+        insn(0x61, dst, src, off, 0)
+    }
+    /// *(u32 *)(r_dst + off) = imm (BPF_ST | BPF_MEM | BPF_W).
+    const fn store_u32(dst: u8, off: i16, imm: i32) -> Insn {
+        insn(0x62, dst, 0, off, imm)
+    }
+    /// *(u16 *)(r_dst + off) = imm (BPF_ST | BPF_MEM | BPF_H).
+    const fn store_u16(dst: u8, off: i16, imm: i32) -> Insn {
+        insn(0x6a, dst, 0, off, imm)
+    }
+    /// if r_dst > r_src goto +off (BPF_JMP | BPF_JGT | BPF_X).
+    const fn jgt_reg(dst: u8, src: u8, off: i16) -> Insn {
+        insn(0x2d, dst, src, off, 0)
+    }
+    /// call helper (BPF_JMP | BPF_CALL).
+    const fn call(helper: i32) -> Insn {
+        insn(0x85, 0, 0, 0, helper)
+    }
+    /// exit (BPF_JMP | BPF_EXIT).
+    const fn exit() -> Insn {
+        insn(0x95, 0, 0, 0, 0)
+    }
+
+    /// `return XDP_PASS`.
+    pub fn pass() -> Vec<Insn> {
+        vec![mov_imm(0, XDP_PASS), exit()]
+    }
+
+    /// Rewrites both MACs and returns `bpf_redirect(ifindex, 0)`, like the lab's bare redirect
+    /// (runt frames: `XDP_PASS`).
+    pub fn redirect(ifindex: u32, smac: [u8; 6], dmac: [u8; 6]) -> Vec<Insn> {
+        let w = |b: &[u8]| match *b {
+            [a, b, c, d] => i32::from_ne_bytes([a, b, c, d]),
+            [a, b] => i32::from(i16::from_ne_bytes([a, b])),
+            _ => 0,
+        };
+        vec![
+            load_u32(2, 1, 0), // r2 = ctx->data
+            load_u32(3, 1, 4), // r3 = ctx->data_end
+            mov_reg(4, 2),
+            add_imm(4, 14),
+            jgt_reg(4, 3, 8), // Ethernet header beyond the end: to the XDP_PASS below
+            store_u32(2, 0, w(&dmac[..4])),
+            store_u16(2, 4, w(&dmac[4..])),
+            store_u32(2, 6, w(&smac[..4])),
+            store_u16(2, 10, w(&smac[4..])),
+            mov_imm(1, ifindex as i32),
+            mov_imm(2, 0),
+            call(BPF_FUNC_REDIRECT),
+            exit(),
+            mov_imm(0, XDP_PASS),
+            exit(),
+        ]
+    }
+
+    /// `union bpf_attr` for BPF_PROG_LOAD, up to `expected_attach_type`.
+    #[repr(C)]
+    struct ProgLoadAttr {
+        prog_type: u32,
+        insn_cnt: u32,
+        insns: u64,
+        license: u64,
+        log_level: u32,
+        log_size: u32,
+        log_buf: u64,
+        kern_version: u32,
+        prog_flags: u32,
+        prog_name: [u8; 16],
+        prog_ifindex: u32,
+        expected_attach_type: u32,
+    }
+
+    /// `union bpf_attr` for BPF_PROG_TEST_RUN (`test`).
+    #[repr(C)]
+    #[derive(Default)]
+    struct TestRunAttr {
+        prog_fd: u32,
+        retval: u32,
+        data_size_in: u32,
+        data_size_out: u32,
+        data_in: u64,
+        data_out: u64,
+        repeat: u32,
+        duration: u32,
+        ctx_size_in: u32,
+        ctx_size_out: u32,
+        ctx_in: u64,
+        ctx_out: u64,
+        flags: u32,
+        cpu: u32,
+        batch_size: u32,
+        _pad: u32,
+    }
+
+    fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<libc::c_long> {
+        // SAFETY: `attr` is a live, fully initialised bpf_attr prefix of the size passed.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                attr as *mut T as *mut libc::c_void,
+                size_of::<T>() as libc::c_uint,
+            )
+        };
+        if rc < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(rc)
+        }
+    }
+
+    /// `union bpf_attr` for BPF_LINK_CREATE, up to `flags`.
+    #[repr(C)]
+    struct LinkCreateAttr {
+        prog_fd: u32,
+        target_ifindex: u32,
+        attach_type: u32,
+        flags: u32,
+    }
+
+    /// A loaded XDP program (closed on drop).
+    pub struct RawXdp {
+        fd: OwnedFd,
+    }
+
+    impl RawXdp {
+        /// Loads `insns` as an XDP program called `name`; errors carry the verifier log.
+        pub fn load(name: &str, insns: &[Insn]) -> Result<RawXdp, String> {
+            let license = CString::new("GPL").map_err(|e| e.to_string())?;
+            let mut log = vec![0u8; 64 * 1024];
+            let mut prog_name = [0u8; 16];
+            for (d, s) in prog_name.iter_mut().zip(name.bytes().take(15)) {
+                *d = s;
+            }
+            let mut attr = ProgLoadAttr {
+                prog_type: BPF_PROG_TYPE_XDP,
+                insn_cnt: insns.len() as u32,
+                insns: insns.as_ptr() as u64,
+                license: license.as_ptr() as u64,
+                log_level: 1,
+                log_size: log.len() as u32,
+                log_buf: log.as_mut_ptr() as u64,
+                kern_version: 0,
+                prog_flags: 0,
+                prog_name,
+                prog_ifindex: 0,
+                expected_attach_type: BPF_XDP,
+            };
+            let fd = bpf(BPF_PROG_LOAD, &mut attr).map_err(|e| {
+                let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+                format!(
+                    "loading baseline {name}: {e}\n{}",
+                    String::from_utf8_lossy(&log[..end])
+                )
+            })?;
+            // SAFETY: the kernel returned a new program fd that nothing else owns.
+            Ok(RawXdp {
+                fd: unsafe { OwnedFd::from_raw_fd(fd as i32) },
+            })
+        }
+
+        /// Attaches the program in native mode to `ifindex` of the calling thread's namespace;
+        /// it stays attached as long as the returned link lives.
+        pub fn attach(&self, ifindex: u32) -> Result<OwnedFd, String> {
+            let mut attr = LinkCreateAttr {
+                prog_fd: self.fd.as_raw_fd() as u32,
+                target_ifindex: ifindex,
+                attach_type: BPF_XDP,
+                flags: XDP_FLAGS_DRV_MODE,
+            };
+            let fd = bpf(BPF_LINK_CREATE, &mut attr)
+                .map_err(|e| format!("attaching a baseline to ifindex {ifindex}: {e}"))?;
+            // SAFETY: the kernel returned a new link fd that nothing else owns.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+        }
+
+        /// BPF_PROG_RUN with `repeat` runs: (return value of the last run, mean ns per run).
+        pub fn test_run(&self, data: &[u8], ctx: &[u8], repeat: u32) -> Result<(u32, u32), String> {
+            let mut attr = TestRunAttr {
+                prog_fd: self.fd.as_raw_fd() as u32,
+                data_size_in: data.len() as u32,
+                data_in: data.as_ptr() as u64,
+                repeat,
+                ctx_size_in: ctx.len() as u32,
+                ctx_in: ctx.as_ptr() as u64,
+                ..TestRunAttr::default()
+            };
+            bpf(BPF_PROG_TEST_RUN, &mut attr).map_err(|e| format!("BPF_PROG_RUN: {e}"))?;
+            Ok((attr.retval, attr.duration))
+        }
+    }
+}

@@ -1,0 +1,553 @@
+//! The router network namespace and map plumbing shared by the BPF_PROG_RUN users: the
+//! fixture table (`tests/prog_run.rs`) and the per-packet cost benchmark (`bin/prog_cost.rs`).
+//!
+//! `bpf_fib_lookup` consults the routes and neighbours of the namespace of the thread that runs
+//! BPF_PROG_RUN (through the ingress device given in the `xdp_md` context), so both build the
+//! same router namespace and run the program from a thread inside it ([`Netns::run`]).
+//!
+//! Router namespace, interfaces and what is behind them:
+//! - `lan0` 192.0.2.1/24, 2001:db8:1::1/64; client .10 / ::10 (permanent neighbour)
+//! - `wan0` 198.51.100.1/24, 2001:db8:2::1/64; gateway .254 / ::fe (permanent neighbour);
+//!   default routes via the gateway; 203.0.113.192/26 and 2001:db8:beef::/48 via a gateway
+//!   without neighbour entry (.253 / ::fd)
+//! - `mtu0` (MTU 1280) 203.0.113.129/26, 2001:db8:3::1/64; peer .130 / ::2
+//! - blackhole 203.0.113.0/26 and 2001:db8:dead::/48, unreachable 203.0.113.64/26
+
+use std::{
+    ffi::CString,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, DevMapHash, HashMap, MapData, PerCpuArray},
+    programs::{TestRun, TestRunOptions, Xdp},
+};
+use xdp_router_common::{
+    Counter, FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FlowCounters, FlowKeyV4,
+    FlowKeyV6, FlowV4, FlowV6, IFACE_F_LAN, IFACE_F_WAN, IfaceInfo, MAP_FLOWS_V4, MAP_FLOWS_V6,
+    MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, PROG_NAME, Settings,
+    checksum::{nat_diff_v4, nat_diff_v6},
+};
+
+use crate::{
+    netns::Netns,
+    packet::{Spec, Transport},
+};
+
+/// `XDP_PASS` verdict.
+pub const XDP_PASS: u32 = 2;
+/// `XDP_REDIRECT` verdict.
+pub const XDP_REDIRECT: u32 = 4;
+
+/// MAC of the router's `lan0`.
+pub const LAN_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x01];
+/// MAC of the router's `wan0`.
+pub const WAN_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x02, 0x01];
+/// MAC of the router's `mtu0`.
+pub const MTU_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x03, 0x01];
+/// MAC of the LAN client (permanent neighbour on `lan0`).
+pub const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x0a];
+/// MAC of the WAN gateway (permanent neighbour on `wan0`).
+pub const GW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x02, 0xfe];
+/// MAC of the peer behind `mtu0`.
+pub const MTU_PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x03, 0x02];
+
+/// STATS slot of `lan0` in [`Setup::managed`].
+pub const LAN_SLOT: u32 = 1;
+/// STATS slot of `wan0` in [`Setup::managed`].
+pub const WAN_SLOT: u32 = 2;
+/// STATS slot of `mtu0` in [`Setup::managed`].
+pub const MTU_SLOT: u32 = 3;
+
+/// `aa:bb:cc:dd:ee:ff` form of a MAC address.
+pub fn mac(m: [u8; 6]) -> String {
+    m.map(|b| format!("{b:02x}")).join(":")
+}
+
+/// An IPv4 address from a literal (panics on a typo in the test source).
+pub fn v4(s: &str) -> IpAddr {
+    IpAddr::V4(s.parse::<Ipv4Addr>().unwrap_or_else(|e| panic!("{s}: {e}")))
+}
+
+/// An IPv6 address from a literal (panics on a typo in the test source).
+pub fn v6(s: &str) -> IpAddr {
+    IpAddr::V6(s.parse::<Ipv6Addr>().unwrap_or_else(|e| panic!("{s}: {e}")))
+}
+
+/// Interface indexes of the router namespace.
+#[derive(Clone, Copy, Debug)]
+pub struct Bed {
+    /// `lan0`.
+    pub lan: u32,
+    /// `wan0`.
+    pub wan: u32,
+    /// `mtu0` (MTU 1280).
+    pub mtu: u32,
+}
+
+impl Bed {
+    /// The interface indexes as seen from the calling thread (which must be inside the router
+    /// namespace built by [`build_topology`]).
+    pub fn here() -> Bed {
+        Bed {
+            lan: ifindex("lan0"),
+            wan: ifindex("wan0"),
+            mtu: ifindex("mtu0"),
+        }
+    }
+}
+
+/// Builds the router namespace (see the module docs); `hosts` holds the veth peers.
+pub fn build_topology(router: &Netns, hosts: &Netns) {
+    router.veth("lan0", hosts, "lan0p");
+    router.veth("wan0", hosts, "wan0p");
+    router.veth("mtu0", hosts, "mtu0p");
+    router.sh(&format!(
+        "set -e
+        ip link set lan0 address {lan}
+        ip link set wan0 address {wan}
+        ip link set mtu0 address {mtu}
+        ip link set mtu0 mtu 1280
+        ip addr add 192.0.2.1/24 dev lan0
+        ip addr add 2001:db8:1::1/64 dev lan0 nodad
+        ip addr add 198.51.100.1/24 dev wan0
+        ip addr add 2001:db8:2::1/64 dev wan0 nodad
+        ip addr add 203.0.113.129/26 dev mtu0
+        ip addr add 2001:db8:3::1/64 dev mtu0 nodad
+        ip neigh replace 192.0.2.10 lladdr {client} dev lan0 nud permanent
+        ip neigh replace 2001:db8:1::10 lladdr {client} dev lan0 nud permanent
+        ip neigh replace 198.51.100.254 lladdr {gw} dev wan0 nud permanent
+        ip neigh replace 2001:db8:2::fe lladdr {gw} dev wan0 nud permanent
+        ip neigh replace 203.0.113.130 lladdr {peer} dev mtu0 nud permanent
+        ip neigh replace 2001:db8:3::2 lladdr {peer} dev mtu0 nud permanent
+        ip route add default via 198.51.100.254 dev wan0
+        ip -6 route add default via 2001:db8:2::fe dev wan0
+        ip route add blackhole 203.0.113.0/26
+        ip route add unreachable 203.0.113.64/26
+        ip route add 203.0.113.192/26 via 198.51.100.253 dev wan0
+        ip -6 route add blackhole 2001:db8:dead::/48
+        ip -6 route add 2001:db8:beef::/48 via 2001:db8:2::fd dev wan0
+        sysctl -qw net.ipv4.ip_forward=1
+        sysctl -qw net.ipv6.conf.all.forwarding=1",
+        lan = mac(LAN_MAC),
+        wan = mac(WAN_MAC),
+        mtu = mac(MTU_MAC),
+        client = mac(CLIENT_MAC),
+        gw = mac(GW_MAC),
+        peer = mac(MTU_PEER_MAC),
+    ));
+}
+
+/// ifindex of `name` in the calling thread's namespace.
+pub fn ifindex(name: &str) -> u32 {
+    let c = CString::new(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    // SAFETY: c is a valid NUL-terminated string.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    assert_ne!(
+        idx,
+        0,
+        "no interface {name}: {}",
+        std::io::Error::last_os_error()
+    );
+    idx
+}
+
+/// One flow map entry.
+#[derive(Clone, Copy, Debug)]
+pub enum FlowEntry {
+    /// An IPv4 flow direction.
+    V4(FlowKeyV4, FlowV4),
+    /// An IPv6 flow direction.
+    V6(FlowKeyV6, FlowV6),
+}
+
+/// A port as the raw network-order `u16` the maps hold.
+pub fn raw_port(p: u16) -> u16 {
+    p.to_be()
+}
+
+/// An IPv4 address as the raw network-order `u32` the maps hold.
+pub fn raw_v4(a: IpAddr) -> u32 {
+    match a {
+        IpAddr::V4(a) => u32::from_ne_bytes(a.octets()),
+        IpAddr::V6(a) => panic!("{a} is not IPv4"),
+    }
+}
+
+/// An IPv6 address as the four raw network-order words the maps hold.
+pub fn raw_v6(a: IpAddr) -> [u32; 4] {
+    match a {
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            std::array::from_fn(|i| {
+                u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
+            })
+        }
+        IpAddr::V4(a) => panic!("{a} is not IPv6"),
+    }
+}
+
+/// The flow entry the daemon would write for packets like `pkt` arriving on `ingress`, to be
+/// translated to `new_src` → `new_dst` (the same as the packet's for no NAT).
+pub fn flow(
+    ingress: u32,
+    pkt: &Spec,
+    (new_src, new_sport): (IpAddr, u16),
+    (new_dst, new_dport): (IpAddr, u16),
+    reply: bool,
+) -> FlowEntry {
+    let proto = match pkt.transport {
+        Transport::Tcp(_) => 6,
+        Transport::Udp => 17,
+    };
+    let mut flags = if reply { FLOW_F_REPLY } else { 0 };
+    if (new_src, new_sport) != (pkt.src, pkt.sport) {
+        flags |= FLOW_F_REWRITE_SRC;
+    }
+    if (new_dst, new_dport) != (pkt.dst, pkt.dport) {
+        flags |= FLOW_F_REWRITE_DST;
+    }
+    let (sport, dport) = (raw_port(pkt.sport), raw_port(pkt.dport));
+    let (nsport, ndport) = (raw_port(new_sport), raw_port(new_dport));
+    match pkt.src {
+        IpAddr::V4(_) => {
+            let key = FlowKeyV4 {
+                ifindex: ingress,
+                src_be: raw_v4(pkt.src),
+                dst_be: raw_v4(pkt.dst),
+                sport_be: sport,
+                dport_be: dport,
+                proto,
+                _pad: [0; 3],
+            };
+            let (l3, l4) = nat_diff_v4(
+                key.src_be,
+                key.dst_be,
+                sport,
+                dport,
+                raw_v4(new_src),
+                raw_v4(new_dst),
+                nsport,
+                ndport,
+            );
+            FlowEntry::V4(
+                key,
+                FlowV4 {
+                    new_src_be: raw_v4(new_src),
+                    new_dst_be: raw_v4(new_dst),
+                    new_sport_be: nsport,
+                    new_dport_be: ndport,
+                    flags,
+                    l3_csum_diff: l3,
+                    l4_csum_diff: l4,
+                    ..Default::default()
+                },
+            )
+        }
+        IpAddr::V6(_) => {
+            let key = FlowKeyV6 {
+                ifindex: ingress,
+                src_be: raw_v6(pkt.src),
+                dst_be: raw_v6(pkt.dst),
+                sport_be: sport,
+                dport_be: dport,
+                proto,
+                _pad: [0; 3],
+            };
+            let l4 = nat_diff_v6(
+                key.src_be,
+                key.dst_be,
+                sport,
+                dport,
+                raw_v6(new_src),
+                raw_v6(new_dst),
+                nsport,
+                ndport,
+            );
+            FlowEntry::V6(
+                key,
+                FlowV6 {
+                    new_src_be: raw_v6(new_src),
+                    new_dst_be: raw_v6(new_dst),
+                    new_sport_be: nsport,
+                    new_dport_be: ndport,
+                    flags,
+                    l4_csum_diff: l4,
+                    ..Default::default()
+                },
+            )
+        }
+    }
+}
+
+/// A flow that forwards `pkt` unchanged (routing only).
+pub fn routed(ingress: u32, pkt: &Spec, reply: bool) -> FlowEntry {
+    flow(
+        ingress,
+        pkt,
+        (pkt.src, pkt.sport),
+        (pkt.dst, pkt.dport),
+        reply,
+    )
+}
+
+/// Map contents of a case.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// `FLOWS_V4` / `FLOWS_V6` entries.
+    pub flows: Vec<FlowEntry>,
+    /// `IFACES` entries.
+    pub ifaces: Vec<(u32, IfaceInfo)>,
+    /// `TX_PORTS` entries.
+    pub tx_ports: Vec<u32>,
+    /// `SETTINGS[0].fastpath_enabled`.
+    pub fastpath: bool,
+}
+
+impl Setup {
+    /// All three interfaces managed and redirectable, fast path on.
+    pub fn managed(bed: &Bed, flows: Vec<FlowEntry>) -> Setup {
+        Setup {
+            flows,
+            ifaces: vec![
+                (
+                    bed.lan,
+                    IfaceInfo {
+                        slot: LAN_SLOT,
+                        flags: IFACE_F_LAN,
+                    },
+                ),
+                (
+                    bed.wan,
+                    IfaceInfo {
+                        slot: WAN_SLOT,
+                        flags: IFACE_F_WAN,
+                    },
+                ),
+                (
+                    bed.mtu,
+                    IfaceInfo {
+                        slot: MTU_SLOT,
+                        flags: IFACE_F_WAN,
+                    },
+                ),
+            ],
+            tx_ports: vec![bed.lan, bed.wan, bed.mtu],
+            fastpath: true,
+        }
+    }
+
+    pub fn without_iface(mut self, ifindex: u32) -> Setup {
+        self.ifaces.retain(|(i, _)| *i != ifindex);
+        self
+    }
+
+    pub fn without_tx_port(mut self, ifindex: u32) -> Setup {
+        self.tx_ports.retain(|i| *i != ifindex);
+        self
+    }
+
+    pub fn with_iface_flags(mut self, ifindex: u32, flags: u32) -> Setup {
+        for (i, info) in &mut self.ifaces {
+            if *i == ifindex {
+                info.flags |= flags;
+            }
+        }
+        self
+    }
+}
+
+/// A LAN client's packet to a server behind the WAN.
+pub fn lan_pkt(src: IpAddr, dst: IpAddr, transport: Transport, payload_len: usize) -> Spec {
+    Spec {
+        eth_src: CLIENT_MAC,
+        eth_dst: LAN_MAC,
+        src,
+        dst,
+        sport: 40_000,
+        dport: 443,
+        ttl: 64,
+        transport,
+        payload_len,
+    }
+}
+
+/// A server's reply arriving on the WAN, addressed to the router (after SNAT) or the client.
+pub fn wan_pkt(src: IpAddr, dst: IpAddr, dport: u16, transport: Transport) -> Spec {
+    Spec {
+        eth_src: GW_MAC,
+        eth_dst: WAN_MAC,
+        src,
+        dst,
+        sport: 443,
+        dport,
+        ttl: 57,
+        transport,
+        payload_len: 120,
+    }
+}
+
+/// Typed handles on every map of the loaded object.
+pub struct Maps {
+    /// `FLOWS_V4`.
+    pub flows_v4: HashMap<MapData, FlowKeyV4, FlowV4>,
+    /// `FLOWS_V6`.
+    pub flows_v6: HashMap<MapData, FlowKeyV6, FlowV6>,
+    /// `IFACES`.
+    pub ifaces: HashMap<MapData, u32, IfaceInfo>,
+    /// `TX_PORTS`.
+    pub tx_ports: DevMapHash<MapData>,
+    /// `STATS`.
+    pub stats: PerCpuArray<MapData, Counter>,
+    /// `SETTINGS`.
+    pub settings: Array<MapData, Settings>,
+}
+
+/// Takes map `name` out of the loaded object as the typed handle `T`.
+pub fn take<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &str) -> T
+where
+    T::Error: std::fmt::Display,
+{
+    let map = ebpf
+        .take_map(name)
+        .unwrap_or_else(|| panic!("object has no map {name}"));
+    T::try_from(map).unwrap_or_else(|e| panic!("map {name}: {e}"))
+}
+
+/// Loads the embedded object and the program (the verifier runs here).
+pub fn load() -> (Ebpf, Maps) {
+    let mut ebpf = EbpfLoader::new()
+        .load(xdp_routerd::datapath::EBPF_OBJECT)
+        .unwrap_or_else(|e| panic!("load eBPF object: {e:#}"));
+    let prog: &mut Xdp = ebpf
+        .program_mut(PROG_NAME)
+        .unwrap_or_else(|| panic!("object has no program {PROG_NAME}"))
+        .try_into()
+        .unwrap_or_else(|e| panic!("{PROG_NAME} is not XDP: {e}"));
+    if let Err(e) = prog.load() {
+        panic!("verifier rejected {PROG_NAME}: {e}\n{:?}", e);
+    }
+    let maps = Maps {
+        flows_v4: take(&mut ebpf, MAP_FLOWS_V4),
+        flows_v6: take(&mut ebpf, MAP_FLOWS_V6),
+        ifaces: take(&mut ebpf, MAP_IFACES),
+        tx_ports: take(&mut ebpf, MAP_TX_PORTS),
+        stats: take(&mut ebpf, MAP_STATS),
+        settings: take(&mut ebpf, MAP_SETTINGS),
+    };
+    (ebpf, maps)
+}
+
+impl Maps {
+    /// Empties every map, then writes the case's setup.
+    pub fn apply(&mut self, s: &Setup) {
+        let keys: Vec<_> = self
+            .flows_v4
+            .keys()
+            .map(|k| k.expect("flows_v4 key"))
+            .collect();
+        for k in keys {
+            self.flows_v4.remove(&k).expect("remove flow v4");
+        }
+        let keys: Vec<_> = self
+            .flows_v6
+            .keys()
+            .map(|k| k.expect("flows_v6 key"))
+            .collect();
+        for k in keys {
+            self.flows_v6.remove(&k).expect("remove flow v6");
+        }
+        let keys: Vec<_> = self.ifaces.keys().map(|k| k.expect("ifaces key")).collect();
+        for k in keys {
+            self.ifaces.remove(&k).expect("remove iface");
+        }
+        let keys: Vec<_> = self
+            .tx_ports
+            .keys()
+            .map(|k| k.expect("tx_ports key"))
+            .collect();
+        for k in keys {
+            self.tx_ports.remove(k).expect("remove tx port");
+        }
+        for f in &s.flows {
+            match f {
+                FlowEntry::V4(k, v) => self.flows_v4.insert(k, v, 0).expect("insert flow v4"),
+                FlowEntry::V6(k, v) => self.flows_v6.insert(k, v, 0).expect("insert flow v6"),
+            }
+        }
+        for (i, info) in &s.ifaces {
+            self.ifaces.insert(i, info, 0).expect("insert iface");
+        }
+        for i in &s.tx_ports {
+            self.tx_ports
+                .insert(*i, *i, None, 0)
+                .expect("insert tx port");
+        }
+        let settings = Settings {
+            fastpath_enabled: u32::from(s.fastpath),
+            _pad: 0,
+        };
+        self.settings.set(0, settings, 0).expect("write settings");
+    }
+
+    /// Every STATS entry, summed over CPUs.
+    pub fn stats(&self) -> Vec<Counter> {
+        self.stats
+            .iter()
+            .map(|per_cpu| {
+                per_cpu
+                    .expect("read stats")
+                    .iter()
+                    .fold(Counter::default(), |a, c| Counter {
+                        packets: a.packets + c.packets,
+                        bytes: a.bytes + c.bytes,
+                    })
+            })
+            .collect()
+    }
+
+    /// Current counters of a flow entry.
+    pub fn counters(&self, f: &FlowEntry) -> FlowCounters {
+        match f {
+            FlowEntry::V4(k, _) => self.flows_v4.get(k, 0).expect("flow v4 present").counters,
+            FlowEntry::V6(k, _) => self.flows_v6.get(k, 0).expect("flow v6 present").counters,
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC now, in ns (the clock of `bpf_ktime_get_ns`).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer; CLOCK_MONOTONIC is what bpf_ktime_get_ns() reads.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The `struct xdp_md` context of a run: a frame of `len` bytes received on `ingress`.
+pub fn xdp_md(ingress: u32, len: usize) -> Vec<u8> {
+    // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
+    // egress_ifindex. The kernel wants data = data_meta = 0 and data_end = frame length.
+    let md: [u32; 6] = [0, len as u32, 0, ingress, 0, 0];
+    md.iter().flat_map(|w| w.to_ne_bytes()).collect()
+}
+
+/// Runs the program once on `frame` as received on `ingress`: (verdict, output frame).
+pub fn run(prog: &Xdp, frame: &[u8], ingress: u32) -> (u32, Vec<u8>) {
+    let ctx = xdp_md(ingress, frame.len());
+    let mut out = vec![0u8; frame.len() + 512];
+    let res = prog
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..TestRunOptions::default()
+        })
+        .unwrap_or_else(|e| panic!("BPF_PROG_RUN: {e}"));
+    out.truncate(res.data_size_out as usize);
+    (res.return_value, out)
+}

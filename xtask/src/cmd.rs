@@ -1,0 +1,152 @@
+//! Running external commands with the command line echoed and failures turned into errors.
+
+use std::{
+    ffi::OsStr,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::atomic::{AtomicBool, Ordering},
+};
+
+use anyhow::{Context as _, bail};
+
+/// `cargo` as invoked by `cargo xtask` (the `CARGO` variable), with the workspace as cwd.
+pub fn cargo() -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut c = Command::new(cargo);
+    c.current_dir(crate::workspace::root());
+    c
+}
+
+/// Shell-like rendering of a command, for messages.
+pub fn display(c: &Command) -> String {
+    let mut s = c.get_program().to_string_lossy().into_owned();
+    for a in c.get_args() {
+        let a = a.to_string_lossy();
+        if a.is_empty() || a.contains(|ch: char| ch.is_whitespace() || ch == '\'') {
+            s.push_str(&format!(" '{}'", a.replace('\'', r"'\''")));
+        } else {
+            s.push(' ');
+            s.push_str(&a);
+        }
+    }
+    s
+}
+
+/// Runs a command with inherited stdio (echoed first); an error if it fails.
+pub fn run(c: &mut Command) -> anyhow::Result<()> {
+    eprintln!("+ {}", display(c));
+    let status = c
+        .status()
+        .with_context(|| format!("cannot start {}", c.get_program().to_string_lossy()))?;
+    if !status.success() {
+        bail!("`{}` failed ({status})", display(c));
+    }
+    Ok(())
+}
+
+/// Runs `cargo test …` with stdout echoed line by line, and returns the names of the tests
+/// reported as `test NAME ... FAILED`; an error when it fails without naming a test (a build
+/// error, a crashed test binary).
+pub fn run_collecting_failures(c: &mut Command) -> anyhow::Result<Vec<String>> {
+    use std::io::BufRead as _;
+    eprintln!("+ {}", display(c));
+    let mut child = c
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {}", c.get_program().to_string_lossy()))?;
+    let mut failed = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        for line in std::io::BufReader::new(out).lines() {
+            let line = line.context("reading test output")?;
+            println!("{line}");
+            if let Some(name) = line
+                .strip_prefix("test ")
+                .and_then(|l| l.strip_suffix(" ... FAILED"))
+            {
+                failed.push(name.to_owned());
+            }
+        }
+    }
+    let status = child.wait().context("waiting for cargo test")?;
+    if !status.success() && failed.is_empty() {
+        bail!("`{}` failed ({status})", display(c));
+    }
+    Ok(failed)
+}
+
+/// Runs a command quietly and returns its stdout; an error carrying its stderr if it fails.
+pub fn output(c: &mut Command) -> anyhow::Result<String> {
+    let out = c
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot start {}", c.get_program().to_string_lossy()))?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed ({}): {}",
+            display(c),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Finds an executable in `PATH`, and in the sbin directories that a non-root `PATH` may lack.
+pub fn which(name: impl AsRef<OsStr>) -> Option<PathBuf> {
+    let name = name.as_ref();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|p| is_executable(p))
+}
+
+/// True when `p` is a regular file with an execute bit.
+pub fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    p.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// True when running as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Catches SIGINT/SIGTERM so that Ctrl-C does not kill xtask before its cleanup guards run: the
+/// children (same process group) get the signal and exit, the waiting call returns, and the
+/// caller checks [`interrupted`] and unwinds normally.
+pub fn catch_interrupts() {
+    // SAFETY: the handler only stores to an atomic (async-signal-safe); the sigaction struct is
+    // fully initialised (zeroed, then handler and an empty mask set).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        for sig in [libc::SIGINT, libc::SIGTERM] {
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// True once SIGINT/SIGTERM arrived (after [`catch_interrupts`]).
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// An error when the user pressed Ctrl-C; call between steps.
+pub fn check_interrupted() -> anyhow::Result<()> {
+    if interrupted() {
+        bail!("interrupted");
+    }
+    Ok(())
+}

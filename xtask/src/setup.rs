@@ -1,0 +1,346 @@
+//! `cargo xtask setup`: system packages, nightly + rust-src, and bpf-linker built against
+//! nightly's own LLVM. Every step first checks whether there is anything to do, so a second run
+//! takes seconds.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::cmd;
+
+/// Commands the build, the tests, the lab and the benchmarks run, with the Debian package that
+/// provides each.
+const TOOLS: &[(&str, &str)] = &[
+    ("cc", "build-essential"),
+    ("ip", "iproute2"),
+    ("sysctl", "procps"),
+    ("iperf3", "iperf3"),
+    ("iptables", "iptables"),
+    ("ip6tables", "iptables"),
+    ("nft", "nftables"),
+    ("conntrack", "conntrack"),
+    ("tcpdump", "tcpdump"),
+    ("ethtool", "ethtool"),
+    ("bpftool", "bpftool"),
+];
+
+/// Runs every setup step.
+pub fn run() -> anyhow::Result<()> {
+    step("system packages", packages)?;
+    step("nightly toolchain + rust-src", nightly)?;
+    step("bpf-linker", bpf_linker)?;
+    println!("setup: everything is in place");
+    Ok(())
+}
+
+fn step(name: &str, f: fn() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let t = Instant::now();
+    println!("setup: {name} …");
+    f().with_context(|| format!("setup step `{name}`"))?;
+    println!("setup: {name}: done in {:.1} s", t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Installs the Debian packages of missing commands (`apt-get update` only when one is missing).
+fn packages() -> anyhow::Result<()> {
+    let mut missing: Vec<&str> = Vec::new();
+    for (tool, pkg) in TOOLS {
+        if cmd::which(tool).is_none() && !missing.contains(pkg) {
+            println!("  missing command `{tool}` (package {pkg})");
+            missing.push(pkg);
+        }
+    }
+    if missing.is_empty() {
+        println!("  all commands present");
+        return Ok(());
+    }
+    let list = missing.join(" ");
+    if cmd::which("apt-get").is_none() {
+        bail!("no apt-get on this system: install the packages providing these commands: {list}");
+    }
+    if !cmd::is_root() {
+        bail!(
+            "missing packages need root: run `sudo apt-get install -y {list}` (or run setup as root)"
+        );
+    }
+    let apt = || {
+        let mut c = Command::new("apt-get");
+        c.env("DEBIAN_FRONTEND", "noninteractive");
+        c
+    };
+    cmd::run(apt().args(["update", "-q"]))?;
+    cmd::run(
+        apt()
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing),
+    )
+}
+
+/// `rustup toolchain install nightly` if missing, and rust-src on it.
+fn nightly() -> anyhow::Result<()> {
+    if cmd::which("rustup").is_none() {
+        bail!("rustup not found: install Rust with rustup (https://rustup.rs), then rerun");
+    }
+    let toolchains = cmd::output(Command::new("rustup").args(["toolchain", "list"]))?;
+    if toolchains.lines().any(|l| l.starts_with("nightly")) {
+        println!("  nightly installed");
+    } else {
+        cmd::run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))?;
+    }
+    let components = cmd::output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))?;
+    if components.lines().any(|l| l.starts_with("rust-src")) {
+        println!("  rust-src installed on nightly");
+    } else {
+        cmd::run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
+    Ok(())
+}
+
+/// Facts about the nightly toolchain that bpf-linker must match.
+struct Nightly {
+    /// `commit-hash:` of `rustc +nightly -vV`.
+    commit: String,
+    /// `LLVM version:` of `rustc +nightly -vV`, e.g. "22.1.4".
+    llvm: String,
+    /// Its major number, e.g. 22 (bpf-linker's `llvm-<major>` feature).
+    llvm_major: u32,
+    /// `rustc +nightly --print sysroot`.
+    sysroot: PathBuf,
+}
+
+impl Nightly {
+    fn query() -> anyhow::Result<Nightly> {
+        let vv = cmd::output(Command::new("rustc").args(["+nightly", "-vV"]))?;
+        let field = |name: &str| {
+            vv.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+                .with_context(|| format!("`rustc +nightly -vV` has no `{name}` line:\n{vv}"))
+        };
+        let commit = field("commit-hash:")?;
+        let llvm = field("LLVM version:")?;
+        let llvm_major = parse_llvm_major(&llvm)?;
+        let sysroot = cmd::output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+        Ok(Nightly {
+            commit,
+            llvm,
+            llvm_major,
+            sysroot: PathBuf::from(sysroot.trim()),
+        })
+    }
+}
+
+/// "22.1.4" → 22.
+fn parse_llvm_major(version: &str) -> anyhow::Result<u32> {
+    version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .with_context(|| format!("cannot parse LLVM version {version:?}"))
+}
+
+/// `$XDG_CACHE_HOME/xdp-router` or `~/.cache/xdp-router`.
+fn cache_dir() -> anyhow::Result<PathBuf> {
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(d).join("xdp-router"));
+    }
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    Ok(PathBuf::from(home).join(".cache").join("xdp-router"))
+}
+
+/// Where `cargo install` puts binaries: `$CARGO_INSTALL_ROOT`, `$CARGO_HOME` or `~/.cargo`.
+fn install_bin_dir() -> anyhow::Result<PathBuf> {
+    let root = match (
+        std::env::var_os("CARGO_INSTALL_ROOT"),
+        std::env::var_os("CARGO_HOME"),
+    ) {
+        (Some(r), _) | (None, Some(r)) => PathBuf::from(r),
+        (None, None) => {
+            PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".cargo")
+        }
+    };
+    Ok(root.join("bin"))
+}
+
+/// What the stamp file records for a bpf-linker built for this nightly.
+fn stamp_text(bin: &Path, n: &Nightly) -> String {
+    format!(
+        "bin={}\nnightly-commit={}\nllvm={}\n",
+        bin.display(),
+        n.commit,
+        n.llvm
+    )
+}
+
+/// Skips when bpf-linker runs and was built for nightly's LLVM; otherwise builds it against
+/// nightly's libLLVM (`cargo install bpf-linker --features llvm-<major>` with `LLVM_PREFIX`).
+fn bpf_linker() -> anyhow::Result<()> {
+    let n = Nightly::query()?;
+    println!(
+        "  nightly {} uses LLVM {} (major {})",
+        &n.commit[..n.commit.len().min(9)],
+        n.llvm,
+        n.llvm_major
+    );
+    let cache = cache_dir()?;
+    let stamp = cache.join("bpf-linker.stamp");
+    let bin_dir = install_bin_dir()?;
+    let mut bin = bin_dir.join("bpf-linker");
+    if !cmd::is_executable(&bin)
+        && std::env::var_os("CARGO_INSTALL_ROOT").is_none()
+        && let Some(found) = cmd::which("bpf-linker")
+    {
+        bin = found;
+    }
+    if cmd::is_executable(&bin) {
+        match linker_matches(&bin, &n, &stamp) {
+            Ok(why) => {
+                println!("  {} is fine: {why}", bin.display());
+                fs::create_dir_all(&cache)?;
+                fs::write(&stamp, stamp_text(&bin, &n))?;
+                return Ok(());
+            }
+            Err(why) => println!("  {} must be rebuilt: {why:#}", bin.display()),
+        }
+    } else {
+        println!("  bpf-linker not installed");
+    }
+
+    let prefix = llvm_prefix(&cache, &n)?;
+    let bin = bin_dir.join("bpf-linker");
+    let mut c = cmd::cargo();
+    c.env("LLVM_PREFIX", &prefix).args([
+        "install",
+        "bpf-linker",
+        "--locked",
+        "--force",
+        "--no-default-features",
+        "--features",
+        &format!("llvm-{}", n.llvm_major),
+    ]);
+    cmd::run(&mut c).with_context(|| {
+        format!(
+            "building bpf-linker for LLVM {} failed (does this bpf-linker release have the \
+             `llvm-{}` feature?)",
+            n.llvm, n.llvm_major
+        )
+    })?;
+    let why = linker_matches(&bin, &n, Path::new("/nonexistent"))
+        .context("the freshly built bpf-linker does not work")?;
+    println!("  built {}: {why}", bin.display());
+    fs::write(&stamp, stamp_text(&bin, &n))?;
+    let on_path = cmd::which("bpf-linker").is_some_and(|p| p == bin);
+    if !on_path {
+        println!(
+            "  WARNING: {} is not the bpf-linker found on PATH; add {} to PATH",
+            bin.display(),
+            bin_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Ok(reason) when `bin` runs and is built for nightly's LLVM: either our stamp says we built it
+/// for this very nightly, or it links a shared `libLLVM.so.<major>.*` that resolves.
+fn linker_matches(bin: &Path, n: &Nightly, stamp: &Path) -> anyhow::Result<String> {
+    let version = cmd::output(Command::new(bin).arg("--version"))
+        .context("it does not run")?
+        .trim()
+        .to_owned();
+    if fs::read_to_string(stamp).is_ok_and(|s| s == stamp_text(bin, n)) {
+        return Ok(format!("{version}, stamp matches this nightly"));
+    }
+    let ldd = cmd::output(Command::new("ldd").arg(bin)).context("ldd")?;
+    let llvm_line = ldd
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("libLLVM"));
+    match llvm_line {
+        Some(l) if l.contains("not found") => bail!("its libLLVM is gone: {l}"),
+        Some(l) if l.starts_with(&format!("libLLVM.so.{}.", n.llvm_major)) => {
+            Ok(format!("{version}, links {l}"))
+        }
+        Some(l) => bail!("it links {l}, nightly uses LLVM {}", n.llvm),
+        None => bail!("no stamp and no shared libLLVM: cannot tell which LLVM it was built for"),
+    }
+}
+
+/// Makes `<cache>/llvm-<major>/lib` with `libLLVM.so` and the versioned names symlinked to
+/// nightly's shared libLLVM, so bpf-linker links (and at run time loads, via its rpath) exactly
+/// the LLVM that produces the bitcode it links.
+fn llvm_prefix(cache: &Path, n: &Nightly) -> anyhow::Result<PathBuf> {
+    let sys_lib = n.sysroot.join("lib");
+    let mut soname = None;
+    let mut links = Vec::new();
+    for e in fs::read_dir(&sys_lib).with_context(|| format!("read {}", sys_lib.display()))? {
+        let name = e?.file_name().to_string_lossy().into_owned();
+        if name.starts_with("libLLVM.so.") {
+            soname = Some(name.clone());
+        }
+        if name.starts_with("libLLVM") && name != "libLLVM.so" {
+            links.push(name);
+        }
+    }
+    let soname = soname.with_context(|| {
+        format!(
+            "nightly ships no shared libLLVM.so.* in {}",
+            sys_lib.display()
+        )
+    })?;
+    let prefix = cache.join(format!("llvm-{}", n.llvm_major));
+    let lib = prefix.join("lib");
+    if lib.exists() {
+        fs::remove_dir_all(&lib).with_context(|| format!("remove {}", lib.display()))?;
+    }
+    fs::create_dir_all(&lib).with_context(|| format!("create {}", lib.display()))?;
+    for (link, target) in links
+        .iter()
+        .map(|l| (l.as_str(), l.as_str()))
+        .chain([("libLLVM.so", soname.as_str())])
+    {
+        std::os::unix::fs::symlink(sys_lib.join(target), lib.join(link))
+            .with_context(|| format!("symlink {}", lib.join(link).display()))?;
+    }
+    println!(
+        "  {} → {} ({} links)",
+        lib.display(),
+        sys_lib.display(),
+        links.len() + 1
+    );
+    Ok(prefix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llvm_major_is_parsed() {
+        assert_eq!(parse_llvm_major("22.1.4").unwrap(), 22);
+        assert_eq!(parse_llvm_major("23").unwrap(), 23);
+        assert!(parse_llvm_major("x.1").is_err());
+    }
+}

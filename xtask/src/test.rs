@@ -1,0 +1,187 @@
+//! `cargo xtask test`: unit tests, the release daemon build, the privileged tests (as root, one
+//! thread) and the quick benchmark; then a summary. Exits non-zero when any step failed.
+
+use std::{fmt::Write as _, fs, path::PathBuf, time::Instant};
+
+use anyhow::bail;
+
+use crate::{cmd, workspace};
+
+/// Options of `cargo xtask test`.
+#[derive(clap::Args)]
+pub struct TestArgs {
+    /// Skip the unprivileged unit tests.
+    #[arg(long)]
+    no_unit: bool,
+    /// Skip the quick benchmark.
+    #[arg(long)]
+    no_bench: bool,
+    /// Extra arguments for the privileged test binaries, e.g. a test-name filter.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    privileged_args: Vec<String>,
+}
+
+enum Outcome {
+    Passed,
+    Failed(String),
+    NotRun(String),
+}
+
+struct Step {
+    name: &'static str,
+    outcome: Outcome,
+    secs: f64,
+}
+
+fn timed(name: &'static str, f: impl FnOnce() -> anyhow::Result<()>) -> Step {
+    println!("\n==== {name}");
+    let t = Instant::now();
+    let outcome = match f() {
+        Ok(()) => Outcome::Passed,
+        Err(e) => Outcome::Failed(format!("{e:#}")),
+    };
+    Step {
+        name,
+        outcome,
+        secs: t.elapsed().as_secs_f64(),
+    }
+}
+
+/// Runs every step, prints the summary, and fails when a step failed.
+pub fn run(args: &TestArgs) -> anyhow::Result<()> {
+    let ws = workspace::Workspace::load()?;
+    let ci = std::env::var_os("CI").is_some();
+    let mut steps = Vec::new();
+
+    if args.no_unit {
+        steps.push(not_run("unit tests", "--no-unit"));
+    } else {
+        steps.push(timed("unit tests", || {
+            let mut c = cmd::cargo();
+            c.args([
+                "test",
+                "--no-fail-fast",
+                "--workspace",
+                "--exclude",
+                "xdp-router-tests",
+            ]);
+            cmd::run(&mut c)
+        }));
+    }
+
+    let mut daemon = None;
+    steps.push(timed("release daemon build", || {
+        daemon = Some(workspace::build_release_daemon()?);
+        Ok(())
+    }));
+
+    let skip_log = std::env::temp_dir().join(format!("xdp-router-skips-{}", std::process::id()));
+    let _ = fs::remove_file(&skip_log);
+    match (&daemon, cmd::is_root()) {
+        (None, _) => steps.push(not_run("privileged tests", "the daemon did not build")),
+        (Some(_), false) => steps.push(Step {
+            name: "privileged tests",
+            outcome: Outcome::Failed(
+                "not root: netns/BPF/iptables tests need root; run `sudo -E env \"PATH=$PATH\" \
+                 cargo xtask test`"
+                    .into(),
+            ),
+            secs: 0.0,
+        }),
+        (Some(bin), true) => steps.push(timed("privileged tests", || {
+            privileged(bin, &skip_log, &args.privileged_args)
+        })),
+    }
+    let skips: Vec<String> = fs::read_to_string(&skip_log)
+        .map(|s| s.lines().map(str::to_owned).collect())
+        .unwrap_or_default();
+    let _ = fs::remove_file(&skip_log);
+
+    if !ws.has_package(workspace::BENCH_PACKAGE) {
+        steps.push(not_run(
+            "quick benchmark",
+            "no xdp-router-bench package in the workspace",
+        ));
+    } else if args.no_bench {
+        steps.push(not_run("quick benchmark", "--no-bench"));
+    } else if !cmd::is_root() {
+        steps.push(Step {
+            name: "quick benchmark",
+            outcome: Outcome::Failed("not root".into()),
+            secs: 0.0,
+        });
+    } else {
+        steps.push(timed("quick benchmark", || {
+            let mut c = cmd::cargo();
+            c.args([
+                "run",
+                "--release",
+                "-p",
+                workspace::BENCH_PACKAGE,
+                "--",
+                "quick",
+            ]);
+            cmd::run(&mut c)
+        }));
+    }
+
+    let mut failed = 0;
+    let mut summary = String::from("\n==== summary\n");
+    for s in &steps {
+        let (word, detail) = match &s.outcome {
+            Outcome::Passed => ("ok", String::new()),
+            Outcome::Failed(why) => {
+                failed += 1;
+                ("FAILED", format!(": {why}"))
+            }
+            Outcome::NotRun(why) => ("not run", format!(" ({why})")),
+        };
+        let _ = writeln!(
+            summary,
+            "  {:<24} {:<8} {:>7.1} s{detail}",
+            s.name, word, s.secs
+        );
+    }
+    for s in &skips {
+        let _ = writeln!(summary, "  SKIPPED: {s}");
+    }
+    print!("{summary}");
+    if ci && !skips.is_empty() {
+        bail!("{} test(s) skipped and CI is set", skips.len());
+    }
+    if failed > 0 {
+        bail!("{failed} step(s) failed");
+    }
+    println!("all steps passed");
+    Ok(())
+}
+
+fn not_run(name: &'static str, why: &str) -> Step {
+    Step {
+        name,
+        outcome: Outcome::NotRun(why.into()),
+        secs: 0.0,
+    }
+}
+
+/// `cargo test -p xdp-router-tests -- --test-threads=1`, told which daemon binary to start and
+/// where to record skipped tests.
+fn privileged(bin: &PathBuf, skip_log: &PathBuf, extra: &[String]) -> anyhow::Result<()> {
+    let mut c = cmd::cargo();
+    c.env("XDP_ROUTERD_BIN", bin)
+        .env("XDP_ROUTER_SKIP_LOG", skip_log)
+        .args([
+            "test",
+            "--no-fail-fast",
+            "-p",
+            "xdp-router-tests",
+            "--",
+            "--test-threads=1",
+        ])
+        .args(extra);
+    let failed = cmd::run_collecting_failures(&mut c)?;
+    if !failed.is_empty() {
+        bail!("failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
