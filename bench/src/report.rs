@@ -299,7 +299,8 @@ impl Report {
             let _ = writeln!(
                 o,
                 "\n{}: delivered under overload (flat-out generator), Kpps — router CPU1 busy % \
-                 (sys/softirq) — share the kernel forwarded\n",
+                 (sys/softirq/other: other = processes, e.g. other tenants) — share the kernel \
+                 forwarded\n",
                 family.name()
             );
             head(&mut o, "row");
@@ -308,13 +309,15 @@ impl Report {
                 for s in &sizes {
                     match self.cell(&row, family, *s) {
                         Some(c) => {
+                            let cpu = c.overload_cpu;
                             let _ = write!(
                                 o,
-                                " {:.0} — {:.0} ({:.0}/{:.0}) — {:.0} % |",
+                                " {:.0} — {:.0} ({:.0}/{:.0}/{:.0}) — {:.0} % |",
                                 c.overload_pps / 1e3,
-                                c.overload_cpu.busy,
-                                c.overload_cpu.system,
-                                c.overload_cpu.softirq,
+                                cpu.busy,
+                                cpu.system,
+                                cpu.softirq,
+                                (cpu.busy - cpu.system - cpu.softirq).max(0.0),
                                 100.0 * c.kernel_share
                             );
                         }

@@ -213,6 +213,21 @@ impl Status {
         }
     }
 
+    /// `reason=packets` for every non-zero reason, and the flow counts.
+    pub fn summary(&self) -> String {
+        let mut parts: Vec<String> = self
+            .reasons
+            .iter()
+            .filter(|(_, p)| *p > 0)
+            .map(|(r, p)| format!("{r}={p}"))
+            .collect();
+        parts.push(format!(
+            "fastpath={} flows ipv4={} ipv6={}",
+            self.fastpath, self.flows_v4, self.flows_v6
+        ));
+        parts.join(" ")
+    }
+
     /// Packets the datapath forwarded itself (`forwarded_*` reasons).
     pub fn forwarded(&self) -> u64 {
         self.reasons
@@ -472,6 +487,7 @@ mod tests {
         assert!(st.fastpath);
         assert_eq!(st.flows(Family::Ipv6), 1);
         assert_eq!(st.forwarded(), 15);
+        assert!(st.summary().contains("no_flow=7"));
         assert!(Status::parse(r#"{"flows": {}}"#).is_err());
     }
 }

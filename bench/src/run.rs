@@ -367,7 +367,17 @@ fn measure(
                 for fp in order {
                     set(fp)?;
                     let row = row_name(sc, fp);
-                    let cell = search_cell(plan, tb, &row, Some((sc, fp)), family, size, path)?;
+                    let cell = search_cell(plan, tb, &row, Some((sc, fp)), family, size, path)
+                        .map_err(|e| match &daemon {
+                            // Say where the datapath sent the packets it did not forward.
+                            Some(d) => e.context(format!(
+                                "xdp-routerd datapath counters: {}",
+                                d.status()
+                                    .map(|st| st.summary())
+                                    .unwrap_or_else(|e| format!("(status failed: {e:#})"))
+                            )),
+                            None => e,
+                        })?;
                     check_offload(plan, report, &cell)?;
                     report.throughput.push(cell);
                 }

@@ -25,8 +25,8 @@ use aya::{
 };
 use xdp_router_common::{
     Counter, FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FlowCounters, FlowKeyV4,
-    FlowKeyV6, FlowV4, FlowV6, IFACE_F_LAN, IFACE_F_WAN, IfaceInfo, MAP_FLOWS_V4, MAP_FLOWS_V6,
-    MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, PROG_NAME, Settings,
+    FlowKeyV6, FlowV4, FlowV6, GLOBAL_FIB_FLAGS, IFACE_F_LAN, IFACE_F_WAN, IfaceInfo, MAP_FLOWS_V4,
+    MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, PROG_NAME, Settings,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -417,8 +417,15 @@ where
 
 /// Loads the embedded object and the program (the verifier runs here).
 pub fn load() -> (Ebpf, Maps) {
+    load_object(xdp_routerd::datapath::EBPF_OBJECT, 0)
+}
+
+/// Loads an `xdp_router` object (e.g. an older build to compare with) and its program, with
+/// `fib_flags` as its `GLOBAL_FIB_FLAGS` (ignored by objects without it).
+pub fn load_object(object: &[u8], fib_flags: u32) -> (Ebpf, Maps) {
     let mut ebpf = EbpfLoader::new()
-        .load(xdp_routerd::datapath::EBPF_OBJECT)
+        .override_global(GLOBAL_FIB_FLAGS, &fib_flags, false)
+        .load(object)
         .unwrap_or_else(|e| panic!("load eBPF object: {e:#}"));
     let prog: &mut Xdp = ebpf
         .program_mut(PROG_NAME)
@@ -516,14 +523,15 @@ impl Maps {
     }
 }
 
-/// CLOCK_MONOTONIC now, in ns (the clock of `bpf_ktime_get_ns`).
-pub fn monotonic_ns() -> u64 {
+/// CLOCK_MONOTONIC_COARSE now, in ns: the clock of the flows' `last_seen_ns`
+/// (`bpf_ktime_get_coarse_ns`), which advances once per tick.
+pub fn coarse_monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: valid out pointer; CLOCK_MONOTONIC is what bpf_ktime_get_ns() reads.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: valid out pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     assert_eq!(rc, 0, "clock_gettime");
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

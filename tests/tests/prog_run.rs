@@ -14,12 +14,12 @@
 use std::{collections::BTreeSet, net::IpAddr};
 
 use aya::programs::Xdp;
-use xdp_router_common::{IFACE_F_SHAPED, PROG_NAME, Reason, stats_index};
+use xdp_router_common::{FIB_LOOKUP_DIRECT, IFACE_F_SHAPED, PROG_NAME, Reason, stats_index};
 use xdp_router_tests::{
     fixture_net::{
         Bed, CLIENT_MAC, GW_MAC, LAN_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, MTU_SLOT, Maps, Setup,
-        WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT, build_topology, flow, lan_pkt, load,
-        monotonic_ns, routed, run, v4, v6, wan_pkt,
+        WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT, build_topology, coarse_monotonic_ns, flow,
+        lan_pkt, load, load_object, routed, run, v4, v6, wan_pkt,
     },
     netns::{Netns, require_root},
     packet::{
@@ -29,6 +29,7 @@ use xdp_router_tests::{
         with_zero_udp_checksum,
     },
 };
+use xdp_routerd::datapath::EBPF_OBJECT;
 
 // ---------------------------------------------------------------------------------------------
 // Cases
@@ -735,9 +736,9 @@ fn check_case(prog: &Xdp, maps: &mut Maps, case: &Case) -> Result<(), String> {
     maps.apply(&case.setup);
     let before = maps.stats();
     let flows_before: Vec<_> = case.setup.flows.iter().map(|f| maps.counters(f)).collect();
-    let t0 = monotonic_ns();
+    let t0 = coarse_monotonic_ns();
     let (verdict, out) = run(prog, &case.frame, case.ingress);
-    let t1 = monotonic_ns();
+    let t1 = coarse_monotonic_ns();
 
     let mut errs = Vec::new();
     match &case.expect {
@@ -883,6 +884,77 @@ fn fixture_table() {
         failed.len(),
         results.len()
     );
+}
+
+/// `GLOBAL_FIB_FLAGS`: by default the FIB lookup honours policy rules (`ip rule`); loaded with
+/// `FIB_LOOKUP_DIRECT` it looks up the main table only, as documented. Translated source
+/// 198.51.100.77 is policy-routed (table 100) to a gateway without neighbour entry.
+#[test]
+fn fib_flags_direct_skips_policy_rules() {
+    if !require_root("prog_run::fib_flags_direct_skips_policy_rules") {
+        return;
+    }
+    let router = Netns::new("dpr");
+    let hosts = Netns::new("dprh");
+    build_topology(&router, &hosts);
+    router.sh("set -e
+        ip rule add from 198.51.100.77 lookup 100 pref 100
+        ip route add default via 198.51.100.253 dev wan0 table 100");
+    let results = router.run(|| {
+        let bed = Bed::here();
+        let p = lan_pkt(
+            v4("192.0.2.10"),
+            v4("198.18.0.7"),
+            Transport::Tcp(ACK | PSH),
+            100,
+        );
+        let nat_src = (v4("198.51.100.77"), 61_000);
+        let dst = (p.dst, p.dport);
+        let full = pass(
+            &bed,
+            "policy rule honoured (default flags)",
+            bed.lan,
+            p.frame(),
+            Setup::managed(&bed, vec![flow(bed.lan, &p, nat_src, dst, false)]),
+            Reason::PassNoNeighbour,
+        );
+        let direct = forward(
+            &bed,
+            "policy rule skipped (FIB_LOOKUP_DIRECT)",
+            bed.lan,
+            &p,
+            nat_src,
+            dst,
+            false,
+            (WAN_MAC, GW_MAC),
+        );
+        [(0, full), (FIB_LOOKUP_DIRECT, direct)]
+            .iter()
+            .map(|(flags, case)| {
+                let (ebpf, mut maps) = load_object(EBPF_OBJECT, *flags);
+                let prog: &Xdp = ebpf
+                    .program(PROG_NAME)
+                    .expect("program present")
+                    .try_into()
+                    .expect("XDP program");
+                (case.name.clone(), check_case(prog, &mut maps, case))
+            })
+            .collect::<Vec<_>>()
+    });
+    let failed: Vec<_> = results
+        .iter()
+        .filter_map(|(name, res)| match res {
+            Ok(()) => {
+                println!("ok   {name}");
+                None
+            }
+            Err(e) => {
+                println!("FAIL {name}\n    {e}");
+                Some(name)
+            }
+        })
+        .collect();
+    assert!(failed.is_empty(), "failed: {failed:?}");
 }
 
 /// The table names every reason at least once (checked without running anything).

@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, DevMapHash, HashMap, PerCpuArray},
 };
 use xdp_router_common::{
-    Counter, DEFAULT_FLOW_CAPACITY, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo,
-    MAX_IFACE_SLOTS, STATS_ENTRIES, Settings,
+    Counter, DEFAULT_FLOW_CAPACITY, FIB_LOOKUP_DIRECT, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
+    IfaceInfo, MAX_IFACE_SLOTS, STATS_ENTRIES, Settings,
 };
 
 /// Offloaded IPv4 flow directions (one entry per direction of a connection), written by the
@@ -39,3 +39,17 @@ pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(STATS_ENT
 /// Runtime settings, one entry (index 0), written by the daemon.
 #[map]
 pub static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);
+
+/// Extra `bpf_fib_lookup` flags (`GLOBAL_FIB_FLAGS`), fixed at load time by the daemon; 0 = a
+/// full lookup through the FIB rules. Read with [`fib_flags`].
+#[unsafe(no_mangle)]
+static FIB_FLAGS: u32 = 0;
+
+/// The `bpf_fib_lookup` flags to use: [`FIB_FLAGS`] restricted to `FIB_LOOKUP_DIRECT`, the only
+/// flag that keeps the lookup's meaning (the others add outputs or skip the neighbour).
+#[inline(always)]
+pub fn fib_flags() -> u32 {
+    // SAFETY: reading a static; volatile so that the value the loader wrote into .rodata is
+    // used instead of the compile-time 0.
+    unsafe { core::ptr::read_volatile(&FIB_FLAGS) & FIB_LOOKUP_DIRECT }
+}

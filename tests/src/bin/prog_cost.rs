@@ -28,14 +28,23 @@
 //! Run (as root): `cargo run --release -p xdp-router-tests --bin prog-cost [-- --samples N
 //! --calls N]`.
 
-use std::{mem::size_of, net::IpAddr, process::ExitCode};
+use std::{
+    mem::size_of,
+    net::IpAddr,
+    path::PathBuf,
+    process::ExitCode,
+    sync::atomic::{AtomicBool, Ordering},
+};
 
-use aya::programs::{TestRun, TestRunOptions, Xdp, XdpMode};
-use xdp_router_common::{IFACE_F_SHAPED, PROG_NAME, Reason, stats_index};
+use aya::{
+    Ebpf,
+    programs::{TestRun, TestRunOptions, Xdp, XdpMode},
+};
+use xdp_router_common::{FIB_LOOKUP_DIRECT, IFACE_F_SHAPED, PROG_NAME, Reason, stats_index};
 use xdp_router_tests::{
     fixture_net::{
         Bed, FlowEntry, GW_MAC, LAN_SLOT, Maps, Setup, WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT,
-        build_topology, flow, ifindex, lan_pkt, load, mac, v4, v6, wan_pkt, xdp_md,
+        build_topology, flow, ifindex, lan_pkt, load, load_object, mac, v4, v6, wan_pkt, xdp_md,
     },
     netns::{Netns, is_root},
     packet::{
@@ -43,6 +52,7 @@ use xdp_router_tests::{
         tcp_flags::{ACK, PSH},
     },
 };
+use xdp_routerd::datapath::EBPF_OBJECT;
 
 /// Program runs per BPF_PROG_RUN call: below the 254 TTL decrements a 255 frame allows.
 const REPEAT: u32 = 250;
@@ -54,8 +64,11 @@ const LAN_HOST2: &str = "192.0.2.11";
 /// MAC of [`LAN_HOST2`].
 const LAN_HOST2_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x0b];
 
+/// Name of the bare-redirect row.
+const BARE_REDIRECT: &str = "baseline: bare redirect";
+
 /// Idle veths in the router namespace that the measured programs are attached to.
-const HOLD: [&str; 3] = ["hold0", "hold1", "hold2"];
+const HOLD: [&str; 4] = ["hold0", "hold1", "hold2", "hold3"];
 
 /// Creates the [`HOLD`] veths (peers in `hosts`, no traffic on them).
 ///
@@ -79,6 +92,10 @@ struct Opts {
     calls: u32,
     /// Threads measuring each case at once, on the same flow (CPU n for thread n).
     threads: usize,
+    /// Another `xdp_router` object file to measure side by side (A/B).
+    compare: Option<PathBuf>,
+    /// Compare with this build loaded with `FIB_LOOKUP_DIRECT` instead.
+    compare_fib_direct: bool,
 }
 
 impl Opts {
@@ -87,6 +104,8 @@ impl Opts {
             samples: 15,
             calls: 1000,
             threads: 1,
+            compare: None,
+            compare_fib_direct: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -100,9 +119,18 @@ impl Opts {
                 "--samples" => opts.samples = value("--samples")? as usize,
                 "--calls" => opts.calls = value("--calls")?,
                 "--threads" => opts.threads = value("--threads")? as usize,
+                "--compare-fib-direct" => opts.compare_fib_direct = true,
+                "--compare" => {
+                    opts.compare = Some(
+                        args.next()
+                            .ok_or("--compare needs the path of an xdp-router object")?
+                            .into(),
+                    );
+                }
                 "-h" | "--help" => {
                     return Err(
-                        "usage: prog-cost [--samples N (15)] [--calls N (1000)] [--threads N (1)]"
+                        "usage: prog-cost [--samples N (15)] [--calls N (1000)] [--threads N (1)] \
+                         [--compare OBJECT | --compare-fib-direct]"
                             .to_owned(),
                     );
                 }
@@ -340,7 +368,7 @@ fn cases(bed: &Bed) -> Vec<Case> {
             },
         },
         Case {
-            name: "baseline: bare redirect",
+            name: BARE_REDIRECT,
             frame: v4_udp.frame(),
             ingress: b.lan,
             subject: Subject::Baseline {
@@ -520,17 +548,59 @@ fn main() -> ExitCode {
     }
 }
 
+/// Set by SIGINT/SIGTERM: stop between samples so the namespaces are deleted on the way out.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// One loaded `xdp_router` object under test.
+struct Object {
+    label: String,
+    ebpf: Ebpf,
+    maps: Maps,
+}
+
+/// A row of the result table: a case and its summary per object (one for the baselines).
+struct Row {
+    name: &'static str,
+    bytes: usize,
+    per_object: Vec<Summary>,
+}
+
 fn try_main() -> Result<(), String> {
     let opts = Opts::parse()?;
     if !is_root() {
         return Err("needs root (network namespace, BPF); run it with sudo".to_owned());
     }
+    let compare = match (&opts.compare, opts.compare_fib_direct) {
+        (Some(_), true) => {
+            return Err("--compare and --compare-fib-direct exclude each other".into());
+        }
+        (Some(path), false) => Some((
+            path.display().to_string(),
+            std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?,
+            0,
+        )),
+        (None, true) => Some((
+            "this build, fib direct".to_owned(),
+            EBPF_OBJECT.to_vec(),
+            FIB_LOOKUP_DIRECT,
+        )),
+        (None, false) => None,
+    };
     let jit = sysctl("net.core.bpf_jit_enable");
     let stats = sysctl("kernel.bpf_stats_enabled");
     if stats != "0" {
         eprintln!(
             "note: kernel.bpf_stats_enabled={stats}: every run also pays for its own accounting"
         );
+    }
+    // SAFETY: the handler only stores to an atomic (async-signal-safe).
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
     let router = Netns::new("pc");
     let hosts = Netns::new("pch");
@@ -544,84 +614,156 @@ fn try_main() -> Result<(), String> {
         samples,
         calls,
         threads,
+        ..
     } = opts;
-    let results = router.run(move || -> Result<Vec<(String, usize, Summary)>, String> {
+    let (labels, rows) = router.run(move || -> Result<(Vec<String>, Vec<Row>), String> {
         let bed = Bed::here();
-        let (mut ebpf, mut maps) = load();
-        let prog: &mut Xdp = ebpf
-            .program_mut(PROG_NAME)
-            .ok_or_else(|| format!("object has no program {PROG_NAME}"))?
-            .try_into()
-            .map_err(|e| format!("{PROG_NAME} is not XDP: {e}"))?;
-        // See hold_dispatcher(): the program and the baselines stay attached while measured.
-        prog.attach_to_if_index(ifindex(HOLD[0]), XdpMode::Driver)
-            .map_err(|e| format!("attaching {PROG_NAME} to {}: {e}", HOLD[0]))?;
-        let prog: &Xdp = prog;
+        let mut objects = vec![Object::new("this build", load())];
+        if let Some((label, bytes, fib_flags)) = &compare {
+            objects.push(Object::new(label, load_object(bytes, *fib_flags)));
+        }
+        // See hold_dispatcher(): every measured program stays attached while measured.
+        let mut hold = HOLD.iter();
+        let mut next_hold = || {
+            hold.next()
+                .map(|name| ifindex(name))
+                .ok_or("not enough idle veths to attach to")
+        };
+        for o in &mut objects {
+            let prog: &mut Xdp = o
+                .ebpf
+                .program_mut(PROG_NAME)
+                .ok_or_else(|| format!("{}: no program {PROG_NAME}", o.label))?
+                .try_into()
+                .map_err(|e| format!("{}: {PROG_NAME} is not XDP: {e}", o.label))?;
+            prog.attach_to_if_index(next_hold()?, XdpMode::Driver)
+                .map_err(|e| format!("attaching {PROG_NAME} of {}: {e}", o.label))?;
+        }
         let baselines = [
             raw::RawXdp::load("base_pass", &raw::pass())?,
             raw::RawXdp::load("base_redirect", &raw::redirect(bed.wan, WAN_MAC, GW_MAC))?,
         ];
         let _links = [
-            baselines[0].attach(ifindex(HOLD[1]))?,
-            baselines[1].attach(ifindex(HOLD[2]))?,
+            baselines[0].attach(next_hold()?)?,
+            baselines[1].attach(next_hold()?)?,
         ];
         let cases = cases(&bed);
-        let mut all: Vec<Vec<f64>> = vec![Vec::with_capacity(samples); cases.len()];
-        // Round robin over the cases, so that load from other processes spreads over all rows.
+        // all[case][object] = samples
+        let mut all: Vec<Vec<Vec<f64>>> = cases
+            .iter()
+            .map(|c| match c.subject {
+                Subject::Router { .. } => vec![Vec::with_capacity(samples); objects.len()],
+                Subject::Baseline { .. } => vec![Vec::with_capacity(samples)],
+            })
+            .collect();
+        // Round robin over cases and objects, so that load from other processes spreads over
+        // all rows and an A/B comparison sees the same conditions.
         for _ in 0..samples {
             for (case, out) in cases.iter().zip(all.iter_mut()) {
-                let ns = sample(prog, &baselines, &mut maps, case, calls, threads)
-                    .map_err(|e| format!("{}: {e}", case.name))?;
-                out.push(ns);
+                for (o, out) in objects.iter_mut().zip(out.iter_mut()) {
+                    if INTERRUPTED.load(Ordering::Relaxed) {
+                        return Err("interrupted".to_owned());
+                    }
+                    let prog: &Xdp = o
+                        .ebpf
+                        .program(PROG_NAME)
+                        .ok_or("program vanished")?
+                        .try_into()
+                        .map_err(|e| format!("{e}"))?;
+                    let ns = sample(prog, &baselines, &mut o.maps, case, calls, threads)
+                        .map_err(|e| format!("{} ({}): {e}", case.name, o.label))?;
+                    out.push(ns);
+                }
             }
         }
-        Ok(cases
+        let labels = objects.iter().map(|o| o.label.clone()).collect();
+        let rows = cases
             .iter()
             .zip(all.iter_mut())
-            .map(|(c, s)| (c.name.to_owned(), c.frame.len(), summarize(s)))
-            .collect())
+            .map(|(c, per)| Row {
+                name: c.name,
+                bytes: c.frame.len(),
+                per_object: per.iter_mut().map(|s| summarize(s)).collect(),
+            })
+            .collect();
+        Ok((labels, rows))
     })?;
+    print_table(&jit, &opts_line(samples, calls, threads), &labels, &rows)
+}
 
-    let redirect = results
-        .iter()
-        .find(|(n, ..)| n == "baseline: bare redirect")
-        .map(|(_, _, s)| s.median)
-        .ok_or("no bare redirect row")?;
-    println!(
-        "xdp_router per-packet cost (BPF_PROG_RUN, JIT {jit}, {samples} samples x {calls} calls \
-         x {REPEAT} runs, {threads} thread(s))"
+fn opts_line(samples: usize, calls: u32, threads: usize) -> String {
+    format!("{samples} samples x {calls} calls x {REPEAT} runs, {threads} thread(s)")
+}
+
+fn print_table(jit: &str, how: &str, labels: &[String], rows: &[Row]) -> Result<(), String> {
+    let median = |name: &str, object: usize| {
+        rows.iter()
+            .find(|r| r.name == name)
+            .and_then(|r| r.per_object.get(object))
+            .map(|s| s.median)
+    };
+    let bare = median(BARE_REDIRECT, 0).ok_or("no bare redirect row")?;
+    println!("xdp_router per-packet cost, ns (BPF_PROG_RUN, JIT {jit}, {how})");
+    print!(
+        "{:<28} {:>5} {:>8} {:>7} {:>7} {:>9}",
+        "case", "bytes", "median", "min", "max", "vs bare"
     );
-    println!(
-        "{:<28} {:>5} {:>9} {:>7} {:>7} {:>12}",
-        "case", "bytes", "median ns", "min", "max", "rate vs bare"
-    );
-    for (name, len, s) in &results {
-        println!(
-            "{:<28} {:>5} {:>9.1} {:>7.1} {:>7.1} {:>11.0}%",
-            name,
-            len,
+    if let Some(other) = labels.get(1) {
+        print!("  | compared with {other}: median, change");
+    }
+    println!();
+    for r in rows {
+        let Some(s) = r.per_object.first() else {
+            continue;
+        };
+        print!(
+            "{:<28} {:>5} {:>8.1} {:>7.1} {:>7.1} {:>+9.1}",
+            r.name,
+            r.bytes,
             s.median,
             s.min,
             s.max,
-            100.0 * redirect / s.median
+            s.median - bare
         );
+        if let Some(o) = r.per_object.get(1) {
+            print!(
+                "  | {:>8.1} {:>+6.1}%",
+                o.median,
+                100.0 * (s.median - o.median) / o.median
+            );
+        }
+        println!();
     }
-    let median_of = |n: &str| {
-        results
-            .iter()
-            .find(|(m, ..)| m == n)
-            .map(|(_, _, s)| s.median)
-    };
-    if let (Some(a), Some(b)) = (
-        median_of("v4 udp snat original"),
-        median_of("v6 udp snat original"),
-    ) {
-        println!("v6 / v4 udp snat cost: {:.2}", b / a);
-    }
-    if let (Some(a), Some(b)) = (median_of("v4 udp routed"), median_of("v6 udp routed")) {
-        println!("v6 / v4 udp routed cost: {:.2}", b / a);
+    println!(
+        "vs bare: extra ns per packet over the bare redirect. On the wire both also pay the \
+         driver and redirect path (T ns), so the fast path reaches T / (T + extra) of the bare \
+         redirect's packet rate."
+    );
+    for (object, label) in labels.iter().enumerate() {
+        for (what, v4, v6) in [
+            ("snat", "v4 udp snat original", "v6 udp snat original"),
+            ("routed", "v4 udp routed", "v6 udp routed"),
+        ] {
+            if let (Some(a), Some(b)) = (median(v4, object), median(v6, object)) {
+                println!(
+                    "{label}: v6 - v4 udp {what}: {:+.1} ns ({:.2}x)",
+                    b - a,
+                    b / a
+                );
+            }
+        }
     }
     Ok(())
+}
+
+impl Object {
+    fn new(label: &str, (ebpf, maps): (Ebpf, Maps)) -> Object {
+        Object {
+            label: label.to_owned(),
+            ebpf,
+            maps,
+        }
+    }
 }
 
 /// The two baseline programs, loaded from raw eBPF instructions with the `bpf(2)` syscall (aya
