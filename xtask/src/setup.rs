@@ -27,6 +27,12 @@ const TOOLS: &[(&str, &str)] = &[
     ("tcpdump", "tcpdump"),
     ("ethtool", "ethtool"),
     ("bpftool", "bpftool"),
+    // tests/tests/ops.rs: a real Prometheus scrapes the daemon; the systemd unit is verified
+    // with systemd-analyze and its ExecStart is run under setpriv with the unit's capabilities.
+    ("prometheus", "prometheus"),
+    ("curl", "curl"),
+    ("systemd-analyze", "systemd"),
+    ("setpriv", "util-linux"),
 ];
 
 /// Runs every setup step.
