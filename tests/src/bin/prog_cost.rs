@@ -21,12 +21,21 @@
 //! reason and on the flow entries, so a case that silently fell back to `XDP_PASS` fails loudly
 //! instead of reporting a flattering number.
 //!
-//! The numbers are CPU time of the program only. A real forward also pays the driver, the
-//! redirect flush and the egress device, which are the same for the bare redirect and the fast
-//! path, so packet-rate ratios on the wire are closer to 1 than the ratios printed here.
+//! The numbers are CPU time of the program only (BPF_PROG_RUN without live frames: a redirect
+//! only records its target). A real forward also pays the driver, the redirect flush and the
+//! egress device, T ns per packet, the same for the bare redirect and the fast path; hence the
+//! "vs bare" column (extra ns over the bare redirect) rather than a rate ratio: on the wire the
+//! fast path reaches T / (T + extra) of the bare redirect's packet rate.
 //!
-//! Run (as root): `cargo run --release -p xdp-router-tests --bin prog-cost [-- --samples N
-//! --calls N]`.
+//! Run (as root): `cargo run --release -p xdp-router-tests --bin prog-cost [-- OPTIONS]`:
+//! - `--samples N` (15), `--calls N` (1000): samples per case and BPF_PROG_RUN calls per sample;
+//! - `--threads N` (1): N threads (pinned to CPUs 0..N) run each case at once on the same flow;
+//! - `--compare OBJECT`: measure another `xdp-router` object file side by side (A/B, e.g. the
+//!   build of an older commit); `--compare-fib-direct`: this build loaded with
+//!   `FIB_LOOKUP_DIRECT`;
+//! - `--only TEXT`: only the cases whose name contains TEXT (e.g. under `perf record`).
+//!
+//! Results and their analysis: `docs/datapath.md`.
 
 use std::{
     mem::size_of,
@@ -96,6 +105,9 @@ struct Opts {
     compare: Option<PathBuf>,
     /// Compare with this build loaded with `FIB_LOOKUP_DIRECT` instead.
     compare_fib_direct: bool,
+    /// Only the cases whose name contains this (the baselines always run), e.g. to profile one
+    /// path with `perf record`.
+    only: Option<String>,
 }
 
 impl Opts {
@@ -106,6 +118,7 @@ impl Opts {
             threads: 1,
             compare: None,
             compare_fib_direct: false,
+            only: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -120,6 +133,7 @@ impl Opts {
                 "--calls" => opts.calls = value("--calls")?,
                 "--threads" => opts.threads = value("--threads")? as usize,
                 "--compare-fib-direct" => opts.compare_fib_direct = true,
+                "--only" => opts.only = Some(args.next().ok_or("--only needs a case name part")?),
                 "--compare" => {
                     opts.compare = Some(
                         args.next()
@@ -130,7 +144,7 @@ impl Opts {
                 "-h" | "--help" => {
                     return Err(
                         "usage: prog-cost [--samples N (15)] [--calls N (1000)] [--threads N (1)] \
-                         [--compare OBJECT | --compare-fib-direct]"
+                         [--compare OBJECT | --compare-fib-direct] [--only TEXT]"
                             .to_owned(),
                     );
                 }
@@ -313,7 +327,7 @@ fn cases(bed: &Bed) -> Vec<Case> {
             false,
         ),
         pass(
-            "pass: egress shaped",
+            "v4 pass: egress shaped",
             &v4_udp,
             b.lan,
             Setup::managed(
@@ -342,14 +356,14 @@ fn cases(bed: &Bed) -> Vec<Case> {
             Reason::PassNoFlow,
         ),
         pass(
-            "pass: no flow",
+            "v4 pass: no flow",
             &v4_udp,
             b.lan,
             Setup::managed(b, Vec::new()),
             Reason::PassNoFlow,
         ),
         pass(
-            "pass: fast path disabled",
+            "v4 pass: fast path disabled",
             &v4_udp,
             b.lan,
             Setup {
@@ -614,6 +628,7 @@ fn try_main() -> Result<(), String> {
         samples,
         calls,
         threads,
+        only,
         ..
     } = opts;
     let (labels, rows) = router.run(move || -> Result<(Vec<String>, Vec<Row>), String> {
@@ -647,7 +662,13 @@ fn try_main() -> Result<(), String> {
             baselines[0].attach(next_hold()?)?,
             baselines[1].attach(next_hold()?)?,
         ];
-        let cases = cases(&bed);
+        let cases: Vec<Case> = cases(&bed)
+            .into_iter()
+            .filter(|c| {
+                matches!(c.subject, Subject::Baseline { .. })
+                    || only.as_deref().is_none_or(|o| c.name.contains(o))
+            })
+            .collect();
         // all[case][object] = samples
         let mut all: Vec<Vec<Vec<f64>>> = cases
             .iter()
