@@ -2,10 +2,13 @@
 //! kernel forwarding, on a netns testbed with a BPF_PROG_RUN live-frames generator.
 //!
 //! `cargo xtask bench [args]` runs `xdp-router-bench [args]`; `cargo xtask test` runs
-//! `xdp-router-bench quick`. See docs/benchmarks.md.
+//! `xdp-router-bench quick`; `cargo xtask lab` runs `xdp-router-bench lab`. See
+//! docs/benchmarks.md.
 mod cpu;
+mod demo;
 mod lab;
 mod latency;
+mod napi;
 mod netns;
 mod packet;
 mod report;
@@ -31,13 +34,16 @@ struct Cli {
     opts: Opts,
 }
 
-#[derive(Subcommand, Clone, Copy)]
+#[derive(Subcommand, Clone)]
 enum Mode {
     /// The full benchmark (the default; ≈ 10–15 min).
     Run,
     /// Smoke test: S2, IPv4, 64 and 1518 B, short trials (< 2 min); fails loudly if nothing
     /// arrives or the fast path carries nothing.
     Quick,
+    /// The README's demo (< 1 min): a home router running `xdp-routerd` with the example config,
+    /// 64-byte UDP and an iperf3 TCP transfer with the fast path off, then on, side by side.
+    Lab(demo::LabArgs),
 }
 
 /// Options of both modes (quick mode changes the defaults of the unset ones).
@@ -58,9 +64,9 @@ pub struct Opts {
     /// Loss limit of the no-drop rate, percent.
     #[arg(long, global = true, default_value_t = 0.05)]
     loss_pct: f64,
-    /// Flows per stream (source ports spread over this many).
-    #[arg(long, global = true, default_value_t = 64)]
-    flows: u32,
+    /// Flows per stream (source ports spread over this many; default 64, lab 8).
+    #[arg(long, global = true)]
+    flows: Option<u32>,
     /// Frame sizes in bytes, FCS included (default: 64…1518; IPv6 starts at 78).
     #[arg(long, global = true, value_delimiter = ',')]
     sizes: Vec<usize>,
@@ -103,6 +109,13 @@ fn parse_family(s: &str) -> Result<Family, String> {
 
 fn main() {
     let cli = Cli::parse();
+    if let Some(Mode::Lab(args)) = &cli.mode {
+        if let Err(e) = demo::run(&cli.opts, args) {
+            eprintln!("xdp-router-bench lab: error: {e:#}");
+            std::process::exit(if run::stopped() { 130 } else { 1 });
+        }
+        return;
+    }
     let quick = matches!(cli.mode, Some(Mode::Quick));
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     match run::run(&cli.opts, quick, command) {

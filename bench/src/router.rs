@@ -60,14 +60,40 @@ impl Scenario {
     }
 }
 
-/// The iptables-restore input for `sc` (`v6` selects ip6tables).
-fn ruleset(sc: Scenario, v6: bool, rl: &str, rw: &str) -> String {
-    let mut r = String::from("*filter\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n");
-    let policy = if sc == Scenario::S1 { "ACCEPT" } else { "DROP" };
-    let _ = writeln!(r, ":FORWARD {policy} [0:0]");
-    r.push_str("-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n");
-    if sc != Scenario::S1 {
-        for i in 1..=25 {
+/// A FORWARD filter (and IPv4 NAT) as a user would write it.
+#[derive(Clone, Copy, Debug)]
+struct Firewall {
+    /// FORWARD policy DROP with a LAN → WAN accept rule (else policy ACCEPT).
+    drop_policy: bool,
+    /// Non-matching rules between the `ESTABLISHED,RELATED` accept and the LAN → WAN accept.
+    decoys: u32,
+    /// IPv4 MASQUERADE out of the WAN interface.
+    masquerade: bool,
+}
+
+impl Firewall {
+    /// A home router: MASQUERADE, policy DROP, `ESTABLISHED,RELATED` and LAN → WAN accepted.
+    const HOME: Firewall = Firewall {
+        drop_policy: true,
+        decoys: 0,
+        masquerade: true,
+    };
+
+    fn of(sc: Scenario) -> Firewall {
+        Firewall {
+            drop_policy: sc != Scenario::S1,
+            decoys: if sc == Scenario::S1 { 0 } else { 25 },
+            masquerade: sc.nat(Family::Ipv4),
+        }
+    }
+
+    /// The iptables-restore input (`v6` selects ip6tables, which gets the filter only).
+    fn ruleset(self, v6: bool, rl: &str, rw: &str) -> String {
+        let mut r = String::from("*filter\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n");
+        let policy = if self.drop_policy { "DROP" } else { "ACCEPT" };
+        let _ = writeln!(r, ":FORWARD {policy} [0:0]");
+        r.push_str("-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n");
+        for i in 1..=self.decoys {
             let src = if v6 {
                 format!("2001:db8::{i:x}/128")
             } else {
@@ -79,16 +105,44 @@ fn ruleset(sc: Scenario, v6: bool, rl: &str, rw: &str) -> String {
                 10_000 + i
             );
         }
-        let _ = writeln!(r, "-A FORWARD -i {rl} -o {rw} -j ACCEPT");
-    }
-    r.push_str("COMMIT\n");
-    if !v6 && sc.nat(Family::Ipv4) {
-        r.push_str("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n");
-        r.push_str(":POSTROUTING ACCEPT [0:0]\n");
-        let _ = writeln!(r, "-A POSTROUTING -o {rw} -j MASQUERADE");
+        if self.drop_policy {
+            let _ = writeln!(r, "-A FORWARD -i {rl} -o {rw} -j ACCEPT");
+        }
         r.push_str("COMMIT\n");
+        if !v6 && self.masquerade {
+            r.push_str(
+                "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n",
+            );
+            r.push_str(":POSTROUTING ACCEPT [0:0]\n");
+            let _ = writeln!(r, "-A POSTROUTING -o {rw} -j MASQUERADE");
+            r.push_str("COMMIT\n");
+        }
+        r
     }
-    r
+
+    /// Loads the rules into the router namespace with iptables-restore and ip6tables-restore.
+    fn install(self, rtr: &Netns, rl: &str, rw: &str, what: &str) -> Result<()> {
+        for (tool, v6) in [("iptables-restore", false), ("ip6tables-restore", true)] {
+            let rules = self.ruleset(v6, rl, rw);
+            let mut child = rtr
+                .command(tool)
+                .stdin(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .with_context(|| format!("cannot run {tool} (install iptables)"))?;
+            if let Some(mut stdin) = child.stdin.take() {
+                std::io::Write::write_all(&mut stdin, rules.as_bytes())?;
+            }
+            let out = child.wait_with_output()?;
+            if !out.status.success() {
+                bail!(
+                    "{tool} rejected the {what} ruleset: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Installs `sc` in the router namespace (replacing any previous scenario) and flushes
@@ -101,26 +155,7 @@ pub fn apply_scenario(
     shaper_mbit: u32,
 ) -> Result<()> {
     clear_scenario(rtr, rw)?;
-    for (tool, v6) in [("iptables-restore", false), ("ip6tables-restore", true)] {
-        let rules = ruleset(sc, v6, rl, rw);
-        let mut child = rtr
-            .command(tool)
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("cannot run {tool} (install iptables)"))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            std::io::Write::write_all(&mut stdin, rules.as_bytes())?;
-        }
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "{tool} rejected the {} ruleset: {}",
-                sc.id(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-    }
+    Firewall::of(sc).install(rtr, rl, rw, sc.id())?;
     if sc.shaped() {
         rtr.sh(&format!(
             "tc qdisc replace dev {rw} root handle 1: htb default 10 && \
@@ -130,6 +165,15 @@ pub fn apply_scenario(
         ))
         .context("installing the HTB shaper (needs sch_htb)")?;
     }
+    flush_conntrack(rtr)
+}
+
+/// Installs a home router's firewall in the router namespace: IPv4 MASQUERADE out of `rw`,
+/// FORWARD policy DROP, `ESTABLISHED,RELATED` and `rl` → `rw` accepted (the same filter in
+/// ip6tables, without NAT).
+pub fn apply_home_router(rtr: &Netns, rl: &str, rw: &str) -> Result<()> {
+    clear_scenario(rtr, rw)?;
+    Firewall::HOME.install(rtr, rl, rw, "home router")?;
     flush_conntrack(rtr)
 }
 
@@ -260,8 +304,6 @@ impl Daemon {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let socket = dir.join("control.sock");
         let config = dir.join("xdp-routerd.toml");
-        let log = dir.join("xdp-routerd.log");
-        let _ = fs::remove_file(&socket);
         let shaped = if shaped_wan { "shaped = true\n" } else { "" };
         fs::write(
             &config,
@@ -274,6 +316,19 @@ impl Daemon {
             ),
         )
         .with_context(|| format!("writing {}", config.display()))?;
+        Daemon::start_with_config(bin, rtr, &config, dir)
+    }
+
+    /// Starts the daemon with the config file `config` and the control socket and log in `dir`
+    /// (pinned to the generator CPU, away from the datapath CPU), waiting until it answers
+    /// `status`. It runs in its own process group: a Ctrl-C reaches the benchmark, which then
+    /// stops the daemon in order (SIGTERM, detach) while tearing the testbed down.
+    pub fn start_with_config(bin: &Path, rtr: &Netns, config: &Path, dir: &Path) -> Result<Daemon> {
+        use std::os::unix::process::CommandExt as _;
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let socket = dir.join("control.sock");
+        let log = dir.join("xdp-routerd.log");
+        let _ = fs::remove_file(&socket);
         let logf = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let child = rtr
             .command("taskset")
@@ -282,12 +337,13 @@ impl Daemon {
             .arg(bin)
             .arg("run")
             .arg("--config")
-            .arg(&config)
+            .arg(config)
             .arg("--socket")
             .arg(&socket)
             .stdin(Stdio::null())
             .stdout(logf.try_clone()?)
             .stderr(logf)
+            .process_group(0)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let mut d = Daemon {
@@ -339,6 +395,11 @@ impl Daemon {
             );
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `xdp-routerd status` as a user sees it.
+    pub fn status_text(&self) -> Result<String> {
+        self.cli(&["status"])
     }
 
     /// `xdp-routerd status --json`.
@@ -461,16 +522,23 @@ mod tests {
 
     #[test]
     fn rulesets_match_the_scenarios() {
-        let s1 = ruleset(Scenario::S1, false, "rl", "rw");
+        let s1 = Firewall::of(Scenario::S1).ruleset(false, "rl", "rw");
         assert!(s1.contains(":FORWARD ACCEPT"));
         assert!(!s1.contains("MASQUERADE"));
-        let s2 = ruleset(Scenario::S2, false, "rl", "rw");
+        assert!(!s1.contains("-i rl"));
+        let s2 = Firewall::of(Scenario::S2).ruleset(false, "rl", "rw");
         assert_eq!(s2.matches("-j DROP").count(), 25);
         assert!(s2.contains("-A POSTROUTING -o rw -j MASQUERADE"));
         assert!(s2.find("ESTABLISHED").unwrap() < s2.find("192.0.2.1/32").unwrap());
-        let s3v6 = ruleset(Scenario::S3, true, "rl", "rw");
+        assert!(s2.find("192.0.2.25/32").unwrap() < s2.find("-i rl -o rw -j ACCEPT").unwrap());
+        let s3v6 = Firewall::of(Scenario::S3).ruleset(true, "rl", "rw");
         assert!(s3v6.contains("2001:db8::19/128"));
         assert!(!s3v6.contains("*nat"));
+        let home = Firewall::HOME.ruleset(false, "eth1", "eth0");
+        assert!(home.contains(":FORWARD DROP"));
+        assert!(!home.contains("-j DROP"));
+        assert!(home.contains("-A FORWARD -i eth1 -o eth0 -j ACCEPT"));
+        assert!(home.contains("-A POSTROUTING -o eth0 -j MASQUERADE"));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::{
     router::{self, Daemon, Scenario},
     search::{SearchParams, ndr_search},
     tcp::{self, Iperf3Server, TcpMode},
-    testbed::{Path, Testbed},
+    testbed::{Names, Path, Testbed},
 };
 
 /// Set by SIGINT/SIGTERM: the run stops at the next trial and cleans up.
@@ -32,11 +32,32 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-fn check_stop() -> Result<()> {
-    if STOP.load(Ordering::Relaxed) {
+/// An error once SIGINT/SIGTERM arrived (after [`prepare`]); call between steps.
+pub fn check_stop() -> Result<()> {
+    if stopped() {
         bail!("interrupted");
     }
     Ok(())
+}
+
+/// True once SIGINT/SIGTERM arrived (after [`prepare`]).
+pub fn stopped() -> bool {
+    STOP.load(Ordering::Relaxed)
+}
+
+/// What every privileged mode does first: checks for root, turns SIGINT/SIGTERM into a stop at
+/// the next step (so cleanup runs), removes namespaces of killed earlier runs.
+pub fn prepare() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the benchmark needs root (network namespaces, BPF, iptables); run it with sudo");
+    }
+    // SAFETY: installing an async-signal-safe handler (it only stores to an atomic).
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    crate::netns::cleanup_stale("xr-bench-")
 }
 
 /// Below this flat-out rate the generator itself is disturbed (see the warning in `measure`).
@@ -106,7 +127,7 @@ impl Plan {
                 steps: o.steps.unwrap_or(if quick { 3 } else { 5 }),
                 retries: o.retries,
             },
-            flows: o.flows,
+            flows: o.flows.unwrap_or(64),
             families: fams,
             sizes_v4: sizes(Family::Ipv4, &[64, 128, 256, 512, 1024, 1280, 1518]),
             sizes_v6: sizes(Family::Ipv6, &[78, 128, 256, 512, 1024, 1280, 1518]),
@@ -153,16 +174,7 @@ impl Plan {
 
 /// Runs the benchmark and writes results.{json,md} and throughput.svg; returns the report.
 pub fn run(o: &Opts, quick: bool, command: String) -> Result<Report> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("the benchmark needs root (network namespaces, BPF, iptables); run it with sudo");
-    }
-    // SAFETY: installing an async-signal-safe handler (it only stores to an atomic).
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
-    crate::netns::cleanup_stale("xr-bench-")?;
+    prepare()?;
     let plan = Plan::new(o, quick);
     let started = Instant::now();
     let daemon_bin = if plan.daemon {
@@ -184,7 +196,7 @@ pub fn run(o: &Opts, quick: bool, command: String) -> Result<Report> {
     };
     eprintln!("results go to {}", out_dir.display());
 
-    let mut tb = Testbed::create().context("building the testbed")?;
+    let mut tb = Testbed::create(Names::bench()).context("building the testbed")?;
     let result = measure(&plan, &mut tb, &mut report, daemon_bin.as_ref(), &out_dir);
     report.meta.duration_secs = started.elapsed().as_secs_f64();
     report.targets = targets(&report);
@@ -356,7 +368,8 @@ fn measure(
             Path::Upload
         };
         for &family in &plan.families {
-            prime(plan, tb, daemon.as_ref(), sc, family)?;
+            prime(tb, daemon.as_ref(), family, plan.flows, sc.nat(family))
+                .with_context(|| sc.id())?;
             for (i, &size) in plan.sizes(family).iter().enumerate() {
                 // Alternate the order so that slow drift of the VM does not favour one mode.
                 let order: Vec<bool> = if i % 2 == 0 {
@@ -419,7 +432,7 @@ fn measure(
             }
         }
         if !plan.tcp_streams.is_empty() {
-            let _server = Iperf3Server::start(&tb.wan)?;
+            let _server = Iperf3Server::start(&tb.wan, None)?;
             for &fp in modes {
                 set(fp)?;
                 for &streams in &plan.tcp_streams {
@@ -427,7 +440,7 @@ fn measure(
                         check_stop()?;
                         let before = tb.kernel_forwarded()?;
                         let xdp_before = xdp_forwarded(daemon.as_ref())?;
-                        let run = tcp::run(&tb.lan, streams, mode, plan.tcp_secs)?;
+                        let run = tcp::run(&tb.lan, streams, mode, plan.tcp_secs, None)?;
                         let after = tb.kernel_forwarded()?;
                         let xdp_after = xdp_forwarded(daemon.as_ref())?;
                         report.tcp.push(TcpRow {
@@ -540,22 +553,22 @@ fn check_offload(plan: &Plan, report: &mut Report, cell: &Cell) -> Result<()> {
     Ok(())
 }
 
-/// Establishes `flows` benchmark flows (and the echo flow) so that conntrack marks them ASSURED
-/// and the daemon offloads them: traffic, a reply per flow, then traffic again more than 2 s
-/// after creation (UDP is ASSURED only then, nf_conntrack_proto_udp.c).
-fn prime(
-    plan: &Plan,
+/// Establishes `flows` benchmark flows of `family` (and the echo flow) so that conntrack marks
+/// them ASSURED and the daemon offloads them: traffic, a reply per flow, then traffic again more
+/// than 2 s after creation (UDP is ASSURED only then, nf_conntrack_proto_udp.c). `nat`: the
+/// router masquerades `family` (replies then go to its WAN address). Leaves the fast path on.
+pub fn prime(
     tb: &mut Testbed,
     daemon: Option<&Daemon>,
-    sc: Scenario,
     family: Family,
+    flows: u32,
+    nat: bool,
 ) -> Result<()> {
-    eprintln!("  priming {} {} flows", plan.flows, family.name());
-    let nat = sc.nat(family);
+    eprintln!("  priming {flows} {} flows", family.name());
     let size = family.min_frame().max(64);
-    let up = tb.spec(Path::Upload, family, size, plan.flows, nat);
-    let down = tb.spec(Path::Download, family, size, plan.flows, nat);
-    let n = u64::from(plan.flows) * 4;
+    let up = tb.spec(Path::Upload, family, size, flows, nat);
+    let down = tb.spec(Path::Download, family, size, flows, nat);
+    let n = u64::from(flows) * 4;
     for round in 0..2 {
         check_stop()?;
         tb.send(Path::Upload, &up, 20_000.0, n)?;
@@ -568,17 +581,15 @@ fn prime(
     }
     thread::sleep(Duration::from_millis(100));
     let assured = router::assured_flows(&tb.rtr, family, LAB_PORT)?;
-    if assured < plan.flows as usize {
+    if assured < flows as usize {
         bail!(
-            "{}: only {assured} of {} {} flows are ASSURED in conntrack after priming",
-            sc.id(),
-            plan.flows,
+            "only {assured} of {flows} {} flows are ASSURED in conntrack after priming",
             family.name()
         );
     }
     if let Some(d) = daemon {
         d.set_fastpath(true)?;
-        d.wait_flows(family, u64::from(plan.flows), Duration::from_secs(5))?;
+        d.wait_flows(family, u64::from(flows), Duration::from_secs(5))?;
     }
     Ok(())
 }

@@ -42,10 +42,9 @@ pub struct Iperf3Server {
 }
 
 impl Iperf3Server {
-    /// Starts `iperf3 -s` inside `wan`.
-    pub fn start(wan: &Netns) -> Result<Iperf3Server> {
-        let child = wan
-            .command("iperf3")
+    /// Starts `iperf3 -s` inside `wan` (on CPU `cpu` when given).
+    pub fn start(wan: &Netns, cpu: Option<usize>) -> Result<Iperf3Server> {
+        let child = iperf3(wan, cpu)
             .args(["-s", "-p", PORT])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -64,8 +63,23 @@ impl Drop for Iperf3Server {
     }
 }
 
-/// Runs the client inside `lan` for `secs` seconds.
-pub fn run(lan: &Netns, streams: u32, mode: TcpMode, secs: u32) -> Result<TcpRun> {
+/// `iperf3` inside `ns`, pinned to `cpu` (`-A`) when given.
+fn iperf3(ns: &Netns, cpu: Option<usize>) -> std::process::Command {
+    let mut c = ns.command("iperf3");
+    if let Some(cpu) = cpu {
+        c.args(["-A", &cpu.to_string()]);
+    }
+    c
+}
+
+/// Runs the client inside `lan` for `secs` seconds (on CPU `cpu` when given).
+pub fn run(
+    lan: &Netns,
+    streams: u32,
+    mode: TcpMode,
+    secs: u32,
+    cpu: Option<usize>,
+) -> Result<TcpRun> {
     let mut args = vec![
         "-c".to_owned(),
         "10.0.2.2".to_owned(),
@@ -82,8 +96,7 @@ pub fn run(lan: &Netns, streams: u32, mode: TcpMode, secs: u32) -> Result<TcpRun
         TcpMode::Download => args.push("-R".to_owned()),
         TcpMode::Bidir => args.push("--bidir".to_owned()),
     }
-    let out = lan
-        .command("iperf3")
+    let out = iperf3(lan, cpu)
         .args(&args)
         .output()
         .context("running the iperf3 client")?;

@@ -70,8 +70,7 @@ pub enum Path {
     Direct,
 }
 
-/// Interface names (router-side and ceiling-sink names carry the PID: NAPI kthreads are named
-/// `napi/<dev>-<id>`, which must identify our threads among those of other testbeds).
+/// Interface names of the router and of the ceiling sink.
 #[derive(Clone, Debug)]
 pub struct Names {
     /// Router interface towards the LAN host.
@@ -80,6 +79,28 @@ pub struct Names {
     pub rw: String,
     /// WAN-side end of the direct pair.
     pub sd: String,
+}
+
+impl Names {
+    /// The benchmark's names: `rl<pid>`, `rw<pid>`, `sd<pid>` (unique on the machine, so even
+    /// a kernel without NAPI thread reporting lets [`Testbed::pin_napi_threads`] find ours).
+    pub fn bench() -> Names {
+        let pid = std::process::id();
+        Names {
+            rl: format!("rl{pid}"),
+            rw: format!("rw{pid}"),
+            sd: format!("sd{pid}"),
+        }
+    }
+
+    /// The names of the example config (`config/xdp-routerd.toml`): `eth1` (LAN), `eth0` (WAN).
+    pub fn example_config() -> Names {
+        Names {
+            rl: "eth1".into(),
+            rw: "eth0".into(),
+            sd: format!("sd{}", std::process::id()),
+        }
+    }
 }
 
 /// One measured trial.
@@ -141,18 +162,14 @@ pub struct Testbed {
 }
 
 impl Testbed {
-    /// Builds the topology in three new namespaces `xr-bench-<pid>-{lan,rtr,wan}`.
-    pub fn create() -> Result<Testbed> {
+    /// Builds the topology in three new namespaces `xr-bench-<pid>-{lan,rtr,wan}`, the router's
+    /// and the ceiling sink's interfaces named as `names` says.
+    pub fn create(names: Names) -> Result<Testbed> {
         let cpus = thread::available_parallelism().map_or(1, usize::from);
         if cpus <= ROUTER_CPU {
             bail!("the benchmark needs at least 2 CPUs (generator on CPU0, router on CPU1)");
         }
         let pid = std::process::id();
-        let names = Names {
-            rl: format!("rl{pid}"),
-            rw: format!("rw{pid}"),
-            sd: format!("sd{pid}"),
-        };
         let lan = Netns::create(&format!("xr-bench-{pid}-lan"))?;
         let rtr = Netns::create(&format!("xr-bench-{pid}-rtr"))?;
         let wan = Netns::create(&format!("xr-bench-{pid}-wan"))?;
@@ -286,31 +303,36 @@ impl Testbed {
     /// and gives them SCHED_FIFO.
     /// Call again whenever something may have re-created them.
     pub fn pin_napi_threads(&self) -> Result<()> {
-        for dev in [&self.names.rl, &self.names.rw, &self.names.sd] {
-            let prefix = format!("napi/{dev}-");
-            let mut found = 0;
-            for entry in std::fs::read_dir("/proc").context("listing /proc")? {
-                let Ok(entry) = entry else { continue };
-                let Some(pid) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|s| s.parse::<i32>().ok())
-                else {
-                    continue;
-                };
-                let Ok(comm) = std::fs::read_to_string(entry.path().join("comm")) else {
-                    continue;
-                };
-                // The comm is truncated to 15 bytes; our names keep the `napi/<dev>` part.
-                let comm = comm.trim_end();
-                if comm.starts_with(&prefix) || comm == &prefix[..prefix.len().min(15)] {
-                    pin_pid(pid, ROUTER_CPU)?;
-                    set_fifo(pid, NAPI_PRIO)?;
-                    found += 1;
+        let pid = std::process::id().to_string();
+        for (ns, dev) in [
+            (&self.rtr, &self.names.rl),
+            (&self.rtr, &self.names.rw),
+            (&self.wan, &self.names.sd),
+        ] {
+            let threads = match ns.enter(|| crate::napi::thread_pids(ifindex(dev)?)) {
+                Ok(t) => t,
+                // Kernels before 6.8 do not report NAPI threads; a name that carries our PID
+                // still identifies ours among the `napi/<dev>-<id>` threads of the machine.
+                Err(e) if dev.contains(&pid) => {
+                    eprintln!("note: {e:#}; finding the NAPI thread of {dev} by name");
+                    napi_threads_by_name(dev)?
                 }
-            }
-            if found == 0 {
+                // Names like `eth0` are not unique on the machine: leave the threads alone
+                // rather than pin (and make real-time) another testbed's.
+                Err(e) => {
+                    eprintln!(
+                        "warning: cannot tell which NAPI thread is {dev}'s ({e:#}): left \
+                         unpinned, so the numbers are noisier"
+                    );
+                    continue;
+                }
+            };
+            if threads.is_empty() {
                 bail!("no NAPI thread found for {dev}: threaded NAPI did not start");
+            }
+            for t in threads {
+                pin_pid(t, ROUTER_CPU)?;
+                set_fifo(t, NAPI_PRIO)?;
             }
         }
         Ok(())
@@ -443,6 +465,30 @@ impl Testbed {
             Ok(forw_datagrams(&snmp)? + forw_datagrams6(&snmp6)?)
         })
     }
+}
+
+/// PIDs of the kernel threads named `napi/<dev>-…` (their comm is cut at 15 bytes).
+fn napi_threads_by_name(dev: &str) -> Result<Vec<i32>> {
+    let prefix = format!("napi/{dev}-");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").context("listing /proc")? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(comm) = std::fs::read_to_string(entry.path().join("comm")) else {
+            continue;
+        };
+        let comm = comm.trim_end();
+        if comm.starts_with(&prefix) || comm == &prefix[..prefix.len().min(15)] {
+            found.push(pid);
+        }
+    }
+    Ok(found)
 }
 
 /// `Ip: … ForwDatagrams …` from /proc/net/snmp (a header line, then a value line).

@@ -30,7 +30,8 @@ enum Task {
     /// Run every test: unit tests, then the privileged tests as root, then the quick benchmark
     /// (when the xdp-router-bench package exists). Exits non-zero on any failure.
     Test(test::TestArgs),
-    /// Demo: lan-host ⇄ router ⇄ wan-host namespaces, iperf3 with the fast path off, then on.
+    /// Demo (< 1 min after the build): a home router in network namespaces running xdp-routerd
+    /// with config/xdp-routerd.toml; 64-byte UDP and iperf3 TCP with the fast path off, then on.
     Lab(lab::LabArgs),
     /// Run the A/B benchmark: `cargo run --release -p xdp-router-bench -- ARGS`.
     Bench {

@@ -1,0 +1,280 @@
+//! `xdp-router-bench lab` (run by `cargo xtask lab`, the README's first command): what the fast
+//! path is worth, in under a minute.
+//!
+//! The benchmark's testbed with the router's interfaces named like the example config (`eth1`
+//! LAN, `eth0` WAN), a home router's firewall, and `xdp-routerd run --config
+//! config/xdp-routerd.toml` (the example config, unchanged). Then, fast path off and on: 64-byte
+//! UDP from the live-frames generator over a few primed, offloaded flows at full offered rate,
+//! and an iperf3 TCP transfer. Everything is removed at the end, on error and on Ctrl-C.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path as FsPath, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{
+    Opts,
+    latency::EchoServer,
+    packet::Family,
+    router::{self, Daemon},
+    run::{check_stop, prepare, prime, stopped},
+    tcp::{self, Iperf3Server, TcpMode},
+    testbed::{Names, Path, Testbed, Trial},
+};
+
+/// Options of `xdp-router-bench lab`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct LabArgs {
+    /// Seconds of each measurement (UDP and TCP, fast path off and on: 4 runs).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=60))]
+    seconds: u32,
+    /// The daemon's config (default: the workspace's config/xdp-routerd.toml). Its interfaces
+    /// must be `eth1` (LAN) and `eth0` (WAN), the names the lab gives the router's veths.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+/// Flows of the UDP stream when `--flows` is not given.
+const DEFAULT_FLOWS: u32 = 8;
+
+/// Frame size of the UDP stream (FCS included).
+const UDP_FRAME: usize = 64;
+
+/// CPU of the iperf3 endpoints: the generator's, so CPU1 stays the router's (the receiving
+/// host's softirq still runs there, after the router's NAPI poll).
+const TCP_CPU: Option<usize> = Some(crate::testbed::GEN_CPU);
+
+/// One side of the A/B.
+struct Side {
+    udp: Trial,
+    udp_xdp: u64,
+    tcp_mbps: f64,
+    tcp_kernel: u64,
+    tcp_xdp: u64,
+}
+
+/// Runs the lab and prints its tables and `xdp-routerd status`.
+pub fn run(o: &Opts, args: &LabArgs) -> Result<()> {
+    prepare()?;
+    let config = match &args.config {
+        Some(c) => c.clone(),
+        None => FsPath::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .context("workspace root")?
+            .join("config/xdp-routerd.toml"),
+    };
+    if !config.is_file() {
+        bail!("{}: no such config file", config.display());
+    }
+    let bin = router::locate_daemon(o.daemon.as_deref(), o.daemon.is_none())?;
+    let flows = o.flows.unwrap_or(DEFAULT_FLOWS).max(1);
+    let dir = std::env::temp_dir().join(format!("xr-lab-{}", std::process::id()));
+    let started = Instant::now();
+    let result = lab(args, &bin, &config, &dir, flows);
+    match &result {
+        Ok(()) => {
+            let _ = fs::remove_dir_all(&dir);
+            println!(
+                "\nlab done in {:.1} s; namespaces removed",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Err(_) if stopped() => {
+            let _ = fs::remove_dir_all(&dir);
+            bail!("interrupted; namespaces removed");
+        }
+        Err(_) => eprintln!("the daemon's log is kept in {}", dir.display()),
+    }
+    result
+}
+
+fn lab(args: &LabArgs, bin: &FsPath, config: &FsPath, dir: &FsPath, flows: u32) -> Result<()> {
+    let secs = Duration::from_secs(u64::from(args.seconds));
+    eprintln!("building the lab: lan ⇄ eth1 router eth0 ⇄ wan (network namespaces)");
+    let mut tb = Testbed::create(Names::example_config()).context("building the lab")?;
+    let (rl, rw) = (tb.names.rl.clone(), tb.names.rw.clone());
+    router::apply_home_router(&tb.rtr, &rl, &rw)?;
+    eprintln!(
+        "starting {} run --config {} in the router namespace",
+        bin.display(),
+        config.display()
+    );
+    let daemon = Daemon::start_with_config(bin, &tb.rtr, config, dir)?;
+    tb.pin_napi_threads()?;
+    let echo = EchoServer::start(&tb.wan)?;
+    prime(&mut tb, Some(&daemon), Family::Ipv4, flows, true)?;
+    let iperf = Iperf3Server::start(&tb.wan, TCP_CPU)?;
+
+    let mut sides = Vec::new();
+    for on in [false, true] {
+        check_stop()?;
+        daemon.set_fastpath(on)?;
+        eprintln!(
+            "fast path {}: {UDP_FRAME}-byte UDP flat out, then iperf3",
+            if on { "on" } else { "off" }
+        );
+        let side = measure(&mut tb, &daemon, secs, flows, on).map_err(|e| {
+            e.context(format!(
+                "fast path {}; datapath counters: {}",
+                if on { "on" } else { "off" },
+                daemon
+                    .status()
+                    .map(|st| st.summary())
+                    .unwrap_or_else(|e| format!("(status failed: {e:#})"))
+            ))
+        })?;
+        sides.push(side);
+    }
+    let status = daemon.status_text()?;
+    drop((iperf, echo));
+    daemon.stop()?;
+    drop(tb);
+    if let [off, on] = &sides[..] {
+        print!("{}", table(off, on, flows, args.seconds));
+    }
+    println!(
+        "\n=== xdp-routerd status (after both runs)\n{}",
+        status.trim_end()
+    );
+    Ok(())
+}
+
+/// The UDP trial and the TCP transfer with the fast path as it is now; fails when nothing
+/// arrived, or, with the fast path on, when it carried nothing.
+fn measure(
+    tb: &mut Testbed,
+    daemon: &Daemon,
+    secs: Duration,
+    flows: u32,
+    on: bool,
+) -> Result<Side> {
+    let spec = tb.spec(Path::Upload, Family::Ipv4, UDP_FRAME, flows, true);
+    let xdp0 = daemon.status()?.forwarded();
+    let udp = tb.trial(Path::Upload, &spec, None, secs)?;
+    let xdp1 = daemon.status()?.forwarded();
+    if udp.delivered == 0 {
+        bail!(
+            "nothing arrived at the WAN host ({} frames offered through the router)",
+            udp.sent
+        );
+    }
+    let udp_xdp = xdp1.saturating_sub(xdp0);
+    if on && pct(udp_xdp, udp.delivered) < 50.0 {
+        bail!(
+            "the fast path is on but forwarded only {udp_xdp} of the {} packets of the UDP \
+             stream (the kernel forwarded {})",
+            udp.delivered,
+            udp.kernel_forwarded
+        );
+    }
+    check_stop()?;
+    let k0 = tb.kernel_forwarded()?;
+    let run = tcp::run(&tb.lan, 1, TcpMode::Upload, secs.as_secs() as u32, TCP_CPU)?;
+    let k1 = tb.kernel_forwarded()?;
+    let xdp2 = daemon.status()?.forwarded();
+    if run.upload_mbps <= 0.0 {
+        bail!("iperf3 moved no data through the router");
+    }
+    if on && xdp2 == xdp1 {
+        bail!("the fast path is on but forwarded none of the TCP transfer");
+    }
+    Ok(Side {
+        udp,
+        udp_xdp,
+        tcp_mbps: run.upload_mbps,
+        tcp_kernel: k1.saturating_sub(k0),
+        tcp_xdp: xdp2.saturating_sub(xdp1),
+    })
+}
+
+/// `part / whole` in percent, at most 100.
+fn pct(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        (100.0 * part as f64 / whole as f64).min(100.0)
+    }
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("×{:.2}", a / b)
+    } else {
+        "—".into()
+    }
+}
+
+/// The two small tables.
+fn table(off: &Side, on: &Side, flows: u32, secs: u32) -> String {
+    let mut s = String::new();
+    let label = |fp: bool| {
+        if fp {
+            "fast path on  (XDP)"
+        } else {
+            "fast path off (kernel)"
+        }
+    };
+    let _ = writeln!(
+        s,
+        "\n=== {UDP_FRAME}-byte UDP LAN → WAN through the router: {flows} flows, generator flat \
+         out ({:.1} Mpps offered), {secs} s each",
+        (off.udp.offered_pps + on.udp.offered_pps) / 2e6
+    );
+    let _ = writeln!(
+        s,
+        "{:<24}{:>14}{:>14}{:>24}",
+        "", "delivered", "router CPU1", "forwarded by kernel/XDP"
+    );
+    for (fp, side) in [(false, off), (true, on)] {
+        let _ = writeln!(
+            s,
+            "{:<24}{:>9.0} Kpps{:>12.0} %{:>15.0} % /{:>4.0} %",
+            label(fp),
+            side.udp.delivered_pps / 1e3,
+            side.udp.router_cpu.busy,
+            pct(side.udp.kernel_forwarded, side.udp.delivered),
+            pct(side.udp_xdp, side.udp.delivered),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "{:<24}{:>14}",
+        "on / off",
+        ratio(on.udp.delivered_pps, off.udp.delivered_pps)
+    );
+    let _ = writeln!(
+        s,
+        "\n=== TCP LAN → WAN through the router: iperf3, 1 stream, {secs} s each"
+    );
+    let _ = writeln!(
+        s,
+        "{:<24}{:>14}{:>38}",
+        "", "throughput", "forwarded by kernel/XDP (packets)"
+    );
+    for (fp, side) in [(false, off), (true, on)] {
+        let total = side.tcp_kernel + side.tcp_xdp;
+        let _ = writeln!(
+            s,
+            "{:<24}{:>7.2} Gbit/s{:>29.0} % /{:>4.0} %",
+            label(fp),
+            side.tcp_mbps / 1e3,
+            pct(side.tcp_kernel, total),
+            pct(side.tcp_xdp, total),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "{:<24}{:>14}",
+        "on / off",
+        ratio(on.tcp_mbps, off.tcp_mbps)
+    );
+    s.push_str(
+        "(a TCP stream between namespaces of one machine is usually bound by the endpoints' own \
+         TCP stacks rather than by the router; the UDP table measures the router)\n",
+    );
+    s
+}
