@@ -10,7 +10,7 @@ use anyhow::{Context as _, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, xdp::DevMapHash},
-    programs::{Xdp, XdpMode, xdp::XdpLinkId},
+    programs::{Xdp, XdpMode, links::LinkType, loaded_links, xdp::XdpLinkId},
 };
 use tracing::{info, warn};
 use xdp_router_common::{
@@ -172,6 +172,24 @@ impl Datapath {
         };
         self.attached
             .insert(ifindex, Attachment { link, mode: got });
+        // Fail-open relies on every attachment being a bpf_link owned by this process, which the
+        // kernel removes when the process goes away. aya falls back to a netlink attach when
+        // bpf_link_create() answers EINVAL (kernels before 5.9); such an attachment would
+        // outlive a killed daemon and keep forwarding from stale maps, so refuse it.
+        match self.owned_xdp_links() {
+            Ok(n) if n == self.attached.len() => {}
+            Ok(n) => {
+                self.detach(ifindex);
+                bail!(
+                    "{name}: the kernel attached XDP without a bpf_link ({n} links for {} \
+                     attachments); refusing, since it would outlive the daemon (Linux >= 5.9 needed)",
+                    self.attached.len() + 1
+                );
+            }
+            Err(e) => {
+                warn!(interface = name, error = %format!("{e:#}"), "cannot verify the XDP link")
+            }
+        }
         info!(
             interface = name,
             ifindex,
@@ -179,6 +197,20 @@ impl Datapath {
             "XDP program attached"
         );
         Ok(got)
+    }
+
+    /// Number of XDP bpf_links that point at our program (one per attached interface).
+    fn owned_xdp_links(&self) -> anyhow::Result<usize> {
+        let prog: &Xdp = self
+            .ebpf
+            .program(PROG_NAME)
+            .ok_or_else(|| anyhow!("eBPF object has no program {PROG_NAME}"))?
+            .try_into()?;
+        let id = prog.info()?.id();
+        Ok(loaded_links()
+            .filter_map(Result::ok)
+            .filter(|l| l.program_id() == id && matches!(l.link_type(), Ok(LinkType::Xdp)))
+            .count())
     }
 
     /// Detaches from `ifindex` (if attached) and forgets it in the maps. Used when an interface

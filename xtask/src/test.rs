@@ -49,6 +49,9 @@ fn timed(name: &'static str, f: impl FnOnce() -> anyhow::Result<()>) -> Step {
 
 /// Runs every step, prints the summary, and fails when a step failed.
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
+    // The README's test command must work on a fresh machine: install what is missing first
+    // (a few tenths of a second when everything is there).
+    crate::setup::run()?;
     let ws = workspace::Workspace::load()?;
     let ci = std::env::var_os("CI").is_some();
     let mut steps = Vec::new();
