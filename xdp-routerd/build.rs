@@ -17,6 +17,8 @@ fn main() -> anyhow::Result<()> {
         [Package {
             name: "xdp-router-ebpf",
             root_dir,
+            // The binaries require this feature, so host builds of the workspace skip them.
+            features: &["bpf-bins"],
             ..Default::default()
         }],
         Toolchain::default(),

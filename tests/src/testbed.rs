@@ -383,6 +383,21 @@ pub struct Status {
     pub flows: FlowCounts,
     /// One row per (ingress interface, reason).
     pub counters: Vec<CounterRow>,
+    /// Conntrack sync state (offloaded connections, withdrawals, skips).
+    pub conntrack: ConntrackSummary,
+}
+
+/// The `conntrack` object of `status --json`, the fields the tests use.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ConntrackSummary {
+    /// Connections currently offloaded.
+    pub offloaded: u64,
+    /// Connections offloaded since start.
+    pub offloaded_total: u64,
+    /// Connections taken back from the fast path since start.
+    pub removed_total: u64,
+    /// Connections considered but not offloaded (or withdrawn), by reason.
+    pub skipped: std::collections::BTreeMap<String, u64>,
 }
 
 /// One managed interface in `status --json`.
@@ -390,7 +405,9 @@ pub struct Status {
 pub struct IfaceStatus {
     /// Interface name.
     pub name: String,
-    /// `native`, `generic`, …
+    /// Its current ifindex (0 while it does not exist).
+    pub ifindex: u32,
+    /// `native`, `generic`, … (`detached` while it does not exist).
     pub attach_mode: String,
 }
 
