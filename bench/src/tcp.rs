@@ -96,26 +96,44 @@ pub fn run(
         TcpMode::Download => args.push("-R".to_owned()),
         TcpMode::Bidir => args.push("--bidir".to_owned()),
     }
-    let out = iperf3(lan, cpu)
-        .args(&args)
-        .output()
-        .context("running the iperf3 client")?;
-    let json = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        bail!(
-            "iperf3 {:?} -P {streams} failed: {}",
-            mode,
-            json.lines()
-                .find(|l| l.contains("\"error\""))
-                .unwrap_or("(no error message)")
-                .trim()
-        );
+    // iperf3 now and then ends a short run without its closing summary (the control
+    // connection races the test's end); such a run is repeated, up to three attempts in all.
+    let mut last = None;
+    for attempt in 1..=3 {
+        let out = iperf3(lan, cpu)
+            .args(&args)
+            .output()
+            .context("running the iperf3 client")?;
+        let json = String::from_utf8_lossy(&out.stdout);
+        let result = if out.status.success() {
+            parse(&json, streams, mode)
+        } else {
+            Err(anyhow::anyhow!(
+                "iperf3 {:?} -P {streams} failed: {}",
+                mode,
+                json.lines()
+                    .find(|l| l.contains("\"error\""))
+                    .unwrap_or("(no error message)")
+                    .trim()
+            ))
+        };
+        match result {
+            Ok(run) => return Ok(run),
+            Err(e) => {
+                eprintln!("  iperf3 attempt {attempt}/3 failed: {e:#}");
+                last = Some(e);
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+        }
     }
-    parse(&json, streams, mode)
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("iperf3 did not run")))
 }
 
 fn parse(json: &str, streams: u32, mode: TcpMode) -> Result<TcpRun> {
     let v: serde_json::Value = serde_json::from_str(json).context("iperf3 -J output")?;
+    if let Some(err) = v["error"].as_str() {
+        bail!("iperf3 {mode:?} -P {streams}: {err}");
+    }
     let end = &v["end"];
     let mbps = |k: &str| end[k]["bits_per_second"].as_f64().map(|b| b / 1e6);
     let retr = |k: &str| end[k]["retransmits"].as_u64().unwrap_or(0);

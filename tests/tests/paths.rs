@@ -496,11 +496,44 @@ fn route_via_unmanaged_interface_withdraws_the_flow() {
         pp.sent
     );
 
-    // Route back: new connections go through the managed WAN and are offloaded again.
+    // Route back: the connection that was taken back returns to the fast path by itself (the
+    // daemon re-checks withdrawn connections after every routing change), and new connections
+    // go through the managed WAN and are offloaded too.
+    let t1 = Instant::now();
     tb.router
         .exec_ok("ip", &["-6", "route", "del", &host_route]);
-    let pp = ping_pong(&sock, server, seq, 5, DGRAM, TICK);
+    loop {
+        let st = tb.daemon().status();
+        if st.flows.ipv6 >= 2 {
+            eprintln!(
+                "route back: the same connection offloaded again after {:?}",
+                t1.elapsed()
+            );
+            break;
+        }
+        assert!(
+            t1.elapsed() < WITHDRAW_WITHIN,
+            "the withdrawn connection was not offloaded again within {WITHDRAW_WITHIN:?}: {:?}",
+            st.conntrack
+        );
+        sleep(Duration::from_millis(20));
+    }
+    let before = tb.snapshot();
+    let pp = ping_pong(&sock, server, seq, 20, DGRAM, TICK);
+    seq += pp.sent;
+    let after = tb.snapshot();
+    let fast = after.forwarded_since(&before);
+    eprintln!(
+        "after the route came back: {} sent, {} good, fast path {fast}",
+        pp.sent, pp.good
+    );
     assert_eq!(pp.good, pp.sent, "after the route came back: {pp:?}");
+    assert!(
+        fast >= 2 * pp.sent,
+        "the re-offloaded connection carried {fast} fast-path packets for {} round trips",
+        pp.sent
+    );
+    let _ = seq;
     let alt_tx = link_stat(&tb.router, ALT_IF, "tx_packets");
     let (before, after) = bulk_is_fast_pathed(&tb, wan_v6(5102), LAN_HOST_V6.into());
     let alt_tx = link_stat(&tb.router, ALT_IF, "tx_packets") - alt_tx;

@@ -621,7 +621,7 @@ async fn conntrack_events(
                         }
                     }
                     CtEvent::Destroy(e) => {
-                        if flows.remove(&e.orig, dp) {
+                        if flows.forget(&e.orig, dp) {
                             debug!(orig = ?e.orig, "conntrack entry destroyed; flow removed");
                         }
                     }
@@ -686,7 +686,7 @@ async fn keepalive_loop(
         let State { dp, flows, .. } = &mut *s;
         for e in gone {
             // Conntrack no longer has it (we missed the DESTROY): take it back.
-            flows.remove(&e.orig, dp);
+            flows.forget(&e.orig, dp);
         }
     }
 }
@@ -755,11 +755,17 @@ fn apply_rt_events(state: &Shared, paths: &RouteLookup, batch: Vec<RtEvent>) -> 
     }
     if revalidate {
         let State { dp, flows, .. } = &mut *s;
-        let removed = flows.revalidate(dp, paths);
+        let (removed, added) = flows.revalidate(dp, paths);
         if removed > 0 {
             info!(
                 removed,
                 "routing or address change: flows handed back to the kernel"
+            );
+        }
+        if added > 0 {
+            info!(
+                added,
+                "routing or address change: connections offloaded again"
             );
         }
     }

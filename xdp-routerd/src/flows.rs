@@ -111,9 +111,17 @@ pub struct ManagerStats {
 #[derive(Default)]
 pub struct FlowManager {
     conns: HashMap<CtTuple, Offloaded>,
+    /// Connections conntrack would let us offload but whose path or NAT address did not allow
+    /// it (yet): re-checked after every routing change, so a connection taken back when its
+    /// route moved returns to the fast path when the route comes back.
+    parked: HashMap<CtTuple, CtEntry>,
     managed: BTreeMap<u32, String>,
     stats: ManagerStats,
 }
+
+/// At most this many parked connections are remembered (connections to the router itself, for
+/// instance, are parked for their whole life); beyond it they are simply not re-checked.
+const MAX_PARKED: usize = 4096;
 
 impl FlowManager {
     /// An empty manager.
@@ -174,9 +182,11 @@ impl FlowManager {
             Err(skip) => {
                 self.remove(&entry.orig, table);
                 *self.stats.skipped.entry(skip.name()).or_default() += 1;
+                self.park(entry, skip);
                 return Upsert::Skipped(skip);
             }
         };
+        self.parked.remove(&entry.orig);
         if let Some(existing) = self.conns.get_mut(&entry.orig)
             && existing.keys == plan.keys
         {
@@ -186,6 +196,7 @@ impl FlowManager {
         self.remove(&entry.orig, table);
         if let Err(skip) = plan.write(table) {
             *self.stats.skipped.entry(skip.name()).or_default() += 1;
+            self.park(entry, skip);
             return Upsert::Skipped(skip);
         }
         self.stats.offloaded_total += 1;
@@ -198,6 +209,31 @@ impl FlowManager {
             },
         );
         Upsert::Added
+    }
+
+    /// Remembers `entry` for a later retry when `skip` may change with the routing.
+    fn park(&mut self, entry: CtEntry, skip: Skip) {
+        match skip {
+            Skip::PathNotManaged | Skip::NatAddressGone | Skip::TableFull => {
+                if self.parked.len() < MAX_PARKED || self.parked.contains_key(&entry.orig) {
+                    self.parked.insert(entry.orig, entry);
+                }
+            }
+            Skip::NotEstablished | Skip::MapError => {
+                self.parked.remove(&entry.orig);
+            }
+        }
+    }
+
+    /// Conntrack destroyed the connection: forget it entirely. Returns whether it was offloaded.
+    pub fn forget(&mut self, orig: &CtTuple, table: &mut impl FlowTable) -> bool {
+        self.parked.remove(orig);
+        self.remove(orig, table)
+    }
+
+    /// Number of parked connections (offloadable by conntrack, waiting for a usable path).
+    pub fn parked_len(&self) -> usize {
+        self.parked.len()
     }
 
     /// Takes a connection back from the fast path. Returns whether it was offloaded.
@@ -215,15 +251,25 @@ impl FlowManager {
         true
     }
 
-    /// Re-checks every offloaded connection against the current routes, addresses and managed
-    /// interfaces (after an rtnetlink change): moved paths are rewritten, broken ones removed.
-    /// Returns how many were removed.
-    pub fn revalidate(&mut self, table: &mut impl FlowTable, paths: &impl PathOracle) -> usize {
+    /// Re-checks every offloaded and parked connection against the current routes, addresses
+    /// and managed interfaces (after an rtnetlink change): moved paths are rewritten, broken
+    /// ones removed, parked ones whose path works again offloaded. Returns `(removed, added)`.
+    pub fn revalidate(
+        &mut self,
+        table: &mut impl FlowTable,
+        paths: &impl PathOracle,
+    ) -> (usize, usize) {
         let entries: Vec<CtEntry> = self.conns.values().map(|c| c.entry.clone()).collect();
-        entries
+        let removed = entries
             .into_iter()
             .filter(|e| matches!(self.upsert(e.clone(), table, paths), Upsert::Skipped(_)))
-            .count()
+            .count();
+        let parked: Vec<CtEntry> = self.parked.values().cloned().collect();
+        let added = parked
+            .into_iter()
+            .filter(|e| self.upsert(e.clone(), table, paths) == Upsert::Added)
+            .count();
+        (removed, added)
     }
 
     /// Makes the offloaded set match a fresh conntrack dump (after start or a netlink overrun).
@@ -244,6 +290,7 @@ impl FlowManager {
         for k in &stale {
             self.remove(k, table);
         }
+        self.parked.retain(|k, _| present.contains(k));
         let n = dump.len();
         for e in dump {
             self.upsert(e, table, paths);

@@ -243,10 +243,51 @@ fn unmanaged_or_local_endpoints_are_not_offloaded() {
 fn route_change_revalidation_takes_flows_back() {
     let (mut m, mut t) = (manager(), FakeTable::default());
     m.upsert(snat_tcp(), &mut t, &paths());
-    assert_eq!(m.revalidate(&mut t, &paths()), 0);
+    assert_eq!(m.revalidate(&mut t, &paths()), (0, 0));
     assert_eq!(t.v4.len(), 2);
     // The default route now points out of an unmanaged interface.
-    assert_eq!(m.revalidate(&mut t, &FakePaths { wan: 9, ..paths() }), 1);
+    assert_eq!(
+        m.revalidate(&mut t, &FakePaths { wan: 9, ..paths() }),
+        (1, 0)
+    );
+    assert!(t.v4.is_empty());
+}
+
+#[test]
+fn route_restored_brings_the_connection_back() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    m.upsert(snat_tcp(), &mut t, &paths());
+    let broken = FakePaths { wan: 9, ..paths() };
+    assert_eq!(m.revalidate(&mut t, &broken), (1, 0));
+    assert_eq!(m.parked_len(), 1);
+    // Another routing change that does not help: still parked.
+    assert_eq!(m.revalidate(&mut t, &broken), (0, 0));
+    assert!(t.v4.is_empty());
+    // The route is back: offloaded again without any conntrack event.
+    assert_eq!(m.revalidate(&mut t, &paths()), (0, 1));
+    assert_eq!(t.v4.len(), 2);
+    assert_eq!(m.parked_len(), 0);
+}
+
+#[test]
+fn destroyed_or_closing_connections_are_not_parked() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    m.upsert(snat_tcp(), &mut t, &FakePaths { wan: 9, ..paths() });
+    assert_eq!(m.parked_len(), 1);
+    // FIN seen: no longer a candidate.
+    m.upsert(
+        CtEntry {
+            tcp_state: Some(4),
+            ..snat_tcp()
+        },
+        &mut t,
+        &paths(),
+    );
+    assert_eq!(m.parked_len(), 0);
+    m.upsert(snat_tcp(), &mut t, &FakePaths { wan: 9, ..paths() });
+    assert!(!m.forget(&snat_tcp().orig, &mut t));
+    assert_eq!(m.parked_len(), 0);
+    assert_eq!(m.revalidate(&mut t, &paths()), (0, 0));
     assert!(t.v4.is_empty());
 }
 
@@ -256,7 +297,7 @@ fn masquerade_address_removed_takes_flows_back() {
     m.upsert(snat_tcp(), &mut t, &paths());
     let mut p = paths();
     p.local.remove(&"203.0.113.1".parse().unwrap());
-    assert_eq!(m.revalidate(&mut t, &p), 1);
+    assert_eq!(m.revalidate(&mut t, &p), (1, 0));
     assert!(t.v4.is_empty());
 }
 
