@@ -1238,6 +1238,42 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// The WAN host's IPv4 address with `port`.
+pub fn wan_v4(port: u16) -> SocketAddr {
+    SocketAddr::new(WAN_HOST_V4.into(), port)
+}
+
+/// The WAN host's IPv6 address with `port`.
+pub fn wan_v6(port: u16) -> SocketAddr {
+    SocketAddr::new(WAN_HOST_V6.into(), port)
+}
+
+/// Any IPv4 address, any port (a client's bind address).
+pub fn any_v4() -> SocketAddr {
+    SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0)
+}
+
+/// Any IPv6 address, any port (a client's bind address).
+pub fn any_v6() -> SocketAddr {
+    SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 0)
+}
+
+/// The data arrived whole: same byte count and SHA-256 at both ends.
+pub fn assert_intact(r: &TransferResult) {
+    assert_eq!(
+        r.received.bytes, r.sent.bytes,
+        "receiver got {} bytes, sender sent {}",
+        r.received.bytes, r.sent.bytes
+    );
+    assert_eq!(
+        r.received.sha256,
+        r.sent.sha256,
+        "SHA-256 differs: sent {} received {}",
+        hex(&r.sent.sha256),
+        hex(&r.received.sha256)
+    );
+}
+
 /// Lowercase hex of a digest (for messages).
 pub fn hex(d: &[u8]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()

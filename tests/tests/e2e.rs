@@ -10,7 +10,7 @@
 
 use std::{
     io::{self, Read as _, Write as _},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream},
+    net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream},
     os::fd::AsRawFd as _,
     thread::sleep,
     time::{Duration, Instant},
@@ -18,9 +18,9 @@ use std::{
 
 use xdp_router_tests::testbed::{
     Capture, HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, Plan, ROUTER_WAN_V4, Snapshot, Testbed,
-    Transfer, TransferResult, UdpEcho, WAN_HOST_V4, WAN_HOST_V6, WAN_IF, established_packets,
-    fastpath_fraction, forward_total, hex, parse_udp_frame, ping_pong, ready, udp_payload,
-    udp_socket, wait_until,
+    Transfer, UdpEcho, WAN_IF, any_v4, any_v6, assert_intact, established_packets,
+    fastpath_fraction, forward_total, parse_udp_frame, ping_pong, ready, udp_payload, udp_socket,
+    wait_until, wan_v4, wan_v6,
 };
 
 /// Bytes of the bulk transfers: tens of MB.
@@ -28,38 +28,6 @@ const BULK: u64 = 32 << 20;
 /// A full-size TCP segment on the wire (MTU 1500 + Ethernet header); no fewer wire packets
 /// than BULK / this can carry BULK (fewer would mean GRO merged them and counters lie).
 const MAX_FRAME: u64 = 1514;
-
-fn wan_v4(port: u16) -> SocketAddr {
-    SocketAddr::new(WAN_HOST_V4.into(), port)
-}
-
-fn wan_v6(port: u16) -> SocketAddr {
-    SocketAddr::new(WAN_HOST_V6.into(), port)
-}
-
-fn any_v4() -> SocketAddr {
-    SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0)
-}
-
-fn any_v6() -> SocketAddr {
-    SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), 0)
-}
-
-/// The data arrived whole: same byte count and SHA-256 at both ends.
-fn assert_intact(r: &TransferResult) {
-    assert_eq!(
-        r.received.bytes, r.sent.bytes,
-        "receiver got {} bytes, sender sent {}",
-        r.received.bytes, r.sent.bytes
-    );
-    assert_eq!(
-        r.received.sha256,
-        r.sent.sha256,
-        "SHA-256 differs: sent {} received {}",
-        hex(&r.sent.sha256),
-        hex(&r.received.sha256)
-    );
-}
 
 /// Waits (5 s at most) until the daemon has offloaded at least one flow of the family.
 fn wait_offloaded(tb: &Testbed, v6: bool) {

@@ -24,8 +24,8 @@ use xdp_router_tests::{
     testbed::{
         Capture, HOST_IF, IfaceStatus, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, Plan, ROUTER_LAN_V4,
         ROUTER_LAN_V6, ROUTER_WAN_V4, Snapshot, Status, Testbed, Transfer, UdpEcho, WAN_HOST_V4,
-        WAN_HOST_V6, WAN_IF, daemon_binary, fastpath_fraction, hex, parse_udp_frame, ping_pong,
-        ready, udp_socket, wait_until,
+        WAN_HOST_V6, WAN_IF, any_v4, any_v6, daemon_binary, fastpath_fraction, hex,
+        parse_udp_frame, ping_pong, ready, udp_socket, wait_until, wan_v4, wan_v6,
     },
 };
 
@@ -39,22 +39,6 @@ const MAX_FRAME: u64 = 1514;
 const DGRAM: usize = 200;
 /// Interval of the UDP ping-pong (50 datagrams per second).
 const TICK: Duration = Duration::from_millis(20);
-
-fn wan_v4(port: u16) -> SocketAddr {
-    SocketAddr::new(WAN_HOST_V4.into(), port)
-}
-
-fn wan_v6(port: u16) -> SocketAddr {
-    SocketAddr::new(WAN_HOST_V6.into(), port)
-}
-
-fn any_v4() -> SocketAddr {
-    SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0)
-}
-
-fn any_v6() -> SocketAddr {
-    SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), 0)
-}
 
 /// A counter of `/sys/class/net/IF/statistics/` in `ns`.
 fn link_stat(ns: &Netns, ifname: &str, stat: &str) -> u64 {

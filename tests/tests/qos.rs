@@ -21,7 +21,7 @@ use xdp_router_tests::{
     netns,
     testbed::{
         LAN_IF, Pattern, Plan, Snapshot, Testbed, Transfer, TransferResult, WAN_HOST_V4, WAN_IF,
-        fastpath_fraction, hex, ready, wait_until,
+        assert_intact, fastpath_fraction, ready, wait_until,
     },
 };
 
@@ -116,18 +116,6 @@ fn parse_qdisc_packets(tc_stats: &str) -> Option<u64> {
         words.get(i + 1)?.trim_end_matches(',').parse::<u64>().ok()
     };
     Some(after("bytes")? + after("(dropped")?)
-}
-
-/// The data arrived whole.
-fn assert_intact(r: &TransferResult) {
-    assert_eq!(r.received.bytes, r.sent.bytes, "bytes received vs sent");
-    assert_eq!(
-        r.received.sha256,
-        r.sent.sha256,
-        "SHA-256 differs: sent {} received {}",
-        hex(&r.sent.sha256),
-        hex(&r.received.sha256)
-    );
 }
 
 /// An upload (LAN host → WAN host) stopped after `secs`; returns the result and the rate the
