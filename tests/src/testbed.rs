@@ -1238,6 +1238,48 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// A full-size TCP segment on the wire (MTU 1500 + Ethernet header): a transfer of N bytes
+/// needs at least N / this wire packets (fewer would mean GRO merged them and counters lie).
+pub const MAX_FRAME: u64 = 1514;
+
+/// LAN→WAN TCP transfer of `bytes` to `server`: the data arrives intact, the WAN host sees
+/// `peer` as the client, and ≥ 90 % of the LAN wire packets were forwarded by the fast path.
+/// Returns the counters before and after, for further checks.
+pub fn bulk_is_fast_pathed(
+    tb: &Testbed,
+    server: SocketAddr,
+    peer: IpAddr,
+    bytes: u64,
+) -> (Snapshot, Snapshot) {
+    let before = tb.snapshot();
+    let r = Transfer::start(tb, server, Plan { bytes, rate: None }).finish();
+    let after = tb.snapshot();
+    assert_intact(&r);
+    assert_eq!(
+        r.peer.ip(),
+        peer,
+        "the WAN host saw {} as the client",
+        r.peer
+    );
+    let wire = after.rx_lan_since(&before);
+    let fwd = after.packets_since(&before, LAN_IF, "forwarded_original");
+    let frac = fastpath_fraction(fwd, wire);
+    eprintln!(
+        "TCP {server}: {wire} packets in on {LAN_IF}, {fwd} fast-pathed ({:.1} %)",
+        frac * 100.0
+    );
+    assert!(
+        wire >= bytes / MAX_FRAME,
+        "only {wire} packets received on {LAN_IF} for {bytes} bytes: GRO on the router veth?"
+    );
+    assert!(
+        frac >= 0.9,
+        "only {fwd} of {wire} LAN packets ({:.1} %) were forwarded by the fast path (want ≥ 90 %)",
+        frac * 100.0
+    );
+    (before, after)
+}
+
 /// The WAN host's IPv4 address with `port`.
 pub fn wan_v4(port: u16) -> SocketAddr {
     SocketAddr::new(WAN_HOST_V4.into(), port)

@@ -17,17 +17,14 @@ use std::{
 };
 
 use xdp_router_tests::testbed::{
-    Capture, HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, Plan, ROUTER_WAN_V4, Snapshot, Testbed,
-    Transfer, UdpEcho, WAN_IF, any_v4, any_v6, assert_intact, established_packets,
-    fastpath_fraction, forward_total, parse_udp_frame, ping_pong, ready, udp_payload, udp_socket,
-    wait_until, wan_v4, wan_v6,
+    self, Capture, HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, MAX_FRAME, Plan, ROUTER_WAN_V4,
+    Snapshot, Testbed, Transfer, UdpEcho, WAN_IF, any_v4, any_v6, assert_intact,
+    established_packets, fastpath_fraction, forward_total, parse_udp_frame, ping_pong, ready,
+    udp_payload, udp_socket, wait_until, wan_v4, wan_v6,
 };
 
 /// Bytes of the bulk transfers: tens of MB.
 const BULK: u64 = 32 << 20;
-/// A full-size TCP segment on the wire (MTU 1500 + Ethernet header); no fewer wire packets
-/// than BULK / this can carry BULK (fewer would mean GRO merged them and counters lie).
-const MAX_FRAME: u64 = 1514;
 
 /// Waits (5 s at most) until the daemon has offloaded at least one flow of the family.
 fn wait_offloaded(tb: &Testbed, v6: bool) {
@@ -44,44 +41,13 @@ fn wait_offloaded(tb: &Testbed, v6: bool) {
     );
 }
 
-/// LAN→WAN bulk transfer; checks digests and the fast-path share of the LAN packets.
+/// LAN→WAN bulk transfer: intact, from `expected_peer`, ≥ 90 % of the LAN packets fast-pathed,
+/// and the FORWARD chain's ESTABLISHED rule saw < 10 % of them.
 fn bulk_is_fast_pathed(tb: &Testbed, server: SocketAddr, expected_peer: IpAddr, v6: bool) {
-    let before = tb.snapshot();
-    let r = Transfer::start(
-        tb,
-        server,
-        Plan {
-            bytes: BULK,
-            rate: None,
-        },
-    )
-    .finish();
-    let after = tb.snapshot();
-    assert_intact(&r);
-    assert_eq!(
-        r.peer.ip(),
-        expected_peer,
-        "the WAN host saw {} as the client",
-        r.peer
-    );
+    let (before, after) = testbed::bulk_is_fast_pathed(tb, server, expected_peer, BULK);
     let wire = after.rx_lan_since(&before);
-    let fwd = after.packets_since(&before, LAN_IF, "forwarded_original");
     let established = after.established_since(&before, v6);
-    let frac = fastpath_fraction(fwd, wire);
-    eprintln!(
-        "{server}: {wire} packets in on {LAN_IF}, {fwd} fast-pathed ({:.1} %), FORWARD \
-         ESTABLISHED saw {established}",
-        frac * 100.0
-    );
-    assert!(
-        wire >= BULK / MAX_FRAME,
-        "only {wire} packets received on {LAN_IF} for {BULK} bytes: GRO on the router veth?"
-    );
-    assert!(
-        frac >= 0.9,
-        "only {fwd} of {wire} LAN packets ({:.1} %) were forwarded by the fast path (want ≥ 90 %)",
-        frac * 100.0
-    );
+    eprintln!("{server}: FORWARD ESTABLISHED saw {established} of {wire}");
     assert!(
         (established as f64) < 0.1 * wire as f64,
         "the FORWARD ESTABLISHED rule saw {established} packets, ≥ 10 % of the {wire} data \

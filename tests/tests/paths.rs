@@ -22,10 +22,10 @@ use std::{
 use xdp_router_tests::{
     netns::Netns,
     testbed::{
-        Capture, HOST_IF, IfaceStatus, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, Plan, ROUTER_LAN_V4,
-        ROUTER_LAN_V6, ROUTER_WAN_V4, Snapshot, Status, Testbed, Transfer, UdpEcho, WAN_HOST_V4,
-        WAN_HOST_V6, WAN_IF, any_v4, any_v6, daemon_binary, fastpath_fraction, hex,
-        parse_udp_frame, ping_pong, ready, udp_socket, wait_until, wan_v4, wan_v6,
+        self, Capture, HOST_IF, IfaceStatus, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, ROUTER_LAN_V4,
+        ROUTER_LAN_V6, ROUTER_WAN_V4, Snapshot, Status, Testbed, UdpEcho, WAN_HOST_V4, WAN_HOST_V6,
+        WAN_IF, any_v4, any_v6, daemon_binary, parse_udp_frame, ping_pong, ready, udp_socket,
+        wait_until, wan_v4, wan_v6,
     },
 };
 
@@ -33,8 +33,6 @@ use xdp_router_tests::{
 const WITHDRAW_WITHIN: Duration = Duration::from_secs(2);
 /// Bytes of the TCP transfers that must be fast-pathed.
 const BULK: u64 = 16 << 20;
-/// A full-size TCP segment on the wire (MTU 1500 + Ethernet header).
-const MAX_FRAME: u64 = 1514;
 /// Datagram size of the UDP ping-pong.
 const DGRAM: usize = 200;
 /// Interval of the UDP ping-pong (50 datagrams per second).
@@ -140,48 +138,10 @@ fn wait_withdrawn(tb: &Testbed, since: Instant, what: &str) -> (Duration, Status
     (took, st)
 }
 
-/// LAN→WAN TCP transfer of [`BULK`] bytes: intact, seen by the server as from `peer`, and ≥ 90 %
-/// of the LAN packets fast-pathed. Returns the counters before and after.
+/// LAN→WAN TCP transfer of [`BULK`] bytes, ≥ 90 % fast-pathed (see
+/// [`testbed::bulk_is_fast_pathed`]).
 fn bulk_is_fast_pathed(tb: &Testbed, server: SocketAddr, peer: IpAddr) -> (Snapshot, Snapshot) {
-    let before = tb.snapshot();
-    let r = Transfer::start(
-        tb,
-        server,
-        Plan {
-            bytes: BULK,
-            rate: None,
-        },
-    )
-    .finish();
-    let after = tb.snapshot();
-    assert_eq!(
-        (r.received.bytes, hex(&r.received.sha256)),
-        (r.sent.bytes, hex(&r.sent.sha256)),
-        "the WAN host received other bytes than the LAN host sent"
-    );
-    assert_eq!(
-        r.peer.ip(),
-        peer,
-        "the WAN host saw {} as the client",
-        r.peer
-    );
-    let wire = after.rx_lan_since(&before);
-    let fwd = after.packets_since(&before, LAN_IF, "forwarded_original");
-    let frac = fastpath_fraction(fwd, wire);
-    eprintln!(
-        "TCP {server}: {wire} packets in on {LAN_IF}, {fwd} fast-pathed ({:.1} %)",
-        frac * 100.0
-    );
-    assert!(
-        wire >= BULK / MAX_FRAME,
-        "only {wire} packets received on {LAN_IF} for {BULK} bytes: GRO on the router veth?"
-    );
-    assert!(
-        frac >= 0.9,
-        "only {fwd} of {wire} LAN packets ({:.1} %) were fast-pathed (want ≥ 90 %)",
-        frac * 100.0
-    );
-    (before, after)
+    testbed::bulk_is_fast_pathed(tb, server, peer, BULK)
 }
 
 /// How the router NATs LAN→WAN connections in [`nat_address_removed`].

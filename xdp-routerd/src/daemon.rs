@@ -244,6 +244,7 @@ impl State {
                 });
             }
         }
+        let (v4_dirs, v6_dirs) = self.flows.directions();
         let mut ct = self.ct.clone();
         let fs = self.flows.stats();
         ct.offloaded = self.flows.len() as u64;
@@ -271,8 +272,8 @@ impl State {
                 })
                 .collect(),
             flows: FlowCounts {
-                ipv4: self.flows.directions().0,
-                ipv6: self.flows.directions().1,
+                ipv4: v4_dirs,
+                ipv6: v6_dirs,
                 capacity: self.dp.flow_capacity(),
             },
             counters,
