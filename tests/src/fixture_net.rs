@@ -303,6 +303,10 @@ pub struct Setup {
     pub tx_ports: Vec<u32>,
     /// `SETTINGS[0].fastpath_enabled`.
     pub fastpath: bool,
+    /// `SETTINGS[0].fib_generation` (0 disables the FIB cache).
+    pub fib_generation: u32,
+    /// `SETTINGS[0].fib_cache_ns` (0 disables the FIB cache).
+    pub fib_cache_ns: u64,
 }
 
 impl Setup {
@@ -335,7 +339,17 @@ impl Setup {
             ],
             tx_ports: vec![bed.lan, bed.wan, bed.mtu],
             fastpath: true,
+            // As the daemon runs it: the FIB cache on (here with a long enough age that every
+            // repeated packet of a case uses it).
+            fib_generation: 1,
+            fib_cache_ns: 10_000_000_000,
         }
+    }
+
+    /// The FIB cache off: every packet takes a full `bpf_fib_lookup` (`fib_cache_ms = 0`).
+    pub fn without_fib_cache(mut self) -> Setup {
+        self.fib_cache_ns = 0;
+        self
     }
 
     pub fn without_iface(mut self, ifindex: u32) -> Setup {
@@ -493,7 +507,8 @@ impl Maps {
         }
         let settings = Settings {
             fastpath_enabled: u32::from(s.fastpath),
-            _pad: 0,
+            fib_generation: s.fib_generation,
+            fib_cache_ns: s.fib_cache_ns,
         };
         self.settings.set(0, settings, 0).expect("write settings");
     }

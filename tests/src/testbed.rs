@@ -236,6 +236,11 @@ impl Testbed {
     /// Writes a config to the temp dir, starts `xdp-routerd run` in the router namespace, waits
     /// until `status --json` answers, and checks both interfaces are attached natively.
     pub fn start_daemon(&mut self) -> &Daemon {
+        self.start_daemon_with("")
+    }
+
+    /// [`Testbed::start_daemon`] with `extra` top-level config lines (e.g. `fib_cache_ms = 0\n`).
+    pub fn start_daemon_with(&mut self, extra: &str) -> &Daemon {
         let socket = self.dir.path().join("control.sock");
         let config = self.dir.path().join("xdp-routerd.toml");
         fs::write(
@@ -246,6 +251,7 @@ impl Testbed {
                  flow_capacity = 4096\n\
                  keepalive_interval_ms = 2000\n\
                  log_level = \"debug\"\n\
+                 {extra}\
                  [[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
                  [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n",
                 socket.display()
@@ -385,6 +391,19 @@ pub struct Status {
     pub counters: Vec<CounterRow>,
     /// Conntrack sync state (offloaded connections, withdrawals, skips).
     pub conntrack: ConntrackSummary,
+    /// The per-flow FIB cache.
+    pub fib_cache: FibCacheSummary,
+}
+
+/// The `fib_cache` object of `status --json`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct FibCacheSummary {
+    /// `fib_cache_ms` (0 = off).
+    pub max_age_ms: u64,
+    /// Current generation.
+    pub generation: u32,
+    /// Invalidations since start.
+    pub invalidations: u64,
 }
 
 /// The `conntrack` object of `status --json`, the fields the tests use.

@@ -698,3 +698,111 @@ fn missing_interface_fails_fast_and_attaches_nothing() {
     tb.lan
         .exec_ok("ping", &["-c1", "-W2", &WAN_HOST_V4.to_string()]);
 }
+
+/// Test 5: the per-flow FIB cache follows the kernel. With answers kept up to 10 s
+/// (`fib_cache_ms = 10000`), an offloaded UDP connection must still see, within a fraction of a
+/// second, (a) the next hop's MAC changing (`ip neigh replace`: the fast path must send to the
+/// new MAC, here a bogus one the WAN host ignores, then to the real one again) and (b)
+/// forwarding switched off on the ingress interface (a netconf notification: the fast path must
+/// stop forwarding, as the kernel does, and resume when it is back on). Without the daemon's
+/// invalidation the cached answer would be used for 10 s and every check below would fail.
+#[test]
+fn fib_cache_follows_neighbour_and_forwarding_changes() {
+    if !ready("paths::fib_cache_follows_neighbour_and_forwarding_changes") {
+        return;
+    }
+    let mut tb = Testbed::new("xr-pc");
+    tb.start_daemon_with("fib_cache_ms = 10000\n");
+    let server = wan_v4(7105);
+    let echo = UdpEcho::start(&tb.wan, server);
+    let sock = udp_socket(&tb.lan, any_v4(), 64);
+    let mut seq = 0;
+    offload_udp(&tb, &sock, server, &mut seq);
+    udp_is_fast_pathed(&tb, &sock, server, &mut seq);
+    let st = tb.daemon().status();
+    assert_eq!(st.fib_cache.max_age_ms, 10_000, "{:?}", st.fib_cache);
+    let real_mac = tb
+        .wan
+        .exec_ok("cat", &[&format!("/sys/class/net/{HOST_IF}/address")])
+        .trim()
+        .to_owned();
+    // Settle: no notification pending, then the changes one by one.
+    sleep(Duration::from_millis(200));
+
+    // (a) The next hop's MAC changes.
+    let inval_before = tb.daemon().status().fib_cache.invalidations;
+    let set_neigh = |mac: &str| {
+        tb.router.exec_ok(
+            "ip",
+            &[
+                "neigh",
+                "replace",
+                &WAN_HOST_V4.to_string(),
+                "lladdr",
+                mac,
+                "dev",
+                WAN_IF,
+                "nud",
+                "permanent",
+            ],
+        );
+    };
+    set_neigh("02:00:5e:00:53:99");
+    sleep(Duration::from_millis(150));
+    let before = tb.snapshot();
+    let wan_rx_before = link_stat(&tb.wan, HOST_IF, "rx_packets");
+    let pp = ping_pong(&sock, server, seq, 3, DGRAM, TICK);
+    seq += pp.sent;
+    let after = tb.snapshot();
+    let orig = after.packets_since(&before, LAN_IF, "forwarded_original");
+    let wan_rx = link_stat(&tb.wan, HOST_IF, "rx_packets") - wan_rx_before;
+    let inval = tb.daemon().status().fib_cache.invalidations - inval_before;
+    eprintln!(
+        "neighbour MAC changed: {} of {} echoed, {orig} fast-pathed, {wan_rx} frames reached the \
+         WAN veth (dropped there as not for its MAC), {inval} invalidations",
+        pp.good, pp.sent
+    );
+    assert!(
+        inval >= 1,
+        "the neighbour change did not invalidate the FIB cache"
+    );
+    assert_eq!(
+        (pp.good, orig),
+        (0, pp.sent),
+        "after the next hop's MAC changed, the fast path must send to the new MAC (which the \
+         WAN host ignores): {pp:?}"
+    );
+    set_neigh(&real_mac);
+    sleep(Duration::from_millis(150));
+    udp_is_fast_pathed(&tb, &sock, server, &mut seq);
+
+    // (b) Forwarding switched off on the ingress interface.
+    let sysctl = |on: u8| {
+        tb.router.exec_ok(
+            "sysctl",
+            &["-qw", &format!("net.ipv4.conf.{LAN_IF}.forwarding={on}")],
+        );
+    };
+    sysctl(0);
+    sleep(Duration::from_millis(150));
+    let before = tb.snapshot();
+    let pp = ping_pong(&sock, server, seq, 3, DGRAM, TICK);
+    seq += pp.sent;
+    let after = tb.snapshot();
+    let orig = after.packets_since(&before, LAN_IF, "forwarded_original");
+    let refused = after.packets_since(&before, LAN_IF, "fib_not_forwardable");
+    eprintln!(
+        "forwarding off on {LAN_IF}: {} of {} echoed, {orig} fast-pathed, {refused} counted \
+         fib_not_forwardable",
+        pp.good, pp.sent
+    );
+    assert_eq!(
+        (pp.good, orig, refused),
+        (0, 0, pp.sent),
+        "with forwarding off the fast path must hand every datagram to the kernel: {pp:?}"
+    );
+    sysctl(1);
+    sleep(Duration::from_millis(150));
+    udp_is_fast_pathed(&tb, &sock, server, &mut seq);
+    drop(echo);
+}

@@ -14,12 +14,14 @@
 use std::{collections::BTreeSet, net::IpAddr};
 
 use aya::programs::Xdp;
-use xdp_router_common::{FIB_LOOKUP_DIRECT, IFACE_F_SHAPED, PROG_NAME, Reason, stats_index};
+use xdp_router_common::{
+    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_SHAPED, PROG_NAME, Reason, Settings, stats_index,
+};
 use xdp_router_tests::{
     fixture_net::{
-        Bed, CLIENT_MAC, GW_MAC, LAN_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, MTU_SLOT, Maps, Setup,
-        WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT, build_topology, coarse_monotonic_ns, flow,
-        lan_pkt, load, load_object, routed, run, v4, v6, wan_pkt,
+        Bed, CLIENT_MAC, FlowEntry, GW_MAC, LAN_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, MTU_SLOT,
+        Maps, Setup, WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT, build_topology,
+        coarse_monotonic_ns, flow, lan_pkt, load, load_object, routed, run, v4, v6, wan_pkt,
     },
     netns::{Netns, require_root},
     packet::{
@@ -971,4 +973,188 @@ fn table_covers_every_reason() {
         .filter(|r| !covered.contains(&(**r as u32)))
         .collect();
     assert!(missing.is_empty(), "reasons without a case: {missing:?}");
+}
+
+/// The flow's cached FIB answer (`FibCache` in the map ABI) in `maps`.
+fn fib_cache_of(maps: &Maps, f: &FlowEntry) -> FibCache {
+    match f {
+        FlowEntry::V4(k, _) => maps.flows_v4.get(k, 0).expect("flow v4 present").fib,
+        FlowEntry::V6(k, _) => maps.flows_v6.get(k, 0).expect("flow v6 present").fib,
+    }
+}
+
+/// Rewrites the flow's cached FIB answer in `maps` (the rest of the entry is kept).
+fn set_fib_cache_of(maps: &mut Maps, f: &FlowEntry, edit: impl FnOnce(&mut FibCache)) {
+    match f {
+        FlowEntry::V4(k, _) => {
+            let mut v = maps.flows_v4.get(k, 0).expect("flow v4 present");
+            edit(&mut v.fib);
+            maps.flows_v4.insert(k, v, 0).expect("rewrite flow v4");
+        }
+        FlowEntry::V6(k, _) => {
+            let mut v = maps.flows_v6.get(k, 0).expect("flow v6 present");
+            edit(&mut v.fib);
+            maps.flows_v6.insert(k, v, 0).expect("rewrite flow v6");
+        }
+    }
+}
+
+/// The per-flow FIB cache: a flow's cached `bpf_fib_lookup` answer is used while its
+/// generation, age, length and TOS / flow information match, and each of those (and the
+/// switch that turns the cache off) makes the next packet look the FIB up again. To tell the
+/// two apart, the cached answer is poisoned with a next-hop MAC the FIB does not have: a packet
+/// that used the cache leaves with it, one that looked up the FIB leaves with the real one.
+#[test]
+fn fib_cache_is_used_only_while_valid() {
+    if !require_root("prog_run::fib_cache_is_used_only_while_valid") {
+        return;
+    }
+    let router = Netns::new("dpc");
+    let hosts = Netns::new("dpch");
+    build_topology(&router, &hosts);
+    const POISON: [u8; 6] = [0x02, 0xba, 0xd0, 0x00, 0x00, 0x01];
+    type Tweak = fn(&mut Setup, &mut FibCache);
+    let tweaks: [(&str, bool, Tweak); 8] = [
+        ("valid answer is used", true, |_, _| {}),
+        ("generation bumped", false, |s, _| s.fib_generation += 1),
+        ("entry being rewritten (generation 0)", false, |_, c| {
+            c.generation = 0
+        }),
+        ("older than fib_cache_ns", false, |s, c| {
+            c.filled_ns = c.filled_ns.saturating_sub(s.fib_cache_ns + 1_000_000)
+        }),
+        ("packet longer than max_len", false, |_, c| c.max_len -= 1),
+        ("other TOS / flow information", false, |_, c| {
+            c.tos_flowinfo ^= 0x04
+        }),
+        ("cache off (fib_cache_ns 0)", false, |s, _| {
+            s.fib_cache_ns = 0
+        }),
+        ("cache off (generation 0)", false, |s, _| {
+            s.fib_generation = 0
+        }),
+    ];
+    let results = router.run(move || {
+        let bed = Bed::here();
+        let (ebpf, mut maps) = load();
+        let prog: &Xdp = ebpf
+            .program(PROG_NAME)
+            .expect("program present")
+            .try_into()
+            .expect("XDP program");
+        let mut results = Vec::new();
+        let udp = Transport::Udp;
+        let packets = [
+            lan_pkt(v4("192.0.2.10"), v4("198.18.0.7"), udp, 64),
+            lan_pkt(v6("2001:db8:1::10"), v6("2001:db8:ff::7"), udp, 64),
+        ];
+        for p in &packets {
+            let family = if p.src.is_ipv4() { "v4" } else { "v6" };
+            let f = routed(bed.lan, p, false);
+            let keep = ((p.src, p.sport), (p.dst, p.dport));
+            let real = p.forwarded(WAN_MAC, GW_MAC, keep.0, keep.1).frame();
+            let poisoned = p.forwarded(WAN_MAC, POISON, keep.0, keep.1).frame();
+            for (what, uses_cache, tweak) in &tweaks {
+                let name = format!("{family}: {what}");
+                let mut setup = Setup::managed(&bed, vec![f]);
+                maps.apply(&setup);
+                let res = (|| -> Result<(), String> {
+                    let (verdict, out) = run(prog, &p.frame(), bed.lan);
+                    if verdict != XDP_REDIRECT || out != real {
+                        return Err(format!("first packet: verdict {verdict}, {}", hex(&out)));
+                    }
+                    let filled = fib_cache_of(&maps, &f);
+                    if filled.generation != setup.fib_generation || filled.dmac != GW_MAC {
+                        return Err(format!("first packet did not fill the cache: {filled:?}"));
+                    }
+                    let mut edited = filled;
+                    edited.dmac = POISON;
+                    tweak(&mut setup, &mut edited);
+                    set_fib_cache_of(&mut maps, &f, |c| *c = edited);
+                    let settings = Settings {
+                        fastpath_enabled: 1,
+                        fib_generation: setup.fib_generation,
+                        fib_cache_ns: setup.fib_cache_ns,
+                    };
+                    maps.settings.set(0, settings, 0).expect("write settings");
+                    let (verdict, out) = run(prog, &p.frame(), bed.lan);
+                    let want = if *uses_cache { &poisoned } else { &real };
+                    if verdict != XDP_REDIRECT || &out != want {
+                        return Err(format!(
+                            "second packet: verdict {verdict}\n      got  {}\n      want {}",
+                            hex(&out),
+                            hex(want)
+                        ));
+                    }
+                    let after = fib_cache_of(&maps, &f);
+                    let enabled = setup.fib_generation != 0 && setup.fib_cache_ns != 0;
+                    if !*uses_cache
+                        && enabled
+                        && (after.dmac != GW_MAC || after.generation != setup.fib_generation)
+                    {
+                        return Err(format!("the lookup did not refill the cache: {after:?}"));
+                    }
+                    Ok(())
+                })();
+                results.push((name, res));
+            }
+        }
+
+        // The MTU check survives the cache: a small packet fills it, a packet of the same flow
+        // over the egress MTU (1280) must still go to the kernel (which sends the ICMP).
+        let mut small = lan_pkt(
+            v4("192.0.2.10"),
+            v4("203.0.113.130"),
+            Transport::Tcp(ACK),
+            100,
+        );
+        small.dport = 8080;
+        let big = Spec {
+            payload_len: 1300,
+            ..small.clone()
+        };
+        let f = routed(bed.lan, &small, false);
+        maps.apply(&Setup::managed(&bed, vec![f]));
+        let res = (|| -> Result<(), String> {
+            let (verdict, _) = run(prog, &small.frame(), bed.lan);
+            if verdict != XDP_REDIRECT {
+                return Err(format!("small packet: verdict {verdict}"));
+            }
+            let idx = stats_index(LAN_SLOT, Reason::PassFragNeeded) as usize;
+            let before = maps.stats()[idx].packets;
+            let (verdict, out) = run(prog, &big.frame(), bed.lan);
+            if verdict != XDP_PASS || out != big.frame() {
+                return Err(format!(
+                    "big packet: verdict {verdict}, want XDP_PASS unchanged"
+                ));
+            }
+            if maps.stats()[idx].packets != before + 1 {
+                return Err("big packet not counted as frag_needed".into());
+            }
+            let (verdict, _) = run(prog, &small.frame(), bed.lan);
+            if verdict != XDP_REDIRECT {
+                return Err(format!("small packet again: verdict {verdict}"));
+            }
+            Ok(())
+        })();
+        results.push((
+            "v4: cached flow, packet over the egress MTU".to_owned(),
+            res,
+        ));
+        results
+    });
+    let failed: Vec<_> = results
+        .iter()
+        .filter_map(|(name, res)| match res {
+            Ok(()) => {
+                println!("ok   {name}");
+                None
+            }
+            Err(e) => {
+                println!("FAIL {name}\n    {e}");
+                Some(name)
+            }
+        })
+        .collect();
+    assert!(failed.is_empty(), "failed: {failed:?}");
 }

@@ -136,8 +136,10 @@ pub struct FlowV4 {
     pub l4_csum_diff: u32,
     pub _pad: u32,
     pub counters: FlowCounters,
+    /// The datapath's copy of this direction's last FIB answer; the daemon writes it zeroed.
+    pub fib: FibCache,
 }
-const _: () = assert!(core::mem::size_of::<FlowV4>() == 56);
+const _: () = assert!(core::mem::size_of::<FlowV4>() == 96);
 
 /// Value of [`MAP_FLOWS_V6`]; see [`FlowV4`]. IPv6 has no header checksum.
 #[repr(C)]
@@ -153,8 +155,46 @@ pub struct FlowV6 {
     pub l4_csum_diff: u32,
     pub _pad: u32,
     pub counters: FlowCounters,
+    /// See [`FlowV4::fib`].
+    pub fib: FibCache,
 }
-const _: () = assert!(core::mem::size_of::<FlowV6>() == 72);
+const _: () = assert!(core::mem::size_of::<FlowV6>() == 112);
+
+/// A flow direction's cached `bpf_fib_lookup` answer, written and read only by the datapath.
+///
+/// The FIB is still the kernel's: the datapath asks `bpf_fib_lookup` and keeps the answer (egress
+/// interface, MACs) in the flow entry, then reuses it for the flow's next packets as long as
+/// 1. `generation` equals [`Settings::fib_generation`], which the daemon bumps on every
+///    rtnetlink notification that can change a lookup's answer (routes, rules, addresses, links,
+///    neighbours, forwarding sysctls) and after every lost notification;
+/// 2. it is younger than [`Settings::fib_cache_ns`] (a bound on staleness that needs no daemon);
+/// 3. the packet is not longer than `max_len`, the largest IP length the lookup accepted (so the
+///    MTU check of the lookup still holds), and has the same TOS / flow information.
+///
+/// Otherwise the packet takes a full lookup, whose answer replaces the cache. Writers mark the
+/// entry invalid (`generation` 0) before rewriting it and readers check `generation` again after
+/// copying it, so a half-written entry is never used.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FibCache {
+    /// [`Settings::fib_generation`] the answer belongs to; 0 = empty.
+    pub generation: u32,
+    /// Egress interface (host order).
+    pub ifindex: u32,
+    /// The lookup's TOS (IPv4, low byte) or flow information (IPv6) input, raw: policy rules
+    /// may route by it, so a packet with another value takes a full lookup.
+    pub tos_flowinfo: u32,
+    /// Largest IP datagram length (host order) the lookup let through the egress MTU.
+    pub max_len: u16,
+    /// Source MAC for the egress (the router's).
+    pub smac: [u8; 6],
+    /// Destination MAC (the next hop's).
+    pub dmac: [u8; 6],
+    pub _pad: [u8; 6],
+    /// `bpf_ktime_get_coarse_ns()` when the lookup ran.
+    pub filled_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<FibCache>() == 40);
 
 /// `IfaceInfo::flags`: the interface faces the LAN.
 pub const IFACE_F_LAN: u32 = 1 << 0;
@@ -191,9 +231,13 @@ pub struct Settings {
     /// Non-zero: established flows are forwarded in XDP. Zero: every packet is passed to the
     /// kernel (`Reason::PassDisabled`). Flipped live for A/B runs; nothing is detached.
     pub fastpath_enabled: u32,
-    pub _pad: u32,
+    /// Current FIB generation (see [`FibCache`]); 0 disables the cache (every packet takes a
+    /// full `bpf_fib_lookup`).
+    pub fib_generation: u32,
+    /// Longest a cached FIB answer is used, in ns; 0 disables the cache.
+    pub fib_cache_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<Settings>() == 8);
+const _: () = assert!(core::mem::size_of::<Settings>() == 16);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -207,4 +251,5 @@ mod pod {
     unsafe impl aya::Pod for IfaceInfo {}
     unsafe impl aya::Pod for Counter {}
     unsafe impl aya::Pod for Settings {}
+    unsafe impl aya::Pod for FibCache {}
 }

@@ -17,7 +17,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use xdp_router_common::{
-    FLOW_F_REPLY, FlowCounters, FlowKeyV4, FlowKeyV6, IFACE_F_SHAPED, Reason,
+    FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, IFACE_F_SHAPED, Reason,
     parse::{
         ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN, Ipv4Fields, Ipv6Fields, L3,
         check_fib_result, check_ipv4, check_ipv6, classify_ethertype, is_tcp_control,
@@ -27,7 +27,7 @@ use xdp_router_common::{
 use crate::{
     maps::{FLOWS_V4, FLOWS_V6, IFACES, SETTINGS, TX_PORTS, fib_flags},
     parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, ptr_at_mut},
-    rewrite::{self, L4},
+    rewrite::{self, L4, NextHop},
 };
 
 const AF_INET: u8 = 2;
@@ -45,15 +45,21 @@ pub struct Forwarded {
 #[inline(always)]
 pub fn try_forward(ctx: &XdpContext, ifindex: u32) -> Result<Forwarded, Reason> {
     // Switched off by the daemon (A/B runs, maintenance): the kernel carries everything.
-    let enabled = SETTINGS.get(0).map_or(0, |s| s.fastpath_enabled);
-    if enabled == 0 {
+    let Some(settings) = SETTINGS.get(0) else {
+        return Err(Reason::PassDisabled);
+    };
+    let cache = FibCachePolicy {
+        generation: settings.fib_generation,
+        max_age_ns: settings.fib_cache_ns,
+    };
+    if settings.fastpath_enabled == 0 {
         return Err(Reason::PassDisabled);
     }
     let eth: *mut EthHdr = ptr_at_mut(ctx, 0)?;
     // SAFETY: ptr_at_mut checked that the header is inside the frame.
     match classify_ethertype(unsafe { (*eth).ethertype() })? {
-        L3::V4 => try_forward_v4(ctx, ifindex, eth),
-        L3::V6 => try_forward_v6(ctx, ifindex, eth),
+        L3::V4 => try_forward_v4(ctx, ifindex, eth, &cache),
+        L3::V6 => try_forward_v6(ctx, ifindex, eth, &cache),
     }
 }
 
@@ -191,10 +197,100 @@ fn fib_params(
     unsafe { transmute::<[u32; 16], bpf_fib_lookup>(words) }
 }
 
-/// Maps `bpf_fib_lookup`'s answer to `Ok(XDP_REDIRECT)` once the egress is a managed, unshaped
-/// interface and the redirect to it is set up.
+/// When a flow's cached FIB answer may be used (from [`xdp_router_common::Settings`]).
+pub struct FibCachePolicy {
+    /// `Settings::fib_generation`; 0 = no caching.
+    generation: u32,
+    /// `Settings::fib_cache_ns`; 0 = no caching.
+    max_age_ns: u64,
+}
+
+impl FibCachePolicy {
+    #[inline(always)]
+    fn enabled(&self) -> bool {
+        self.generation != 0 && self.max_age_ns != 0
+    }
+}
+
+/// The flow's cached next hop, if it is valid for a packet of IP length `len` with lookup input
+/// `tos_flowinfo` at `now` (see [`FibCache`] for the rules).
 #[inline(always)]
-fn egress_of(ctx: &XdpContext, params: &mut bpf_fib_lookup) -> Result<u32, Reason> {
+fn cached_hop(
+    cache: *const FibCache,
+    policy: &FibCachePolicy,
+    now: u64,
+    len: u16,
+    tos_flowinfo: u32,
+) -> Option<NextHop> {
+    use core::ptr::{addr_of, read_volatile};
+    if !policy.enabled() {
+        return None;
+    }
+    // SAFETY: `cache` points into a live flow map value. Volatile reads keep their order: the
+    // generation is read first and again last, and a writer zeroes it before it rewrites the
+    // other fields (see store_hop), so a copy taken while a writer was busy is discarded.
+    unsafe {
+        let generation = read_volatile(addr_of!((*cache).generation));
+        if generation != policy.generation
+            || now.wrapping_sub(read_volatile(addr_of!((*cache).filled_ns))) >= policy.max_age_ns
+            || len > read_volatile(addr_of!((*cache).max_len))
+            || tos_flowinfo != read_volatile(addr_of!((*cache).tos_flowinfo))
+        {
+            return None;
+        }
+        let hop = NextHop {
+            ifindex: read_volatile(addr_of!((*cache).ifindex)),
+            smac: read_volatile(addr_of!((*cache).smac)),
+            dmac: read_volatile(addr_of!((*cache).dmac)),
+        };
+        (read_volatile(addr_of!((*cache).generation)) == generation).then_some(hop)
+    }
+}
+
+/// Keeps a lookup's answer in the flow entry for its next packets.
+#[inline(always)]
+fn store_hop(
+    cache: *mut FibCache,
+    policy: &FibCachePolicy,
+    now: u64,
+    len: u16,
+    tos_flowinfo: u32,
+    hop: &NextHop,
+) {
+    use core::ptr::{addr_of_mut, write_volatile};
+    if !policy.enabled() {
+        return;
+    }
+    // SAFETY: `cache` points into a live flow map value; see cached_hop for the protocol.
+    // Two CPUs filling the same entry at once write the answers of the same generation.
+    unsafe {
+        write_volatile(addr_of_mut!((*cache).generation), 0);
+        write_volatile(addr_of_mut!((*cache).ifindex), hop.ifindex);
+        write_volatile(addr_of_mut!((*cache).tos_flowinfo), tos_flowinfo);
+        write_volatile(addr_of_mut!((*cache).max_len), len);
+        write_volatile(addr_of_mut!((*cache).smac), hop.smac);
+        write_volatile(addr_of_mut!((*cache).dmac), hop.dmac);
+        write_volatile(addr_of_mut!((*cache).filled_ns), now);
+        write_volatile(addr_of_mut!((*cache).generation), policy.generation);
+    }
+}
+
+/// Where the translated packet goes: the flow's cached answer when it is still valid, else
+/// `bpf_fib_lookup` with `params` (whose answer is then cached). `len` is the packet's IP length
+/// and `tos_flowinfo` the lookup's TOS / flow information input, both as in `params`.
+#[inline(always)]
+fn next_hop(
+    ctx: &XdpContext,
+    cache: *mut FibCache,
+    policy: &FibCachePolicy,
+    now: u64,
+    params: &mut bpf_fib_lookup,
+    len: u16,
+    tos_flowinfo: u32,
+) -> Result<NextHop, Reason> {
+    if let Some(hop) = cached_hop(cache, policy, now, len, tos_flowinfo) {
+        return Ok(hop);
+    }
     // SAFETY: params is a valid, initialised bpf_fib_lookup of the size passed.
     let rc = unsafe {
         fib_lookup(
@@ -205,7 +301,19 @@ fn egress_of(ctx: &XdpContext, params: &mut bpf_fib_lookup) -> Result<u32, Reaso
         )
     };
     check_fib_result(rc)?;
-    let egress = params.ifindex;
+    let hop = NextHop {
+        ifindex: params.ifindex,
+        smac: params.smac,
+        dmac: params.dmac,
+    };
+    store_hop(cache, policy, now, len, tos_flowinfo, &hop);
+    Ok(hop)
+}
+
+/// `Ok(XDP_REDIRECT)` once `egress` is a managed, unshaped interface and the redirect to it is
+/// set up. Checked on every packet, cached next hop or not: the daemon flips these live.
+#[inline(always)]
+fn redirect_to(egress: u32) -> Result<u32, Reason> {
     // Only interfaces the daemon manages are fast-path targets (their neighbours, qdiscs and
     // counters are known); anything else keeps the kernel's full output path.
     let Some(info) = IFACES.get_ptr(egress) else {
@@ -228,7 +336,7 @@ fn egress_of(ctx: &XdpContext, params: &mut bpf_fib_lookup) -> Result<u32, Reaso
 
 /// Counts the packet on its flow; `action` is what the redirect set-up returned.
 #[inline(always)]
-fn finish(counters: *mut FlowCounters, flags: u32, bytes: u64, action: u32) -> Forwarded {
+fn finish(counters: *mut FlowCounters, flags: u32, bytes: u64, action: u32, now: u64) -> Forwarded {
     // SAFETY: `counters` points into a flow map value (8-byte aligned); the kernel keeps it
     // alive for this program run. Several CPUs may forward the same flow, hence atomic adds
     // (BPF_ATOMIC | BPF_ADD): plain adds lose updates when two CPUs forward the same flow
@@ -236,8 +344,8 @@ fn finish(counters: *mut FlowCounters, flags: u32, bytes: u64, action: u32) -> F
     // CAS, so `AtomicU64::fetch_add` does not exist there; the intrinsic lowers to the BPF
     // atomic add directly.
     //
-    // last_seen_ns is CLOCK_MONOTONIC_COARSE (bpf_ktime_get_coarse_ns, kernel 5.11): the daemon
-    // only needs it to the second for conntrack timeouts, and the precise clock
+    // last_seen_ns (`now`) is CLOCK_MONOTONIC_COARSE (bpf_ktime_get_coarse_ns, kernel 5.11): the
+    // daemon only needs it to the second for conntrack timeouts, and the precise clock
     // (bpf_ktime_get_ns, a TSC read) was a fifth of the forward path's cost on a VM.
     unsafe {
         atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(addr_of_mut!((*counters).packets), 1);
@@ -245,7 +353,7 @@ fn finish(counters: *mut FlowCounters, flags: u32, bytes: u64, action: u32) -> F
             addr_of_mut!((*counters).bytes),
             bytes,
         );
-        addr_of_mut!((*counters).last_seen_ns).write_volatile(bpf_ktime_get_coarse_ns());
+        addr_of_mut!((*counters).last_seen_ns).write_volatile(now);
     }
     let reason = if flags & FLOW_F_REPLY != 0 {
         Reason::ForwardedReply
@@ -263,7 +371,12 @@ fn frame_len(ctx: &XdpContext) -> usize {
 
 /// Steps 4-11 for IPv4: checks, flow, FIB, egress, rewrite, counters, redirect.
 #[inline(always)]
-fn try_forward_v4(ctx: &XdpContext, ifindex: u32, eth: *mut EthHdr) -> Result<Forwarded, Reason> {
+fn try_forward_v4(
+    ctx: &XdpContext,
+    ifindex: u32,
+    eth: *mut EthHdr,
+    cache: &FibCachePolicy,
+) -> Result<Forwarded, Reason> {
     let ip: *mut Ipv4Hdr = ptr_at_mut(ctx, ETH_HLEN)?;
     // SAFETY: bounds checked by ptr_at_mut; fields are copied out, no reference is kept.
     let (fields, tos, src, dst) = unsafe {
@@ -303,6 +416,8 @@ fn try_forward_v4(ctx: &XdpContext, ifindex: u32, eth: *mut EthHdr) -> Result<Fo
     };
     let flags = unsafe { (*flow).flags };
 
+    // The TOS byte goes where the union's first byte is.
+    let tos_word = u32::from_ne_bytes([tos, 0, 0, 0]);
     let mut params = fib_params(
         AF_INET,
         fields.proto,
@@ -311,24 +426,41 @@ fn try_forward_v4(ctx: &XdpContext, ifindex: u32, eth: *mut EthHdr) -> Result<Fo
         // Host order: the helper compares it with the egress MTU.
         fields.tot_len,
         ifindex,
-        // The TOS byte goes where the union's first byte is.
-        u32::from_ne_bytes([tos, 0, 0, 0]),
+        tos_word,
         [nat.src_be, opaque_zero(), opaque_zero(), opaque_zero()],
         [nat.dst_be, opaque_zero(), opaque_zero(), opaque_zero()],
     );
-    let action = egress_of(ctx, &mut params)?;
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // SAFETY: `flow` is a live map value pointer.
+    let fib_cache = unsafe { addr_of_mut!((*flow).fib) };
+    let hop = next_hop(
+        ctx,
+        fib_cache,
+        cache,
+        now,
+        &mut params,
+        fields.tot_len,
+        tos_word,
+    )?;
+    let action = redirect_to(hop.ifindex)?;
 
     let l4 = L4::at(ctx, ETH_HLEN + IPV4_HLEN, fields.proto == IPPROTO_UDP)?;
     // Every check passed: from here on the packet is ours.
-    rewrite::rewrite_v4(eth, ip, l4, &nat, &params);
+    rewrite::rewrite_v4(eth, ip, l4, &nat, &hop);
     // SAFETY: `flow` is a live map value pointer.
     let counters = unsafe { addr_of_mut!((*flow).counters) };
-    Ok(finish(counters, flags, frame_len(ctx) as u64, action))
+    Ok(finish(counters, flags, frame_len(ctx) as u64, action, now))
 }
 
 /// Steps 4-11 for IPv6 (see [`try_forward_v4`]).
 #[inline(always)]
-fn try_forward_v6(ctx: &XdpContext, ifindex: u32, eth: *mut EthHdr) -> Result<Forwarded, Reason> {
+fn try_forward_v6(
+    ctx: &XdpContext,
+    ifindex: u32,
+    eth: *mut EthHdr,
+    cache: &FibCachePolicy,
+) -> Result<Forwarded, Reason> {
     let ip: *mut Ipv6Hdr = ptr_at_mut(ctx, ETH_HLEN)?;
     // SAFETY: bounds checked by ptr_at_mut; fields are copied out, no reference is kept.
     let (fields, flowinfo, src, dst) = unsafe {
@@ -365,24 +497,30 @@ fn try_forward_v6(ctx: &XdpContext, ifindex: u32, eth: *mut EthHdr) -> Result<Fo
     };
     let flags = unsafe { (*flow).flags };
 
+    // The whole datagram, header included, in host order (MTU check).
+    let len = fields.payload_len.wrapping_add(IPV6_HLEN as u16);
     let mut params = fib_params(
         AF_INET6,
         fields.next_header,
         nat.sport_be,
         nat.dport_be,
-        // The whole datagram, header included, in host order (MTU check).
-        fields.payload_len.wrapping_add(IPV6_HLEN as u16),
+        len,
         ifindex,
         flowinfo,
         nat.src_be,
         nat.dst_be,
     );
-    let action = egress_of(ctx, &mut params)?;
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // SAFETY: `flow` is a live map value pointer.
+    let fib_cache = unsafe { addr_of_mut!((*flow).fib) };
+    let hop = next_hop(ctx, fib_cache, cache, now, &mut params, len, flowinfo)?;
+    let action = redirect_to(hop.ifindex)?;
 
     let l4 = L4::at(ctx, ETH_HLEN + IPV6_HLEN, fields.next_header == IPPROTO_UDP)?;
     // Every check passed: from here on the packet is ours.
-    rewrite::rewrite_v6(eth, ip, l4, &nat, &params);
+    rewrite::rewrite_v6(eth, ip, l4, &nat, &hop);
     // SAFETY: `flow` is a live map value pointer.
     let counters = unsafe { addr_of_mut!((*flow).counters) };
-    Ok(finish(counters, flags, frame_len(ctx) as u64, action))
+    Ok(finish(counters, flags, frame_len(ctx) as u64, action, now))
 }

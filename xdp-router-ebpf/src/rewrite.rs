@@ -2,7 +2,7 @@
 //! (RFC 1624, per-flow diffs precomputed by the daemon), TTL / hop-limit decrement, and the MAC
 //! addresses from the FIB result. Called only after every check has passed.
 
-use aya_ebpf::{bindings::bpf_fib_lookup, programs::XdpContext};
+use aya_ebpf::programs::XdpContext;
 use xdp_router_common::{
     Reason,
     checksum::{apply, apply_udp, combine, diff16},
@@ -67,13 +67,23 @@ pub struct NatV6 {
     pub l4_csum_diff: u32,
 }
 
-/// Source and destination MAC from a successful `bpf_fib_lookup`.
+/// Where a packet leaves: a successful `bpf_fib_lookup`'s answer, fresh or cached.
+pub struct NextHop {
+    /// Egress interface.
+    pub ifindex: u32,
+    /// The router's MAC on the egress.
+    pub smac: [u8; 6],
+    /// The next hop's MAC.
+    pub dmac: [u8; 6],
+}
+
+/// Source and destination MAC of the next hop.
 #[inline(always)]
-fn rewrite_macs(eth: *mut EthHdr, fib: &bpf_fib_lookup) {
+fn rewrite_macs(eth: *mut EthHdr, hop: &NextHop) {
     // SAFETY: `eth` was bounds checked by the caller's parse.
     unsafe {
-        (*eth).dst = fib.dmac;
-        (*eth).src = fib.smac;
+        (*eth).dst = hop.dmac;
+        (*eth).src = hop.smac;
     }
 }
 
@@ -97,7 +107,7 @@ fn rewrite_l4(l4: L4, sport_be: u16, dport_be: u16, diff: u32) {
 
 /// Rewrites a checked IPv4 packet for forwarding: NAT, TTL - 1, header checksum, MACs.
 #[inline(always)]
-pub fn rewrite_v4(eth: *mut EthHdr, ip: *mut Ipv4Hdr, l4: L4, nat: &NatV4, fib: &bpf_fib_lookup) {
+pub fn rewrite_v4(eth: *mut EthHdr, ip: *mut Ipv4Hdr, l4: L4, nat: &NatV4, hop: &NextHop) {
     // SAFETY: `ip` was bounds checked by the caller's parse; TTL >= 2 was checked.
     unsafe {
         let old_word = (*ip).ttl_proto_word();
@@ -108,13 +118,13 @@ pub fn rewrite_v4(eth: *mut EthHdr, ip: *mut Ipv4Hdr, l4: L4, nat: &NatV4, fib: 
         (*ip).check = apply((*ip).check, combine(nat.l3_csum_diff, ttl_diff));
     }
     rewrite_l4(l4, nat.sport_be, nat.dport_be, nat.l4_csum_diff);
-    rewrite_macs(eth, fib);
+    rewrite_macs(eth, hop);
 }
 
 /// Rewrites a checked IPv6 packet for forwarding: NAT, hop limit - 1, MACs (IPv6 has no header
 /// checksum; the hop limit is not in the pseudo-header).
 #[inline(always)]
-pub fn rewrite_v6(eth: *mut EthHdr, ip: *mut Ipv6Hdr, l4: L4, nat: &NatV6, fib: &bpf_fib_lookup) {
+pub fn rewrite_v6(eth: *mut EthHdr, ip: *mut Ipv6Hdr, l4: L4, nat: &NatV6, hop: &NextHop) {
     // SAFETY: `ip` was bounds checked by the caller's parse; hop limit >= 2 was checked.
     unsafe {
         (*ip).hop_limit -= 1;
@@ -122,5 +132,5 @@ pub fn rewrite_v6(eth: *mut EthHdr, ip: *mut Ipv6Hdr, l4: L4, nat: &NatV6, fib: 
         (*ip).dst_be = nat.dst_be;
     }
     rewrite_l4(l4, nat.sport_be, nat.dport_be, nat.l4_csum_diff);
-    rewrite_macs(eth, fib);
+    rewrite_macs(eth, hop);
 }

@@ -34,6 +34,11 @@ pub struct Config {
     /// How often the conntrack timeouts of flows that carried fast-path traffic are refreshed.
     #[serde(default = "default_keepalive_interval_ms")]
     pub keepalive_interval_ms: u64,
+    /// How long a flow may reuse its last `bpf_fib_lookup` answer, at most (ms); 0 = look up
+    /// every packet. Any routing, rule, address, link, neighbour or forwarding change the
+    /// kernel announces drops every cached answer at once, whatever this says.
+    #[serde(default = "default_fib_cache_ms")]
+    pub fib_cache_ms: u64,
     /// Log filter (tracing `EnvFilter` syntax, e.g. `info` or `xdp_routerd=debug`); the
     /// `RUST_LOG` environment variable wins when set.
     #[serde(default = "default_log_level")]
@@ -157,6 +162,9 @@ fn default_flow_capacity() -> u32 {
 fn default_keepalive_interval_ms() -> u64 {
     2000
 }
+fn default_fib_cache_ms() -> u64 {
+    100
+}
 fn default_log_level() -> String {
     "info".to_string()
 }
@@ -256,6 +264,12 @@ impl Config {
             return Err(format!(
                 "flow_capacity = {} is too small (minimum 16)",
                 self.flow_capacity
+            ));
+        }
+        if self.fib_cache_ms > 10_000 {
+            return Err(format!(
+                "fib_cache_ms = {} is out of range (0..=10000; 0 looks up every packet)",
+                self.fib_cache_ms
             ));
         }
         if !(100..=60_000).contains(&self.keepalive_interval_ms) {

@@ -24,7 +24,10 @@ use crate::{
     control::{self, Handler, Request},
     datapath::{AttachMode, Datapath},
     flows::{DirKey, FlowManager, Upsert},
-    status::{ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, Status},
+    status::{
+        ConntrackStatus, CounterRow, FibCacheStatus, FlowCounts, FlowRow, Flows, IfaceStatus,
+        Status,
+    },
     sync::{
         conntrack::{CtEntry, CtEvent, IPPROTO_TCP},
         ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate, KernelTimeouts},
@@ -149,6 +152,10 @@ struct State {
     ifaces: Vec<Managed>,
     ct: ConntrackStatus,
     xdp_mode: crate::config::XdpModeConfig,
+    /// `fib_cache_ms` of the config.
+    fib_cache_ms: u64,
+    /// FIB cache invalidations since start.
+    fib_invalidations: u64,
 }
 
 type Shared = Arc<Mutex<State>>;
@@ -278,6 +285,11 @@ impl State {
             },
             counters,
             conntrack: ct,
+            fib_cache: FibCacheStatus {
+                max_age_ms: self.fib_cache_ms,
+                generation: self.dp.fib_generation(),
+                invalidations: self.fib_invalidations,
+            },
         })
     }
 
@@ -418,6 +430,8 @@ pub async fn run_with(
     // Subscribe before reading qdiscs and dumping conntrack so nothing that happens in between
     // is lost.
     let rt_events = rtnl::subscribe().context("cannot subscribe to rtnetlink events")?;
+    // Flows may keep FIB answers only while the notifications that invalidate them are heard.
+    dp.set_fib_cache(Duration::from_millis(config.fib_cache_ms))?;
     // Know which egresses are shaped before the first packet is forwarded.
     match read_qdiscs().await {
         Ok(q) => {
@@ -440,6 +454,8 @@ pub async fn run_with(
         ifaces,
         ct: ConntrackStatus::default(),
         xdp_mode: config.xdp_mode,
+        fib_cache_ms: config.fib_cache_ms,
+        fib_invalidations: 0,
     }));
     {
         let mut s = lock(&state);
@@ -698,11 +714,18 @@ async fn rtnl_events(
     mut events: tokio::sync::mpsc::UnboundedReceiver<RtEvent>,
 ) -> anyhow::Result<()> {
     while let Some(first) = events.recv().await {
+        // The datapath's cached FIB answers go first, before the debounce: the next packet of
+        // every flow asks the kernel's FIB again.
+        invalidate_fib_cache(&state);
         // Debounce: a route change usually comes as a burst of messages.
         let mut batch = vec![first];
         tokio::time::sleep(Duration::from_millis(50)).await;
         while let Ok(ev) = events.try_recv() {
             batch.push(ev);
+        }
+        if batch.len() > 1 {
+            // Answers cached while the burst was being applied may be half-old.
+            invalidate_fib_cache(&state);
         }
         if apply_rt_events(&state, &paths, batch) {
             let qdiscs = read_qdiscs().await;
@@ -710,6 +733,15 @@ async fn rtnl_events(
         }
     }
     Err(anyhow!("rtnetlink event socket closed"))
+}
+
+/// Drops every cached FIB answer in the datapath (see [`Datapath::invalidate_fib_cache`]).
+fn invalidate_fib_cache(state: &Shared) {
+    let mut s = lock(state);
+    match s.dp.invalidate_fib_cache() {
+        Ok(()) => s.fib_invalidations += 1,
+        Err(e) => error!(error = %e, "cannot invalidate the FIB cache"),
+    }
 }
 
 /// Applies a batch of rtnetlink events; returns whether the qdiscs must be read again.
@@ -726,6 +758,8 @@ fn apply_rt_events(state: &Shared, paths: &RouteLookup, batch: Vec<RtEvent>) -> 
             }
             RtEvent::LinkGone { ifindex, .. } => revalidate |= s.link_gone(ifindex),
             RtEvent::PathsChanged => revalidate = true,
+            // Only cached FIB answers depend on these (dropped above).
+            RtEvent::FibChanged => {}
             RtEvent::QdiscChanged { ifindex } => {
                 reread_qdiscs |= s.ifaces.iter().any(|m| m.ifindex == Some(ifindex));
             }

@@ -4,7 +4,7 @@
 //! this process, so when it exits for any reason (SIGTERM, panic, SIGKILL) the kernel detaches
 //! the program and carries every packet itself.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 use anyhow::{Context as _, anyhow, bail};
 use aya::{
@@ -57,6 +57,8 @@ pub struct Datapath {
     tx_ports: DevMapHash<MapData>,
     stats: PerCpuArray<MapData, Counter>,
     settings: Array<MapData, Settings>,
+    /// What `settings` holds (the daemon is its only writer).
+    current: Settings,
     attached: BTreeMap<u32, Attachment>,
     flow_capacity: u32,
 }
@@ -105,11 +107,16 @@ impl Datapath {
             tx_ports: take(&mut ebpf, MAP_TX_PORTS)?,
             stats: take(&mut ebpf, MAP_STATS)?,
             settings: take(&mut ebpf, MAP_SETTINGS)?,
+            current: Settings {
+                fastpath_enabled: 1,
+                fib_generation: 1,
+                fib_cache_ns: 0,
+            },
             ebpf,
             attached: BTreeMap::new(),
             flow_capacity,
         };
-        dp.set_fastpath(true)?;
+        dp.write_settings()?;
         Ok(dp)
     }
 
@@ -255,18 +262,36 @@ impl Datapath {
         self.attached.get(&ifindex).map(|a| a.mode)
     }
 
+    fn write_settings(&mut self) -> anyhow::Result<()> {
+        self.settings
+            .set(0, self.current, 0)
+            .context("cannot write the settings map")
+    }
+
     /// Switches the fast path on or off (a map flag; nothing is detached).
     pub fn set_fastpath(&mut self, on: bool) -> anyhow::Result<()> {
-        self.settings
-            .set(
-                0,
-                Settings {
-                    fastpath_enabled: on as u32,
-                    _pad: 0,
-                },
-                0,
-            )
-            .context("cannot write the settings map")
+        self.current.fastpath_enabled = on as u32;
+        self.write_settings()
+    }
+
+    /// How long a flow may reuse its last FIB answer (`fib_cache_ms`); zero disables the
+    /// cache. Starts at zero.
+    pub fn set_fib_cache(&mut self, max_age: Duration) -> anyhow::Result<()> {
+        self.current.fib_cache_ns = u64::try_from(max_age.as_nanos()).unwrap_or(u64::MAX);
+        self.write_settings()
+    }
+
+    /// Invalidates every flow's cached FIB answer: the next packet of each flow takes a full
+    /// `bpf_fib_lookup`. Called for every kernel notification that can change an answer.
+    pub fn invalidate_fib_cache(&mut self) -> anyhow::Result<()> {
+        // 0 means "cache disabled" to the datapath: skip it on wrap-around.
+        self.current.fib_generation = self.current.fib_generation.checked_add(1).unwrap_or(1);
+        self.write_settings()
+    }
+
+    /// The current FIB generation (bumped by [`Datapath::invalidate_fib_cache`]).
+    pub fn fib_generation(&self) -> u32 {
+        self.current.fib_generation
     }
 
     /// Whether the fast path is on.

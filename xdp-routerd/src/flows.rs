@@ -12,8 +12,8 @@ use std::{
 
 use aya::maps::MapError;
 use xdp_router_common::{
-    FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FlowCounters, FlowKeyV4, FlowKeyV6,
-    FlowV4, FlowV6,
+    FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FibCache, FlowCounters, FlowKeyV4,
+    FlowKeyV6, FlowV4, FlowV6,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -500,6 +500,7 @@ fn v4_entry(d: &Dir<'_>) -> (FlowKeyV4, FlowV4) {
         l4_csum_diff: l4,
         _pad: 0,
         counters: FlowCounters::default(),
+        fib: FibCache::default(),
     };
     (key, value)
 }
@@ -535,6 +536,7 @@ fn v6_entry(d: &Dir<'_>) -> (FlowKeyV6, FlowV6) {
         l4_csum_diff: l4,
         _pad: 0,
         counters: FlowCounters::default(),
+        fib: FibCache::default(),
     };
     (key, value)
 }

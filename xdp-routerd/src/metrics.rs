@@ -308,6 +308,20 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
         None,
         [(vec![], ct.refreshes)],
     )?;
+    counters(
+        enc,
+        "fib_cache_invalidations",
+        "Times every flow's cached FIB answer was dropped (kernel routing, rule, address, link, neighbour or forwarding notifications).",
+        None,
+        [(vec![], s.fib_cache.invalidations)],
+    )?;
+    gauges(
+        enc,
+        "fib_cache_max_age",
+        "Longest a flow reuses a FIB answer (fib_cache_ms); 0 = every packet is looked up.",
+        Some(&Unit::Seconds),
+        [(vec![], s.fib_cache.max_age_ms as f64 / 1000.0)],
+    )?;
     Ok(())
 }
 
@@ -456,7 +470,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::status::{ConntrackStatus, CounterRow, FlowCounts, IfaceStatus};
+    use crate::status::{ConntrackStatus, CounterRow, FibCacheStatus, FlowCounts, IfaceStatus};
 
     /// A status with every family populated (also used to list the exported names).
     fn sample_status() -> Status {
@@ -517,6 +531,11 @@ mod tests {
                 errors: 1,
                 skipped: BTreeMap::from([("not_tcp_udp".into(), 3)]),
                 last_resync_ms: 1250,
+            },
+            fib_cache: FibCacheStatus {
+                max_age_ms: 100,
+                generation: 7,
+                invalidations: 6,
             },
         }
     }
@@ -620,6 +639,8 @@ mod tests {
             1.25
         );
         assert_eq!(value(&t, "xdp_router_conntrack_refreshes_total"), 77.0);
+        assert_eq!(value(&t, "xdp_router_fib_cache_invalidations_total"), 6.0);
+        assert_eq!(value(&t, "xdp_router_fib_cache_max_age_seconds"), 0.1);
         assert_eq!(
             value(
                 &t,

@@ -23,6 +23,21 @@ pub struct Status {
     pub counters: Vec<CounterRow>,
     /// Conntrack sync.
     pub conntrack: ConntrackStatus,
+    /// The datapath's per-flow cache of FIB answers.
+    #[serde(default)]
+    pub fib_cache: FibCacheStatus,
+}
+
+/// The per-flow cache of `bpf_fib_lookup` answers (`fib_cache_ms`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct FibCacheStatus {
+    /// Longest an answer is reused, in ms; 0 = every packet is looked up.
+    pub max_age_ms: u64,
+    /// Current generation: answers of older generations are not used.
+    pub generation: u32,
+    /// Invalidations since start (kernel routing, rule, address, link, neighbour or
+    /// forwarding notifications, in bursts of up to 50 ms).
+    pub invalidations: u64,
 }
 
 /// One managed interface.
@@ -164,6 +179,16 @@ impl Status {
         if !c.skipped.is_empty() {
             let list: Vec<String> = c.skipped.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(s, "not offloaded: {}", list.join(" "));
+        }
+        let f = &self.fib_cache;
+        if f.max_age_ms == 0 {
+            let _ = writeln!(s, "fib cache: off (every packet is looked up)");
+        } else {
+            let _ = writeln!(
+                s,
+                "fib cache: answers kept up to {} ms, generation {}, {} invalidations",
+                f.max_age_ms, f.generation, f.invalidations
+            );
         }
         let _ = writeln!(
             s,
@@ -500,6 +525,7 @@ mod tests {
                 })
                 .collect(),
             conntrack: ConntrackStatus::default(),
+            fib_cache: FibCacheStatus::default(),
         }
     }
 

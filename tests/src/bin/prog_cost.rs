@@ -32,7 +32,8 @@
 //! - `--threads N` (1): N threads (pinned to CPUs 0..N) run each case at once on the same flow;
 //! - `--compare OBJECT`: measure another `xdp-router` object file side by side (A/B, e.g. the
 //!   build of an older commit); `--compare-fib-direct`: this build loaded with
-//!   `FIB_LOOKUP_DIRECT`;
+//!   `FIB_LOOKUP_DIRECT`; `--compare-no-fib-cache`: this build with the per-flow FIB cache off
+//!   (`fib_cache_ms = 0`: every packet takes a full `bpf_fib_lookup`);
 //! - `--only TEXT`: only the cases whose name contains TEXT (e.g. under `perf record`).
 //!
 //! Results and their analysis: `docs/datapath.md`.
@@ -105,6 +106,8 @@ struct Opts {
     compare: Option<PathBuf>,
     /// Compare with this build loaded with `FIB_LOOKUP_DIRECT` instead.
     compare_fib_direct: bool,
+    /// Compare with this build with the FIB cache off.
+    compare_no_fib_cache: bool,
     /// Only the cases whose name contains this (the baselines always run), e.g. to profile one
     /// path with `perf record`.
     only: Option<String>,
@@ -118,6 +121,7 @@ impl Opts {
             threads: 1,
             compare: None,
             compare_fib_direct: false,
+            compare_no_fib_cache: false,
             only: None,
         };
         let mut args = std::env::args().skip(1);
@@ -133,6 +137,7 @@ impl Opts {
                 "--calls" => opts.calls = value("--calls")?,
                 "--threads" => opts.threads = value("--threads")? as usize,
                 "--compare-fib-direct" => opts.compare_fib_direct = true,
+                "--compare-no-fib-cache" => opts.compare_no_fib_cache = true,
                 "--only" => opts.only = Some(args.next().ok_or("--only needs a case name part")?),
                 "--compare" => {
                     opts.compare = Some(
@@ -144,7 +149,7 @@ impl Opts {
                 "-h" | "--help" => {
                     return Err(
                         "usage: prog-cost [--samples N (15)] [--calls N (1000)] [--threads N (1)] \
-                         [--compare OBJECT | --compare-fib-direct] [--only TEXT]"
+                         [--compare OBJECT | --compare-fib-direct | --compare-no-fib-cache] [--only TEXT]"
                             .to_owned(),
                     );
                 }
@@ -452,6 +457,7 @@ fn sample(
     baselines: &[raw::RawXdp],
     maps: &mut Maps,
     case: &Case,
+    fib_cache: bool,
     calls: u32,
     threads: usize,
 ) -> Result<f64, String> {
@@ -463,7 +469,11 @@ fn sample(
             reason,
             ..
         } => {
-            maps.apply(setup);
+            if fib_cache {
+                maps.apply(setup);
+            } else {
+                maps.apply(&setup.clone().without_fib_cache());
+            }
             let idx = stats_index(*slot, *reason) as usize;
             Some(maps.stats().get(idx).map_or(0, |c| c.packets))
         }
@@ -574,6 +584,8 @@ struct Object {
     label: String,
     ebpf: Ebpf,
     maps: Maps,
+    /// Run the cases with the FIB cache as configured (else with it off).
+    fib_cache: bool,
 }
 
 /// A row of the result table: a case and its summary per object (one for the baselines).
@@ -588,21 +600,37 @@ fn try_main() -> Result<(), String> {
     if !is_root() {
         return Err("needs root (network namespace, BPF); run it with sudo".to_owned());
     }
-    let compare = match (&opts.compare, opts.compare_fib_direct) {
-        (Some(_), true) => {
-            return Err("--compare and --compare-fib-direct exclude each other".into());
-        }
-        (Some(path), false) => Some((
+    let compare = match (
+        &opts.compare,
+        opts.compare_fib_direct,
+        opts.compare_no_fib_cache,
+    ) {
+        (Some(path), false, false) => Some((
             path.display().to_string(),
             std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?,
             0,
+            true,
         )),
-        (None, true) => Some((
+        (None, true, false) => Some((
             "this build, fib direct".to_owned(),
             EBPF_OBJECT.to_vec(),
             FIB_LOOKUP_DIRECT,
+            true,
         )),
-        (None, false) => None,
+        (None, false, true) => Some((
+            "this build, no fib cache".to_owned(),
+            EBPF_OBJECT.to_vec(),
+            0,
+            false,
+        )),
+        (None, false, false) => None,
+        _ => {
+            return Err(
+                "--compare, --compare-fib-direct and --compare-no-fib-cache exclude \
+                        each other"
+                    .into(),
+            );
+        }
     };
     let jit = sysctl("net.core.bpf_jit_enable");
     let stats = sysctl("kernel.bpf_stats_enabled");
@@ -634,8 +662,10 @@ fn try_main() -> Result<(), String> {
     let (labels, rows) = router.run(move || -> Result<(Vec<String>, Vec<Row>), String> {
         let bed = Bed::here();
         let mut objects = vec![Object::new("this build", load())];
-        if let Some((label, bytes, fib_flags)) = &compare {
-            objects.push(Object::new(label, load_object(bytes, *fib_flags)));
+        if let Some((label, bytes, fib_flags, fib_cache)) = &compare {
+            let mut o = Object::new(label, load_object(bytes, *fib_flags));
+            o.fib_cache = *fib_cache;
+            objects.push(o);
         }
         // See hold_dispatcher(): every measured program stays attached while measured.
         let mut hold = HOLD.iter();
@@ -691,8 +721,16 @@ fn try_main() -> Result<(), String> {
                         .ok_or("program vanished")?
                         .try_into()
                         .map_err(|e| format!("{e}"))?;
-                    let ns = sample(prog, &baselines, &mut o.maps, case, calls, threads)
-                        .map_err(|e| format!("{} ({}): {e}", case.name, o.label))?;
+                    let ns = sample(
+                        prog,
+                        &baselines,
+                        &mut o.maps,
+                        case,
+                        o.fib_cache,
+                        calls,
+                        threads,
+                    )
+                    .map_err(|e| format!("{} ({}): {e}", case.name, o.label))?;
                     out.push(ns);
                 }
             }
@@ -783,6 +821,7 @@ impl Object {
             label: label.to_owned(),
             ebpf,
             maps,
+            fib_cache: true,
         }
     }
 }

@@ -153,6 +153,9 @@ pub enum RtEvent {
     /// A qdisc of this interface was added, replaced or deleted: re-read its egress qdiscs
     /// (`shaped = "auto"`, see [`crate::sync::qdisc`]).
     QdiscChanged { ifindex: u32 },
+    /// A neighbour, policy rule or forwarding setting changed (or a notification could not be
+    /// parsed): only cached FIB answers are affected.
+    FibChanged,
     /// Notifications were lost (socket overrun): re-read everything.
     Overrun,
 }
@@ -178,6 +181,10 @@ pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
         | RouteNetlinkMessage::DelAddress(_)
         | RouteNetlinkMessage::NewRoute(_)
         | RouteNetlinkMessage::DelRoute(_) => Some(RtEvent::PathsChanged),
+        RouteNetlinkMessage::NewNeighbour(_)
+        | RouteNetlinkMessage::DelNeighbour(_)
+        | RouteNetlinkMessage::NewRule(_)
+        | RouteNetlinkMessage::DelRule(_) => Some(RtEvent::FibChanged),
         RouteNetlinkMessage::NewQueueDiscipline(q) | RouteNetlinkMessage::DelQueueDiscipline(q) => {
             Some(RtEvent::QdiscChanged {
                 ifindex: u32::try_from(q.header.index).ok()?,
@@ -187,14 +194,47 @@ pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
     }
 }
 
+/// The events in one datagram of notifications (pure; unit-tested). A message the crate cannot
+/// parse (e.g. RTM_NEWNETCONF, a forwarding sysctl change) still drops cached FIB answers.
+pub fn events_in(data: &[u8]) -> Vec<RtEvent> {
+    let mut events = Vec::new();
+    let mut offset = 0;
+    while let Some(rest) = data.get(offset..).filter(|r| r.len() >= 16) {
+        // nlmsg_len, the first 4 bytes of every message.
+        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if len < 16 || len > rest.len() {
+            break;
+        }
+        let ev = match NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rest[..len]) {
+            Ok(msg) => match &msg.payload {
+                NetlinkPayload::InnerMessage(inner) => translate(inner),
+                _ => None,
+            },
+            Err(_) => Some(RtEvent::FibChanged),
+        };
+        events.extend(ev);
+        // Messages are 4-byte aligned (NLMSG_ALIGN).
+        offset += (len + 3) & !3;
+    }
+    events
+}
+
 const RTMGRP_LINK: u32 = 0x1;
 const RTMGRP_TC: u32 = 0x8;
 const RTMGRP_IPV4_IFADDR: u32 = 0x10;
 const RTMGRP_IPV4_ROUTE: u32 = 0x40;
 const RTMGRP_IPV6_IFADDR: u32 = 0x100;
 const RTMGRP_IPV6_ROUTE: u32 = 0x400;
+// RTNLGRP_NEIGH (3), RTNLGRP_IPV4_RULE (8), RTNLGRP_IPV6_RULE (19), RTNLGRP_IPV4_NETCONF (24),
+// RTNLGRP_IPV6_NETCONF (25): group n is bit n - 1 of the bind mask.
+const RTMGRP_NEIGH: u32 = 1 << (3 - 1);
+const RTMGRP_IPV4_RULE: u32 = 1 << (8 - 1);
+const RTMGRP_IPV6_RULE: u32 = 1 << (19 - 1);
+const RTMGRP_IPV4_NETCONF: u32 = 1 << (24 - 1);
+const RTMGRP_IPV6_NETCONF: u32 = 1 << (25 - 1);
 
-/// Subscribes to link, address, route and qdisc notifications. A thread reads the socket (in
+/// Subscribes to link, address, route, qdisc, neighbour, rule and netconf notifications. A thread
+/// reads the socket (in
 /// the caller's network namespace) and sends [`RtEvent`]s; the receiver closes if the socket
 /// fails.
 pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
@@ -207,7 +247,12 @@ pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
             | RTMGRP_IPV4_IFADDR
             | RTMGRP_IPV4_ROUTE
             | RTMGRP_IPV6_IFADDR
-            | RTMGRP_IPV6_ROUTE,
+            | RTMGRP_IPV6_ROUTE
+            | RTMGRP_NEIGH
+            | RTMGRP_IPV4_RULE
+            | RTMGRP_IPV6_RULE
+            | RTMGRP_IPV4_NETCONF
+            | RTMGRP_IPV6_NETCONF,
     ))?;
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::Builder::new()
@@ -228,24 +273,10 @@ pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
                         return;
                     }
                 };
-                let mut offset = 0;
-                while offset < data.len() {
-                    let Ok(msg) =
-                        NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..])
-                    else {
-                        break;
-                    };
-                    let len = msg.header.length as usize;
-                    if let NetlinkPayload::InnerMessage(inner) = &msg.payload
-                        && let Some(ev) = translate(inner)
-                        && tx.send(ev).is_err()
-                    {
+                for ev in events_in(&data) {
+                    if tx.send(ev).is_err() {
                         return;
                     }
-                    if len == 0 {
-                        break;
-                    }
-                    offset += len;
                 }
             }
         })?;
@@ -297,10 +328,60 @@ mod tests {
             translate(&RouteNetlinkMessage::NewAddress(Default::default())),
             Some(RtEvent::PathsChanged)
         );
+    }
+
+    #[test]
+    fn neighbour_and_rule_changes_only_touch_the_fib_cache() {
+        for msg in [
+            RouteNetlinkMessage::NewNeighbour(Default::default()),
+            RouteNetlinkMessage::DelNeighbour(Default::default()),
+            RouteNetlinkMessage::NewRule(Default::default()),
+            RouteNetlinkMessage::DelRule(Default::default()),
+        ] {
+            assert_eq!(translate(&msg), Some(RtEvent::FibChanged), "{msg:?}");
+        }
+    }
+
+    /// RTM_NEWNETCONF (type 80) as `sysctl net.ipv4.conf.a0.forwarding=0` sends it: family
+    /// AF_INET, NETCONFA_IFINDEX 7, NETCONFA_FORWARDING 0.
+    const NETCONF_NOTIFICATION: &str = concat!(
+        "2c000000500000000000000000000000", // nlmsghdr: len 44, type 80
+        "02000000",                         // struct netconfmsg: AF_INET + padding
+        "0800010007000000",                 // NETCONFA_IFINDEX 7
+        "0800020000000000",                 // NETCONFA_FORWARDING 0
+        "0800040000000000",                 // NETCONFA_MC_FORWARDING 0 (padding to 44)
+    );
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_datagram_yields_every_event_including_unparsed_ones() {
+        let mut link = LinkMessage::default();
+        link.header.index = 7;
+        link.attributes.push(LinkAttribute::IfName("a0".into()));
+        let mut msg = NetlinkMessage::from(RouteNetlinkMessage::NewLink(link));
+        msg.finalize();
+        let mut data = vec![0; msg.buffer_len()];
+        msg.serialize(&mut data);
+        data.resize(data.len().next_multiple_of(4), 0);
+        data.extend(hex(NETCONF_NOTIFICATION));
         assert_eq!(
-            translate(&RouteNetlinkMessage::NewNeighbour(Default::default())),
-            None
+            events_in(&data),
+            vec![
+                RtEvent::LinkUp {
+                    ifindex: 7,
+                    name: "a0".into()
+                },
+                RtEvent::FibChanged
+            ]
         );
+        // A truncated message ends the datagram without a panic.
+        assert_eq!(events_in(&data[..20]), vec![]);
     }
 
     /// RTM_DELQDISC notification of `tc qdisc del dev a0 root` (the htb).
