@@ -226,25 +226,39 @@ fn table(off: &Side, on: &Side, flows: u32, secs: u32) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<24}{:>14}{:>14}{:>24}",
-        "", "delivered", "router CPU1", "forwarded by kernel/XDP"
+        "{:<24}{:>14}{:>14}{:>16}{:>24}",
+        "", "delivered", "router CPU1", "router ns/pkt", "forwarded by kernel/XDP"
     );
+    // The router's own CPU time per packet: CPU1's system share (the router's NAPI thread) over
+    // the delivered rate; the sink's softirq and idle time are left out.
+    let router_ns = |side: &Side| {
+        (side.udp.delivered_pps > 0.0)
+            .then(|| side.udp.router_cpu.system / 100.0 * 1e9 / side.udp.delivered_pps)
+            .unwrap_or(0.0)
+    };
     for (fp, side) in [(false, off), (true, on)] {
         let _ = writeln!(
             s,
-            "{:<24}{:>9.0} Kpps{:>12.0} %{:>15.0} % /{:>4.0} %",
+            "{:<24}{:>9.0} Kpps{:>12.0} %{:>13.0} ns{:>15.0} % /{:>4.0} %",
             label(fp),
             side.udp.delivered_pps / 1e3,
             side.udp.router_cpu.busy,
+            router_ns(side),
             pct(side.udp.kernel_forwarded, side.udp.delivered),
             pct(side.udp_xdp, side.udp.delivered),
         );
     }
+    let (ns_off, ns_on) = (router_ns(off), router_ns(on));
     let _ = writeln!(
         s,
-        "{:<24}{:>14}",
+        "{:<24}{:>14}{:>30}",
         "on / off",
-        ratio(on.udp.delivered_pps, off.udp.delivered_pps)
+        ratio(on.udp.delivered_pps, off.udp.delivered_pps),
+        if ns_on > 0.0 {
+            format!("÷{:.2}", ns_off / ns_on)
+        } else {
+            "—".into()
+        }
     );
     let _ = writeln!(
         s,
