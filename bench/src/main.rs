@@ -82,9 +82,23 @@ pub struct Opts {
     /// Skip the iperf3 runs.
     #[arg(long, global = true)]
     no_tcp: bool,
-    /// Latency probes per run, 1 ms apart (default 1000; quick 200).
+    /// Latency probes per fast-path mode and background load, 1 ms apart (default 3000; quick
+    /// 200). Off and on are measured interleaved, see --latency-rounds.
     #[arg(long, global = true)]
     latency_probes: Option<u32>,
+    /// Rounds of the interleaved latency comparison: each round has one block of
+    /// probes/rounds probes per mode, the mode order alternating (off on | on off | …).
+    #[arg(long, global = true, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    latency_rounds: u32,
+    /// Background load of the latency runs, 64 B frames/s (default: the scenario's kernel NDR
+    /// at 64 B, the RFC 2544 latency load, at least 60 Kpps).
+    #[arg(long, global = true)]
+    latency_load_pps: Option<f64>,
+    /// Latency only: skip the bare-redirect ceiling, the NDR searches and the S3 shaping check
+    /// (the generator-alone check stays; without --latency-load-pps, one kernel NDR search at
+    /// the smallest IPv4 size per scenario sets the background load).
+    #[arg(long, global = true, conflicts_with = "no_latency")]
+    only_latency: bool,
     /// Skip the latency runs.
     #[arg(long, global = true)]
     no_latency: bool,

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::{
     cpu::CpuShare,
-    latency::Latency,
+    latency::{self, Bootstrap, DiffCi, Latency, ModeSamples, Schedule, Verdict},
     packet::Family,
     router::Scenario,
     tcp::TcpRun,
@@ -32,8 +32,11 @@ pub struct Report {
     pub shaping: Vec<ShapeCheck>,
     /// iperf3 runs.
     pub tcp: Vec<TcpRow>,
-    /// Latency probe runs.
+    /// Latency probe runs, one per scenario × background load × fast path mode.
     pub latency: Vec<LatencyRow>,
+    /// Fast path on − off latency differences with confidence intervals, one per scenario ×
+    /// background load (interleaved runs with both modes).
+    pub latency_diff: Vec<LatencyDiff>,
     /// The project's targets, evaluated on this run.
     pub targets: Vec<Target>,
     /// Things that went wrong without stopping the run.
@@ -119,6 +122,23 @@ pub struct Cell {
     pub trials: Vec<Trial>,
 }
 
+impl Cell {
+    /// Router CPU time per delivered packet in the overload trial, ns: CPU1's *system* share (the
+    /// router's NAPI thread: XDP program, redirect, or the kernel's forwarding path) over the
+    /// delivered rate. The sink's softirq and idle time are left out, so it compares the router's
+    /// own work even when the generator cannot keep CPU1 saturated. `None` without data.
+    pub fn router_ns_per_pkt(&self) -> Option<f64> {
+        (self.overload_pps > 0.0 && self.overload_cpu.system > 0.0)
+            .then(|| self.overload_cpu.system / 100.0 * 1e9 / self.overload_pps)
+    }
+
+    /// CPU1 busy time (router + sink) per delivered packet in the overload trial, ns.
+    pub fn busy_ns_per_pkt(&self) -> Option<f64> {
+        (self.overload_pps > 0.0 && self.overload_cpu.busy > 0.0)
+            .then(|| self.overload_cpu.busy / 100.0 * 1e9 / self.overload_pps)
+    }
+}
+
 /// S3: does the shaper still bind uploads?
 #[derive(Debug, Serialize)]
 pub struct ShapeCheck {
@@ -150,7 +170,7 @@ pub struct TcpRow {
     pub xdp_forwarded: u64,
 }
 
-/// One latency probe run in a scenario.
+/// One fast path mode's probes of an interleaved latency run in a scenario.
 #[derive(Debug, Serialize)]
 pub struct LatencyRow {
     /// Scenario.
@@ -159,9 +179,99 @@ pub struct LatencyRow {
     pub fastpath: bool,
     /// Background load (64 B frames/s through the router), 0 = idle.
     pub load_pps: f64,
-    /// The measurement.
+    /// Percentiles of the pooled counted probes.
     #[serde(flatten)]
     pub latency: Latency,
+    /// Blocks (rounds) this mode was measured in.
+    pub blocks: u32,
+    /// Packets the router's kernel forwarded per probe sent (idle runs; each probe crosses the
+    /// router twice, so ≈ 2 when the kernel forwards the echo flow, ≈ 0 when XDP does).
+    pub kernel_forwarded_per_probe: Option<f64>,
+    /// Round trips of the counted probes in the order taken, µs (0.01 µs resolution).
+    pub rtts_us: Vec<f64>,
+    /// Answered probes of each block, in order (they cut `rtts_us` into the blocks).
+    pub block_lens: Vec<usize>,
+    /// When each of `rtts_us` was sent, ms since the start of the run (0.01 ms resolution).
+    pub sent_ms: Vec<f64>,
+    /// Round trips of the probes discarded right after switching to this mode, µs.
+    pub discarded_us: Vec<f64>,
+}
+
+impl LatencyRow {
+    /// The row of mode `m` of a run.
+    pub fn new(
+        scenario: Scenario,
+        load_pps: f64,
+        m: &ModeSamples,
+        kernel_forwarded_per_probe: Option<f64>,
+    ) -> LatencyRow {
+        let centi = |v: &[f64]| v.iter().map(|x| (x * 100.0).round() / 100.0).collect();
+        LatencyRow {
+            scenario,
+            fastpath: m.fastpath,
+            load_pps,
+            latency: m.summary(),
+            blocks: m.blocks,
+            kernel_forwarded_per_probe,
+            rtts_us: centi(&m.rtts_us),
+            block_lens: m.block_lens.clone(),
+            sent_ms: centi(&m.sent_ms),
+            discarded_us: centi(&m.discarded_us),
+        }
+    }
+}
+
+/// Fast path on − off latency of one interleaved run.
+#[derive(Debug, Serialize)]
+pub struct LatencyDiff {
+    /// Scenario.
+    pub scenario: Scenario,
+    /// Background load (64 B frames/s), 0 = idle.
+    pub load_pps: f64,
+    /// How the probes were taken.
+    pub schedule: Schedule,
+    /// p50 on − off with its 95 % bootstrap interval.
+    pub p50: Option<DiffCi>,
+    /// p99 on − off with its 95 % bootstrap interval (the target's figure).
+    pub p99: Option<DiffCi>,
+}
+
+impl LatencyDiff {
+    /// Compares the pooled round trips of `on` and `off`, their blocks as the strata.
+    pub fn new(
+        scenario: Scenario,
+        load_pps: f64,
+        sched: &Schedule,
+        on: &ModeSamples,
+        off: &ModeSamples,
+    ) -> LatencyDiff {
+        let ci = |p| {
+            latency::quantile_diff_ci(
+                &on.rtts_us,
+                &on.block_lens,
+                &off.rtts_us,
+                &off.block_lens,
+                p,
+                &Bootstrap::BENCH,
+            )
+        };
+        LatencyDiff {
+            scenario,
+            load_pps,
+            schedule: *sched,
+            p50: ci(50.0),
+            p99: ci(99.0),
+        }
+    }
+}
+
+/// How a confidence interval of fast path on − off reads.
+pub fn verdict_text(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Lower => "on lower",
+        Verdict::NoDifference => "no measurable difference",
+        Verdict::Higher => "on higher",
+    }
 }
 
 /// One project target, evaluated.
@@ -326,6 +436,28 @@ impl Report {
                 }
                 o.push('\n');
             }
+            let _ = writeln!(
+                o,
+                "\n{}: CPU1 time per delivered packet under overload, ns — router (system time: \
+                 the router's NAPI thread) / all of CPU1's busy time (router + sink)\n",
+                family.name()
+            );
+            head(&mut o, "row");
+            for row in self.rows() {
+                let _ = write!(o, "| {row} |");
+                for s in &sizes {
+                    match self
+                        .cell(&row, family, *s)
+                        .and_then(|c| Some((c.router_ns_per_pkt()?, c.busy_ns_per_pkt()?)))
+                    {
+                        Some((router, busy)) => {
+                            let _ = write!(o, " {router:.0} / {busy:.0} |");
+                        }
+                        None => o.push_str(" – |"),
+                    }
+                }
+                o.push('\n');
+            }
         }
         if !self.shaping.is_empty() {
             let _ = writeln!(
@@ -374,27 +506,58 @@ impl Report {
             let _ = writeln!(
                 o,
                 "\n## Latency (UDP echo through the router, an offloaded flow), µs\n\n\
+                 Fast path off and on interleaved: per run, rounds of one block per mode (order \
+                 alternating), the background load running throughout, each mode's probes \
+                 pooled.\n\n\
                  | scenario | fast path | background load | probes | lost | p50 | p90 | p99 | \
-                 max |\n|---|---|---|---|---|---|---|---|---|"
+                 p99.9 | max |\n|---|---|---|---|---|---|---|---|---|---|"
             );
             for l in &self.latency {
-                let load = if l.load_pps > 0.0 {
-                    format!("{:.0} Kpps 64 B", l.load_pps / 1e3)
-                } else {
-                    "idle".to_owned()
-                };
                 let x = &l.latency;
                 let _ = writeln!(
                     o,
-                    "| {} | {} | {load} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
+                    "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
                     l.scenario.id(),
                     onoff(l.fastpath),
+                    load_label(l.load_pps),
                     x.probes,
                     x.lost,
                     x.p50_us,
                     x.p90_us,
                     x.p99_us,
+                    x.p999_us,
                     x.max_us
+                );
+            }
+        }
+        if !self.latency_diff.is_empty() {
+            let _ = writeln!(
+                o,
+                "\nFast path on − off, µs, with 95 % confidence intervals (bootstrap: the rounds \
+                 resampled as pairs, then each picked block in runs of {} probes; {} resamples, \
+                 fixed seed). Verdict: \"on higher\" only if the whole interval is above 0.\n\n\
+                 | scenario | background load | rounds | p50 on − off | p50 95 % CI | \
+                 p99 on − off | p99 95 % CI | p99 verdict |\n|---|---|---|---|---|---|---|---|",
+                Bootstrap::BENCH.block,
+                Bootstrap::BENCH.resamples
+            );
+            let fmt = |c: &Option<DiffCi>| match c {
+                Some(c) => (
+                    format!("{:+.1}", c.diff_us),
+                    format!("[{:+.1}, {:+.1}]", c.lo_us, c.hi_us),
+                    verdict_text(c.verdict),
+                ),
+                None => ("–".into(), "–".into(), "n/a"),
+            };
+            for d in &self.latency_diff {
+                let (p50, p50ci, _) = fmt(&d.p50);
+                let (p99, p99ci, verdict) = fmt(&d.p99);
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {} | {p50} | {p50ci} | {p99} | {p99ci} | {verdict} |",
+                    d.scenario.id(),
+                    load_label(d.load_pps),
+                    d.schedule.rounds,
                 );
             }
         }
@@ -538,6 +701,14 @@ impl Report {
     }
 }
 
+fn load_label(pps: f64) -> String {
+    if pps > 0.0 {
+        format!("{:.0} Kpps 64 B", pps / 1e3)
+    } else {
+        "idle".to_owned()
+    }
+}
+
 fn onoff(on: bool) -> &'static str {
     if on { "on" } else { "off" }
 }
@@ -588,5 +759,47 @@ mod tests {
         let svg = r.svg();
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert!(svg.ends_with("</svg>\n"));
+    }
+
+    #[test]
+    fn latency_tables_show_percentiles_and_the_interval() {
+        let sched = Schedule {
+            probes: 4,
+            rounds: 2,
+            discard: 1,
+            interval: std::time::Duration::from_millis(1),
+        };
+        let mode = |fastpath, base: f64| ModeSamples {
+            fastpath,
+            rtts_us: vec![base, base + 1.0, base + 2.0, base + 3.0],
+            lost: 1,
+            discarded_us: vec![99.0],
+            blocks: 2,
+            block_lens: vec![2, 2],
+            sent_ms: vec![0.0, 1.0, 5.0, 6.0],
+        };
+        let (off, on) = (mode(false, 10.0), mode(true, 20.0));
+        let r = Report {
+            latency: vec![
+                LatencyRow::new(Scenario::S2, 50_000.0, &off, None),
+                LatencyRow::new(Scenario::S2, 50_000.0, &on, None),
+            ],
+            latency_diff: vec![LatencyDiff::new(Scenario::S2, 50_000.0, &sched, &on, &off)],
+            ..Report::default()
+        };
+        let md = r.markdown();
+        assert!(
+            md.contains("| S2 | off | 50 Kpps 64 B | 5 | 1 | 12 | 13 | 13 | 13 | 13 |"),
+            "{md}"
+        );
+        // Every resample of "on" is above every resample of "off": the interval is [+7, +13].
+        let p99 = r.latency_diff[0].p99.expect("p99");
+        assert!(p99.lo_us >= 7.0 && p99.hi_us <= 13.0, "{p99:?}");
+        assert!(md.contains("| S2 | 50 Kpps 64 B | 2 | +10.0 |"), "{md}");
+        assert!(md.contains("| on higher |"), "{md}");
+        let json = serde_json::to_value(&r).expect("json");
+        assert_eq!(json["latency_diff"][0]["p99"]["verdict"], "higher");
+        assert_eq!(json["latency"][1]["rtts_us"][0], 20.0);
+        assert_eq!(json["latency"][1]["block_lens"][1], 2);
     }
 }
