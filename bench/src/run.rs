@@ -968,6 +968,24 @@ fn targets(r: &Report) -> Vec<Target> {
             None => missing(name, "within 10 %"),
         });
         if let (Some(a), Some(b)) = (v6, on)
+            && b.overload_pps > 0.0
+        {
+            let x = a.overload_pps / b.overload_pps;
+            t.push(Target {
+                name: "S2 fast path: IPv6 vs IPv4, rate under overload".to_owned(),
+                goal: "within 10 % (secondary)".into(),
+                measured: format!(
+                    "{:+.0} % ({} B: {:.0} vs {} B: {:.0} Kpps)",
+                    (x - 1.0) * 100.0,
+                    a.size,
+                    a.overload_pps / 1e3,
+                    b.size,
+                    b.overload_pps / 1e3
+                ),
+                met: Some((x - 1.0).abs() <= 0.1),
+            });
+        }
+        if let (Some(a), Some(b)) = (v6, on)
             && let (Some(n6), Some(n4)) = (a.router_ns_per_pkt(), b.router_ns_per_pkt())
         {
             let x = n6 / n4;
