@@ -943,6 +943,11 @@ fn fib_flags_direct_skips_policy_rules() {
             })
             .collect::<Vec<_>>()
     });
+    assert_all_ok(&results);
+}
+
+/// Prints one line per named check and fails with the names of those that failed.
+fn assert_all_ok(results: &[(String, Result<(), String>)]) {
     let failed: Vec<_> = results
         .iter()
         .filter_map(|(name, res)| match res {
@@ -1143,18 +1148,5 @@ fn fib_cache_is_used_only_while_valid() {
         ));
         results
     });
-    let failed: Vec<_> = results
-        .iter()
-        .filter_map(|(name, res)| match res {
-            Ok(()) => {
-                println!("ok   {name}");
-                None
-            }
-            Err(e) => {
-                println!("FAIL {name}\n    {e}");
-                Some(name)
-            }
-        })
-        .collect();
-    assert!(failed.is_empty(), "failed: {failed:?}");
+    assert_all_ok(&results);
 }
