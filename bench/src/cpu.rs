@@ -49,6 +49,24 @@ pub struct CpuShare {
     pub softirq: f64,
 }
 
+impl CpuShare {
+    /// System time (the router's threaded NAPI) per packet at `pps` packets/s, ns; `None`
+    /// without packets or system time.
+    pub fn system_ns_per_packet(&self, pps: f64) -> Option<f64> {
+        ns_per_packet(self.system, pps)
+    }
+
+    /// Busy time per packet at `pps` packets/s, ns; `None` without packets or busy time.
+    pub fn busy_ns_per_packet(&self, pps: f64) -> Option<f64> {
+        ns_per_packet(self.busy, pps)
+    }
+}
+
+/// `share` percent of one CPU spread over `pps` packets/s, in ns per packet.
+fn ns_per_packet(share: f64, pps: f64) -> Option<f64> {
+    (pps > 0.0 && share > 0.0).then(|| share / 100.0 * 1e9 / pps)
+}
+
 fn parse(stat: &str, cpu: usize) -> Result<CpuTimes> {
     let tag = format!("cpu{cpu}");
     let Some(line) = stat

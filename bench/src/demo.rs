@@ -232,11 +232,10 @@ fn table(off: &Side, on: &Side, flows: u32, secs: u32) -> String {
     // The router's own CPU time per packet: CPU1's system share (the router's NAPI thread) over
     // the delivered rate; the sink's softirq and idle time are left out.
     let router_ns = |side: &Side| {
-        if side.udp.delivered_pps > 0.0 {
-            side.udp.router_cpu.system / 100.0 * 1e9 / side.udp.delivered_pps
-        } else {
-            0.0
-        }
+        side.udp
+            .router_cpu
+            .system_ns_per_packet(side.udp.delivered_pps)
+            .unwrap_or(0.0)
     };
     for (fp, side) in [(false, off), (true, on)] {
         let _ = writeln!(

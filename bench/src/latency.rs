@@ -587,6 +587,19 @@ mod tests {
         assert_eq!(percentile(&[7.0], 99.0), 7.0);
     }
 
+    /// The p99 difference of two sample sets without rounds, with the bench's block length and
+    /// 1000 resamples.
+    fn p99_ci(a: &[f64], b: &[f64], seed: u64) -> Option<DiffCi> {
+        quantile_diff_ci(
+            a,
+            &[],
+            b,
+            &[],
+            99.0,
+            &boot(Bootstrap::BENCH.block, 1000, seed),
+        )
+    }
+
     fn boot(block: usize, resamples: u32, seed: u64) -> Bootstrap {
         Bootstrap {
             block,
@@ -626,38 +639,14 @@ mod tests {
     fn same_distribution_gives_an_interval_around_zero() {
         let a = latencies(3000, 11, 0.0);
         let b = latencies(3000, 22, 0.0);
-        let ci = quantile_diff_ci(
-            &a,
-            &[],
-            &b,
-            &[],
-            99.0,
-            &boot(Bootstrap::BENCH.block, 1000, 7),
-        )
-        .expect("samples");
+        let ci = p99_ci(&a, &b, 7).expect("samples");
         assert!(ci.lo_us < 0.0 && ci.hi_us > 0.0, "{ci:?}");
         assert_eq!(ci.verdict, Verdict::NoDifference);
         assert!(ci.lo_us <= ci.diff_us && ci.diff_us <= ci.hi_us, "{ci:?}");
         // Deterministic: the same seed gives the same interval, another seed another one.
-        let again = quantile_diff_ci(
-            &a,
-            &[],
-            &b,
-            &[],
-            99.0,
-            &boot(Bootstrap::BENCH.block, 1000, 7),
-        )
-        .expect("samples");
+        let again = p99_ci(&a, &b, 7).expect("samples");
         assert_eq!((ci.lo_us, ci.hi_us), (again.lo_us, again.hi_us));
-        let other = quantile_diff_ci(
-            &a,
-            &[],
-            &b,
-            &[],
-            99.0,
-            &boot(Bootstrap::BENCH.block, 1000, 8),
-        )
-        .expect("samples");
+        let other = p99_ci(&a, &b, 8).expect("samples");
         assert_ne!((ci.lo_us, ci.hi_us), (other.lo_us, other.hi_us));
     }
 
@@ -665,26 +654,10 @@ mod tests {
     fn a_shift_is_detected_in_both_directions() {
         let base = latencies(3000, 11, 0.0);
         let slower = latencies(3000, 22, 15.0);
-        let ci = quantile_diff_ci(
-            &slower,
-            &[],
-            &base,
-            &[],
-            99.0,
-            &boot(Bootstrap::BENCH.block, 1000, 7),
-        )
-        .expect("s");
+        let ci = p99_ci(&slower, &base, 7).expect("s");
         assert_eq!(ci.verdict, Verdict::Higher, "{ci:?}");
         assert!(ci.lo_us > 0.0 && (ci.diff_us - 15.0).abs() < 15.0, "{ci:?}");
-        let ci = quantile_diff_ci(
-            &base,
-            &[],
-            &slower,
-            &[],
-            99.0,
-            &boot(Bootstrap::BENCH.block, 1000, 7),
-        )
-        .expect("s");
+        let ci = p99_ci(&base, &slower, 7).expect("s");
         assert_eq!(ci.verdict, Verdict::Lower, "{ci:?}");
         assert!(ci.hi_us < 0.0, "{ci:?}");
     }

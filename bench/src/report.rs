@@ -128,14 +128,12 @@ impl Cell {
     /// delivered rate. The sink's softirq and idle time are left out, so it compares the router's
     /// own work even when the generator cannot keep CPU1 saturated. `None` without data.
     pub fn router_ns_per_pkt(&self) -> Option<f64> {
-        (self.overload_pps > 0.0 && self.overload_cpu.system > 0.0)
-            .then(|| self.overload_cpu.system / 100.0 * 1e9 / self.overload_pps)
+        self.overload_cpu.system_ns_per_packet(self.overload_pps)
     }
 
     /// CPU1 busy time (router + sink) per delivered packet in the overload trial, ns.
     pub fn busy_ns_per_pkt(&self) -> Option<f64> {
-        (self.overload_pps > 0.0 && self.overload_cpu.busy > 0.0)
-            .then(|| self.overload_cpu.busy / 100.0 * 1e9 / self.overload_pps)
+        self.overload_cpu.busy_ns_per_packet(self.overload_pps)
     }
 }
 

@@ -24,9 +24,10 @@ use aya::{
     programs::{TestRun, TestRunOptions, Xdp},
 };
 use xdp_router_common::{
-    Counter, FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FlowCounters, FlowKeyV4,
-    FlowKeyV6, FlowV4, FlowV6, GLOBAL_FIB_FLAGS, IFACE_F_LAN, IFACE_F_WAN, IfaceInfo, MAP_FLOWS_V4,
-    MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, PROG_NAME, Settings,
+    Counter, FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FibCache, FlowCounters,
+    FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, GLOBAL_FIB_FLAGS, IFACE_F_LAN, IFACE_F_WAN, IfaceInfo,
+    MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, PROG_NAME,
+    Settings,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -505,6 +506,11 @@ impl Maps {
                 .insert(*i, *i, None, 0)
                 .expect("insert tx port");
         }
+        self.write_settings(s);
+    }
+
+    /// Writes only the setup's `SETTINGS` entry (fast path switch, FIB cache generation and age).
+    pub fn write_settings(&mut self, s: &Setup) {
         let settings = Settings {
             fastpath_enabled: u32::from(s.fastpath),
             fib_generation: s.fib_generation,
@@ -534,6 +540,30 @@ impl Maps {
         match f {
             FlowEntry::V4(k, _) => self.flows_v4.get(k, 0).expect("flow v4 present").counters,
             FlowEntry::V6(k, _) => self.flows_v6.get(k, 0).expect("flow v6 present").counters,
+        }
+    }
+
+    /// The flow entry's cached FIB answer.
+    pub fn fib_cache(&self, f: &FlowEntry) -> FibCache {
+        match f {
+            FlowEntry::V4(k, _) => self.flows_v4.get(k, 0).expect("flow v4 present").fib,
+            FlowEntry::V6(k, _) => self.flows_v6.get(k, 0).expect("flow v6 present").fib,
+        }
+    }
+
+    /// Replaces the flow entry's cached FIB answer (the rest of the entry is kept).
+    pub fn set_fib_cache(&mut self, f: &FlowEntry, fib: FibCache) {
+        match f {
+            FlowEntry::V4(k, _) => {
+                let mut v = self.flows_v4.get(k, 0).expect("flow v4 present");
+                v.fib = fib;
+                self.flows_v4.insert(k, v, 0).expect("rewrite flow v4");
+            }
+            FlowEntry::V6(k, _) => {
+                let mut v = self.flows_v6.get(k, 0).expect("flow v6 present");
+                v.fib = fib;
+                self.flows_v6.insert(k, v, 0).expect("rewrite flow v6");
+            }
         }
     }
 }

@@ -15,13 +15,13 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use aya::programs::Xdp;
 use xdp_router_common::{
-    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_SHAPED, PROG_NAME, Reason, Settings, stats_index,
+    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_SHAPED, PROG_NAME, Reason, stats_index,
 };
 use xdp_router_tests::{
     fixture_net::{
-        Bed, CLIENT_MAC, FlowEntry, GW_MAC, LAN_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, MTU_SLOT,
-        Maps, Setup, WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT, build_topology,
-        coarse_monotonic_ns, flow, lan_pkt, load, load_object, routed, run, v4, v6, wan_pkt,
+        Bed, CLIENT_MAC, GW_MAC, LAN_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, MTU_SLOT, Maps, Setup,
+        WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT, build_topology, coarse_monotonic_ns, flow,
+        lan_pkt, load, load_object, routed, run, v4, v6, wan_pkt,
     },
     netns::{Netns, require_root},
     packet::{
@@ -980,30 +980,6 @@ fn table_covers_every_reason() {
     assert!(missing.is_empty(), "reasons without a case: {missing:?}");
 }
 
-/// The flow's cached FIB answer (`FibCache` in the map ABI) in `maps`.
-fn fib_cache_of(maps: &Maps, f: &FlowEntry) -> FibCache {
-    match f {
-        FlowEntry::V4(k, _) => maps.flows_v4.get(k, 0).expect("flow v4 present").fib,
-        FlowEntry::V6(k, _) => maps.flows_v6.get(k, 0).expect("flow v6 present").fib,
-    }
-}
-
-/// Rewrites the flow's cached FIB answer in `maps` (the rest of the entry is kept).
-fn set_fib_cache_of(maps: &mut Maps, f: &FlowEntry, edit: impl FnOnce(&mut FibCache)) {
-    match f {
-        FlowEntry::V4(k, _) => {
-            let mut v = maps.flows_v4.get(k, 0).expect("flow v4 present");
-            edit(&mut v.fib);
-            maps.flows_v4.insert(k, v, 0).expect("rewrite flow v4");
-        }
-        FlowEntry::V6(k, _) => {
-            let mut v = maps.flows_v6.get(k, 0).expect("flow v6 present");
-            edit(&mut v.fib);
-            maps.flows_v6.insert(k, v, 0).expect("rewrite flow v6");
-        }
-    }
-}
-
 /// The per-flow FIB cache: a flow's cached `bpf_fib_lookup` answer is used while its
 /// generation, age, length and TOS / flow information match, and each of those (and the
 /// switch that turns the cache off) makes the next packet look the FIB up again. To tell the
@@ -1068,20 +1044,15 @@ fn fib_cache_is_used_only_while_valid() {
                     if verdict != XDP_REDIRECT || out != real {
                         return Err(format!("first packet: verdict {verdict}, {}", hex(&out)));
                     }
-                    let filled = fib_cache_of(&maps, &f);
+                    let filled = maps.fib_cache(&f);
                     if filled.generation != setup.fib_generation || filled.dmac != GW_MAC {
                         return Err(format!("first packet did not fill the cache: {filled:?}"));
                     }
                     let mut edited = filled;
                     edited.dmac = POISON;
                     tweak(&mut setup, &mut edited);
-                    set_fib_cache_of(&mut maps, &f, |c| *c = edited);
-                    let settings = Settings {
-                        fastpath_enabled: 1,
-                        fib_generation: setup.fib_generation,
-                        fib_cache_ns: setup.fib_cache_ns,
-                    };
-                    maps.settings.set(0, settings, 0).expect("write settings");
+                    maps.set_fib_cache(&f, edited);
+                    maps.write_settings(&setup);
                     let (verdict, out) = run(prog, &p.frame(), bed.lan);
                     let want = if *uses_cache { &poisoned } else { &real };
                     if verdict != XDP_REDIRECT || &out != want {
@@ -1091,7 +1062,7 @@ fn fib_cache_is_used_only_while_valid() {
                             hex(want)
                         ));
                     }
-                    let after = fib_cache_of(&maps, &f);
+                    let after = maps.fib_cache(&f);
                     let enabled = setup.fib_generation != 0 && setup.fib_cache_ns != 0;
                     if !*uses_cache
                         && enabled

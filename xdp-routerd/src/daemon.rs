@@ -24,10 +24,7 @@ use crate::{
     control::{self, Handler, Request},
     datapath::{AttachMode, Datapath},
     flows::{DirKey, FlowManager, Upsert},
-    status::{
-        ConntrackStatus, CounterRow, FibCacheStatus, FlowCounts, FlowRow, Flows, IfaceStatus,
-        Status,
-    },
+    status::{ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, Status},
     sync::{
         conntrack::{CtEntry, CtEvent, IPPROTO_TCP},
         ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate, KernelTimeouts},
@@ -152,10 +149,6 @@ struct State {
     ifaces: Vec<Managed>,
     ct: ConntrackStatus,
     xdp_mode: crate::config::XdpModeConfig,
-    /// `fib_cache_ms` of the config.
-    fib_cache_ms: u64,
-    /// FIB cache invalidations since start.
-    fib_invalidations: u64,
 }
 
 type Shared = Arc<Mutex<State>>;
@@ -285,11 +278,7 @@ impl State {
             },
             counters,
             conntrack: ct,
-            fib_cache: FibCacheStatus {
-                max_age_ms: self.fib_cache_ms,
-                generation: self.dp.fib_generation(),
-                invalidations: self.fib_invalidations,
-            },
+            fib_cache: self.dp.fib_cache_status(),
         })
     }
 
@@ -454,8 +443,6 @@ pub async fn run_with(
         ifaces,
         ct: ConntrackStatus::default(),
         xdp_mode: config.xdp_mode,
-        fib_cache_ms: config.fib_cache_ms,
-        fib_invalidations: 0,
     }));
     {
         let mut s = lock(&state);
@@ -737,10 +724,8 @@ async fn rtnl_events(
 
 /// Drops every cached FIB answer in the datapath (see [`Datapath::invalidate_fib_cache`]).
 fn invalidate_fib_cache(state: &Shared) {
-    let mut s = lock(state);
-    match s.dp.invalidate_fib_cache() {
-        Ok(()) => s.fib_invalidations += 1,
-        Err(e) => error!(error = %e, "cannot invalidate the FIB cache"),
+    if let Err(e) = lock(state).dp.invalidate_fib_cache() {
+        error!(error = %e, "cannot invalidate the FIB cache");
     }
 }
 

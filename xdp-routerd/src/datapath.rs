@@ -20,7 +20,7 @@ use xdp_router_common::{
     Settings, stats_index,
 };
 
-use crate::{config::XdpModeConfig, flows::FlowTable};
+use crate::{config::XdpModeConfig, flows::FlowTable, status::FibCacheStatus};
 
 /// The xdp-router eBPF object, built by build.rs (aya-build) and embedded in the binary.
 pub static EBPF_OBJECT: &[u8] =
@@ -59,6 +59,8 @@ pub struct Datapath {
     settings: Array<MapData, Settings>,
     /// What `settings` holds (the daemon is its only writer).
     current: Settings,
+    /// Successful [`Datapath::invalidate_fib_cache`] calls.
+    fib_invalidations: u64,
     attached: BTreeMap<u32, Attachment>,
     flow_capacity: u32,
 }
@@ -112,6 +114,7 @@ impl Datapath {
                 fib_generation: 1,
                 fib_cache_ns: 0,
             },
+            fib_invalidations: 0,
             ebpf,
             attached: BTreeMap::new(),
             flow_capacity,
@@ -286,12 +289,18 @@ impl Datapath {
     pub fn invalidate_fib_cache(&mut self) -> anyhow::Result<()> {
         // 0 means "cache disabled" to the datapath: skip it on wrap-around.
         self.current.fib_generation = self.current.fib_generation.checked_add(1).unwrap_or(1);
-        self.write_settings()
+        self.write_settings()?;
+        self.fib_invalidations += 1;
+        Ok(())
     }
 
-    /// The current FIB generation (bumped by [`Datapath::invalidate_fib_cache`]).
-    pub fn fib_generation(&self) -> u32 {
-        self.current.fib_generation
+    /// The FIB cache as `status` shows it: longest reuse, generation, invalidations.
+    pub fn fib_cache_status(&self) -> FibCacheStatus {
+        FibCacheStatus {
+            max_age_ms: self.current.fib_cache_ns / 1_000_000,
+            generation: self.current.fib_generation,
+            invalidations: self.fib_invalidations,
+        }
     }
 
     /// Whether the fast path is on.
