@@ -27,7 +27,7 @@ use xdp_router_common::{
     Counter, FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FibCache, FlowCounters,
     FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, GLOBAL_FIB_FLAGS, IFACE_F_LAN, IFACE_F_WAN, IfaceInfo,
     MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, PROG_NAME,
-    Settings,
+    SETTINGS_F_FIB_MARK, Settings,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -242,6 +242,7 @@ pub fn flow(
                     flags,
                     l3_csum_diff: l3,
                     l4_csum_diff: l4,
+                    armed_generation: ARMED,
                     ..Default::default()
                 },
             )
@@ -275,12 +276,42 @@ pub fn flow(
                     new_dport_be: ndport,
                     flags,
                     l4_csum_diff: l4,
+                    armed_generation: ARMED,
                     ..Default::default()
                 },
             )
         }
     }
 }
+
+impl FlowEntry {
+    /// The entry with `armed_generation` and `fib_mark` as the TC arming program would have
+    /// left them.
+    pub fn armed(self, generation: u32, mark: u32) -> FlowEntry {
+        match self {
+            FlowEntry::V4(k, v) => FlowEntry::V4(
+                k,
+                FlowV4 {
+                    armed_generation: generation,
+                    fib_mark: mark,
+                    ..v
+                },
+            ),
+            FlowEntry::V6(k, v) => FlowEntry::V6(
+                k,
+                FlowV6 {
+                    armed_generation: generation,
+                    fib_mark: mark,
+                    ..v
+                },
+            ),
+        }
+    }
+}
+
+/// The ruleset generation the fixtures' `SETTINGS` hold, and the one their flows are armed
+/// with (as if the kernel had forwarded a packet of each under the current rules).
+pub const ARMED: u32 = 1;
 
 /// A flow that forwards `pkt` unchanged (routing only).
 pub fn routed(ingress: u32, pkt: &Spec, reply: bool) -> FlowEntry {
@@ -308,6 +339,8 @@ pub struct Setup {
     pub fib_generation: u32,
     /// `SETTINGS[0].fib_cache_ns` (0 disables the FIB cache).
     pub fib_cache_ns: u64,
+    /// `SETTINGS_F_FIB_MARK`: `bpf_fib_lookup` takes the packet mark (as on this kernel).
+    pub fib_mark: bool,
 }
 
 impl Setup {
@@ -344,6 +377,7 @@ impl Setup {
             // repeated packet of a case uses it).
             fib_generation: 1,
             fib_cache_ns: 10_000_000_000,
+            fib_mark: true,
         }
     }
 
@@ -515,6 +549,8 @@ impl Maps {
             fastpath_enabled: u32::from(s.fastpath),
             fib_generation: s.fib_generation,
             fib_cache_ns: s.fib_cache_ns,
+            ruleset_generation: ARMED,
+            flags: if s.fib_mark { SETTINGS_F_FIB_MARK } else { 0 },
         };
         self.settings.set(0, settings, 0).expect("write settings");
     }

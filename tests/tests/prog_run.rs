@@ -21,7 +21,7 @@ use xdp_router_tests::{
     fixture_net::{
         Bed, CLIENT_MAC, GW_MAC, LAN_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, MTU_SLOT, Maps, Setup,
         WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT, build_topology, coarse_monotonic_ns, flow,
-        lan_pkt, load, load_object, routed, run, v4, v6, wan_pkt,
+        ARMED, lan_pkt, load, load_object, routed, run, v4, v6, wan_pkt,
     },
     netns::{Netns, require_root},
     packet::{
@@ -138,6 +138,27 @@ fn cases(bed: &Bed) -> Vec<Case> {
         false,
         to_wan,
     ));
+    {
+        // Armed with a packet mark: looked up with BPF_FIB_LOOKUP_MARK (no fwmark rule here,
+        // so the same answer).
+        let mut case = forward(
+            b,
+            "v4 tcp snat original, marked",
+            b.lan,
+            &p,
+            (router4, 61_000),
+            (server4, 443),
+            false,
+            to_wan,
+        );
+        case.setup.flows = case
+            .setup
+            .flows
+            .into_iter()
+            .map(|f| f.armed(ARMED, 0x2a))
+            .collect();
+        c.push(case);
+    }
     let p = wan_pkt(server4, router4, 61_000, tcp);
     c.push(forward(
         b,
@@ -551,6 +572,35 @@ fn cases(bed: &Bed) -> Vec<Case> {
             Reason::PassNoFlow,
         ));
     }
+    // Arming: a flow direction the kernel has not forwarded under the current ruleset.
+    c.push(pass(
+        b,
+        "unarmed flow v4 (new)",
+        b.lan,
+        good4.frame(),
+        Setup::managed(b, vec![routed(b.lan, &good4, false).armed(0, 0)]),
+        Reason::PassNotArmed,
+    ));
+    c.push(pass(
+        b,
+        "flow armed under an older ruleset v6",
+        b.lan,
+        good6.frame(),
+        Setup::managed(b, vec![routed(b.lan, &good6, false).armed(ARMED + 1, 0)]),
+        Reason::PassNotArmed,
+    ));
+    {
+        let mut setup = Setup::managed(b, vec![routed(b.lan, &good4, false).armed(0, 2)]);
+        setup.fib_mark = false;
+        c.push(pass(
+            b,
+            "marked flow, lookup cannot take a mark",
+            b.lan,
+            good4.frame(),
+            setup,
+            Reason::PassMarkUnsupported,
+        ));
+    }
     {
         // The ingress interface is not in IFACES: counted in slot 0.
         let mut case = pass(
@@ -889,8 +939,10 @@ fn fixture_table() {
 }
 
 /// `GLOBAL_FIB_FLAGS`: by default the FIB lookup honours policy rules (`ip rule`); loaded with
-/// `FIB_LOOKUP_DIRECT` it looks up the main table only, as documented. Translated source
-/// 198.51.100.77 is policy-routed (table 100) to a gateway without neighbour entry.
+/// `FIB_LOOKUP_DIRECT` it looks up the main table only, as documented. The client 192.0.2.10
+/// is policy-routed (table 100) to a gateway without neighbour entry: the kernel routes a
+/// forwarded packet before SNAT, so the rule matches the received source, not the translated
+/// 198.51.100.77.
 #[test]
 fn fib_flags_direct_skips_policy_rules() {
     if !require_root("prog_run::fib_flags_direct_skips_policy_rules") {
@@ -900,7 +952,7 @@ fn fib_flags_direct_skips_policy_rules() {
     let hosts = Netns::new("dprh");
     build_topology(&router, &hosts);
     router.sh("set -e
-        ip rule add from 198.51.100.77 lookup 100 pref 100
+        ip rule add from 192.0.2.10 lookup 100 pref 100
         ip route add default via 198.51.100.253 dev wan0 table 100");
     let results = router.run(|| {
         let bed = Bed::here();

@@ -23,6 +23,12 @@ pub const MAP_IFACES: &str = "IFACES";
 pub const MAP_TX_PORTS: &str = "TX_PORTS";
 pub const MAP_STATS: &str = "STATS";
 pub const MAP_SETTINGS: &str = "SETTINGS";
+pub const MAP_ARM_V4: &str = "ARM_V4";
+pub const MAP_ARM_V6: &str = "ARM_V6";
+
+/// Name of the TC egress program that arms flow directions the kernel itself forwarded (see
+/// [`FlowV4::armed_generation`]).
+pub const ARM_PROG_NAME: &str = "xdp_router_arm";
 
 /// Name of the program's load-time global (`u32`, default 0) with extra `bpf_fib_lookup` flags;
 /// only [`FIB_LOOKUP_DIRECT`] is honoured. Set it with `EbpfLoader::override_global` before the
@@ -138,8 +144,18 @@ pub struct FlowV4 {
     pub counters: FlowCounters,
     /// The datapath's copy of this direction's last FIB answer; the daemon writes it zeroed.
     pub fib: FibCache,
+    /// [`Settings::ruleset_generation`] under which the kernel itself last forwarded a packet
+    /// of this direction (set by the TC egress program `ARM_PROG_NAME` through the
+    /// [`MAP_ARM_V4`] index). The fast path forwards the direction only while this equals the
+    /// current generation: a new flow (written with 0) or any ruleset change sends its next
+    /// packet through the kernel's rules first.
+    pub armed_generation: u32,
+    /// The packet mark (`skb->mark`) the kernel forwarded this direction with, recorded with
+    /// `armed_generation`; passed to `bpf_fib_lookup` (`BPF_FIB_LOOKUP_MARK`) so that
+    /// `ip rule fwmark` routing is the kernel's. 0 = no mark.
+    pub fib_mark: u32,
 }
-const _: () = assert!(core::mem::size_of::<FlowV4>() == 96);
+const _: () = assert!(core::mem::size_of::<FlowV4>() == 104);
 
 /// Value of [`MAP_FLOWS_V6`]; see [`FlowV4`]. IPv6 has no header checksum.
 #[repr(C)]
@@ -157,8 +173,50 @@ pub struct FlowV6 {
     pub counters: FlowCounters,
     /// See [`FlowV4::fib`].
     pub fib: FibCache,
+    /// See [`FlowV4::armed_generation`] ([`MAP_ARM_V6`]).
+    pub armed_generation: u32,
+    /// See [`FlowV4::fib_mark`].
+    pub fib_mark: u32,
 }
-const _: () = assert!(core::mem::size_of::<FlowV6>() == 112);
+const _: () = assert!(core::mem::size_of::<FlowV6>() == 120);
+
+/// Key of [`MAP_ARM_V4`]: one flow direction as the kernel sends it out, after NAT (the
+/// direction's rewritten source and destination). Its value is the direction's
+/// [`FlowKeyV4`] in [`MAP_FLOWS_V4`]; the daemon writes both together.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ArmKeyV4 {
+    /// Source address as the packet leaves (network order).
+    pub src_be: u32,
+    /// Destination address as the packet leaves (network order).
+    pub dst_be: u32,
+    /// Source port (network order).
+    pub sport_be: u16,
+    /// Destination port (network order).
+    pub dport_be: u16,
+    /// IP protocol number.
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<ArmKeyV4>() == 16);
+
+/// Key of [`MAP_ARM_V6`]; see [`ArmKeyV4`]. Its value is a [`FlowKeyV6`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ArmKeyV6 {
+    /// Source address as the packet leaves (network order).
+    pub src_be: [u32; 4],
+    /// Destination address as the packet leaves (network order).
+    pub dst_be: [u32; 4],
+    /// Source port (network order).
+    pub sport_be: u16,
+    /// Destination port (network order).
+    pub dport_be: u16,
+    /// IP protocol number.
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<ArmKeyV6>() == 40);
 
 /// A flow direction's cached `bpf_fib_lookup` answer, written and read only by the datapath.
 ///
@@ -236,8 +294,23 @@ pub struct Settings {
     pub fib_generation: u32,
     /// Longest a cached FIB answer is used, in ns; 0 disables the cache.
     pub fib_cache_ns: u64,
+    /// Current firewall ruleset generation, bumped by the daemon on every nftables commit
+    /// (and iptables-legacy change); starts at 1. A flow direction is forwarded only while its
+    /// [`FlowV4::armed_generation`] equals it.
+    pub ruleset_generation: u32,
+    /// `SETTINGS_F_*`.
+    pub flags: u32,
 }
-const _: () = assert!(core::mem::size_of::<Settings>() == 16);
+const _: () = assert!(core::mem::size_of::<Settings>() == 24);
+
+/// `Settings::flags`: `bpf_fib_lookup` honours `BPF_FIB_LOOKUP_MARK` (Linux 6.10). Without
+/// it a direction the kernel forwarded with a non-zero mark is never armed.
+pub const SETTINGS_F_FIB_MARK: u32 = 1 << 0;
+
+/// `BPF_FIB_LOOKUP_MARK` (Linux 6.10, commit "bpf: Add support for passing mark with
+/// bpf_fib_lookup"): route with `bpf_fib_lookup::mark`, the 4 bytes at offset 52 that share a
+/// union with the output `smac`/`dmac`.
+pub const FIB_LOOKUP_MARK: u32 = 1 << 5;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -252,4 +325,6 @@ mod pod {
     unsafe impl aya::Pod for Counter {}
     unsafe impl aya::Pod for Settings {}
     unsafe impl aya::Pod for FibCache {}
+    unsafe impl aya::Pod for ArmKeyV4 {}
+    unsafe impl aya::Pod for ArmKeyV6 {}
 }

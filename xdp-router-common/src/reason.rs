@@ -40,11 +40,18 @@ pub enum Reason {
     PassEgressNotManaged = 15,
     /// The egress interface has a shaping qdisc the fast path must not bypass.
     PassEgressShaped = 16,
+    /// An offloaded flow direction the kernel has not forwarded yet under the current firewall
+    /// ruleset (new flow, or the ruleset changed since): the kernel's rules judge it, and the
+    /// TC egress program arms the direction if the kernel forwards it.
+    PassNotArmed = 17,
+    /// The kernel forwarded this direction with a packet mark, but `bpf_fib_lookup` cannot take
+    /// a mark on this kernel (`BPF_FIB_LOOKUP_MARK`, Linux 6.10): it stays in the kernel.
+    PassMarkUnsupported = 18,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 17;
+    pub const COUNT: u32 = 19;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -65,6 +72,8 @@ impl Reason {
         Reason::PassFragNeeded,
         Reason::PassEgressNotManaged,
         Reason::PassEgressShaped,
+        Reason::PassNotArmed,
+        Reason::PassMarkUnsupported,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -87,6 +96,8 @@ impl Reason {
             Reason::PassFragNeeded => "frag_needed",
             Reason::PassEgressNotManaged => "egress_not_managed",
             Reason::PassEgressShaped => "egress_shaped",
+            Reason::PassNotArmed => "awaiting_kernel_verdict",
+            Reason::PassMarkUnsupported => "fib_mark_unsupported",
         }
     }
 

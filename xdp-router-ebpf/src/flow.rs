@@ -17,7 +17,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use xdp_router_common::{
-    FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, IFACE_F_SHAPED, Reason,
+    FIB_LOOKUP_MARK, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, IFACE_F_SHAPED,
+    Reason, SETTINGS_F_FIB_MARK,
     parse::{
         ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN, Ipv4Fields, Ipv6Fields, L3,
         check_fib_result, check_ipv4, check_ipv6, classify_ethertype, is_tcp_control,
@@ -51,6 +52,8 @@ pub fn try_forward(ctx: &XdpContext, ifindex: u32) -> Result<Forwarded, Reason> 
     let cache = FibCachePolicy {
         generation: settings.fib_generation,
         max_age_ns: settings.fib_cache_ns,
+        ruleset_generation: settings.ruleset_generation,
+        fib_mark: settings.flags & SETTINGS_F_FIB_MARK != 0,
     };
     if settings.fastpath_enabled == 0 {
         return Err(Reason::PassDisabled);
@@ -151,8 +154,10 @@ fn key_v6(
     unsafe { transmute::<[u32; 11], FlowKeyV6>(words) }
 }
 
-/// `bpf_fib_lookup` input for the translated packet (uapi layout: family, l4_protocol, sport,
-/// dport, tot_len, ifindex, tos/flowinfo, src, dst, tbid/vlan, smac, dmac).
+/// `bpf_fib_lookup` input (uapi layout: family, l4_protocol, sport, dport, tot_len, ifindex,
+/// tos/flowinfo, src, dst, tbid/vlan, mark/smac, dmac). The kernel routes a forwarded packet
+/// after DNAT and before SNAT, so callers pass the received source (address and port) and the
+/// translated destination: `ip rule from`/`sport` rules then see what the kernel saw.
 #[expect(
     clippy::too_many_arguments,
     reason = "one argument per lookup input field"
@@ -168,6 +173,7 @@ fn fib_params(
     tos_or_flowinfo: u32,
     src_be: [u32; 4],
     dst_be: [u32; 4],
+    mark: u32,
 ) -> bpf_fib_lookup {
     let zero = opaque_zero();
     let [sp0, sp1] = sport_be.to_ne_bytes();
@@ -186,9 +192,10 @@ fn fib_params(
         d1,
         d2,
         d3,
-        // tbid (input only with BPF_FIB_LOOKUP_TBID), then smac and dmac (outputs).
+        // tbid (input only with BPF_FIB_LOOKUP_TBID), then smac and dmac (outputs), whose
+        // first 4 bytes are the `mark` input (Linux 6.10 uapi, read with BPF_FIB_LOOKUP_MARK).
         zero,
-        zero,
+        mark,
         zero,
         zero,
     ];
@@ -203,6 +210,11 @@ pub struct FibCachePolicy {
     generation: u32,
     /// `Settings::fib_cache_ns`; 0 = no caching.
     max_age_ns: u64,
+    /// `Settings::ruleset_generation`: a flow direction armed under another one goes to the
+    /// kernel (see [`check_armed`]).
+    ruleset_generation: u32,
+    /// `bpf_fib_lookup` takes a mark (`SETTINGS_F_FIB_MARK`).
+    fib_mark: bool,
 }
 
 impl FibCachePolicy {
@@ -275,9 +287,47 @@ fn store_hop(
     }
 }
 
+/// `Ok(fib_mark)` when the kernel itself forwarded this flow direction under the current
+/// firewall ruleset (the TC egress program recorded it in `armed` and `mark`), else why not.
+/// This is what makes the fast path follow iptables/nftables: a new flow, and every flow after
+/// any ruleset change, has its next packet judged by the kernel's rules, and only a packet the
+/// kernel forwarded re-arms the direction.
+#[inline(always)]
+fn check_armed(armed: *const u32, mark: *const u32, policy: &FibCachePolicy) -> Result<u32, Reason> {
+    // SAFETY: both point into a live flow map value; the TC program writes the mark first.
+    let (armed, mark) = unsafe {
+        (
+            core::ptr::read_volatile(armed),
+            core::ptr::read_volatile(mark),
+        )
+    };
+    if armed != policy.ruleset_generation {
+        // The TC program leaves a marked direction unarmed when the lookup cannot take a mark.
+        if mark != 0 && !policy.fib_mark {
+            return Err(Reason::PassMarkUnsupported);
+        }
+        return Err(Reason::PassNotArmed);
+    }
+    Ok(mark)
+}
+
+/// The `bpf_fib_lookup` flags for a flow direction with packet mark `mark`.
+#[inline(always)]
+fn lookup_flags(mark: u32) -> u32 {
+    if mark != 0 {
+        fib_flags() | FIB_LOOKUP_MARK
+    } else {
+        fib_flags()
+    }
+}
+
 /// Where the translated packet goes: the flow's cached answer when it is still valid, else
 /// `bpf_fib_lookup` with `params` (whose answer is then cached). `len` is the packet's IP length
 /// and `tos_flowinfo` the lookup's TOS / flow information input, both as in `params`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the lookup's inputs plus the cache's"
+)]
 #[inline(always)]
 fn next_hop(
     ctx: &XdpContext,
@@ -287,6 +337,7 @@ fn next_hop(
     params: &mut bpf_fib_lookup,
     len: u16,
     tos_flowinfo: u32,
+    mark: u32,
 ) -> Result<NextHop, Reason> {
     if let Some(hop) = cached_hop(cache, policy, now, len, tos_flowinfo) {
         return Ok(hop);
@@ -297,7 +348,7 @@ fn next_hop(
             ctx.as_ptr(),
             params as *mut bpf_fib_lookup,
             size_of::<bpf_fib_lookup>() as i32,
-            fib_flags(),
+            lookup_flags(mark),
         )
     };
     check_fib_result(rc)?;
@@ -415,20 +466,27 @@ fn try_forward_v4(
         }
     };
     let flags = unsafe { (*flow).flags };
+    // SAFETY: `flow` is a live map value pointer.
+    let mark = check_armed(
+        unsafe { addr_of_mut!((*flow).armed_generation) },
+        unsafe { addr_of_mut!((*flow).fib_mark) },
+        cache,
+    )?;
 
     // The TOS byte goes where the union's first byte is.
     let tos_word = u32::from_ne_bytes([tos, 0, 0, 0]);
     let mut params = fib_params(
         AF_INET,
         fields.proto,
-        nat.sport_be,
+        sport,
         nat.dport_be,
         // Host order: the helper compares it with the egress MTU.
         fields.tot_len,
         ifindex,
         tos_word,
-        [nat.src_be, opaque_zero(), opaque_zero(), opaque_zero()],
+        [src, opaque_zero(), opaque_zero(), opaque_zero()],
         [nat.dst_be, opaque_zero(), opaque_zero(), opaque_zero()],
+        mark,
     );
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
@@ -442,6 +500,7 @@ fn try_forward_v4(
         &mut params,
         fields.tot_len,
         tos_word,
+        mark,
     )?;
     let action = redirect_to(hop.ifindex)?;
 
@@ -496,25 +555,41 @@ fn try_forward_v6(
         }
     };
     let flags = unsafe { (*flow).flags };
+    // SAFETY: `flow` is a live map value pointer.
+    let mark = check_armed(
+        unsafe { addr_of_mut!((*flow).armed_generation) },
+        unsafe { addr_of_mut!((*flow).fib_mark) },
+        cache,
+    )?;
 
     // The whole datagram, header included, in host order (MTU check).
     let len = fields.payload_len.wrapping_add(IPV6_HLEN as u16);
     let mut params = fib_params(
         AF_INET6,
         fields.next_header,
-        nat.sport_be,
+        sport,
         nat.dport_be,
         len,
         ifindex,
         flowinfo,
-        nat.src_be,
+        src,
         nat.dst_be,
+        mark,
     );
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     // SAFETY: `flow` is a live map value pointer.
     let fib_cache = unsafe { addr_of_mut!((*flow).fib) };
-    let hop = next_hop(ctx, fib_cache, cache, now, &mut params, len, flowinfo)?;
+    let hop = next_hop(
+        ctx,
+        fib_cache,
+        cache,
+        now,
+        &mut params,
+        len,
+        flowinfo,
+        mark,
+    )?;
     let action = redirect_to(hop.ifindex)?;
 
     let l4 = L4::at(ctx, ETH_HLEN + IPV6_HLEN, fields.next_header == IPPROTO_UDP)?;

@@ -8,13 +8,18 @@
 #![feature(core_intrinsics)]
 #![expect(internal_features, reason = "core_intrinsics for BPF atomic add")]
 
+mod arm;
 mod flow;
 mod maps;
 mod parse;
 mod rewrite;
 mod stats;
 
-use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    bindings::{TC_ACT_UNSPEC, xdp_action},
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
 
 /// Entry point, attached to every managed interface. Counts the packet per ingress interface
 /// and reason; a packet the fast path does not forward goes to the kernel (`XDP_PASS`).
@@ -33,6 +38,15 @@ pub fn xdp_router(ctx: XdpContext) -> u32 {
             xdp_action::XDP_PASS
         }
     }
+}
+
+/// TC egress program (TCX), attached to every managed interface: arms the offloaded flow
+/// direction of each packet the kernel itself forwards (see `arm.rs`). Never changes or drops a
+/// packet: `TC_ACT_UNSPEC` hands it to the next program / the qdisc unchanged.
+#[classifier]
+pub fn xdp_router_arm(ctx: TcContext) -> i32 {
+    let _ = arm::try_arm(&ctx);
+    TC_ACT_UNSPEC
 }
 
 #[cfg(not(test))]

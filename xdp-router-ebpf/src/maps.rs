@@ -7,7 +7,7 @@ use aya_ebpf::{
     maps::{Array, DevMapHash, HashMap, PerCpuArray},
 };
 use xdp_router_common::{
-    Counter, DEFAULT_FLOW_CAPACITY, FIB_LOOKUP_DIRECT, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
+    ArmKeyV4, ArmKeyV6, Counter, DEFAULT_FLOW_CAPACITY, FIB_LOOKUP_DIRECT, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
     IfaceInfo, MAX_IFACE_SLOTS, STATS_ENTRIES, Settings,
 };
 
@@ -20,6 +20,18 @@ pub static FLOWS_V4: HashMap<FlowKeyV4, FlowV4> =
 /// Offloaded IPv6 flow directions; see [`FLOWS_V4`].
 #[map]
 pub static FLOWS_V6: HashMap<FlowKeyV6, FlowV6> =
+    HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, 0);
+
+/// Offloaded IPv4 flow directions by their tuple as the kernel sends them out (after NAT):
+/// the value is the direction's `FLOWS_V4` key. Read by the TC egress program to arm the
+/// direction the kernel just forwarded; written by the daemon with the flow entries.
+#[map]
+pub static ARM_V4: HashMap<ArmKeyV4, FlowKeyV4> =
+    HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, 0);
+
+/// IPv6 counterpart of [`ARM_V4`].
+#[map]
+pub static ARM_V6: HashMap<ArmKeyV6, FlowKeyV6> =
     HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, 0);
 
 /// Managed interfaces by ifindex: stats slot and `IFACE_F_*` flags. A packet is forwarded only

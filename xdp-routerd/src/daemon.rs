@@ -28,6 +28,7 @@ use crate::{
     sync::{
         conntrack::{CtEntry, CtEvent, IPPROTO_TCP},
         ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate, KernelTimeouts},
+        nftables::{self, RulesetEvent},
         qdisc::{self, Egress, Qdisc},
         rtnl::{self, RouteLookup, RtEvent},
     },
@@ -279,6 +280,7 @@ impl State {
             counters,
             conntrack: ct,
             fib_cache: self.dp.fib_cache_status(),
+            ruleset: self.dp.ruleset_status(),
         })
     }
 
@@ -419,6 +421,9 @@ pub async fn run_with(
     // Subscribe before reading qdiscs and dumping conntrack so nothing that happens in between
     // is lost.
     let rt_events = rtnl::subscribe().context("cannot subscribe to rtnetlink events")?;
+    // Firewall changes: subscribed before anything is offloaded, so no commit is missed.
+    let ruleset_events =
+        nftables::subscribe().context("cannot subscribe to nftables notifications")?;
     // Flows may keep FIB answers only while the notifications that invalidate them are heard.
     dp.set_fib_cache(Duration::from_millis(config.fib_cache_ms))?;
     // Know which egresses are shaped before the first packet is forwarded.
@@ -473,6 +478,12 @@ pub async fn run_with(
         Duration::from_millis(config.keepalive_interval_ms),
     ));
     tasks.spawn(rtnl_events(state.clone(), paths.clone(), rt_events));
+    let (legacy_tx, legacy_events) = tokio::sync::mpsc::unbounded_channel();
+    tasks.spawn(async move {
+        nftables::poll_legacy(legacy_tx).await;
+        Err(anyhow!("iptables-legacy poller ended"))
+    });
+    tasks.spawn(ruleset_changes(state.clone(), ruleset_events, legacy_events));
     let handler: Arc<dyn Handler> = Arc::new(ControlHandler {
         state: state.clone(),
     });
@@ -720,6 +731,35 @@ async fn rtnl_events(
         }
     }
     Err(anyhow!("rtnetlink event socket closed"))
+}
+
+/// Bumps the ruleset generation for every firewall change (nftables commit, lost notifications,
+/// iptables-legacy change): every flow direction is disarmed until the kernel forwards it again.
+async fn ruleset_changes(
+    state: Shared,
+    mut nft: tokio::sync::mpsc::UnboundedReceiver<RulesetEvent>,
+    mut legacy: tokio::sync::mpsc::UnboundedReceiver<RulesetEvent>,
+) -> anyhow::Result<()> {
+    loop {
+        let first = tokio::select! {
+            ev = nft.recv() => ev.ok_or_else(|| anyhow!("nftables event socket closed"))?,
+            ev = legacy.recv() => ev.ok_or_else(|| anyhow!("iptables-legacy poller ended"))?,
+        };
+        // One bump covers everything queued: a single map write disarms every flow.
+        let mut events = vec![first];
+        while let Ok(ev) = nft.try_recv() {
+            events.push(ev);
+        }
+        let mut s = lock(&state);
+        match s.dp.bump_ruleset_generation() {
+            Ok(()) => debug!(
+                ?events,
+                generation = s.dp.ruleset_status().generation,
+                "firewall ruleset changed: every flow goes through the kernel's rules again"
+            ),
+            Err(e) => error!(error = %format!("{e:#}"), "cannot bump the ruleset generation"),
+        }
+    }
 }
 
 /// Drops every cached FIB answer in the datapath (see [`Datapath::invalidate_fib_cache`]).

@@ -10,14 +10,20 @@ use anyhow::{Context as _, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, xdp::DevMapHash},
-    programs::{Xdp, XdpMode, links::LinkType, loaded_links, xdp::XdpLinkId},
+    programs::{
+        LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode,
+        links::LinkType,
+        loaded_links,
+        tc::{SchedClassifierLinkId, TcAttachOptions},
+        xdp::XdpLinkId,
+    },
     util::KernelVersion,
 };
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 use xdp_router_common::{
-    Counter, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, MAP_FLOWS_V4, MAP_FLOWS_V6,
-    MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME, Reason,
-    Settings, stats_index,
+    ARM_PROG_NAME, ArmKeyV4, ArmKeyV6, Counter, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo,
+    MAP_ARM_V4, MAP_ARM_V6, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS,
+    MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME, Reason, SETTINGS_F_FIB_MARK, Settings, stats_index,
 };
 
 use crate::{config::XdpModeConfig, flows::FlowTable, status::FibCacheStatus};
@@ -63,6 +69,12 @@ pub struct Datapath {
     fib_invalidations: u64,
     attached: BTreeMap<u32, Attachment>,
     flow_capacity: u32,
+    arm_v4: HashMap<MapData, ArmKeyV4, FlowKeyV4>,
+    arm_v6: HashMap<MapData, ArmKeyV6, FlowKeyV6>,
+    /// TC egress (TCX) links of the arming program, by ifindex.
+    armed_ifaces: BTreeMap<u32, SchedClassifierLinkId>,
+    /// Successful [`Datapath::bump_ruleset_generation`] calls.
+    ruleset_changes: u64,
 }
 
 fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(
@@ -94,6 +106,8 @@ impl Datapath {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(MAP_FLOWS_V4, flow_capacity)
             .map_max_entries(MAP_FLOWS_V6, flow_capacity)
+            .map_max_entries(MAP_ARM_V4, flow_capacity)
+            .map_max_entries(MAP_ARM_V6, flow_capacity)
             .load(object)
             .map_err(explain_load_error)?;
         let prog: &mut Xdp = ebpf
@@ -102,6 +116,15 @@ impl Datapath {
             .try_into()?;
         prog.load()
             .map_err(|e| anyhow!("the kernel rejected the XDP program: {e:#}"))?;
+        let arm: &mut SchedClassifier = ebpf
+            .program_mut(ARM_PROG_NAME)
+            .ok_or_else(|| anyhow!("eBPF object has no program {ARM_PROG_NAME}"))?
+            .try_into()?;
+        arm.load()
+            .map_err(|e| anyhow!("the kernel rejected the TC arming program: {e:#}"))?;
+        // bpf_fib_lookup takes the packet mark from Linux 6.10 (BPF_FIB_LOOKUP_MARK); before,
+        // marked flow directions are never armed (policy routing by mark stays in the kernel).
+        let fib_mark = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 10, 0));
         let mut dp = Datapath {
             flows_v4: take(&mut ebpf, MAP_FLOWS_V4)?,
             flows_v6: take(&mut ebpf, MAP_FLOWS_V6)?,
@@ -113,11 +136,17 @@ impl Datapath {
                 fastpath_enabled: 1,
                 fib_generation: 1,
                 fib_cache_ns: 0,
+                ruleset_generation: 1,
+                flags: if fib_mark { SETTINGS_F_FIB_MARK } else { 0 },
             },
             fib_invalidations: 0,
-            ebpf,
             attached: BTreeMap::new(),
             flow_capacity,
+            arm_v4: take(&mut ebpf, MAP_ARM_V4)?,
+            arm_v6: take(&mut ebpf, MAP_ARM_V6)?,
+            armed_ifaces: BTreeMap::new(),
+            ruleset_changes: 0,
+            ebpf,
         };
         dp.write_settings()?;
         Ok(dp)
@@ -154,8 +183,40 @@ impl Datapath {
         if result.is_err() {
             let _ = self.ifaces.remove(&ifindex);
             let _ = self.tx_ports.remove(ifindex);
+        } else {
+            self.attach_arming(name, ifindex);
         }
         result
+    }
+
+    /// Attaches the arming program to the egress of `name` as a TCX bpf_link (Linux 6.6), owned
+    /// by this process like the XDP links. Without it no flow direction is ever armed: the
+    /// kernel keeps forwarding every packet of that interface's flows (correct, not faster).
+    fn attach_arming(&mut self, name: &str, ifindex: u32) {
+        let result = self
+            .ebpf
+            .program_mut(ARM_PROG_NAME)
+            .ok_or_else(|| anyhow!("eBPF object has no program {ARM_PROG_NAME}"))
+            .and_then(|p| Ok(<&mut SchedClassifier>::try_from(p)?))
+            .and_then(|p| {
+                // A netlink (clsact) attachment would outlive the daemon: TCX links only.
+                Ok(p.attach_with_options(
+                    name,
+                    TcAttachType::Egress,
+                    TcAttachOptions::TcxOrder(LinkOrder::default()),
+                )?)
+            });
+        match result {
+            Ok(link) => {
+                self.armed_ifaces.insert(ifindex, link);
+            }
+            Err(e) => error!(
+                interface = name,
+                error = %format!("{e:#}"),
+                "{name}: cannot attach the TC egress arming program (TCX, Linux >= 6.6 needed): \
+                 no flow through {name} is fast-pathed, the kernel forwards them all"
+            ),
+        }
     }
 
     fn attach_program(
@@ -240,6 +301,14 @@ impl Datapath {
     /// Detaches from `ifindex` (if attached) and forgets it in the maps. Used when an interface
     /// disappears; the kernel already dropped the link if the device is gone.
     pub fn detach(&mut self, ifindex: u32) {
+        if let Some(link) = self.armed_ifaces.remove(&ifindex)
+            && let Some(Ok(prog)) = self
+                .ebpf
+                .program_mut(ARM_PROG_NAME)
+                .map(<&mut SchedClassifier>::try_from)
+        {
+            let _ = prog.detach(link);
+        }
         if let Some(a) = self.attached.remove(&ifindex)
             && let Ok(prog) = self.program()
         {
@@ -292,6 +361,29 @@ impl Datapath {
         self.write_settings()?;
         self.fib_invalidations += 1;
         Ok(())
+    }
+
+    /// A new firewall ruleset generation: every flow direction is disarmed at once, so the next
+    /// packet of each is judged by the kernel's rules as they are now (and re-armed only if the
+    /// kernel forwards it). Called for every nftables commit and iptables-legacy change.
+    pub fn bump_ruleset_generation(&mut self) -> anyhow::Result<()> {
+        // 0 is what new flow entries hold: never current.
+        self.current.ruleset_generation =
+            self.current.ruleset_generation.checked_add(1).unwrap_or(1);
+        self.write_settings()?;
+        self.ruleset_changes += 1;
+        Ok(())
+    }
+
+    /// `(current ruleset generation, bumps since start, arming attached interfaces, fib mark
+    /// supported)` for `status`.
+    pub fn ruleset_status(&self) -> crate::status::RulesetStatus {
+        crate::status::RulesetStatus {
+            generation: self.current.ruleset_generation,
+            changes: self.ruleset_changes,
+            armed_interfaces: self.armed_ifaces.len() as u32,
+            fib_mark: self.current.flags & SETTINGS_F_FIB_MARK != 0,
+        }
     }
 
     /// The FIB cache as `status` shows it: longest reuse, generation, invalidations.
@@ -349,6 +441,18 @@ impl FlowTable for Datapath {
     }
     fn get_v6(&self, key: &FlowKeyV6) -> Option<FlowV6> {
         self.flows_v6.get(key, 0).ok()
+    }
+    fn insert_arm_v4(&mut self, arm: &ArmKeyV4, flow: &FlowKeyV4) -> Result<(), MapError> {
+        self.arm_v4.insert(arm, flow, 0)
+    }
+    fn insert_arm_v6(&mut self, arm: &ArmKeyV6, flow: &FlowKeyV6) -> Result<(), MapError> {
+        self.arm_v6.insert(arm, flow, 0)
+    }
+    fn remove_arm_v4(&mut self, arm: &ArmKeyV4) {
+        let _ = self.arm_v4.remove(arm);
+    }
+    fn remove_arm_v6(&mut self, arm: &ArmKeyV6) {
+        let _ = self.arm_v6.remove(arm);
     }
 }
 

@@ -12,8 +12,8 @@ use std::{
 
 use aya::maps::MapError;
 use xdp_router_common::{
-    FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FibCache, FlowCounters, FlowKeyV4,
-    FlowKeyV6, FlowV4, FlowV6,
+    ArmKeyV4, ArmKeyV6, FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FibCache,
+    FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -27,6 +27,12 @@ pub trait FlowTable {
     fn remove_v6(&mut self, key: &FlowKeyV6);
     fn get_v4(&self, key: &FlowKeyV4) -> Option<FlowV4>;
     fn get_v6(&self, key: &FlowKeyV6) -> Option<FlowV6>;
+    /// Indexes a flow direction by its tuple as the kernel sends it out (arming, see
+    /// [`xdp_router_common::FlowV4::armed_generation`]).
+    fn insert_arm_v4(&mut self, arm: &ArmKeyV4, flow: &FlowKeyV4) -> Result<(), MapError>;
+    fn insert_arm_v6(&mut self, arm: &ArmKeyV6, flow: &FlowKeyV6) -> Result<(), MapError>;
+    fn remove_arm_v4(&mut self, arm: &ArmKeyV4);
+    fn remove_arm_v6(&mut self, arm: &ArmKeyV6);
 }
 
 /// What the manager needs to know about the kernel's routing (implemented over rtnetlink).
@@ -37,6 +43,13 @@ pub trait PathOracle {
     fn ingress_for(&self, addr: IpAddr) -> Option<u32>;
     /// Whether `addr` is one of this router's own addresses.
     fn is_local(&self, addr: IpAddr) -> bool;
+    /// The interface the kernel forwards a packet `src -> dst` that arrived on `iif` with
+    /// packet mark `mark` out of, policy routing (`ip rule from/iif/fwmark`) included; `None`
+    /// when it would not forward it. Replies arrive where the original direction leaves.
+    fn forward_egress(&self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32> {
+        let _ = (src, iif, mark);
+        self.ingress_for(dst)
+    }
 }
 
 /// Why a conntrack entry is not (or no longer) offloaded, besides conntrack's own reasons.
@@ -74,6 +87,13 @@ pub enum DirKey {
     V6(FlowKeyV6),
 }
 
+/// The arming index key of one flow direction (its tuple as the kernel sends it out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArmKey {
+    V4(ArmKeyV4),
+    V6(ArmKeyV6),
+}
+
 /// One offloaded connection: both directions' keys and what the keep-alive saw last.
 #[derive(Debug, Clone)]
 pub struct Offloaded {
@@ -81,6 +101,8 @@ pub struct Offloaded {
     pub entry: CtEntry,
     /// `[original, reply]` map keys.
     pub keys: [DirKey; 2],
+    /// `[original, reply]` arming index keys.
+    pub arms: [ArmKey; 2],
     /// Latest `last_seen_ns` over both directions at the previous keep-alive pass.
     pub last_seen_ns: u64,
 }
@@ -205,6 +227,7 @@ impl FlowManager {
             Offloaded {
                 entry,
                 keys: plan.keys,
+                arms: plan.arms,
                 last_seen_ns: 0,
             },
         );
@@ -241,12 +264,7 @@ impl FlowManager {
         let Some(conn) = self.conns.remove(orig) else {
             return false;
         };
-        for key in &conn.keys {
-            match key {
-                DirKey::V4(k) => table.remove_v4(k),
-                DirKey::V6(k) => table.remove_v6(k),
-            }
-        }
+        remove_entries(table, &conn.keys, &conn.arms);
         self.stats.removed_total += 1;
         true
     }
@@ -327,7 +345,12 @@ impl FlowManager {
         entry.offload_decision().map_err(|_| Skip::NotEstablished)?;
         let (orig, reply) = (&entry.orig, &entry.reply);
         let ingress_orig = paths.ingress_for(orig.src).ok_or(Skip::PathNotManaged)?;
-        let ingress_reply = paths.ingress_for(reply.src).ok_or(Skip::PathNotManaged)?;
+        // Replies come back where the original direction leaves: its egress as the kernel
+        // routes it (source, ingress and connection mark included, so `ip rule` multi-WAN
+        // setups get the right ingress for the replies).
+        let ingress_reply = paths
+            .forward_egress(orig.src, reply.src, ingress_orig, entry.mark)
+            .ok_or(Skip::PathNotManaged)?;
         if !self.managed.contains_key(&ingress_orig) || !self.managed.contains_key(&ingress_reply) {
             return Err(Skip::PathNotManaged);
         }
@@ -340,6 +363,22 @@ impl FlowManager {
     }
 }
 
+/// Removes a connection's flow entries and their arming index entries.
+fn remove_entries(table: &mut impl FlowTable, keys: &[DirKey; 2], arms: &[ArmKey; 2]) {
+    for arm in arms {
+        match arm {
+            ArmKey::V4(a) => table.remove_arm_v4(a),
+            ArmKey::V6(a) => table.remove_arm_v6(a),
+        }
+    }
+    for key in keys {
+        match key {
+            DirKey::V4(k) => table.remove_v4(k),
+            DirKey::V6(k) => table.remove_v6(k),
+        }
+    }
+}
+
 fn counters(table: &impl FlowTable, key: &DirKey) -> Option<FlowCounters> {
     match key {
         DirKey::V4(k) => table.get_v4(k).map(|v| v.counters),
@@ -347,14 +386,15 @@ fn counters(table: &impl FlowTable, key: &DirKey) -> Option<FlowCounters> {
     }
 }
 
-/// The two map entries of a connection.
+/// The two map entries of a connection, each with its arming index key.
 enum PlanValues {
-    V4([(FlowKeyV4, FlowV4); 2]),
-    V6([(FlowKeyV6, FlowV6); 2]),
+    V4([(FlowKeyV4, FlowV4, ArmKeyV4); 2]),
+    V6([(FlowKeyV6, FlowV6, ArmKeyV6); 2]),
 }
 
 struct Plan {
     keys: [DirKey; 2],
+    arms: [ArmKey; 2],
     values: PlanValues,
 }
 
@@ -398,6 +438,7 @@ impl Plan {
                 let [a, b] = dirs.map(|d| v4_entry(&d));
                 Plan {
                     keys: [DirKey::V4(a.0), DirKey::V4(b.0)],
+                    arms: [ArmKey::V4(a.2), ArmKey::V4(b.2)],
                     values: PlanValues::V4([a, b]),
                 }
             }
@@ -405,6 +446,7 @@ impl Plan {
                 let [a, b] = dirs.map(|d| v6_entry(&d));
                 Plan {
                     keys: [DirKey::V6(a.0), DirKey::V6(b.0)],
+                    arms: [ArmKey::V6(a.2), ArmKey::V6(b.2)],
                     values: PlanValues::V6([a, b]),
                 }
             }
@@ -412,18 +454,20 @@ impl Plan {
     }
 
     fn write(&self, table: &mut impl FlowTable) -> Result<(), Skip> {
+        // Flow entries first (unarmed), then the index that lets the kernel arm them.
         let res = match &self.values {
-            PlanValues::V4(es) => es.iter().try_for_each(|(k, v)| table.insert_v4(k, v)),
-            PlanValues::V6(es) => es.iter().try_for_each(|(k, v)| table.insert_v6(k, v)),
+            PlanValues::V4(es) => es
+                .iter()
+                .try_for_each(|(k, v, _)| table.insert_v4(k, v))
+                .and_then(|()| es.iter().try_for_each(|(k, _, a)| table.insert_arm_v4(a, k))),
+            PlanValues::V6(es) => es
+                .iter()
+                .try_for_each(|(k, v, _)| table.insert_v6(k, v))
+                .and_then(|()| es.iter().try_for_each(|(k, _, a)| table.insert_arm_v6(a, k))),
         };
         res.map_err(|e| {
             // Undo a half-written connection.
-            for key in &self.keys {
-                match key {
-                    DirKey::V4(k) => table.remove_v4(k),
-                    DirKey::V6(k) => table.remove_v6(k),
-                }
-            }
+            remove_entries(table, &self.keys, &self.arms);
             if is_full(&e) {
                 Skip::TableFull
             } else {
@@ -468,7 +512,7 @@ fn flags(d: &Dir<'_>) -> u32 {
     f
 }
 
-fn v4_entry(d: &Dir<'_>) -> (FlowKeyV4, FlowV4) {
+fn v4_entry(d: &Dir<'_>) -> (FlowKeyV4, FlowV4, ArmKeyV4) {
     let key = FlowKeyV4 {
         ifindex: d.ifindex,
         src_be: raw_v4(d.from.src),
@@ -501,11 +545,22 @@ fn v4_entry(d: &Dir<'_>) -> (FlowKeyV4, FlowV4) {
         _pad: 0,
         counters: FlowCounters::default(),
         fib: FibCache::default(),
+        // Unarmed: the kernel forwards the next packet first.
+        armed_generation: 0,
+        fib_mark: 0,
     };
-    (key, value)
+    let arm = ArmKeyV4 {
+        src_be: new_src,
+        dst_be: new_dst,
+        sport_be: new_sport,
+        dport_be: new_dport,
+        proto: key.proto,
+        _pad: [0; 3],
+    };
+    (key, value, arm)
 }
 
-fn v6_entry(d: &Dir<'_>) -> (FlowKeyV6, FlowV6) {
+fn v6_entry(d: &Dir<'_>) -> (FlowKeyV6, FlowV6, ArmKeyV6) {
     let key = FlowKeyV6 {
         ifindex: d.ifindex,
         src_be: raw_v6(d.from.src),
@@ -537,8 +592,19 @@ fn v6_entry(d: &Dir<'_>) -> (FlowKeyV6, FlowV6) {
         _pad: 0,
         counters: FlowCounters::default(),
         fib: FibCache::default(),
+        // Unarmed: the kernel forwards the next packet first.
+        armed_generation: 0,
+        fib_mark: 0,
     };
-    (key, value)
+    let arm = ArmKeyV6 {
+        src_be: new_src,
+        dst_be: new_dst,
+        sport_be: new_sport,
+        dport_be: new_dport,
+        proto: key.proto,
+        _pad: [0; 3],
+    };
+    (key, value, arm)
 }
 
 #[cfg(test)]

@@ -315,6 +315,13 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
         None,
         [(vec![], s.fib_cache.invalidations)],
     )?;
+    counters(
+        enc,
+        "ruleset_changes",
+        "Firewall ruleset changes (nftables commits, iptables-legacy changes, lost notifications); each disarms every flow until the kernel forwards it again.",
+        None,
+        [(vec![], s.ruleset.changes)],
+    )?;
     gauges(
         enc,
         "fib_cache_max_age",
@@ -470,7 +477,9 @@ mod tests {
     };
 
     use super::*;
-    use crate::status::{ConntrackStatus, CounterRow, FibCacheStatus, FlowCounts, IfaceStatus};
+    use crate::status::{
+        ConntrackStatus, CounterRow, FibCacheStatus, FlowCounts, IfaceStatus, RulesetStatus,
+    };
 
     /// A status with every family populated (also used to list the exported names).
     fn sample_status() -> Status {
@@ -536,6 +545,12 @@ mod tests {
                 max_age_ms: 100,
                 generation: 7,
                 invalidations: 6,
+            },
+            ruleset: RulesetStatus {
+                generation: 4,
+                changes: 3,
+                armed_interfaces: 2,
+                fib_mark: true,
             },
         }
     }
@@ -641,6 +656,7 @@ mod tests {
         assert_eq!(value(&t, "xdp_router_conntrack_refreshes_total"), 77.0);
         assert_eq!(value(&t, "xdp_router_fib_cache_invalidations_total"), 6.0);
         assert_eq!(value(&t, "xdp_router_fib_cache_max_age_seconds"), 0.1);
+        assert_eq!(value(&t, "xdp_router_ruleset_changes_total"), 3.0);
         assert_eq!(
             value(
                 &t,

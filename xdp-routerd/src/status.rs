@@ -26,6 +26,24 @@ pub struct Status {
     /// The datapath's per-flow cache of FIB answers.
     #[serde(default)]
     pub fib_cache: FibCacheStatus,
+    /// Firewall ruleset tracking (arming).
+    #[serde(default)]
+    pub ruleset: RulesetStatus,
+}
+
+/// Firewall ruleset tracking: flow directions are forwarded only once the kernel forwarded one
+/// of their packets under the current ruleset generation.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RulesetStatus {
+    /// Current ruleset generation (starts at 1).
+    pub generation: u32,
+    /// Ruleset changes seen since start (nftables commits, iptables-legacy changes, lost
+    /// notifications), each of which disarmed every flow direction.
+    pub changes: u64,
+    /// Managed interfaces with the TC egress arming program attached.
+    pub armed_interfaces: u32,
+    /// `bpf_fib_lookup` takes the packet mark (Linux 6.10): marked flows can be fast-pathed.
+    pub fib_mark: bool,
 }
 
 /// The per-flow cache of `bpf_fib_lookup` answers (`fib_cache_ms`).
@@ -180,6 +198,19 @@ impl Status {
             let list: Vec<String> = c.skipped.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(s, "not offloaded: {}", list.join(" "));
         }
+        let r = &self.ruleset;
+        let _ = writeln!(
+            s,
+            "firewall: ruleset generation {}, {} changes since start, arming on {} interfaces{}",
+            r.generation,
+            r.changes,
+            r.armed_interfaces,
+            if r.fib_mark {
+                ""
+            } else {
+                " (marked flows stay in the kernel: Linux < 6.10)"
+            }
+        );
         let f = &self.fib_cache;
         if f.max_age_ms == 0 {
             let _ = writeln!(s, "fib cache: off (every packet is looked up)");
@@ -526,6 +557,7 @@ mod tests {
                 .collect(),
             conntrack: ConntrackStatus::default(),
             fib_cache: FibCacheStatus::default(),
+            ruleset: RulesetStatus::default(),
         }
     }
 

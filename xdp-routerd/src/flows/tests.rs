@@ -14,6 +14,8 @@ use crate::sync::conntrack::CtStatus;
 struct FakeTable {
     v4: HashMap<FlowKeyV4, FlowV4>,
     v6: HashMap<FlowKeyV6, FlowV6>,
+    arm_v4: HashMap<ArmKeyV4, FlowKeyV4>,
+    arm_v6: HashMap<ArmKeyV6, FlowKeyV6>,
     capacity: usize,
 }
 
@@ -47,6 +49,20 @@ impl FlowTable for FakeTable {
     }
     fn get_v6(&self, key: &FlowKeyV6) -> Option<FlowV6> {
         self.v6.get(key).copied()
+    }
+    fn insert_arm_v4(&mut self, arm: &ArmKeyV4, flow: &FlowKeyV4) -> Result<(), MapError> {
+        self.arm_v4.insert(*arm, *flow);
+        Ok(())
+    }
+    fn insert_arm_v6(&mut self, arm: &ArmKeyV6, flow: &FlowKeyV6) -> Result<(), MapError> {
+        self.arm_v6.insert(*arm, *flow);
+        Ok(())
+    }
+    fn remove_arm_v4(&mut self, arm: &ArmKeyV4) {
+        self.arm_v4.remove(arm);
+    }
+    fn remove_arm_v6(&mut self, arm: &ArmKeyV6) {
+        self.arm_v6.remove(arm);
     }
 }
 
@@ -169,6 +185,77 @@ fn snat_connection_gets_both_directions_with_correct_rewrite() {
         checksum::apply(checksum::apply(0xbeef, v.l3_csum_diff), r.l3_csum_diff),
         0xbeef
     );
+}
+
+/// Each direction is written unarmed and indexed by its tuple as the kernel sends it out (after
+/// NAT), so the TC egress program can arm it; removal drops the index too.
+#[test]
+fn directions_start_unarmed_and_are_indexed_by_their_translated_tuple() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    assert_eq!(m.upsert(snat_tcp(), &mut t, &paths()), Upsert::Added);
+    assert_eq!(t.arm_v4.len(), 2);
+    for (arm, key) in &t.arm_v4 {
+        let v = t.v4[key];
+        assert_eq!(v.armed_generation, 0);
+        assert_eq!(v.fib_mark, 0);
+        assert_eq!(
+            (arm.src_be, arm.dst_be, arm.sport_be, arm.dport_be, arm.proto),
+            (
+                v.new_src_be,
+                v.new_dst_be,
+                v.new_sport_be,
+                v.new_dport_be,
+                key.proto
+            )
+        );
+    }
+    // The original direction leaves masqueraded: 203.0.113.1:61000 -> 198.51.100.7:443.
+    let ip = |s: &str| u32::from_ne_bytes(s.parse::<Ipv4Addr>().unwrap().octets());
+    let out = ArmKeyV4 {
+        src_be: ip("203.0.113.1"),
+        dst_be: ip("198.51.100.7"),
+        sport_be: 61000u16.to_be(),
+        dport_be: 443u16.to_be(),
+        proto: 6,
+        _pad: [0; 3],
+    };
+    assert_eq!(t.arm_v4[&out].ifindex, 3);
+    assert!(m.forget(&snat_tcp().orig, &mut t));
+    assert!(t.arm_v4.is_empty() && t.v4.is_empty());
+}
+
+/// Policy routing: the replies' ingress is the original direction's egress as the kernel routes
+/// it (source, ingress interface and connection mark), not the plain route to the peer.
+#[test]
+fn reply_ingress_follows_the_original_directions_policy_route() {
+    struct MarkPaths(FakePaths);
+    impl PathOracle for MarkPaths {
+        fn ingress_for(&self, addr: IpAddr) -> Option<u32> {
+            self.0.ingress_for(addr)
+        }
+        fn is_local(&self, addr: IpAddr) -> bool {
+            self.0.is_local(addr)
+        }
+        fn forward_egress(&self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32> {
+            // `ip rule fwmark 2 table 2` with a second WAN on ifindex 4.
+            assert_eq!((src, iif), ("10.0.1.2".parse().unwrap(), 3));
+            if mark == 2 { Some(4) } else { self.ingress_for(dst) }
+        }
+    }
+    let mut m = FlowManager::new();
+    m.set_managed(BTreeMap::from([
+        (2, "eth0".to_string()),
+        (3, "eth1".to_string()),
+        (4, "eth2".to_string()),
+    ]));
+    let mut t = FakeTable::default();
+    let marked = CtEntry {
+        mark: 2,
+        ..snat_tcp()
+    };
+    assert_eq!(m.upsert(marked, &mut t, &MarkPaths(paths())), Upsert::Added);
+    let ingresses: HashSet<u32> = t.v4.keys().map(|k| k.ifindex).collect();
+    assert_eq!(ingresses, HashSet::from([3, 4]));
 }
 
 #[test]

@@ -56,6 +56,16 @@ impl RouteLookup {
     /// The route the kernel would use to reach `dst`; `None` when it has none (unreachable,
     /// blackhole and prohibit routes make the kernel answer with an error).
     pub fn get(&self, dst: IpAddr) -> io::Result<Option<RouteInfo>> {
+        self.get_from(dst, None)
+    }
+
+    /// `ip route get DST from SRC iif IIF mark MARK` (`from`: source, ingress interface and
+    /// mark): the route of a packet the kernel forwards, FIB rules included.
+    pub fn get_from(
+        &self,
+        dst: IpAddr,
+        from: Option<(IpAddr, u32, u32)>,
+    ) -> io::Result<Option<RouteInfo>> {
         let mut header = RouteHeader::default();
         let (family, len) = match dst {
             IpAddr::V4(_) => (AddressFamily::Inet, 32),
@@ -67,6 +77,15 @@ impl RouteLookup {
         msg.header = header;
         msg.attributes
             .push(RouteAttribute::Destination(RouteAddress::from(dst)));
+        if let Some((src, iif, mark)) = from {
+            msg.header.source_prefix_length = len;
+            msg.attributes
+                .push(RouteAttribute::Source(RouteAddress::from(src)));
+            msg.attributes.push(RouteAttribute::Iif(iif));
+            if mark != 0 {
+                msg.attributes.push(RouteAttribute::Mark(mark));
+            }
+        }
 
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let mut nl_header = NetlinkHeader::default();
@@ -127,6 +146,20 @@ impl PathOracle for RouteLookup {
                 oif,
             })) => oif,
             _ => None,
+        }
+    }
+
+    fn forward_egress(&self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32> {
+        match self.get_from(dst, Some((src, iif, mark))) {
+            Ok(Some(RouteInfo {
+                kind: RouteType::Unicast,
+                oif,
+            })) => oif,
+            // Local, blackhole, unreachable...: the kernel would not forward it.
+            Ok(Some(_)) => None,
+            // The input-route query itself failed (e.g. the source fails rp_filter): judge by
+            // the plain route to `dst`.
+            Ok(None) | Err(_) => self.ingress_for(dst),
         }
     }
 

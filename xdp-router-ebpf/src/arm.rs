@@ -1,0 +1,155 @@
+//! Arming: the TC egress program that records which flow directions the kernel itself forwards.
+//!
+//! It runs on every managed interface after the kernel's whole forwarding path (FORWARD,
+//! POSTROUTING, NAT). A packet seen here was accepted by the firewall as it is now; the fast
+//! path's own packets are redirected by XDP and never pass here. For a packet that belongs to an
+//! offloaded flow direction (found by its post-NAT tuple in `ARM_V4`/`ARM_V6`, arriving on the
+//! direction's ingress interface), it stores the current `ruleset_generation` and the packet's
+//! mark in the flow entry: from then on XDP forwards that direction, until the ruleset changes.
+
+use core::ptr::{addr_of_mut, write_volatile};
+
+use aya_ebpf::programs::TcContext;
+use xdp_router_common::{
+    ArmKeyV4, ArmKeyV6, SETTINGS_F_FIB_MARK,
+    parse::{ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP},
+};
+
+use crate::maps::{ARM_V4, ARM_V6, FLOWS_V4, FLOWS_V6, SETTINGS};
+
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+
+/// What the kernel forwarded: the packet's mark and ingress interface.
+struct Forwarded {
+    mark: u32,
+    ingress_ifindex: u32,
+    generation: u32,
+    mark_ok: bool,
+}
+
+/// Arms the flow direction of the packet in `ctx`, if it is one. Never changes the packet.
+#[inline(always)]
+pub fn try_arm(ctx: &TcContext) -> Option<()> {
+    let settings = SETTINGS.get(0)?;
+    // SAFETY: the context's skb pointer is valid for the program run.
+    let (mark, ingress_ifindex) = unsafe { ((*ctx.skb.skb).mark, (*ctx.skb.skb).ingress_ifindex) };
+    let fwd = Forwarded {
+        mark,
+        ingress_ifindex,
+        generation: settings.ruleset_generation,
+        mark_ok: settings.flags & SETTINGS_F_FIB_MARK != 0,
+    };
+    let ethertype = u16::from_be(ctx.load::<u16>(12).ok()?);
+    match ethertype {
+        ETH_P_IP => arm_v4(ctx, &fwd),
+        ETH_P_IPV6 => arm_v6(ctx, &fwd),
+        _ => None,
+    }
+}
+
+/// The raw source and destination ports after an IP header of `l3_len` bytes.
+#[inline(always)]
+fn ports(ctx: &TcContext, l3_len: usize) -> Option<(u16, u16)> {
+    let ports: [u16; 2] = ctx.load(ETH_HLEN + l3_len).ok()?;
+    Some((ports[0], ports[1]))
+}
+
+/// Writes the arming into a flow entry's `armed_generation` and `fib_mark`. A direction with a
+/// mark the FIB lookup cannot take is left unarmed (XDP counts it as `fib_mark_unsupported`).
+#[inline(always)]
+fn arm(armed: *mut u32, fib_mark: *mut u32, fib_generation: *mut u32, fwd: &Forwarded) {
+    let generation = if fwd.mark != 0 && !fwd.mark_ok {
+        0
+    } else {
+        fwd.generation
+    };
+    // SAFETY: the pointers point into a live flow map value. The mark goes first: XDP reads
+    // the generation, then the mark. A changed mark drops the cached FIB answer, which was
+    // looked up with the old one.
+    unsafe {
+        if core::ptr::read_volatile(fib_mark) != fwd.mark {
+            write_volatile(fib_generation, 0);
+            write_volatile(fib_mark, fwd.mark);
+        }
+        if core::ptr::read_volatile(armed) != generation {
+            write_volatile(armed, generation);
+        }
+    }
+}
+
+#[inline(always)]
+fn arm_v4(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
+    // version_ihl, tos, tot_len, id, frag_off, ttl, proto, check: the first 10 bytes.
+    let head: [u8; 10] = ctx.load(ETH_HLEN).ok()?;
+    let [version_ihl, _, _, _, _, _, frag0, frag1, _, proto] = head;
+    // The fast path only forwards option-less, unfragmented TCP/UDP.
+    if version_ihl != 0x45
+        || u16::from_be_bytes([frag0, frag1]) & 0x3fff != 0
+        || (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+    {
+        return None;
+    }
+    let addrs: [u32; 2] = ctx.load(ETH_HLEN + 12).ok()?;
+    let (sport_be, dport_be) = ports(ctx, 20)?;
+    let key = ArmKeyV4 {
+        src_be: addrs[0],
+        dst_be: addrs[1],
+        sport_be,
+        dport_be,
+        proto,
+        _pad: [0; 3],
+    };
+    // SAFETY: map lookups; the value is copied out.
+    let flow_key = *unsafe { ARM_V4.get(&key) }?;
+    // Only a packet that came in where the flow direction enters arms it.
+    if flow_key.ifindex != fwd.ingress_ifindex {
+        return None;
+    }
+    let flow = FLOWS_V4.get_ptr_mut(&flow_key)?;
+    // SAFETY: map value pointer from the kernel.
+    unsafe {
+        arm(
+            addr_of_mut!((*flow).armed_generation),
+            addr_of_mut!((*flow).fib_mark),
+            addr_of_mut!((*flow).fib.generation),
+            fwd,
+        );
+    }
+    Some(())
+}
+
+#[inline(always)]
+fn arm_v6(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
+    // version/class/flow label (4), payload length (2), next header, hop limit.
+    let next_header: u8 = ctx.load(ETH_HLEN + 6).ok()?;
+    if next_header != IPPROTO_TCP && next_header != IPPROTO_UDP {
+        return None;
+    }
+    let addrs: [[u32; 4]; 2] = ctx.load(ETH_HLEN + 8).ok()?;
+    let (sport_be, dport_be) = ports(ctx, 40)?;
+    let key = ArmKeyV6 {
+        src_be: addrs[0],
+        dst_be: addrs[1],
+        sport_be,
+        dport_be,
+        proto: next_header,
+        _pad: [0; 3],
+    };
+    // SAFETY: map lookups; the value is copied out.
+    let flow_key = *unsafe { ARM_V6.get(&key) }?;
+    if flow_key.ifindex != fwd.ingress_ifindex {
+        return None;
+    }
+    let flow = FLOWS_V6.get_ptr_mut(&flow_key)?;
+    // SAFETY: map value pointer from the kernel.
+    unsafe {
+        arm(
+            addr_of_mut!((*flow).armed_generation),
+            addr_of_mut!((*flow).fib_mark),
+            addr_of_mut!((*flow).fib.generation),
+            fwd,
+        );
+    }
+    Some(())
+}
