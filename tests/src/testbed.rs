@@ -393,6 +393,19 @@ pub struct Status {
     pub conntrack: ConntrackSummary,
     /// The per-flow FIB cache.
     pub fib_cache: FibCacheSummary,
+    /// Firewall ruleset tracking.
+    pub ruleset: RulesetSummary,
+}
+
+/// The `ruleset` object of `status --json`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RulesetSummary {
+    /// Current ruleset generation.
+    pub generation: u32,
+    /// Ruleset changes seen since start.
+    pub changes: u64,
+    /// Interfaces with the arming program attached.
+    pub armed_interfaces: u32,
 }
 
 /// The `fib_cache` object of `status --json`.

@@ -1,0 +1,331 @@
+//! Firewall changes take effect on offloaded flows: real iptables-nft / nft rules inserted
+//! while a fast-pathed stream runs stop it within a second (the daemon bumps the ruleset
+//! generation on the nftables commit, every flow direction is disarmed, and the kernel's rules
+//! judge the next packet); `conntrack -D` / `-F` hand the connection back to the kernel; a rule
+//! that does not match lets the flow back on the fast path; a rule dropping only replies keeps
+//! every reply from the LAN host. Run as root with one test thread (`cargo xtask test`).
+
+use std::{
+    io::{self, Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread::{JoinHandle, sleep},
+    time::{Duration, Instant},
+};
+
+use xdp_router_tests::testbed::{
+    LAN_IF, Snapshot, Testbed, UdpEcho, WAN_IF, any_v4, fastpath_fraction, ready, udp_payload,
+    udp_socket, wait_until, wan_v4,
+};
+
+/// A LAN→WAN TCP stream at a fixed rate whose receiver counts bytes live.
+struct Stream {
+    received: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// Bytes per second of the stream: ~4000 full-size packets per second.
+const RATE: u64 = 6_000_000;
+
+impl Stream {
+    fn start(tb: &Testbed, server: SocketAddr) -> Stream {
+        let listener = tb
+            .wan
+            .run(move || TcpListener::bind(server))
+            .unwrap_or_else(|e| panic!("bind {server}: {e}"));
+        let client = tb
+            .lan
+            .run(move || TcpStream::connect_timeout(&server, Duration::from_secs(5)))
+            .unwrap_or_else(|e| panic!("connect {server}: {e}"));
+        let (mut conn, _) = listener.accept().expect("accept");
+        let received = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (rx, stop_rx) = (received.clone(), stop.clone());
+        let receiver = std::thread::spawn(move || {
+            let _ = conn.set_read_timeout(Some(Duration::from_millis(100)));
+            let mut buf = vec![0u8; 65536];
+            while !stop_rx.load(Ordering::SeqCst) {
+                match conn.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        rx.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+                    Err(_) => return,
+                }
+            }
+        });
+        let stop_tx = stop.clone();
+        let mut client = client;
+        let sender = std::thread::spawn(move || {
+            let _ = client.set_write_timeout(Some(Duration::from_millis(100)));
+            let chunk = vec![0x5au8; 16 << 10];
+            let start = Instant::now();
+            let mut sent = 0u64;
+            while !stop_tx.load(Ordering::SeqCst) {
+                let due = start.elapsed().as_secs_f64() * RATE as f64;
+                if (sent as f64) < due {
+                    match client.write(&chunk) {
+                        Ok(n) => sent += n as u64,
+                        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+                        Err(_) => return,
+                    }
+                } else {
+                    sleep(Duration::from_millis(1));
+                }
+            }
+        });
+        Stream {
+            received,
+            stop,
+            threads: vec![receiver, sender],
+        }
+    }
+
+    fn received(&self) -> u64 {
+        self.received.load(Ordering::SeqCst)
+    }
+
+    /// Time until the receiver's byte count stays flat for 300 ms (measured from `since`), or
+    /// `None` if it still grows after `limit`.
+    fn time_to_stop(&self, since: Instant, limit: Duration) -> Option<Duration> {
+        let mut last = self.received();
+        let mut last_change = Instant::now();
+        while since.elapsed() < limit + Duration::from_millis(300) {
+            sleep(Duration::from_millis(10));
+            let now = self.received();
+            if now != last {
+                last = now;
+                last_change = Instant::now();
+            } else if last_change.elapsed() >= Duration::from_millis(300) {
+                return Some(last_change - since);
+            }
+        }
+        None
+    }
+
+    /// Whether bytes still arrive: growth over `window`.
+    fn grows_over(&self, window: Duration) -> u64 {
+        let before = self.received();
+        sleep(window);
+        self.received() - before
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Share of the LAN packets fast-pathed over `window` (and the packets seen on the wire).
+fn fast_share(tb: &Testbed, window: Duration) -> (f64, u64) {
+    let before: Snapshot = tb.snapshot();
+    sleep(window);
+    let after = tb.snapshot();
+    let wire = after.rx_lan_since(&before);
+    let fwd = after.packets_since(&before, LAN_IF, "forwarded_original");
+    (fastpath_fraction(fwd, wire), wire)
+}
+
+/// Starts the daemon and a stream to `port`, and waits until the stream is fast-pathed
+/// (≥ 90 % of its LAN packets forwarded by XDP over one second).
+fn fast_stream(tb: &mut Testbed, port: u16) -> Stream {
+    tb.start_daemon();
+    let stream = Stream::start(tb, wan_v4(port));
+    let mut share = (0.0, 0);
+    let ok = wait_until(Duration::from_secs(10), || {
+        share = fast_share(tb, Duration::from_secs(1));
+        share.0 >= 0.9
+    });
+    assert!(
+        ok,
+        "the stream is not fast-pathed: {:.1} % of {} packets; status:\n{}",
+        share.0 * 100.0,
+        share.1,
+        tb.daemon().ctl(&["status"]).unwrap_or_default()
+    );
+    eprintln!(
+        "stream to {port}: {:.1} % of {} LAN packets fast-pathed before the change",
+        share.0 * 100.0,
+        share.1
+    );
+    stream
+}
+
+/// Runs `change` in the router and checks the stream stops within 1 s.
+fn stops_within_a_second(tb: &Testbed, stream: &Stream, what: &str, change: &str) {
+    let changes = tb.daemon().status().ruleset.changes;
+    let t0 = Instant::now();
+    tb.router.sh(change);
+    let stopped = stream.time_to_stop(t0, Duration::from_secs(1));
+    eprintln!("{what}: the stream stopped after {stopped:?}");
+    let after = tb.daemon().status();
+    assert!(
+        stopped.is_some_and(|t| t <= Duration::from_secs(1)),
+        "{what}: the stream still flows 1 s after the change ({} bytes in the last 500 ms); \
+         ruleset changes {} -> {}",
+        stream.grows_over(Duration::from_millis(500)),
+        changes,
+        after.ruleset.changes
+    );
+}
+
+#[test]
+fn iptables_drop_stops_an_offloaded_stream() {
+    if !ready("iptables_drop_stops_an_offloaded_stream") {
+        return;
+    }
+    let mut tb = Testbed::new("fw1");
+    let stream = fast_stream(&mut tb, 6001);
+    stops_within_a_second(
+        &tb,
+        &stream,
+        "iptables -I FORWARD 1 -j DROP",
+        "iptables -w -I FORWARD 1 -p tcp --dport 6001 -j DROP",
+    );
+}
+
+#[test]
+fn nft_rule_stops_an_offloaded_stream() {
+    if !ready("nft_rule_stops_an_offloaded_stream") {
+        return;
+    }
+    let mut tb = Testbed::new("fw2");
+    // An nft-native table next to iptables-nft's, hooked before its FORWARD chain.
+    tb.router.sh(
+        "nft add table inet fw
+         nft add chain inet fw fw_forward '{ type filter hook forward priority -10; }'
+         nft add rule inet fw fw_forward counter",
+    );
+    let stream = fast_stream(&mut tb, 6002);
+    stops_within_a_second(
+        &tb,
+        &stream,
+        "nft insert rule ... drop",
+        "nft insert rule inet fw fw_forward tcp dport 6002 drop",
+    );
+}
+
+/// Drops NEW connections on the forward path (an unrelated change for the running stream,
+/// which must return to the fast path), then deletes the stream's conntrack entry with
+/// `conntrack_cmd`: its next packets are NEW and must be dropped.
+fn conntrack_removal_stops_the_stream(tag: &str, port: u16, conntrack_cmd: &str) {
+    let mut tb = Testbed::new(tag);
+    let stream = fast_stream(&mut tb, port);
+    tb.router
+        .sh("iptables -w -I FORWARD 1 -m conntrack --ctstate NEW -j DROP");
+    let ok = wait_until(Duration::from_secs(3), || {
+        fast_share(&tb, Duration::from_millis(500)).0 >= 0.9
+    });
+    assert!(ok, "the stream did not return to the fast path after an unrelated rule");
+    stops_within_a_second(&tb, &stream, conntrack_cmd, conntrack_cmd);
+}
+
+#[test]
+fn conntrack_delete_stops_an_offloaded_stream() {
+    if !ready("conntrack_delete_stops_an_offloaded_stream") {
+        return;
+    }
+    conntrack_removal_stops_the_stream(
+        "fw3",
+        6003,
+        "conntrack -D -p tcp --dport 6003 >/dev/null 2>&1",
+    );
+}
+
+#[test]
+fn conntrack_flush_stops_an_offloaded_stream() {
+    if !ready("conntrack_flush_stops_an_offloaded_stream") {
+        return;
+    }
+    conntrack_removal_stops_the_stream("fw4", 6004, "conntrack -F >/dev/null 2>&1");
+}
+
+#[test]
+fn unrelated_rule_change_keeps_the_stream_fast_pathed() {
+    if !ready("unrelated_rule_change_keeps_the_stream_fast_pathed") {
+        return;
+    }
+    let mut tb = Testbed::new("fw5");
+    let stream = fast_stream(&mut tb, 6005);
+    let changes = tb.daemon().status().ruleset.changes;
+    tb.router
+        .sh("iptables -w -I FORWARD 1 -p tcp --dport 9999 -j DROP");
+    let (share, wire) = fast_share(&tb, Duration::from_secs(2));
+    let st = tb.daemon().status();
+    eprintln!(
+        "after an unrelated rule: {:.1} % of {wire} LAN packets fast-pathed over 2 s; ruleset \
+         changes {changes} -> {}",
+        share * 100.0,
+        st.ruleset.changes
+    );
+    assert!(st.ruleset.changes > changes, "the daemon saw no ruleset change");
+    assert!(
+        st.packets(LAN_IF, "awaiting_kernel_verdict") > 0,
+        "no packet went through the kernel after the change"
+    );
+    assert!(share >= 0.9, "only {:.1} % fast-pathed", share * 100.0);
+    assert!(stream.grows_over(Duration::from_millis(300)) > 0);
+}
+
+/// FORWARD drops only the replies of an offloaded UDP flow: none reaches the LAN host.
+#[test]
+fn reply_only_drop_keeps_replies_from_the_lan() {
+    if !ready("reply_only_drop_keeps_replies_from_the_lan") {
+        return;
+    }
+    let mut tb = Testbed::new("fw6");
+    tb.start_daemon();
+    let server = wan_v4(6006);
+    let echo = UdpEcho::start(&tb.wan, server);
+    let sock = udp_socket(&tb.lan, any_v4(), 64);
+    sock.set_read_timeout(Some(Duration::from_millis(20)))
+        .expect("timeout");
+    let mut buf = [0u8; 2048];
+    let mut seq = 0u64;
+    let mut exchange = |n: u64| {
+        let mut replies = 0;
+        for _ in 0..n {
+            sock.send_to(&udp_payload(seq, 200), server).expect("send");
+            seq += 1;
+            while sock.recv_from(&mut buf).is_ok() {
+                replies += 1;
+            }
+        }
+        replies
+    };
+    // Until conntrack calls it ASSURED and both directions are fast-pathed.
+    let ok = wait_until(Duration::from_secs(10), || {
+        exchange(20);
+        let st = tb.daemon().status();
+        st.packets(WAN_IF, "forwarded_reply") > 10 && st.packets(LAN_IF, "forwarded_original") > 10
+    });
+    assert!(ok, "the UDP flow was not fast-pathed both ways");
+    tb.router
+        .sh("iptables -w -I FORWARD 1 -i eth0 -p udp --sport 6006 -j DROP");
+    // The commit notification reaches the daemon within milliseconds.
+    sleep(Duration::from_millis(50));
+    let before = tb.snapshot();
+    let replies = exchange(200);
+    let after = tb.snapshot();
+    let echoed = echo.finish().received;
+    let fwd_replies = after.packets_since(&before, WAN_IF, "forwarded_reply");
+    eprintln!(
+        "after the reply-only DROP: {replies} replies reached the LAN host, {fwd_replies} \
+         forwarded by XDP; the WAN host received {echoed} datagrams in all"
+    );
+    assert_eq!(replies, 0, "replies reached the LAN host despite the DROP");
+    assert_eq!(fwd_replies, 0);
+    assert!(
+        after.packets_since(&before, LAN_IF, "forwarded_original") > 100,
+        "the original direction should still be fast-pathed"
+    );
+}
