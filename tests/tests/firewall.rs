@@ -54,7 +54,11 @@ impl Stream {
                     Ok(n) => {
                         rx.fetch_add(n as u64, Ordering::SeqCst);
                     }
-                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) => {}
                     Err(_) => return,
                 }
             }
@@ -71,7 +75,11 @@ impl Stream {
                 if (sent as f64) < due {
                     match client.write(&chunk) {
                         Ok(n) => sent += n as u64,
-                        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                            ) => {}
                         Err(_) => return,
                     }
                 } else {
@@ -200,11 +208,9 @@ fn nft_rule_stops_an_offloaded_stream() {
     }
     let mut tb = Testbed::new("fw2");
     // An nft-native table next to iptables-nft's, hooked before its FORWARD chain.
-    tb.router.sh(
-        "nft add table inet fw
+    tb.router.sh("nft add table inet fw
          nft add chain inet fw fw_forward '{ type filter hook forward priority -10; }'
-         nft add rule inet fw fw_forward counter",
-    );
+         nft add rule inet fw fw_forward counter");
     let stream = fast_stream(&mut tb, 6002);
     stops_within_a_second(
         &tb,
@@ -225,7 +231,10 @@ fn conntrack_removal_stops_the_stream(tag: &str, port: u16, conntrack_cmd: &str)
     let ok = wait_until(Duration::from_secs(3), || {
         fast_share(&tb, Duration::from_millis(500)).0 >= 0.9
     });
-    assert!(ok, "the stream did not return to the fast path after an unrelated rule");
+    assert!(
+        ok,
+        "the stream did not return to the fast path after an unrelated rule"
+    );
     stops_within_a_second(&tb, &stream, conntrack_cmd, conntrack_cmd);
 }
 
@@ -267,7 +276,10 @@ fn unrelated_rule_change_keeps_the_stream_fast_pathed() {
         share * 100.0,
         st.ruleset.changes
     );
-    assert!(st.ruleset.changes > changes, "the daemon saw no ruleset change");
+    assert!(
+        st.ruleset.changes > changes,
+        "the daemon saw no ruleset change"
+    );
     assert!(
         st.packets(LAN_IF, "awaiting_kernel_verdict") > 0,
         "no packet went through the kernel after the change"

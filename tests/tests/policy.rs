@@ -77,7 +77,8 @@ fn flows_follow_their_policy_route(tag: &str, rule: &str) {
         let mut buf = [0u8; 2048];
         for _ in 0..n {
             for (i, (s, port)) in [(&a, 7001), (&b, 7002)].into_iter().enumerate() {
-                s.send_to(&udp_payload(seq, 200), server(port)).expect("send");
+                s.send_to(&udp_payload(seq, 200), server(port))
+                    .expect("send");
                 seq += 1;
                 while s.recv_from(&mut buf).is_ok() {
                     replies[i] += 1;
@@ -115,7 +116,10 @@ fn flows_follow_their_policy_route(tag: &str, rule: &str) {
     assert_eq!(count("WAN1 A"), 0, "host A's flow left by WAN1");
     assert_eq!(count("WAN2 B"), 0, "host B's flow left by WAN2");
     assert!(count("WAN2 A") >= 500 && count("WAN1 B") >= 500);
-    assert!(fwd_lan >= 900, "only {fwd_lan} of 1000 LAN packets fast-pathed");
+    assert!(
+        fwd_lan >= 900,
+        "only {fwd_lan} of 1000 LAN packets fast-pathed"
+    );
     // Replies (marked 2 by --restore-mark) reach the LAN through table 2's LAN route.
     assert!(
         replies[0] >= 500 && replies[1] >= 500,
@@ -145,5 +149,8 @@ fn source_routed_flow_is_fast_pathed_by_its_wan() {
     if !ready("source_routed_flow_is_fast_pathed_by_its_wan") {
         return;
     }
-    flows_follow_their_policy_route("pol2", &format!("ip rule add from {HOST_A} table 2 pref 100"));
+    flows_follow_their_policy_route(
+        "pol2",
+        &format!("ip rule add from {HOST_A} table 2 pref 100"),
+    );
 }

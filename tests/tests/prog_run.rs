@@ -19,9 +19,9 @@ use xdp_router_common::{
 };
 use xdp_router_tests::{
     fixture_net::{
-        Bed, CLIENT_MAC, GW_MAC, LAN_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, MTU_SLOT, Maps, Setup,
-        WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT, build_topology, coarse_monotonic_ns, flow,
-        ARMED, lan_pkt, load, load_object, routed, run, v4, v6, wan_pkt,
+        ARMED, Bed, CLIENT_MAC, GW_MAC, LAN_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, MTU_SLOT, Maps,
+        Setup, WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT, build_topology, coarse_monotonic_ns,
+        flow, lan_pkt, load, load_object, routed, run, v4, v6, wan_pkt,
     },
     netns::{Netns, require_root},
     packet::{

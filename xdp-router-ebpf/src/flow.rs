@@ -293,7 +293,11 @@ fn store_hop(
 /// any ruleset change, has its next packet judged by the kernel's rules, and only a packet the
 /// kernel forwarded re-arms the direction.
 #[inline(always)]
-fn check_armed(armed: *const u32, mark: *const u32, policy: &FibCachePolicy) -> Result<u32, Reason> {
+fn check_armed(
+    armed: *const u32,
+    mark: *const u32,
+    policy: &FibCachePolicy,
+) -> Result<u32, Reason> {
     // SAFETY: both point into a live flow map value; the TC program writes the mark first.
     let (armed, mark) = unsafe {
         (
@@ -580,16 +584,7 @@ fn try_forward_v6(
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     // SAFETY: `flow` is a live map value pointer.
     let fib_cache = unsafe { addr_of_mut!((*flow).fib) };
-    let hop = next_hop(
-        ctx,
-        fib_cache,
-        cache,
-        now,
-        &mut params,
-        len,
-        flowinfo,
-        mark,
-    )?;
+    let hop = next_hop(ctx, fib_cache, cache, now, &mut params, len, flowinfo, mark)?;
     let action = redirect_to(hop.ifindex)?;
 
     let l4 = L4::at(ctx, ETH_HLEN + IPV6_HLEN, fields.next_header == IPPROTO_UDP)?;

@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, DevMapHash, HashMap, PerCpuArray},
 };
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, Counter, DEFAULT_FLOW_CAPACITY, FIB_LOOKUP_DIRECT, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
-    IfaceInfo, MAX_IFACE_SLOTS, STATS_ENTRIES, Settings,
+    ArmKeyV4, ArmKeyV6, Counter, DEFAULT_FLOW_CAPACITY, FIB_LOOKUP_DIRECT, FlowKeyV4, FlowKeyV6,
+    FlowV4, FlowV6, IfaceInfo, MAX_IFACE_SLOTS, STATS_ENTRIES, Settings,
 };
 
 /// Offloaded IPv4 flow directions (one entry per direction of a connection), written by the

@@ -483,7 +483,11 @@ pub async fn run_with(
         nftables::poll_legacy(legacy_tx).await;
         Err(anyhow!("iptables-legacy poller ended"))
     });
-    tasks.spawn(ruleset_changes(state.clone(), ruleset_events, legacy_events));
+    tasks.spawn(ruleset_changes(
+        state.clone(),
+        ruleset_events,
+        legacy_events,
+    ));
     let handler: Arc<dyn Handler> = Arc::new(ControlHandler {
         state: state.clone(),
     });

@@ -459,11 +459,17 @@ impl Plan {
             PlanValues::V4(es) => es
                 .iter()
                 .try_for_each(|(k, v, _)| table.insert_v4(k, v))
-                .and_then(|()| es.iter().try_for_each(|(k, _, a)| table.insert_arm_v4(a, k))),
+                .and_then(|()| {
+                    es.iter()
+                        .try_for_each(|(k, _, a)| table.insert_arm_v4(a, k))
+                }),
             PlanValues::V6(es) => es
                 .iter()
                 .try_for_each(|(k, v, _)| table.insert_v6(k, v))
-                .and_then(|()| es.iter().try_for_each(|(k, _, a)| table.insert_arm_v6(a, k))),
+                .and_then(|()| {
+                    es.iter()
+                        .try_for_each(|(k, _, a)| table.insert_arm_v6(a, k))
+                }),
         };
         res.map_err(|e| {
             // Undo a half-written connection.

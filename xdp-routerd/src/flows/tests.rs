@@ -199,7 +199,13 @@ fn directions_start_unarmed_and_are_indexed_by_their_translated_tuple() {
         assert_eq!(v.armed_generation, 0);
         assert_eq!(v.fib_mark, 0);
         assert_eq!(
-            (arm.src_be, arm.dst_be, arm.sport_be, arm.dport_be, arm.proto),
+            (
+                arm.src_be,
+                arm.dst_be,
+                arm.sport_be,
+                arm.dport_be,
+                arm.proto
+            ),
             (
                 v.new_src_be,
                 v.new_dst_be,
@@ -239,7 +245,11 @@ fn reply_ingress_follows_the_original_directions_policy_route() {
         fn forward_egress(&self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32> {
             // `ip rule fwmark 2 table 2` with a second WAN on ifindex 4.
             assert_eq!((src, iif), ("10.0.1.2".parse().unwrap(), 3));
-            if mark == 2 { Some(4) } else { self.ingress_for(dst) }
+            if mark == 2 {
+                Some(4)
+            } else {
+                self.ingress_for(dst)
+            }
         }
     }
     let mut m = FlowManager::new();
