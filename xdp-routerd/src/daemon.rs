@@ -650,8 +650,27 @@ async fn conntrack_events(
         for e in &newly_tcp {
             liberal(&state, &mut requests, e).await;
         }
+        if !newly_tcp.is_empty() {
+            // The kernel forwards the first packets of each direction again before they are
+            // armed, and those set MAXACK_SET again: a stale td_maxack would make conntrack
+            // ignore the connection's RST. Mark them liberal once more after arming (the
+            // keep-alive does it for every active connection later on).
+            let state = state.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(REMARK_LIBERAL_AFTER).await;
+                let Ok(mut ct) = CtNetlink::new() else {
+                    return;
+                };
+                for e in &newly_tcp {
+                    liberal(&state, &mut ct, e).await;
+                }
+            });
+        }
     }
 }
+
+/// When newly offloaded TCP connections are marked liberal a second time (after arming).
+const REMARK_LIBERAL_AFTER: Duration = Duration::from_millis(200);
 
 async fn keepalive_loop(
     state: Shared,
