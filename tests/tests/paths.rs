@@ -100,6 +100,10 @@ fn offload_udp(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64
 /// Sends 20 datagrams on the offloaded connection and checks the fast path forwarded every one
 /// of them, both ways.
 fn udp_is_fast_pathed(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
+    // A newly (re-)offloaded direction is armed by its first packet the kernel forwards.
+    let arm = ping_pong(sock, server, *seq, 1, DGRAM, TICK);
+    *seq += arm.sent;
+    assert_eq!((arm.good, arm.lost), (arm.sent, 0), "arming: {arm:?}");
     let before = tb.snapshot();
     let pp = ping_pong(sock, server, *seq, 20, DGRAM, TICK);
     *seq += pp.sent;
