@@ -466,6 +466,13 @@ fn route_via_unmanaged_interface_withdraws_the_flow() {
         );
         sleep(Duration::from_millis(20));
     }
+    // Re-offloaded: each direction is armed by one kernel-forwarded packet first.
+    let arm = ping_pong(&sock, server, seq, 1, DGRAM, TICK);
+    seq += arm.sent;
+    assert_eq!(
+        arm.good, arm.sent,
+        "arming after the route came back: {arm:?}"
+    );
     let before = tb.snapshot();
     let pp = ping_pong(&sock, server, seq, 20, DGRAM, TICK);
     seq += pp.sent;
