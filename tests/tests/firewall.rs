@@ -220,6 +220,23 @@ fn nft_rule_stops_an_offloaded_stream() {
     );
 }
 
+/// iptables-legacy sends no notifications: the daemon polls it every 500 ms while legacy tables
+/// exist, so a legacy DROP rule stops the stream within about a second too.
+#[test]
+fn iptables_legacy_drop_stops_an_offloaded_stream() {
+    if !ready("iptables_legacy_drop_stops_an_offloaded_stream") {
+        return;
+    }
+    let mut tb = Testbed::new("fw7");
+    let stream = fast_stream(&mut tb, 6007);
+    stops_within_a_second(
+        &tb,
+        &stream,
+        "iptables-legacy -I FORWARD 1 -j DROP",
+        "iptables-legacy -w -I FORWARD 1 -p tcp --dport 6007 -j DROP",
+    );
+}
+
 /// Drops NEW connections on the forward path (an unrelated change for the running stream,
 /// which must return to the fast path), then deletes the stream's conntrack entry with
 /// `conntrack_cmd`: its next packets are NEW and must be dropped.

@@ -960,10 +960,16 @@ fn shutdown_under_load_within_two_seconds() {
         // Under load: the fast path is carrying the transfer right now.
         let before = counter(&status(&socket, &daemon), LAN_IF, "forwarded_original").0;
         sleep(Duration::from_millis(1500));
-        let after = counter(&status(&socket, &daemon), LAN_IF, "forwarded_original").0;
+        let st = status(&socket, &daemon);
+        let after = counter(&st, LAN_IF, "forwarded_original").0;
         assert!(
             after > before + 10_000,
-            "{name}: not under load ({before} -> {after})"
+            "{name}: not under load ({before} -> {after}); counters: {:?}",
+            st.counters
+                .iter()
+                .filter(|c| c.packets != 0)
+                .map(|c| (&c.interface, &c.reason, c.packets))
+                .collect::<Vec<_>>()
         );
         assert!(
             scrapes.load(Ordering::SeqCst) > 3,

@@ -168,10 +168,14 @@ pub async fn poll_legacy(tx: mpsc::UnboundedSender<RulesetEvent>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last: Option<u64> = None;
     let mut warned = false;
+    // At start the rules found are the baseline; legacy tables that appear later (the first
+    // `iptables-legacy` command creates them) are a change.
+    let mut started = false;
     loop {
         tick.tick().await;
         if !legacy_tables_exist().await {
             last = None;
+            started = true;
             continue;
         }
         let Some(hash) = legacy_rules_hash().await else {
@@ -184,13 +188,14 @@ pub async fn poll_legacy(tx: mpsc::UnboundedSender<RulesetEvent>) {
             }
             continue;
         };
-        if last.is_some_and(|l| l != hash) {
+        if last.map_or(started, |l| l != hash) {
             debug!("iptables-legacy rules changed");
             if tx.send(RulesetEvent::LegacyChanged).is_err() {
                 return;
             }
         }
         last = Some(hash);
+        started = true;
     }
 }
 
