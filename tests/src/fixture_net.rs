@@ -308,6 +308,8 @@ pub struct Setup {
     pub fib_generation: u32,
     /// `SETTINGS[0].fib_cache_ns` (0 disables the FIB cache).
     pub fib_cache_ns: u64,
+    /// `SETTINGS[0].verify_l4_checksum` (as with `nf_conntrack_checksum = 1`, the default).
+    pub verify_l4_checksum: bool,
 }
 
 impl Setup {
@@ -321,6 +323,8 @@ impl Setup {
                     IfaceInfo {
                         slot: LAN_SLOT,
                         flags: IFACE_F_LAN,
+                        mac: LAN_MAC,
+                        _pad: [0; 2],
                     },
                 ),
                 (
@@ -328,6 +332,8 @@ impl Setup {
                     IfaceInfo {
                         slot: WAN_SLOT,
                         flags: IFACE_F_WAN,
+                        mac: WAN_MAC,
+                        _pad: [0; 2],
                     },
                 ),
                 (
@@ -335,6 +341,8 @@ impl Setup {
                     IfaceInfo {
                         slot: MTU_SLOT,
                         flags: IFACE_F_WAN,
+                        mac: MTU_MAC,
+                        _pad: [0; 2],
                     },
                 ),
             ],
@@ -344,7 +352,24 @@ impl Setup {
             // repeated packet of a case uses it).
             fib_generation: 1,
             fib_cache_ns: 10_000_000_000,
+            verify_l4_checksum: true,
         }
+    }
+
+    /// `ifindex`'s own MAC in `IFACES` replaced by `mac`.
+    pub fn with_iface_mac(mut self, ifindex: u32, mac: [u8; 6]) -> Setup {
+        for (i, info) in &mut self.ifaces {
+            if *i == ifindex {
+                info.mac = mac;
+            }
+        }
+        self
+    }
+
+    /// TCP/UDP checksums not verified (`nf_conntrack_checksum = 0`).
+    pub fn without_l4_checksum(mut self) -> Setup {
+        self.verify_l4_checksum = false;
+        self
     }
 
     /// The FIB cache off: every packet takes a full `bpf_fib_lookup` (`fib_cache_ms = 0`).
@@ -515,6 +540,8 @@ impl Maps {
             fastpath_enabled: u32::from(s.fastpath),
             fib_generation: s.fib_generation,
             fib_cache_ns: s.fib_cache_ns,
+            verify_l4_checksum: u32::from(s.verify_l4_checksum),
+            _pad: 0,
         };
         self.settings.set(0, settings, 0).expect("write settings");
     }

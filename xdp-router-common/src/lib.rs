@@ -212,8 +212,12 @@ pub struct IfaceInfo {
     pub slot: u32,
     /// `IFACE_F_*`.
     pub flags: u32,
+    /// The interface's own MAC address: only frames sent to it are forwarded
+    /// (`Reason::PassDstMacNotOurs` otherwise). Kept up to date by the daemon.
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
 }
-const _: () = assert!(core::mem::size_of::<IfaceInfo>() == 8);
+const _: () = assert!(core::mem::size_of::<IfaceInfo>() == 16);
 
 /// One packets/bytes counter in the per-CPU [`MAP_STATS`] array.
 #[repr(C)]
@@ -236,8 +240,12 @@ pub struct Settings {
     pub fib_generation: u32,
     /// Longest a cached FIB answer is used, in ns; 0 disables the cache.
     pub fib_cache_ns: u64,
+    /// Non-zero: verify TCP/UDP checksums before forwarding (`Reason::PassL4Checksum`), as
+    /// conntrack does while `net.netfilter.nf_conntrack_checksum` is 1 (the daemon mirrors it).
+    pub verify_l4_checksum: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Settings>() == 16);
+const _: () = assert!(core::mem::size_of::<Settings>() == 24);
 
 #[cfg(feature = "user")]
 mod pod {

@@ -40,11 +40,24 @@ pub enum Reason {
     PassEgressNotManaged = 15,
     /// The egress interface has a shaping qdisc the fast path must not bypass.
     PassEgressShaped = 16,
+    /// IPv4 header checksum wrong: the kernel drops it (`ip_rcv_core`).
+    PassIpv4Checksum = 17,
+    /// Destination MAC is not the ingress interface's own (broadcast, multicast, zero, another
+    /// host's): the kernel does not forward it (`PACKET_OTHERHOST`, not `PACKET_HOST`).
+    PassDstMacNotOurs = 18,
+    /// TCP/UDP checksum wrong (verified while `net.netfilter.nf_conntrack_checksum` is 1):
+    /// conntrack marks it INVALID.
+    PassL4Checksum = 19,
+    /// TCP segment without ACK (and without SYN/FIN/RST): conntrack marks it INVALID.
+    PassTcpNoAck = 20,
+    /// TCP/UDP segment longer than the datapath verifies checksums for (cannot happen with
+    /// single-buffer XDP frames; the kernel checks it).
+    PassL4ChecksumTooLong = 21,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 17;
+    pub const COUNT: u32 = 22;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -65,6 +78,11 @@ impl Reason {
         Reason::PassFragNeeded,
         Reason::PassEgressNotManaged,
         Reason::PassEgressShaped,
+        Reason::PassIpv4Checksum,
+        Reason::PassDstMacNotOurs,
+        Reason::PassL4Checksum,
+        Reason::PassTcpNoAck,
+        Reason::PassL4ChecksumTooLong,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -87,6 +105,11 @@ impl Reason {
             Reason::PassFragNeeded => "frag_needed",
             Reason::PassEgressNotManaged => "egress_not_managed",
             Reason::PassEgressShaped => "egress_shaped",
+            Reason::PassIpv4Checksum => "ipv4_bad_checksum",
+            Reason::PassDstMacNotOurs => "dst_mac_not_ours",
+            Reason::PassL4Checksum => "l4_bad_checksum",
+            Reason::PassTcpNoAck => "tcp_no_ack",
+            Reason::PassL4ChecksumTooLong => "l4_checksum_too_long",
         }
     }
 
