@@ -6,8 +6,9 @@
 //! same router namespace and run the program from a thread inside it ([`Netns::run`]).
 //!
 //! Router namespace, interfaces and what is behind them:
-//! - `lan0` 192.0.2.1/24, 2001:db8:1::1/64; client .10 / ::10 (permanent neighbour)
-//! - `wan0` 198.51.100.1/24, 2001:db8:2::1/64; gateway .254 / ::fe (permanent neighbour);
+//! - `lan0` (MTU 3500: room for the longest checksum-verified segment) 192.0.2.1/24,
+//!   2001:db8:1::1/64; client .10 / ::10 (permanent neighbour)
+//! - `wan0` (MTU 3500) 198.51.100.1/24, 2001:db8:2::1/64; gateway .254 / ::fe (permanent neighbour);
 //!   default routes via the gateway; 203.0.113.192/26 and 2001:db8:beef::/48 via a gateway
 //!   without neighbour entry (.253 / ::fd)
 //! - `mtu0` (MTU 1280) 203.0.113.129/26, 2001:db8:3::1/64; peer .130 / ::2
@@ -110,6 +111,8 @@ pub fn build_topology(router: &Netns, hosts: &Netns) {
         ip link set wan0 address {wan}
         ip link set mtu0 address {mtu}
         ip link set mtu0 mtu 1280
+        ip link set lan0 mtu 3500
+        ip link set wan0 mtu 3500
         ip addr add 192.0.2.1/24 dev lan0
         ip addr add 2001:db8:1::1/64 dev lan0 nodad
         ip addr add 198.51.100.1/24 dev wan0

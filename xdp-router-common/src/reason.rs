@@ -50,8 +50,8 @@ pub enum Reason {
     PassL4Checksum = 19,
     /// TCP segment without ACK (and without SYN/FIN/RST): conntrack marks it INVALID.
     PassTcpNoAck = 20,
-    /// TCP/UDP segment longer than the datapath verifies checksums for (cannot happen with
-    /// single-buffer XDP frames; the kernel checks it).
+    /// TCP/UDP segment longer than the datapath verifies checksums for (over 3071 bytes: jumbo
+    /// frames); the kernel checks it.
     PassL4ChecksumTooLong = 21,
 }
 

@@ -61,9 +61,10 @@ pub fn ipv4_header_checksum(ctx: &XdpContext, offset: usize) -> Result<(), Reaso
 const BIG: usize = 512;
 /// Bytes per `bpf_csum_diff` call over the rest.
 const SMALL: usize = 64;
-/// Big blocks summed at most: with the small and word loops below, segments up to 4607 bytes,
-/// more than a single-buffer XDP frame holds (a page minus headroom and `skb_shared_info`).
-const MAX_BIG: usize = 8;
+/// Big blocks summed at most: with the small and word loops, segments up to 3071 bytes, every
+/// frame of a 1500 (or 3000) byte MTU; longer ones (jumbo frames, at most ~3.5 KB without XDP
+/// multi-buffer) go to the kernel as `Reason::PassL4ChecksumTooLong`.
+const MAX_BIG: usize = 5;
 
 /// `v`, through a stack slot the optimiser cannot see through: LLVM would otherwise fold a
 /// comparison of `len >> 9` with a constant back into one of `len`, which the verifier then
