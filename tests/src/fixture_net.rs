@@ -6,8 +6,9 @@
 //! same router namespace and run the program from a thread inside it ([`Netns::run`]).
 //!
 //! Router namespace, interfaces and what is behind them:
-//! - `lan0` 192.0.2.1/24, 2001:db8:1::1/64; client .10 / ::10 (permanent neighbour)
-//! - `wan0` 198.51.100.1/24, 2001:db8:2::1/64; gateway .254 / ::fe (permanent neighbour);
+//! - `lan0` (MTU 3500: room for the longest checksum-verified segment) 192.0.2.1/24,
+//!   2001:db8:1::1/64; client .10 / ::10 (permanent neighbour)
+//! - `wan0` (MTU 3500) 198.51.100.1/24, 2001:db8:2::1/64; gateway .254 / ::fe (permanent neighbour);
 //!   default routes via the gateway; 203.0.113.192/26 and 2001:db8:beef::/48 via a gateway
 //!   without neighbour entry (.253 / ::fd)
 //! - `mtu0` (MTU 1280) 203.0.113.129/26, 2001:db8:3::1/64; peer .130 / ::2
@@ -110,6 +111,8 @@ pub fn build_topology(router: &Netns, hosts: &Netns) {
         ip link set wan0 address {wan}
         ip link set mtu0 address {mtu}
         ip link set mtu0 mtu 1280
+        ip link set lan0 mtu 3500
+        ip link set wan0 mtu 3500
         ip addr add 192.0.2.1/24 dev lan0
         ip addr add 2001:db8:1::1/64 dev lan0 nodad
         ip addr add 198.51.100.1/24 dev wan0
@@ -341,6 +344,8 @@ pub struct Setup {
     pub fib_cache_ns: u64,
     /// `SETTINGS_F_FIB_MARK`: `bpf_fib_lookup` takes the packet mark (as on this kernel).
     pub fib_mark: bool,
+    /// `SETTINGS[0].verify_l4_checksum` (as with `nf_conntrack_checksum = 1`, the default).
+    pub verify_l4_checksum: bool,
 }
 
 impl Setup {
@@ -354,6 +359,8 @@ impl Setup {
                     IfaceInfo {
                         slot: LAN_SLOT,
                         flags: IFACE_F_LAN,
+                        mac: LAN_MAC,
+                        _pad: [0; 2],
                     },
                 ),
                 (
@@ -361,6 +368,8 @@ impl Setup {
                     IfaceInfo {
                         slot: WAN_SLOT,
                         flags: IFACE_F_WAN,
+                        mac: WAN_MAC,
+                        _pad: [0; 2],
                     },
                 ),
                 (
@@ -368,6 +377,8 @@ impl Setup {
                     IfaceInfo {
                         slot: MTU_SLOT,
                         flags: IFACE_F_WAN,
+                        mac: MTU_MAC,
+                        _pad: [0; 2],
                     },
                 ),
             ],
@@ -378,7 +389,24 @@ impl Setup {
             fib_generation: 1,
             fib_cache_ns: 10_000_000_000,
             fib_mark: true,
+            verify_l4_checksum: true,
         }
+    }
+
+    /// `ifindex`'s own MAC in `IFACES` replaced by `mac`.
+    pub fn with_iface_mac(mut self, ifindex: u32, mac: [u8; 6]) -> Setup {
+        for (i, info) in &mut self.ifaces {
+            if *i == ifindex {
+                info.mac = mac;
+            }
+        }
+        self
+    }
+
+    /// TCP/UDP checksums not verified (`nf_conntrack_checksum = 0`).
+    pub fn without_l4_checksum(mut self) -> Setup {
+        self.verify_l4_checksum = false;
+        self
     }
 
     /// The FIB cache off: every packet takes a full `bpf_fib_lookup` (`fib_cache_ms = 0`).
@@ -551,6 +579,8 @@ impl Maps {
             fib_cache_ns: s.fib_cache_ns,
             ruleset_generation: ARMED,
             flags: if s.fib_mark { SETTINGS_F_FIB_MARK } else { 0 },
+            verify_l4_checksum: u32::from(s.verify_l4_checksum),
+            _pad: 0,
         };
         self.settings.set(0, settings, 0).expect("write settings");
     }

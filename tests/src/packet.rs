@@ -395,3 +395,115 @@ mod tests {
         assert_eq!(with_vlan_tag(&f, 5).len(), f.len() + 4);
     }
 }
+
+/// The frame with another destination MAC.
+pub fn with_eth_dst(frame: &[u8], mac: [u8; 6]) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f[..6].copy_from_slice(&mac);
+    f
+}
+
+/// The frame with `extra` bytes after the IP datagram (Ethernet padding or garbage; the IP
+/// lengths are not changed).
+pub fn with_trailer(frame: &[u8], extra: &[u8]) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f.extend_from_slice(extra);
+    f
+}
+
+/// The frame with a wrong IPv4 header checksum.
+pub fn with_bad_ipv4_checksum(frame: &[u8]) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f[ETH_LEN + 11] ^= 0x5a;
+    f
+}
+
+/// Offset of the TCP/UDP checksum field in a frame built here.
+fn l4_check_offset(frame: &[u8]) -> usize {
+    let proto = match u16::from_be_bytes([frame[12], frame[13]]) {
+        0x0800 => frame[ETH_LEN + 9],
+        _ => frame[ETH_LEN + 6],
+    };
+    l4_offset(frame) + if proto == 6 { 16 } else { 6 }
+}
+
+/// The frame with a wrong TCP/UDP checksum (never 0, which UDP reads as "none").
+pub fn with_bad_l4_checksum(frame: &[u8]) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    let off = l4_check_offset(&f);
+    f[off + 1] = f[off + 1].wrapping_add(1);
+    if f[off..off + 2] == [0, 0] {
+        f[off + 1] = 1;
+    }
+    f
+}
+
+/// The frame with the payload changed so that its TCP/UDP checksum is 0x0000, then written as
+/// 0xffff (the other one's-complement zero: valid, but never produced by a from-scratch
+/// computation). Needs at least 2 payload bytes.
+pub fn with_l4_checksum_ffff(frame: &[u8]) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    let check = l4_check_offset(&f);
+    let c = u16::from_be_bytes([f[check], f[check + 1]]);
+    // The last two bytes of the frame are payload (frames built here end with it).
+    let at = f.len() - 2;
+    let w = u32::from(u16::from_be_bytes([f[at], f[at + 1]])) + u32::from(c);
+    let w = ((w & 0xffff) + (w >> 16)) as u16;
+    f[at..at + 2].copy_from_slice(&w.to_be_bytes());
+    f[check..check + 2].copy_from_slice(&[0xff, 0xff]);
+    f
+}
+
+/// The frame with the TCP data offset (32-bit words) set to `doff` (checksum not fixed).
+pub fn with_tcp_doff(frame: &[u8], doff: u8) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    let off = l4_offset(&f) + 12;
+    f[off] = (doff << 4) | (f[off] & 0x0f);
+    f
+}
+
+/// The frame with the UDP length field set to `len` (checksum not fixed).
+pub fn with_udp_len(frame: &[u8], len: u16) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    let off = l4_offset(&f) + 4;
+    f[off..off + 2].copy_from_slice(&len.to_be_bytes());
+    f
+}
+
+/// The TCP frame with flags byte `flags` (any combination, e.g. URG/ECE/CWR) and its checksum
+/// recomputed.
+pub fn with_tcp_flags(frame: &[u8], flags: u8) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    let l4 = l4_offset(&f);
+    f[l4 + 13] = flags;
+    fix_l4_checksum(&mut f);
+    f
+}
+
+/// Recomputes the TCP/UDP checksum of a frame built here in place (after patching it).
+pub fn fix_l4_checksum(frame: &mut [u8]) {
+    let l4 = l4_offset(frame);
+    let (pseudo, end, proto) = match u16::from_be_bytes([frame[12], frame[13]]) {
+        0x0800 => {
+            let ip = &frame[ETH_LEN..];
+            let end = ETH_LEN + usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+            let mut p = ip[12..20].to_vec();
+            p.extend_from_slice(&[0, ip[9]]);
+            p.extend_from_slice(&((end - l4) as u16).to_be_bytes());
+            (p, end, ip[9])
+        }
+        _ => {
+            let ip = &frame[ETH_LEN..];
+            let end = ETH_LEN + 40 + usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+            let mut p = ip[8..40].to_vec();
+            p.extend_from_slice(&((end - l4) as u32).to_be_bytes());
+            p.extend_from_slice(&[0, 0, 0, ip[6]]);
+            (p, end, ip[6])
+        }
+    };
+    let check = l4 + if proto == 6 { 16 } else { 6 };
+    frame[check..check + 2].copy_from_slice(&[0, 0]);
+    let c = internet_checksum(&[&pseudo, &frame[l4..end]]);
+    let c = if c == 0 && proto == 17 { 0xffff } else { c };
+    frame[check..check + 2].copy_from_slice(&c.to_be_bytes());
+}

@@ -1104,6 +1104,18 @@ impl Capture {
         Capture { fd }
     }
 
+    /// Sends `frame` (a whole Ethernet frame, as built) out of the interface.
+    pub fn send(&self, frame: &[u8]) {
+        // SAFETY: valid fd bound to the interface; buffer valid for its length.
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        assert_eq!(
+            n,
+            frame.len() as isize,
+            "AF_PACKET send: {}",
+            io::Error::last_os_error()
+        );
+    }
+
     /// The next frame received on (not sent from) the interface, or None after `timeout`.
     pub fn next_incoming(&self, timeout: Duration) -> Option<Vec<u8>> {
         let deadline = Instant::now() + timeout;

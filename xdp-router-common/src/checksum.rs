@@ -36,9 +36,47 @@ pub const fn combine(a: u32, b: u32) -> u32 {
 }
 
 /// Applies `diff` to the raw checksum field `check`: `~(~check + diff)` in one's complement.
+///
+/// A diff that adds nothing (0, or 0xffff: one's-complement -0, what an unchanged word gives)
+/// leaves the field as it is: `~(~0xffff + 0xffff)` would turn a checksum field of 0xffff into
+/// 0x0000 (the same value in one's complement, but not the bytes the kernel forwards).
 #[inline(always)]
 pub const fn apply(check: u16, diff: u32) -> u16 {
+    if fold(diff as u64) == 0xffff || diff == 0 {
+        return check;
+    }
     !fold((!check) as u64 + diff as u64)
+}
+
+/// One's-complement sum (unfolded) of the IPv4 pseudo-header: raw addresses, protocol and the
+/// transport length (host order).
+#[inline(always)]
+pub const fn pseudo_v4(src: u32, dst: u32, proto: u8, len: u16) -> u64 {
+    let words = (src & 0xffff) + (src >> 16) + (dst & 0xffff) + (dst >> 16);
+    words as u64
+        + u16::from_be_bytes([0, proto]).to_be() as u64
+        + len.to_be() as u64
+}
+
+/// One's-complement sum (unfolded) of the IPv6 pseudo-header: raw addresses, the upper-layer
+/// length (host order) and next header.
+#[inline(always)]
+pub const fn pseudo_v6(src: [u32; 4], dst: [u32; 4], proto: u8, len: u16) -> u64 {
+    let mut sum = u16::from_be_bytes([0, proto]).to_be() as u64 + len.to_be() as u64;
+    let mut i = 0;
+    while i < 4 {
+        sum += (src[i] & 0xffff) as u64 + (src[i] >> 16) as u64;
+        sum += (dst[i] & 0xffff) as u64 + (dst[i] >> 16) as u64;
+        i += 1;
+    }
+    sum
+}
+
+/// True when the one's-complement sum of a whole checksummed block (checksum field included)
+/// says the checksum is right: it folds to all ones.
+#[inline(always)]
+pub const fn sum_is_valid(sum: u64) -> bool {
+    fold(sum) == 0xffff
 }
 
 /// Applies `diff` to a UDP-over-IPv4 checksum, where 0 means "no checksum" and must stay 0, and
@@ -151,6 +189,44 @@ mod tests {
     #[test]
     fn udp_zero_checksum_stays_zero() {
         assert_eq!(apply_udp(0, 0x1234), 0);
+    }
+
+    #[test]
+    fn checksum_ffff_survives_an_identity_rewrite() {
+        let (_, l4) = nat_diff_v4(1, 2, 3, 4, 1, 2, 3, 4);
+        assert_eq!(apply(0xffff, l4), 0xffff);
+        assert_eq!(apply(0xffff, 0), 0xffff);
+        // A real change still updates it.
+        assert_ne!(apply(0xffff, diff16(1, 2)), 0xffff);
+    }
+
+    #[test]
+    fn pseudo_headers_verify_a_from_scratch_checksum() {
+        // UDP 10.0.0.1:4660 -> 10.0.0.2:80, payload "abc".
+        let (src, dst) = ([10, 0, 0, 1], [10, 0, 0, 2]);
+        let mut seg = [0x12, 0x34, 0x00, 0x50, 0x00, 0x0b, 0, 0, b'a', b'b', b'c'];
+        let mut ph = [0u8; 23];
+        ph[0..4].copy_from_slice(&src);
+        ph[4..8].copy_from_slice(&dst);
+        ph[8..12].copy_from_slice(&[0, 17, 0, 11]);
+        ph[12..].copy_from_slice(&seg);
+        let c = full(&ph);
+        seg[6..8].copy_from_slice(&c.to_be_bytes());
+        let raw_sum = |bytes: &[u8]| {
+            bytes
+                .chunks(2)
+                .map(|c| u16::from_ne_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u64)
+                .sum::<u64>()
+        };
+        let p4 = pseudo_v4(raw32(src), raw32(dst), 17, 11);
+        assert!(sum_is_valid(p4 + raw_sum(&seg)));
+        seg[9] ^= 1;
+        assert!(!sum_is_valid(p4 + raw_sum(&seg)));
+        seg[9] ^= 1;
+        // IPv6: the same segment with v4-mapped-like addresses checks the same way.
+        let s6 = [0, 0, 0, raw32(src)];
+        let d6 = [0, 0, 0, raw32(dst)];
+        assert!(sum_is_valid(pseudo_v6(s6, d6, 17, 11) + raw_sum(&seg)));
     }
 
     #[test]

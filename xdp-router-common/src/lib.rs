@@ -270,8 +270,12 @@ pub struct IfaceInfo {
     pub slot: u32,
     /// `IFACE_F_*`.
     pub flags: u32,
+    /// The interface's own MAC address: only frames sent to it are forwarded
+    /// (`Reason::PassDstMacNotOurs` otherwise). Kept up to date by the daemon.
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
 }
-const _: () = assert!(core::mem::size_of::<IfaceInfo>() == 8);
+const _: () = assert!(core::mem::size_of::<IfaceInfo>() == 16);
 
 /// One packets/bytes counter in the per-CPU [`MAP_STATS`] array.
 #[repr(C)]
@@ -300,8 +304,12 @@ pub struct Settings {
     pub ruleset_generation: u32,
     /// `SETTINGS_F_*`.
     pub flags: u32,
+    /// Non-zero: verify TCP/UDP checksums before forwarding (`Reason::PassL4Checksum`), as
+    /// conntrack does while `net.netfilter.nf_conntrack_checksum` is 1 (the daemon mirrors it).
+    pub verify_l4_checksum: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Settings>() == 24);
+const _: () = assert!(core::mem::size_of::<Settings>() == 32);
 
 /// `Settings::flags`: `bpf_fib_lookup` honours `BPF_FIB_LOOKUP_MARK` (Linux 6.10). Without
 /// it a direction the kernel forwarded with a non-zero mark is never armed.

@@ -32,6 +32,8 @@ pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
 /// See [`TCP_FIN`].
 pub const TCP_RST: u8 = 0x04;
+/// See [`TCP_FIN`].
+pub const TCP_ACK: u8 = 0x10;
 
 /// IPv4 "more fragments" flag in the host-order flags/fragment-offset word.
 pub const IPV4_MF: u16 = 0x2000;
@@ -177,6 +179,37 @@ pub const fn check_ipv6(h: &Ipv6Fields) -> Result<(), Reason> {
 #[inline(always)]
 pub const fn is_tcp_control(flags: u8) -> bool {
     flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0
+}
+
+/// Decides whether a TCP header may take the fast path, as conntrack's `tcp_error()` and state
+/// machine would judge it: `doff_res` is byte 12 (data offset in the high nibble), `flags`
+/// byte 13, `l4_len` the bytes of the segment (IP payload). A data offset below 5 or past the
+/// segment is malformed; SYN/FIN/RST go to conntrack; a segment without ACK is INVALID to
+/// conntrack in an established connection.
+#[inline(always)]
+pub const fn check_tcp(doff_res: u8, flags: u8, l4_len: usize) -> Result<(), Reason> {
+    let doff = (doff_res >> 4) as usize;
+    if doff < 5 || doff * 4 > l4_len {
+        return Err(Reason::PassMalformed);
+    }
+    if is_tcp_control(flags) {
+        return Err(Reason::PassTcpControl);
+    }
+    if flags & TCP_ACK == 0 {
+        return Err(Reason::PassTcpNoAck);
+    }
+    Ok(())
+}
+
+/// Decides whether a UDP header may take the fast path: its length field (host order) must be
+/// the IP payload length `l4_len` (conntrack marks a longer one INVALID; a shorter one leaves
+/// bytes the datapath would forward as UDP payload, so the kernel gets both).
+#[inline(always)]
+pub const fn check_udp(len: u16, l4_len: usize) -> Result<(), Reason> {
+    if len as usize != l4_len {
+        return Err(Reason::PassMalformed);
+    }
+    Ok(())
 }
 
 /// `bpf_fib_lookup()` return codes (include/uapi/linux/bpf.h, `BPF_FIB_LKUP_RET_*`).
@@ -460,6 +493,33 @@ mod tests {
         assert!(!is_tcp_control(0x10)); // ACK
         assert!(!is_tcp_control(0x18)); // PSH|ACK
         assert!(!is_tcp_control(0x20 | 0x40 | 0x80)); // URG, ECE, CWR
+    }
+
+    #[test]
+    fn tcp_headers() {
+        let ack = TCP_ACK;
+        assert_eq!(check_tcp(0x50, ack, 20), Ok(()));
+        assert_eq!(check_tcp(0x80, ack | 0x08, 40), Ok(()));
+        // URG, ECE, CWR with ACK are ordinary segments to conntrack.
+        assert_eq!(check_tcp(0x50, ack | 0x20 | 0x40 | 0x80, 20), Ok(()));
+        let m = Err(Reason::PassMalformed);
+        assert_eq!(check_tcp(0x40, ack, 20), m);
+        assert_eq!(check_tcp(0x00, ack, 20), m);
+        assert_eq!(check_tcp(0x60, ack, 20), m);
+        assert_eq!(check_tcp(0xf0, ack, 59), m);
+        assert_eq!(check_tcp(0x50, TCP_SYN | ack, 20), Err(Reason::PassTcpControl));
+        for flags in [0, 0x08, 0x20, 0x40 | 0x80, 0x28] {
+            assert_eq!(check_tcp(0x50, flags, 20), Err(Reason::PassTcpNoAck), "{flags:#x}");
+        }
+    }
+
+    #[test]
+    fn udp_length() {
+        assert_eq!(check_udp(8, 8), Ok(()));
+        assert_eq!(check_udp(30, 30), Ok(()));
+        assert_eq!(check_udp(29, 30), Err(Reason::PassMalformed));
+        assert_eq!(check_udp(31, 30), Err(Reason::PassMalformed));
+        assert_eq!(check_udp(0, 30), Err(Reason::PassMalformed));
     }
 
     #[test]

@@ -40,18 +40,31 @@ pub enum Reason {
     PassEgressNotManaged = 15,
     /// The egress interface has a shaping qdisc the fast path must not bypass.
     PassEgressShaped = 16,
+    /// IPv4 header checksum wrong: the kernel drops it (`ip_rcv_core`).
+    PassIpv4Checksum = 17,
+    /// Destination MAC is not the ingress interface's own (broadcast, multicast, zero, another
+    /// host's): the kernel does not forward it (`PACKET_OTHERHOST`, not `PACKET_HOST`).
+    PassDstMacNotOurs = 18,
+    /// TCP/UDP checksum wrong (verified while `net.netfilter.nf_conntrack_checksum` is 1):
+    /// conntrack marks it INVALID.
+    PassL4Checksum = 19,
+    /// TCP segment without ACK (and without SYN/FIN/RST): conntrack marks it INVALID.
+    PassTcpNoAck = 20,
+    /// TCP/UDP segment longer than the datapath verifies checksums for (over 3071 bytes: jumbo
+    /// frames); the kernel checks it.
+    PassL4ChecksumTooLong = 21,
     /// An offloaded flow direction the kernel has not forwarded yet under the current firewall
     /// ruleset (new flow, or the ruleset changed since): the kernel's rules judge it, and the
     /// TC egress program arms the direction if the kernel forwards it.
-    PassNotArmed = 17,
+    PassNotArmed = 22,
     /// The kernel forwarded this direction with a packet mark, but `bpf_fib_lookup` cannot take
     /// a mark on this kernel (`BPF_FIB_LOOKUP_MARK`, Linux 6.10): it stays in the kernel.
-    PassMarkUnsupported = 18,
+    PassMarkUnsupported = 23,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 19;
+    pub const COUNT: u32 = 24;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -72,6 +85,11 @@ impl Reason {
         Reason::PassFragNeeded,
         Reason::PassEgressNotManaged,
         Reason::PassEgressShaped,
+        Reason::PassIpv4Checksum,
+        Reason::PassDstMacNotOurs,
+        Reason::PassL4Checksum,
+        Reason::PassTcpNoAck,
+        Reason::PassL4ChecksumTooLong,
         Reason::PassNotArmed,
         Reason::PassMarkUnsupported,
     ];
@@ -96,6 +114,11 @@ impl Reason {
             Reason::PassFragNeeded => "frag_needed",
             Reason::PassEgressNotManaged => "egress_not_managed",
             Reason::PassEgressShaped => "egress_shaped",
+            Reason::PassIpv4Checksum => "ipv4_bad_checksum",
+            Reason::PassDstMacNotOurs => "dst_mac_not_ours",
+            Reason::PassL4Checksum => "l4_bad_checksum",
+            Reason::PassTcpNoAck => "tcp_no_ack",
+            Reason::PassL4ChecksumTooLong => "l4_checksum_too_long",
             Reason::PassNotArmed => "awaiting_kernel_verdict",
             Reason::PassMarkUnsupported => "fib_mark_unsupported",
         }

@@ -13,15 +13,16 @@ use core::{
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{bpf_fib_lookup, xdp_action},
-    helpers::{bpf_fib_lookup as fib_lookup, bpf_ktime_get_coarse_ns},
+    helpers::{bpf_fib_lookup as fib_lookup, bpf_ktime_get_coarse_ns, bpf_xdp_adjust_tail},
     programs::XdpContext,
 };
 use xdp_router_common::{
     FIB_LOOKUP_MARK, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, IFACE_F_SHAPED,
-    Reason, SETTINGS_F_FIB_MARK,
+    IfaceInfo, Reason, SETTINGS_F_FIB_MARK,
+    checksum::{pseudo_v4, pseudo_v6},
     parse::{
         ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN, Ipv4Fields, Ipv6Fields, L3,
-        check_fib_result, check_ipv4, check_ipv6, classify_ethertype, is_tcp_control,
+        check_fib_result, check_ipv4, check_ipv6, check_tcp, check_udp, classify_ethertype,
     },
 };
 
@@ -29,6 +30,7 @@ use crate::{
     maps::{FLOWS_V4, FLOWS_V6, IFACES, SETTINGS, TX_PORTS, fib_flags},
     parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, ptr_at_mut},
     rewrite::{self, L4, NextHop},
+    verify,
 };
 
 const AF_INET: u8 = 2;
@@ -40,11 +42,18 @@ pub struct Forwarded {
     pub action: u32,
     /// [`Reason::ForwardedOriginal`] or [`Reason::ForwardedReply`].
     pub reason: Reason,
+    /// Length of the frame sent (Ethernet header + IP datagram: padding trimmed).
+    pub bytes: u64,
 }
 
-/// Forwards the packet in `ctx`, received on `ifindex`, or says why the kernel must have it.
+/// Forwards the packet in `ctx`, received on `ifindex` (whose `IFACES` entry is `info`), or
+/// says why the kernel must have it.
 #[inline(always)]
-pub fn try_forward(ctx: &XdpContext, ifindex: u32) -> Result<Forwarded, Reason> {
+pub fn try_forward(
+    ctx: &XdpContext,
+    ifindex: u32,
+    info: Option<*const IfaceInfo>,
+) -> Result<Forwarded, Reason> {
     // Switched off by the daemon (A/B runs, maintenance): the kernel carries everything.
     let Some(settings) = SETTINGS.get(0) else {
         return Err(Reason::PassDisabled);
@@ -58,34 +67,90 @@ pub fn try_forward(ctx: &XdpContext, ifindex: u32) -> Result<Forwarded, Reason> 
     if settings.fastpath_enabled == 0 {
         return Err(Reason::PassDisabled);
     }
+    let verify_l4 = settings.verify_l4_checksum != 0;
     let eth: *mut EthHdr = ptr_at_mut(ctx, 0)?;
     // SAFETY: ptr_at_mut checked that the header is inside the frame.
-    match classify_ethertype(unsafe { (*eth).ethertype() })? {
-        L3::V4 => try_forward_v4(ctx, ifindex, eth, &cache),
-        L3::V6 => try_forward_v6(ctx, ifindex, eth, &cache),
+    let l3 = classify_ethertype(unsafe { (*eth).ethertype() })?;
+    verify::dst_mac_is_ours(eth, info)?;
+    match l3 {
+        L3::V4 => try_forward_v4(ctx, ifindex, &cache, verify_l4),
+        L3::V6 => try_forward_v6(ctx, ifindex, &cache, verify_l4),
     }
 }
 
-/// The transport header after an IP header of `l3_len` bytes: TCP (checked for control flags)
-/// or UDP; returns its raw ports.
+/// What the transport header says about the packet.
+struct Ports {
+    /// Source port (raw).
+    sport: u16,
+    /// Destination port (raw).
+    dport: u16,
+    /// The segment carries no checksum (UDP with 0): nothing to verify.
+    no_checksum: bool,
+}
+
+/// The transport header after an IP header of `l3_len` bytes, with `l4_len` bytes of segment:
+/// TCP (data offset, control flags, ACK) or UDP (length), checked as conntrack checks them.
 #[inline(always)]
-fn l4_ports(ctx: &XdpContext, proto: u8, l3_len: usize) -> Result<(u16, u16), Reason> {
+fn l4_ports(ctx: &XdpContext, proto: u8, l3_len: usize, l4_len: usize) -> Result<Ports, Reason> {
     let off = ETH_HLEN + l3_len;
     if proto == IPPROTO_TCP {
         let tcp: *mut TcpHdr = ptr_at_mut(ctx, off)?;
         // SAFETY: bounds checked by ptr_at_mut.
-        let (flags, sport, dport) = unsafe { ((*tcp).flags, (*tcp).sport_be, (*tcp).dport_be) };
-        // Connection setup and teardown drive conntrack's TCP state machine: it must see them.
-        if is_tcp_control(flags) {
-            return Err(Reason::PassTcpControl);
-        }
-        Ok((sport, dport))
+        let (doff, flags, sport, dport) = unsafe {
+            (
+                (*tcp).doff_res,
+                (*tcp).flags,
+                (*tcp).sport_be,
+                (*tcp).dport_be,
+            )
+        };
+        // Connection setup and teardown drive conntrack's TCP state machine: it must see them;
+        // what conntrack would call INVALID is its to judge too.
+        check_tcp(doff, flags, l4_len)?;
+        Ok(Ports {
+            sport,
+            dport,
+            no_checksum: false,
+        })
     } else {
         // check_ipv4 / check_ipv6 only let TCP and UDP through.
         let udp: *mut UdpHdr = ptr_at_mut(ctx, off)?;
         // SAFETY: bounds checked by ptr_at_mut.
-        Ok(unsafe { ((*udp).sport_be, (*udp).dport_be) })
+        let (len, check, sport, dport) = unsafe {
+            (
+                u16::from_be((*udp).len_be),
+                (*udp).check,
+                (*udp).sport_be,
+                (*udp).dport_be,
+            )
+        };
+        check_udp(len, l4_len)?;
+        // 0 = "no checksum" for conntrack in both families (udp_error()).
+        Ok(Ports {
+            sport,
+            dport,
+            no_checksum: check == 0,
+        })
     }
+}
+
+/// Cuts the frame down to `len` bytes (Ethernet header + IP datagram) when it carries more
+/// (Ethernet padding, garbage), as the kernel trims the skb (`pskb_trim_rcsum` in
+/// `ip_rcv_core` / `ip6_rcv_core`): those bytes must not leave, and would count against the
+/// egress MTU. Returns the Ethernet and IP header pointers again, re-derived: every packet
+/// pointer is invalid after `bpf_xdp_adjust_tail`.
+#[inline(always)]
+fn trim_to<T>(ctx: &XdpContext, len: usize) -> Result<(*mut EthHdr, *mut T), Reason> {
+    let have = frame_len(ctx);
+    if have > len {
+        // Both below 64 KiB: the difference fits an i32.
+        let delta = len as i32 - have as i32;
+        // SAFETY: a helper on this program's own context; a negative delta only shrinks.
+        if unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
+            return Err(Reason::PassMalformed);
+        }
+    }
+    Ok((ptr_at_mut(ctx, 0)?, ptr_at_mut(ctx, ETH_HLEN)?))
 }
 
 // Stack structs are built from 32-bit words. Runs of constant zero stores would be merged by
@@ -415,7 +480,11 @@ fn finish(counters: *mut FlowCounters, flags: u32, bytes: u64, action: u32, now:
     } else {
         Reason::ForwardedOriginal
     };
-    Forwarded { action, reason }
+    Forwarded {
+        action,
+        reason,
+        bytes,
+    }
 }
 
 /// Length of the whole frame (what the counters count).
@@ -429,8 +498,8 @@ fn frame_len(ctx: &XdpContext) -> usize {
 fn try_forward_v4(
     ctx: &XdpContext,
     ifindex: u32,
-    eth: *mut EthHdr,
     cache: &FibCachePolicy,
+    verify_l4: bool,
 ) -> Result<Forwarded, Reason> {
     let ip: *mut Ipv4Hdr = ptr_at_mut(ctx, ETH_HLEN)?;
     // SAFETY: bounds checked by ptr_at_mut; fields are copied out, no reference is kept.
@@ -450,7 +519,11 @@ fn try_forward_v4(
         )
     };
     check_ipv4(&fields)?;
-    let (sport, dport) = l4_ports(ctx, fields.proto, IPV4_HLEN)?;
+    verify::ipv4_header_checksum(ctx, ETH_HLEN)?;
+    // check_ipv4: tot_len covers the header and the transport header.
+    let l4_len = fields.tot_len as usize - IPV4_HLEN;
+    let ports = l4_ports(ctx, fields.proto, IPV4_HLEN, l4_len)?;
+    let (sport, dport) = (ports.sport, ports.dport);
 
     let key = key_v4(ifindex, src, dst, sport, dport, fields.proto);
     // Not offloaded (yet): new, unconfirmed, or not eligible per the daemon's policy.
@@ -476,6 +549,11 @@ fn try_forward_v4(
         unsafe { addr_of_mut!((*flow).fib_mark) },
         cache,
     )?;
+    // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
+    if verify_l4 && !ports.no_checksum {
+        let pseudo = pseudo_v4(src, dst, fields.proto, l4_len as u16);
+        verify::l4_checksum(ctx, ETH_HLEN + IPV4_HLEN, l4_len, pseudo)?;
+    }
 
     // The TOS byte goes where the union's first byte is.
     let tos_word = u32::from_ne_bytes([tos, 0, 0, 0]);
@@ -508,6 +586,7 @@ fn try_forward_v4(
     )?;
     let action = redirect_to(hop.ifindex)?;
 
+    let (eth, ip) = trim_to::<Ipv4Hdr>(ctx, ETH_HLEN + fields.tot_len as usize)?;
     let l4 = L4::at(ctx, ETH_HLEN + IPV4_HLEN, fields.proto == IPPROTO_UDP)?;
     // Every check passed: from here on the packet is ours.
     rewrite::rewrite_v4(eth, ip, l4, &nat, &hop);
@@ -521,8 +600,8 @@ fn try_forward_v4(
 fn try_forward_v6(
     ctx: &XdpContext,
     ifindex: u32,
-    eth: *mut EthHdr,
     cache: &FibCachePolicy,
+    verify_l4: bool,
 ) -> Result<Forwarded, Reason> {
     let ip: *mut Ipv6Hdr = ptr_at_mut(ctx, ETH_HLEN)?;
     // SAFETY: bounds checked by ptr_at_mut; fields are copied out, no reference is kept.
@@ -541,7 +620,9 @@ fn try_forward_v6(
         )
     };
     check_ipv6(&fields)?;
-    let (sport, dport) = l4_ports(ctx, fields.next_header, IPV6_HLEN)?;
+    let l4_len = fields.payload_len as usize;
+    let ports = l4_ports(ctx, fields.next_header, IPV6_HLEN, l4_len)?;
+    let (sport, dport) = (ports.sport, ports.dport);
 
     let key = key_v6(ifindex, src, dst, sport, dport, fields.next_header);
     // Not offloaded (yet): new, unconfirmed, or not eligible per the daemon's policy.
@@ -565,6 +646,11 @@ fn try_forward_v6(
         unsafe { addr_of_mut!((*flow).fib_mark) },
         cache,
     )?;
+    // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
+    if verify_l4 && !ports.no_checksum {
+        let pseudo = pseudo_v6(src, dst, fields.next_header, fields.payload_len);
+        verify::l4_checksum(ctx, ETH_HLEN + IPV6_HLEN, l4_len, pseudo)?;
+    }
 
     // The whole datagram, header included, in host order (MTU check).
     let len = fields.payload_len.wrapping_add(IPV6_HLEN as u16);
@@ -587,6 +673,7 @@ fn try_forward_v6(
     let hop = next_hop(ctx, fib_cache, cache, now, &mut params, len, flowinfo, mark)?;
     let action = redirect_to(hop.ifindex)?;
 
+    let (eth, ip) = trim_to::<Ipv6Hdr>(ctx, ETH_HLEN + len as usize)?;
     let l4 = L4::at(ctx, ETH_HLEN + IPV6_HLEN, fields.next_header == IPPROTO_UDP)?;
     // Every check passed: from here on the packet is ours.
     rewrite::rewrite_v6(eth, ip, l4, &nat, &hop);

@@ -14,6 +14,7 @@ mod maps;
 mod parse;
 mod rewrite;
 mod stats;
+mod verify;
 
 use aya_ebpf::{
     bindings::{TC_ACT_UNSPEC, xdp_action},
@@ -26,11 +27,13 @@ use aya_ebpf::{
 #[xdp]
 pub fn xdp_router(ctx: XdpContext) -> u32 {
     let ifindex = ctx.ingress_ifindex() as u32;
-    let slot = stats::ingress_slot(ifindex);
+    let info = maps::IFACES.get_ptr(ifindex);
+    let slot = stats::ingress_slot(info);
     let bytes = (ctx.data_end() - ctx.data()) as u64;
-    match flow::try_forward(&ctx, ifindex) {
+    match flow::try_forward(&ctx, ifindex, info) {
         Ok(fwd) => {
-            stats::count(slot, fwd.reason, bytes);
+            // What was sent: padding after the IP datagram is trimmed before forwarding.
+            stats::count(slot, fwd.reason, fwd.bytes);
             fwd.action
         }
         Err(reason) => {

@@ -1,15 +1,16 @@
 //! Where every packet is counted: per ingress interface slot and [`Reason`], packets and bytes,
 //! on a per-CPU array (no atomics needed, summed by the daemon at scrape time).
 
-use xdp_router_common::{MAX_IFACE_SLOTS, Reason, stats_index};
+use xdp_router_common::{IfaceInfo, MAX_IFACE_SLOTS, Reason, stats_index};
 
-use crate::maps::{IFACES, STATS};
+use crate::maps::STATS;
 
-/// Stats slot of the ingress interface: its `IfaceInfo::slot`, or 0 when the interface is not
-/// in `IFACES` (or carries an out-of-range slot, so the index stays inside `STATS`).
+/// Stats slot of the ingress interface: its `IfaceInfo::slot` (`info`, its `IFACES` entry), or
+/// 0 when the interface is not in `IFACES` (or carries an out-of-range slot, so the index stays
+/// inside `STATS`).
 #[inline(always)]
-pub fn ingress_slot(ifindex: u32) -> u32 {
-    match IFACES.get_ptr(ifindex) {
+pub fn ingress_slot(info: Option<*const IfaceInfo>) -> u32 {
+    match info {
         // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
         Some(info) => {
             let slot = unsafe { (*info).slot };

@@ -27,7 +27,9 @@ use crate::{
     status::{ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, Status},
     sync::{
         conntrack::{CtEntry, CtEvent, IPPROTO_TCP},
-        ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate, KernelTimeouts},
+        ctnetlink::{
+            CtNetlink, CtNetlinkError, CtSubscription, CtUpdate, KernelTimeouts, conntrack_checksum,
+        },
         nftables::{self, RulesetEvent},
         qdisc::{self, Egress, Qdisc},
         rtnl::{self, RouteLookup, RtEvent},
@@ -154,6 +156,23 @@ struct State {
 
 type Shared = Arc<Mutex<State>>;
 
+/// The MAC address frames must be sent to for the fast path to forward them: `known` (from a
+/// link notification) or the interface's current one. An interface without an Ethernet
+/// address gets all zeros, which no frame carries: everything it receives goes to the kernel.
+fn iface_mac(name: &str, known: Option<[u8; 6]>) -> [u8; 6] {
+    known.or_else(|| rtnl::hw_addr(name)).unwrap_or_else(|| {
+        warn!(
+            interface = name,
+            "no Ethernet address: the fast path forwards nothing it receives"
+        );
+        [0; 6]
+    })
+}
+
+fn fmt_mac(m: [u8; 6]) -> String {
+    m.map(|b| format!("{b:02x}")).join(":")
+}
+
 fn lock(s: &Shared) -> MutexGuard<'_, State> {
     s.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -166,13 +185,24 @@ impl State {
             .collect()
     }
 
-    /// Attaches to a managed interface that (re)appeared under `ifindex`.
-    fn link_up(&mut self, ifindex: u32, name: &str) -> bool {
+    /// Attaches to a managed interface that (re)appeared under `ifindex`, or follows a change
+    /// of its MAC address (`mac`, from the link notification; `None`: read it). Returns
+    /// whether it is a new device.
+    fn link_up(&mut self, ifindex: u32, name: &str, mac: Option<[u8; 6]>) -> bool {
         let xdp_mode = self.xdp_mode;
         let Some(m) = self.ifaces.iter_mut().find(|m| m.cfg.name == name) else {
             return false;
         };
         if m.ifindex == Some(ifindex) {
+            if m.mode.is_some()
+                && let Some(mac) = mac.or_else(|| rtnl::hw_addr(name))
+            {
+                match self.dp.set_iface_mac(ifindex, mac) {
+                    Ok(true) => info!(interface = name, mac = %fmt_mac(mac), "MAC address changed"),
+                    Ok(false) => {}
+                    Err(e) => error!(interface = name, error = %format!("{e:#}"), "cannot update the MAC address"),
+                }
+            }
             return false;
         }
         if let Some(old) = m.ifindex.take() {
@@ -181,7 +211,8 @@ impl State {
         // A new device: its qdiscs are read right after this (the caller's job); until then
         // `auto` counts it as shaped.
         m.egress = None;
-        match self.dp.attach(name, ifindex, m.slot, m.flags(), xdp_mode) {
+        let mac = iface_mac(name, mac);
+        match self.dp.attach(name, ifindex, m.slot, m.flags(), mac, xdp_mode) {
             Ok(mode) => {
                 m.ifindex = Some(ifindex);
                 m.mode = Some(mode);
@@ -426,6 +457,8 @@ pub async fn run_with(
         nftables::subscribe().context("cannot subscribe to nftables notifications")?;
     // Flows may keep FIB answers only while the notifications that invalidate them are heard.
     dp.set_fib_cache(Duration::from_millis(config.fib_cache_ms))?;
+    // TCP/UDP checksums are verified in XDP exactly while conntrack verifies them.
+    dp.set_verify_l4_checksum(conntrack_checksum())?;
     // Know which egresses are shaped before the first packet is forwarded.
     match read_qdiscs().await {
         Ok(q) => {
@@ -439,7 +472,15 @@ pub async fn run_with(
     }
     for m in &mut ifaces {
         let ifindex = m.ifindex.unwrap_or_default();
-        m.mode = Some(dp.attach(&m.cfg.name, ifindex, m.slot, m.flags(), config.xdp_mode)?);
+        let mac = iface_mac(&m.cfg.name, None);
+        m.mode = Some(dp.attach(
+            &m.cfg.name,
+            ifindex,
+            m.slot,
+            m.flags(),
+            mac,
+            config.xdp_mode,
+        )?);
     }
     let mut flows = FlowManager::new();
     let state: Shared = Arc::new(Mutex::new(State {
@@ -689,9 +730,14 @@ async fn keepalive_loop(
                 continue;
             }
         };
+        // Also re-read every pass (a /proc read): whether conntrack verifies checksums.
+        let verify = conntrack_checksum();
         let active = {
             let s = lock(&state);
             let mut s = s;
+            if let Err(e) = s.dp.set_verify_l4_checksum(verify) {
+                error!(error = %e, "cannot update the checksum setting");
+            }
             let State { dp, flows, .. } = &mut *s;
             flows.active_since_last_pass(dp)
         };
@@ -799,8 +845,8 @@ fn apply_rt_events(state: &Shared, paths: &RouteLookup, batch: Vec<RtEvent>) -> 
     let mut reread_qdiscs = false;
     for ev in batch {
         match ev {
-            RtEvent::LinkUp { ifindex, name } => {
-                let new_device = s.link_up(ifindex, &name);
+            RtEvent::LinkUp { ifindex, name, mac } => {
+                let new_device = s.link_up(ifindex, &name, mac);
                 revalidate |= new_device;
                 reread_qdiscs |= new_device;
             }
@@ -818,7 +864,7 @@ fn apply_rt_events(state: &Shared, paths: &RouteLookup, batch: Vec<RtEvent>) -> 
                 for name in names {
                     match rtnl::ifindex(&name) {
                         Some(i) => {
-                            s.link_up(i, &name);
+                            s.link_up(i, &name, None);
                         }
                         None => {
                             if let Some(i) = s

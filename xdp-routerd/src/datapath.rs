@@ -133,6 +133,9 @@ impl Datapath {
             stats: take(&mut ebpf, MAP_STATS)?,
             settings: take(&mut ebpf, MAP_SETTINGS)?,
             current: Settings {
+                // Until the daemon has read nf_conntrack_checksum: verify (the kernel default).
+                verify_l4_checksum: 1,
+                _pad: 0,
                 fastpath_enabled: 1,
                 fib_generation: 1,
                 fib_cache_ns: 0,
@@ -160,21 +163,28 @@ impl Datapath {
             .try_into()?)
     }
 
-    /// Registers `ifindex` as managed (stats slot, flags, devmap entry) and attaches the
-    /// program to it. Returns the mode it got.
+    /// Registers `ifindex` as managed (stats slot, flags, its own MAC, devmap entry) and
+    /// attaches the program to it. Returns the mode it got.
     pub fn attach(
         &mut self,
         name: &str,
         ifindex: u32,
         slot: u32,
         flags: u32,
+        mac: [u8; 6],
         mode: XdpModeConfig,
     ) -> anyhow::Result<AttachMode> {
         if slot == 0 || slot >= MAX_IFACE_SLOTS {
             bail!("interface slot {slot} out of range");
         }
+        let info = IfaceInfo {
+            slot,
+            flags,
+            mac,
+            _pad: [0; 2],
+        };
         self.ifaces
-            .insert(ifindex, IfaceInfo { slot, flags }, 0)
+            .insert(ifindex, info, 0)
             .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
         self.tx_ports
             .insert(ifindex, ifindex, None, 0)
@@ -322,10 +332,35 @@ impl Datapath {
     /// or stopped being shaped); the program sees them from its next packet on. Fails when
     /// `ifindex` is not registered (never adds it).
     pub fn set_iface_flags(&mut self, ifindex: u32, slot: u32, flags: u32) -> anyhow::Result<()> {
+        let mut info = self.iface(ifindex)?;
+        info.slot = slot;
+        info.flags = flags;
+        self.update_iface(ifindex, info)
+    }
+
+    /// Rewrites the MAC address of a registered interface (`ip link set dev X address ...`):
+    /// only frames sent to it are forwarded. Returns whether it changed.
+    pub fn set_iface_mac(&mut self, ifindex: u32, mac: [u8; 6]) -> anyhow::Result<bool> {
+        let mut info = self.iface(ifindex)?;
+        if info.mac == mac {
+            return Ok(false);
+        }
+        info.mac = mac;
+        self.update_iface(ifindex, info)?;
+        Ok(true)
+    }
+
+    fn iface(&self, ifindex: u32) -> anyhow::Result<IfaceInfo> {
+        self.ifaces
+            .get(&ifindex, 0)
+            .with_context(|| format!("ifindex {ifindex} is not in {MAP_IFACES}"))
+    }
+
+    fn update_iface(&mut self, ifindex: u32, info: IfaceInfo) -> anyhow::Result<()> {
         /// `BPF_EXIST`: update an existing element only.
         const BPF_EXIST: u64 = 2;
         self.ifaces
-            .insert(ifindex, IfaceInfo { slot, flags }, BPF_EXIST)
+            .insert(ifindex, info, BPF_EXIST)
             .with_context(|| format!("cannot update ifindex {ifindex} in {MAP_IFACES}"))
     }
 
@@ -338,6 +373,16 @@ impl Datapath {
         self.settings
             .set(0, self.current, 0)
             .context("cannot write the settings map")
+    }
+
+    /// Whether TCP/UDP checksums are verified before forwarding: the daemon mirrors
+    /// `net.netfilter.nf_conntrack_checksum` (conntrack marks bad ones INVALID while it is 1).
+    pub fn set_verify_l4_checksum(&mut self, on: bool) -> anyhow::Result<()> {
+        if self.current.verify_l4_checksum == u32::from(on) {
+            return Ok(());
+        }
+        self.current.verify_l4_checksum = u32::from(on);
+        self.write_settings()
     }
 
     /// Switches the fast path on or off (a map flag; nothing is detached).

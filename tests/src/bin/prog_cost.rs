@@ -15,7 +15,11 @@
 //! - a NAT'd frame no longer matches its flow after one run: NAT cases install the flow *pair*
 //!   "original → translated" and "translated → original" (same work per run, the two entries
 //!   alternate), and the reply case translates to a second LAN host so both directions of the
-//!   pair stay forwardable.
+//!   pair stay forwardable;
+//! - a forwarded frame leaves addressed to the next hop, and the program forwards only frames
+//!   addressed to the ingress interface: forwarding cases give the ingress interface the
+//!   next hop's MAC in `IFACES` and send the first frame to it (the second LAN host is a
+//!   second address of the client, so both directions of the reply pair have one next hop).
 //!
 //! Each sample is then checked: every run must have been counted in `STATS` under the expected
 //! reason and on the flow entries, so a case that silently fell back to `XDP_PASS` fails loudly
@@ -53,7 +57,7 @@ use aya::{
 use xdp_router_common::{FIB_LOOKUP_DIRECT, IFACE_F_SHAPED, PROG_NAME, Reason, stats_index};
 use xdp_router_tests::{
     fixture_net::{
-        Bed, FlowEntry, GW_MAC, LAN_SLOT, Maps, Setup, WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT,
+        Bed, CLIENT_MAC, FlowEntry, GW_MAC, LAN_SLOT, Maps, Setup, WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT,
         build_topology, flow, ifindex, lan_pkt, load, load_object, mac, v4, v6, wan_pkt, xdp_md,
     },
     netns::{Netns, is_root},
@@ -71,8 +75,6 @@ const START_TTL: u8 = 255;
 /// Second LAN host (permanent neighbour added on top of the fixture topology): the "public"
 /// address of the reply case, see the module docs.
 const LAN_HOST2: &str = "192.0.2.11";
-/// MAC of [`LAN_HOST2`].
-const LAN_HOST2_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x0b];
 
 /// Name of the bare-redirect row.
 const BARE_REDIRECT: &str = "baseline: bare redirect";
@@ -227,12 +229,23 @@ fn forward(
     } else {
         WAN_SLOT
     };
+    // Where the forwarded frame goes, hence where the next run's frame is addressed to.
+    let next_hop = if ingress == bed.lan {
+        GW_MAC
+    } else {
+        CLIENT_MAC
+    };
+    let pkt = Spec {
+        eth_dst: next_hop,
+        ..pkt
+    };
     Case {
         name,
         frame: pkt.frame(),
         ingress,
         subject: Subject::Router {
-            setup: Setup::managed(bed, flow_pair(ingress, &pkt, new_src, new_dst, reply)),
+            setup: Setup::managed(bed, flow_pair(ingress, &pkt, new_src, new_dst, reply))
+                .with_iface_mac(ingress, next_hop),
             slot,
             reason: if reply {
                 Reason::ForwardedReply
@@ -242,6 +255,14 @@ fn forward(
             verdict: XDP_REDIRECT,
         },
     }
+}
+
+/// `case` with TCP/UDP checksums not verified (`nf_conntrack_checksum = 0`).
+fn unverified(mut case: Case) -> Case {
+    if let Subject::Router { setup, .. } = &mut case.subject {
+        setup.verify_l4_checksum = false;
+    }
+    case
 }
 
 /// A case passed to the kernel from `lan0` under `reason`.
@@ -274,6 +295,9 @@ fn cases(bed: &Bed) -> Vec<Case> {
     };
     let v4_udp = bench(lan_pkt(client4, server4, udp, 18));
     let v6_udp = bench(lan_pkt(client6, server6, udp, 2));
+    // 1500-byte frames (the 1514-byte maximum of a 1500 MTU minus the Ethernet header's 14).
+    let v4_1500 = bench(lan_pkt(client4, server4, udp, 1500 - 14 - 20 - 8));
+    let v6_1500 = bench(lan_pkt(client6, server6, udp, 1500 - 14 - 40 - 8));
     let mut reply = bench(wan_pkt(server4, v4(LAN_HOST2), 61_000, udp));
     reply.payload_len = 18;
     vec![
@@ -331,6 +355,61 @@ fn cases(bed: &Bed) -> Vec<Case> {
             (server6, 443),
             false,
         ),
+        // The TCP/UDP checksum verification (nf_conntrack_checksum = 1) by packet size.
+        unverified(forward(
+            b,
+            "v4 udp snat, no l4 csum check",
+            b.lan,
+            v4_udp.clone(),
+            (router4, 61_000),
+            (server4, 443),
+            false,
+        )),
+        unverified(forward(
+            b,
+            "v6 udp snat, no l4 csum check",
+            b.lan,
+            v6_udp.clone(),
+            (router6, 61_000),
+            (server6, 443),
+            false,
+        )),
+        forward(
+            b,
+            "v4 udp snat 1500 B",
+            b.lan,
+            v4_1500.clone(),
+            (router4, 61_000),
+            (server4, 443),
+            false,
+        ),
+        unverified(forward(
+            b,
+            "v4 udp snat 1500 B, no l4 check",
+            b.lan,
+            v4_1500,
+            (router4, 61_000),
+            (server4, 443),
+            false,
+        )),
+        forward(
+            b,
+            "v6 udp snat 1500 B",
+            b.lan,
+            v6_1500.clone(),
+            (router6, 61_000),
+            (server6, 443),
+            false,
+        ),
+        unverified(forward(
+            b,
+            "v6 udp snat 1500 B, no l4 check",
+            b.lan,
+            v6_1500,
+            (router6, 61_000),
+            (server6, 443),
+            false,
+        )),
         pass(
             "v4 pass: egress shaped",
             &v4_udp,
@@ -649,7 +728,7 @@ fn try_main() -> Result<(), String> {
     build_topology(&router, &hosts);
     router.sh(&format!(
         "ip neigh replace {LAN_HOST2} lladdr {} dev lan0 nud permanent",
-        mac(LAN_HOST2_MAC)
+        mac(CLIENT_MAC)
     ));
     hold_dispatcher(&router, &hosts);
     let Opts {

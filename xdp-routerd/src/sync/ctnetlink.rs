@@ -745,6 +745,18 @@ impl KernelTimeouts {
     }
 }
 
+/// `net.netfilter.nf_conntrack_checksum` of the calling thread's network namespace: whether
+/// conntrack verifies TCP/UDP checksums (and marks bad ones INVALID). Missing or unreadable
+/// (conntrack not loaded yet) counts as the kernel default, 1.
+pub fn conntrack_checksum() -> bool {
+    conntrack_checksum_in(Path::new("/proc/sys/net/netfilter"))
+}
+
+/// [`conntrack_checksum`] from a directory laid out like `/proc/sys/net/netfilter`.
+pub fn conntrack_checksum_in(dir: &Path) -> bool {
+    read_u32(&dir.join("nf_conntrack_checksum")).map_or(true, |v| v != 0)
+}
+
 fn read_u32(path: &Path) -> Result<u32, CtNetlinkError> {
     let err = |source| CtNetlinkError::Sysctl {
         path: path.to_owned(),

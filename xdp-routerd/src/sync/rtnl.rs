@@ -177,8 +177,12 @@ impl PathOracle for RouteLookup {
 /// A change the daemon reacts to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RtEvent {
-    /// A link exists (new or changed).
-    LinkUp { ifindex: u32, name: String },
+    /// A link exists (new or changed), with its MAC address when it has a 6-byte one.
+    LinkUp {
+        ifindex: u32,
+        name: String,
+        mac: Option<[u8; 6]>,
+    },
     /// A link was deleted.
     LinkGone { ifindex: u32, name: String },
     /// An address or route was added or removed: offloaded flows must be revalidated.
@@ -205,6 +209,10 @@ pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
         RouteNetlinkMessage::NewLink(l) => Some(RtEvent::LinkUp {
             ifindex: l.header.index,
             name: link_name(&l.attributes)?,
+            mac: l.attributes.iter().find_map(|a| match a {
+                LinkAttribute::Address(m) => <[u8; 6]>::try_from(m.as_slice()).ok(),
+                _ => None,
+            }),
         }),
         RouteNetlinkMessage::DelLink(l) => Some(RtEvent::LinkGone {
             ifindex: l.header.index,
@@ -316,6 +324,42 @@ pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
     Ok(rx)
 }
 
+/// MAC address of the interface called `name` (`SIOCGIFHWADDR`, the address rtnetlink reports
+/// as `IFLA_ADDRESS`), if it exists and has one.
+pub fn hw_addr(name: &str) -> Option<[u8; 6]> {
+    let bytes = name.as_bytes();
+    if bytes.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    // SAFETY: a plain socket call; the descriptor is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: ifreq is plain old data; all zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: fd is a socket, req a valid ifreq with a NUL-terminated name.
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req) };
+    // SAFETY: fd is ours.
+    unsafe { libc::close(fd) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: SIOCGIFHWADDR filled the ifru_hwaddr member.
+    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
+    if sa.sa_family != libc::ARPHRD_ETHER {
+        return None;
+    }
+    let mut mac = [0u8; 6];
+    for (d, s) in mac.iter_mut().zip(sa.sa_data) {
+        *d = s as u8;
+    }
+    Some(mac)
+}
+
 /// ifindex of the interface called `name`, if it exists.
 pub fn ifindex(name: &str) -> Option<u32> {
     let c = std::ffi::CString::new(name).ok()?;
@@ -339,7 +383,20 @@ mod tests {
             translate(&RouteNetlinkMessage::NewLink(l.clone())),
             Some(RtEvent::LinkUp {
                 ifindex: 7,
-                name: "eth1".into()
+                name: "eth1".into(),
+                mac: None,
+            })
+        );
+        let mut with_mac = l.clone();
+        with_mac
+            .attributes
+            .push(LinkAttribute::Address(vec![2, 0, 0, 0, 1, 1]));
+        assert_eq!(
+            translate(&RouteNetlinkMessage::NewLink(with_mac)),
+            Some(RtEvent::LinkUp {
+                ifindex: 7,
+                name: "eth1".into(),
+                mac: Some([2, 0, 0, 0, 1, 1]),
             })
         );
         assert_eq!(
@@ -408,7 +465,8 @@ mod tests {
             vec![
                 RtEvent::LinkUp {
                     ifindex: 7,
-                    name: "a0".into()
+                    name: "a0".into(),
+                    mac: None,
                 },
                 RtEvent::FibChanged
             ]
