@@ -331,14 +331,8 @@ fn corpus(macs: &Macs) -> Vec<Case> {
                     "udp length 2 long",
                     Box::new(|f| with_udp_len(f, (PAYLOAD + 8 + 2) as u16)),
                 ));
-                if !c.v6() {
-                    muts.push(("udp zero checksum", Box::new(with_zero_udp_checksum)));
-                } else {
-                    muts.push((
-                        "udp zero checksum (invalid in v6)",
-                        Box::new(with_zero_udp_checksum),
-                    ));
-                }
+                // "No checksum" to conntrack in both families (udp_error()).
+                muts.push(("udp zero checksum", Box::new(with_zero_udp_checksum)));
             }
             for (name, m) in muts {
                 push(
