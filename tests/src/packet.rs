@@ -330,72 +330,6 @@ pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(src: &str, dst: &str, transport: Transport) -> Spec {
-        Spec {
-            eth_src: [2, 0, 0, 0, 0, 1],
-            eth_dst: [2, 0, 0, 0, 0, 2],
-            src: src.parse().unwrap(),
-            dst: dst.parse().unwrap(),
-            sport: 40_000,
-            dport: 443,
-            ttl: 64,
-            transport,
-            payload_len: 33,
-        }
-    }
-
-    #[test]
-    fn built_frames_have_valid_checksums() {
-        for s in [
-            spec("192.0.2.10", "198.18.0.7", Transport::Tcp(tcp_flags::ACK)),
-            spec("192.0.2.10", "198.18.0.7", Transport::Udp),
-            spec(
-                "2001:db8:1::10",
-                "2001:db8:ff::7",
-                Transport::Tcp(tcp_flags::ACK),
-            ),
-            spec("2001:db8:1::10", "2001:db8:ff::7", Transport::Udp),
-        ] {
-            let f = s.frame();
-            verify_checksums(&f).unwrap();
-            assert_eq!(
-                f.len(),
-                l4_offset(&f) + s.payload_len + if s.transport == Transport::Udp { 8 } else { 20 }
-            );
-        }
-    }
-
-    #[test]
-    fn verify_detects_a_wrong_checksum() {
-        let mut f = spec("192.0.2.10", "198.18.0.7", Transport::Tcp(tcp_flags::ACK)).frame();
-        f[ETH_LEN + 8] -= 1; // TTL without header checksum update
-        assert!(verify_checksums(&f).unwrap_err().contains("IPv4 header"));
-        let mut f = spec("2001:db8:1::10", "2001:db8:ff::7", Transport::Udp).frame();
-        let off = l4_offset(&f);
-        f[off] ^= 1; // source port without checksum update
-        assert!(verify_checksums(&f).unwrap_err().contains("UDP"));
-    }
-
-    #[test]
-    fn variants_keep_checksums_and_lengths() {
-        let f = spec("192.0.2.10", "198.18.0.7", Transport::Tcp(tcp_flags::ACK)).frame();
-        let o = with_ipv4_options(&f, &[1, 1, 1, 0]);
-        assert_eq!(o.len(), f.len() + 4);
-        verify_checksums(&o).unwrap();
-        let v6 = spec("2001:db8:1::10", "2001:db8:ff::7", Transport::Udp).frame();
-        let e = with_ipv6_ext(&v6, 60, &[0, 0, 1, 4, 0, 0, 0, 0]);
-        assert_eq!(e[ETH_LEN + 6], 60);
-        assert_eq!(e[ETH_LEN + 40], 17);
-        let z = with_zero_udp_checksum(&spec("192.0.2.10", "198.18.0.7", Transport::Udp).frame());
-        verify_checksums(&z).unwrap();
-        assert_eq!(with_vlan_tag(&f, 5).len(), f.len() + 4);
-    }
-}
-
 /// The frame with another destination MAC.
 pub fn with_eth_dst(frame: &[u8], mac: [u8; 6]) -> Vec<u8> {
     let mut f = frame.to_vec();
@@ -506,4 +440,70 @@ pub fn fix_l4_checksum(frame: &mut [u8]) {
     let c = internet_checksum(&[&pseudo, &frame[l4..end]]);
     let c = if c == 0 && proto == 17 { 0xffff } else { c };
     frame[check..check + 2].copy_from_slice(&c.to_be_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(src: &str, dst: &str, transport: Transport) -> Spec {
+        Spec {
+            eth_src: [2, 0, 0, 0, 0, 1],
+            eth_dst: [2, 0, 0, 0, 0, 2],
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            sport: 40_000,
+            dport: 443,
+            ttl: 64,
+            transport,
+            payload_len: 33,
+        }
+    }
+
+    #[test]
+    fn built_frames_have_valid_checksums() {
+        for s in [
+            spec("192.0.2.10", "198.18.0.7", Transport::Tcp(tcp_flags::ACK)),
+            spec("192.0.2.10", "198.18.0.7", Transport::Udp),
+            spec(
+                "2001:db8:1::10",
+                "2001:db8:ff::7",
+                Transport::Tcp(tcp_flags::ACK),
+            ),
+            spec("2001:db8:1::10", "2001:db8:ff::7", Transport::Udp),
+        ] {
+            let f = s.frame();
+            verify_checksums(&f).unwrap();
+            assert_eq!(
+                f.len(),
+                l4_offset(&f) + s.payload_len + if s.transport == Transport::Udp { 8 } else { 20 }
+            );
+        }
+    }
+
+    #[test]
+    fn verify_detects_a_wrong_checksum() {
+        let mut f = spec("192.0.2.10", "198.18.0.7", Transport::Tcp(tcp_flags::ACK)).frame();
+        f[ETH_LEN + 8] -= 1; // TTL without header checksum update
+        assert!(verify_checksums(&f).unwrap_err().contains("IPv4 header"));
+        let mut f = spec("2001:db8:1::10", "2001:db8:ff::7", Transport::Udp).frame();
+        let off = l4_offset(&f);
+        f[off] ^= 1; // source port without checksum update
+        assert!(verify_checksums(&f).unwrap_err().contains("UDP"));
+    }
+
+    #[test]
+    fn variants_keep_checksums_and_lengths() {
+        let f = spec("192.0.2.10", "198.18.0.7", Transport::Tcp(tcp_flags::ACK)).frame();
+        let o = with_ipv4_options(&f, &[1, 1, 1, 0]);
+        assert_eq!(o.len(), f.len() + 4);
+        verify_checksums(&o).unwrap();
+        let v6 = spec("2001:db8:1::10", "2001:db8:ff::7", Transport::Udp).frame();
+        let e = with_ipv6_ext(&v6, 60, &[0, 0, 1, 4, 0, 0, 0, 0]);
+        assert_eq!(e[ETH_LEN + 6], 60);
+        assert_eq!(e[ETH_LEN + 40], 17);
+        let z = with_zero_udp_checksum(&spec("192.0.2.10", "198.18.0.7", Transport::Udp).frame());
+        verify_checksums(&z).unwrap();
+        assert_eq!(with_vlan_tag(&f, 5).len(), f.len() + 4);
+    }
 }

@@ -832,7 +832,11 @@ fn kernel_checks(b: &Bed, c: &mut Vec<Case>) {
         ("dst mac another host", [0x02, 0, 0, 0, 0x01, 0x99], &p4),
         ("dst mac the router's other interface", WAN_MAC, &p4),
         ("ipv6 dst mac multicast", [0x33, 0x33, 0, 0, 0, 1], &p6),
-        ("ipv6 dst mac another host", [0x02, 0, 0, 0, 0x01, 0x99], &p6),
+        (
+            "ipv6 dst mac another host",
+            [0x02, 0, 0, 0, 0x01, 0x99],
+            &p6,
+        ),
     ] {
         c.push(pass(
             b,
@@ -851,7 +855,10 @@ fn kernel_checks(b: &Bed, c: &mut Vec<Case>) {
         same,
     ));
     if let Some(last) = c.last_mut() {
-        last.setup = last.setup.clone().with_iface_mac(b.lan, [0x02, 0, 0, 0, 0x01, 0x42]);
+        last.setup = last
+            .setup
+            .clone()
+            .with_iface_mac(b.lan, [0x02, 0, 0, 0, 0x01, 0x42]);
     }
 
     // 3. Bytes after the IP datagram are trimmed, not forwarded.
@@ -915,9 +922,21 @@ fn kernel_checks(b: &Bed, c: &mut Vec<Case>) {
     for (name, len) in [("odd", 101), ("one byte", 1), ("1400 bytes", 1400)] {
         // Every length class of the checksum loops verifies a correct segment.
         let p = lan_pkt(client4, server4, Transport::Udp, len);
-        c.push(routed_forward(b, &format!("v4 udp {name} payload verified"), &p, same, same));
+        c.push(routed_forward(
+            b,
+            &format!("v4 udp {name} payload verified"),
+            &p,
+            same,
+            same,
+        ));
         let p = lan_pkt(client6, server6, tcp, len + 3);
-        c.push(routed_forward(b, &format!("v6 tcp {name} + 3 payload verified"), &p, same, same));
+        c.push(routed_forward(
+            b,
+            &format!("v6 tcp {name} + 3 payload verified"),
+            &p,
+            same,
+            same,
+        ));
     }
     {
         // With nf_conntrack_checksum = 0 conntrack forwards it, and so does the fast path.
@@ -1006,7 +1025,13 @@ fn kernel_checks(b: &Bed, c: &mut Vec<Case>) {
         Reason::PassL4ChecksumTooLong,
     ));
     let fits = lan_pkt(client4, server4, Transport::Udp, 3063);
-    c.push(routed_forward(b, "longest verified segment", &fits, same, same));
+    c.push(routed_forward(
+        b,
+        "longest verified segment",
+        &fits,
+        same,
+        same,
+    ));
 
     // 5. A checksum field of 0xffff (a valid zero) leaves as it came, as the kernel forwards it.
     c.push(routed_forward(
@@ -1090,11 +1115,7 @@ fn check_case(prog: &Xdp, maps: &mut Maps, case: &Case) -> Result<(), String> {
     let want_idx = stats_index(case.slot, case.reason()) as usize;
     for (i, (a, b)) in before.iter().zip(&after).enumerate() {
         let delta = (b.packets - a.packets, b.bytes - a.bytes);
-        let want = if i == want_idx {
-            (1, sent)
-        } else {
-            (0, 0)
-        };
+        let want = if i == want_idx { (1, sent) } else { (0, 0) };
         if delta != want {
             let (slot, reason) = (
                 i as u32 / Reason::COUNT,

@@ -53,9 +53,7 @@ pub const fn apply(check: u16, diff: u32) -> u16 {
 #[inline(always)]
 pub const fn pseudo_v4(src: u32, dst: u32, proto: u8, len: u16) -> u64 {
     let words = (src & 0xffff) + (src >> 16) + (dst & 0xffff) + (dst >> 16);
-    words as u64
-        + u16::from_be_bytes([0, proto]).to_be() as u64
-        + len.to_be() as u64
+    words as u64 + u16::from_be_bytes([0, proto]).to_be() as u64 + len.to_be() as u64
 }
 
 /// One's-complement sum (unfolded) of the IPv6 pseudo-header: raw addresses, the upper-layer

@@ -507,9 +507,16 @@ mod tests {
         assert_eq!(check_tcp(0x00, ack, 20), m);
         assert_eq!(check_tcp(0x60, ack, 20), m);
         assert_eq!(check_tcp(0xf0, ack, 59), m);
-        assert_eq!(check_tcp(0x50, TCP_SYN | ack, 20), Err(Reason::PassTcpControl));
+        assert_eq!(
+            check_tcp(0x50, TCP_SYN | ack, 20),
+            Err(Reason::PassTcpControl)
+        );
         for flags in [0, 0x08, 0x20, 0x40 | 0x80, 0x28] {
-            assert_eq!(check_tcp(0x50, flags, 20), Err(Reason::PassTcpNoAck), "{flags:#x}");
+            assert_eq!(
+                check_tcp(0x50, flags, 20),
+                Err(Reason::PassTcpNoAck),
+                "{flags:#x}"
+            );
         }
     }
 

@@ -200,7 +200,9 @@ impl State {
                 match self.dp.set_iface_mac(ifindex, mac) {
                     Ok(true) => info!(interface = name, mac = %fmt_mac(mac), "MAC address changed"),
                     Ok(false) => {}
-                    Err(e) => error!(interface = name, error = %format!("{e:#}"), "cannot update the MAC address"),
+                    Err(e) => {
+                        error!(interface = name, error = %format!("{e:#}"), "cannot update the MAC address")
+                    }
                 }
             }
             return false;
@@ -212,7 +214,10 @@ impl State {
         // `auto` counts it as shaped.
         m.egress = None;
         let mac = iface_mac(name, mac);
-        match self.dp.attach(name, ifindex, m.slot, m.flags(), mac, xdp_mode) {
+        match self
+            .dp
+            .attach(name, ifindex, m.slot, m.flags(), mac, xdp_mode)
+        {
             Ok(mode) => {
                 m.ifindex = Some(ifindex);
                 m.mode = Some(mode);

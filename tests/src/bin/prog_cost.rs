@@ -57,8 +57,9 @@ use aya::{
 use xdp_router_common::{FIB_LOOKUP_DIRECT, IFACE_F_SHAPED, PROG_NAME, Reason, stats_index};
 use xdp_router_tests::{
     fixture_net::{
-        Bed, CLIENT_MAC, FlowEntry, GW_MAC, LAN_SLOT, Maps, Setup, WAN_MAC, WAN_SLOT, XDP_PASS, XDP_REDIRECT,
-        build_topology, flow, ifindex, lan_pkt, load, load_object, mac, v4, v6, wan_pkt, xdp_md,
+        Bed, CLIENT_MAC, FlowEntry, GW_MAC, LAN_SLOT, Maps, Setup, WAN_MAC, WAN_SLOT, XDP_PASS,
+        XDP_REDIRECT, build_topology, flow, ifindex, lan_pkt, load, load_object, mac, v4, v6,
+        wan_pkt, xdp_md,
     },
     netns::{Netns, is_root},
     packet::{
