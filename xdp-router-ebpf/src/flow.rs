@@ -17,8 +17,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use xdp_router_common::{
-    FIB_LOOKUP_MARK, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, IFACE_F_SHAPED,
-    Reason, SETTINGS_F_FIB_MARK,
+    FIB_LOOKUP_MARK, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6,
+    IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_SHAPED, Reason, SETTINGS_F_FIB_MARK,
     parse::{
         ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN, Ipv4Fields, Ipv6Fields, L3,
         check_fib_result, check_ipv4, check_ipv6, classify_ethertype, is_tcp_control,
@@ -42,9 +42,14 @@ pub struct Forwarded {
     pub reason: Reason,
 }
 
-/// Forwards the packet in `ctx`, received on `ifindex`, or says why the kernel must have it.
+/// Forwards the packet in `ctx`, received on `ifindex` (whose `IFACE_F_*` flags are
+/// `ingress_flags`), or says why the kernel must have it.
 #[inline(always)]
-pub fn try_forward(ctx: &XdpContext, ifindex: u32) -> Result<Forwarded, Reason> {
+pub fn try_forward(
+    ctx: &XdpContext,
+    ifindex: u32,
+    ingress_flags: u32,
+) -> Result<Forwarded, Reason> {
     // Switched off by the daemon (A/B runs, maintenance): the kernel carries everything.
     let Some(settings) = SETTINGS.get(0) else {
         return Err(Reason::PassDisabled);
@@ -57,6 +62,11 @@ pub fn try_forward(ctx: &XdpContext, ifindex: u32) -> Result<Forwarded, Reason> 
     };
     if settings.fastpath_enabled == 0 {
         return Err(Reason::PassDisabled);
+    }
+    // An nftables netdev ingress chain or tc ingress filter on this interface runs after XDP:
+    // a redirected packet would skip it.
+    if ingress_flags & IFACE_F_INGRESS_HOOK != 0 {
+        return Err(Reason::PassIngressHook);
     }
     let eth: *mut EthHdr = ptr_at_mut(ctx, 0)?;
     // SAFETY: ptr_at_mut checked that the header is inside the frame.
@@ -375,9 +385,14 @@ fn redirect_to(egress: u32) -> Result<u32, Reason> {
         return Err(Reason::PassEgressNotManaged);
     };
     // SAFETY: map value pointer from the kernel.
-    if unsafe { (*info).flags } & IFACE_F_SHAPED != 0 {
+    let flags = unsafe { (*info).flags };
+    if flags & IFACE_F_SHAPED != 0 {
         // A redirect skips the egress qdisc; a shaped link must keep its shaping.
         return Err(Reason::PassEgressShaped);
+    }
+    if flags & IFACE_F_EGRESS_HOOK != 0 {
+        // A redirect skips the netdev egress chain and tc egress filters too.
+        return Err(Reason::PassEgressHook);
     }
     // The redirect is set up now, before the rewrite: bpf_redirect_map() only records the
     // target (per-CPU redirect info, used once the program returns XDP_REDIRECT), and a

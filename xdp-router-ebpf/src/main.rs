@@ -26,9 +26,9 @@ use aya_ebpf::{
 #[xdp]
 pub fn xdp_router(ctx: XdpContext) -> u32 {
     let ifindex = ctx.ingress_ifindex() as u32;
-    let slot = stats::ingress_slot(ifindex);
+    let (slot, ingress_flags) = stats::ingress_info(ifindex);
     let bytes = (ctx.data_end() - ctx.data()) as u64;
-    match flow::try_forward(&ctx, ifindex) {
+    match flow::try_forward(&ctx, ifindex, ingress_flags) {
         Ok(fwd) => {
             stats::count(slot, fwd.reason, bytes);
             fwd.action

@@ -5,17 +5,18 @@ use xdp_router_common::{MAX_IFACE_SLOTS, Reason, stats_index};
 
 use crate::maps::{IFACES, STATS};
 
-/// Stats slot of the ingress interface: its `IfaceInfo::slot`, or 0 when the interface is not
-/// in `IFACES` (or carries an out-of-range slot, so the index stays inside `STATS`).
+/// Stats slot and `IFACE_F_*` flags of the ingress interface: its `IfaceInfo`, or slot 0 (no
+/// flags) when the interface is not in `IFACES` (an out-of-range slot also counts in slot 0,
+/// so the index stays inside `STATS`).
 #[inline(always)]
-pub fn ingress_slot(ifindex: u32) -> u32 {
+pub fn ingress_info(ifindex: u32) -> (u32, u32) {
     match IFACES.get_ptr(ifindex) {
         // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
         Some(info) => {
-            let slot = unsafe { (*info).slot };
-            if slot < MAX_IFACE_SLOTS { slot } else { 0 }
+            let (slot, flags) = unsafe { ((*info).slot, (*info).flags) };
+            (if slot < MAX_IFACE_SLOTS { slot } else { 0 }, flags)
         }
-        None => 0,
+        None => (0, 0),
     }
 }
 
