@@ -241,6 +241,12 @@ impl Testbed {
 
     /// [`Testbed::start_daemon`] with `extra` top-level config lines (e.g. `fib_cache_ms = 0\n`).
     pub fn start_daemon_with(&mut self, extra: &str) -> &Daemon {
+        self.start_daemon_with_lan(extra, "")
+    }
+
+    /// [`Testbed::start_daemon_with`], plus `lan_extra` lines in the LAN interface's table
+    /// (e.g. `bypass_hooks = true\n`).
+    pub fn start_daemon_with_lan(&mut self, extra: &str, lan_extra: &str) -> &Daemon {
         let socket = self.dir.path().join("control.sock");
         let config = self.dir.path().join("xdp-routerd.toml");
         fs::write(
@@ -253,7 +259,7 @@ impl Testbed {
                  log_level = \"debug\"\n\
                  {extra}\
                  [[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
-                 [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n",
+                 [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n{lan_extra}",
                 socket.display()
             ),
         )

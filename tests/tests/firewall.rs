@@ -17,8 +17,8 @@ use std::{
 };
 
 use xdp_router_tests::testbed::{
-    LAN_IF, Snapshot, Testbed, UdpEcho, WAN_IF, any_v4, fastpath_fraction, ready, udp_payload,
-    udp_socket, wait_until, wan_v4,
+    Capture, HOST_IF, LAN_IF, Snapshot, Testbed, UdpEcho, WAN_IF, any_v4, fastpath_fraction, ready,
+    udp_payload, udp_socket, wait_until, wan_v4,
 };
 
 /// A LAN→WAN TCP stream at a fixed rate whose receiver counts bytes live.
@@ -357,4 +357,88 @@ fn reply_only_drop_keeps_replies_from_the_lan() {
         after.packets_since(&before, LAN_IF, "forwarded_original") > 100,
         "the original direction should still be fast-pathed"
     );
+}
+
+/// An nftables netdev ingress chain on the LAN port sets DSCP CS3 on everything arriving. XDP
+/// runs before it: by default the daemon keeps the LAN ingress in the kernel and the WAN host
+/// sees CS3; with `bypass_hooks = true` the fast path jumps over the chain and the WAN host sees
+/// DSCP 0 (what the default prevents). Returns the DSCP the WAN host saw and the LAN counters
+/// `(forwarded_original, ingress_hook)` over 100 datagrams of the offloaded flow.
+fn dscp_at_the_wan_host(tag: &str, port: u16, bypass: bool) -> (u8, u64, u64) {
+    let mut tb = Testbed::new(tag);
+    tb.router.sh(&format!(
+        "nft add table netdev dscp_tag
+         nft add chain netdev dscp_tag lan_in '{{ type filter hook ingress device {LAN_IF} priority 0; }}'
+         nft add rule netdev dscp_tag lan_in ip dscp set cs3"
+    ));
+    tb.start_daemon_with_lan("", if bypass { "bypass_hooks = true\n" } else { "" });
+    let server = wan_v4(port);
+    let echo = UdpEcho::start(&tb.wan, server);
+    let sock = udp_socket(&tb.lan, any_v4(), 64);
+    sock.set_read_timeout(Some(Duration::from_millis(20)))
+        .expect("timeout");
+    let mut buf = [0u8; 2048];
+    let mut seq = 0u64;
+    let mut exchange = |n: u64| {
+        for _ in 0..n {
+            sock.send_to(&udp_payload(seq, 200), server).expect("send");
+            seq += 1;
+            while sock.recv_from(&mut buf).is_ok() {}
+        }
+    };
+    // Until conntrack calls it ASSURED and the daemon offloaded it (and armed it, if it can).
+    let ok = wait_until(Duration::from_secs(10), || {
+        exchange(10);
+        let st = tb.daemon().status();
+        st.conntrack.offloaded >= 1
+            && st.packets(WAN_IF, "forwarded_reply") + st.packets(LAN_IF, "ingress_hook") > 5
+    });
+    assert!(ok, "the UDP flow was not offloaded");
+    let capture = Capture::open(&tb.wan, HOST_IF);
+    let before = tb.snapshot();
+    exchange(100);
+    let after = tb.snapshot();
+    let mut dscp = None;
+    while let Some(frame) = capture.next_incoming(Duration::from_millis(200)) {
+        // IPv4 UDP to the echo port: the DSCP is the top 6 bits of the TOS byte.
+        if frame.get(12..14) == Some(&[0x08, 0x00]) && frame.get(23) == Some(&17) {
+            dscp = frame.get(15).map(|tos| tos >> 2);
+            break;
+        }
+    }
+    drop(echo);
+    (
+        dscp.expect("no UDP datagram captured at the WAN host"),
+        after.packets_since(&before, LAN_IF, "forwarded_original"),
+        after.packets_since(&before, LAN_IF, "ingress_hook"),
+    )
+}
+
+#[test]
+fn netdev_ingress_chain_keeps_its_packets_in_the_kernel() {
+    if !ready("netdev_ingress_chain_keeps_its_packets_in_the_kernel") {
+        return;
+    }
+    let (dscp, fwd, hook) = dscp_at_the_wan_host("fw8", 6008, false);
+    eprintln!(
+        "netdev ingress chain (DSCP CS3): WAN host saw DSCP {dscp}; LAN: {fwd} fast-pathed, \
+         {hook} ingress_hook"
+    );
+    assert_eq!(dscp, 24, "the WAN host should see CS3 (24)");
+    assert_eq!(fwd, 0, "no LAN packet may skip the netdev ingress chain");
+    assert!(hook >= 100, "only {hook} LAN packets counted ingress_hook");
+}
+
+#[test]
+fn bypass_hooks_jumps_over_the_netdev_chain() {
+    if !ready("bypass_hooks_jumps_over_the_netdev_chain") {
+        return;
+    }
+    let (dscp, fwd, hook) = dscp_at_the_wan_host("fw9", 6009, true);
+    eprintln!(
+        "netdev ingress chain with bypass_hooks = true: WAN host saw DSCP {dscp}; LAN: {fwd} \
+         fast-pathed, {hook} ingress_hook"
+    );
+    assert_eq!(dscp, 0, "the fast path should have skipped the chain");
+    assert!(fwd >= 90 && hook == 0);
 }

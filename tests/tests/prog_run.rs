@@ -15,7 +15,8 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use aya::programs::Xdp;
 use xdp_router_common::{
-    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_SHAPED, PROG_NAME, Reason, stats_index,
+    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_SHAPED,
+    PROG_NAME, Reason, stats_index,
 };
 use xdp_router_tests::{
     fixture_net::{
@@ -752,6 +753,22 @@ fn cases(bed: &Bed) -> Vec<Case> {
         good6.frame(),
         m6().without_iface(b.wan),
         Reason::PassEgressNotManaged,
+    ));
+    c.push(pass(
+        b,
+        "ingress interface with a netdev/tc ingress hook",
+        b.lan,
+        good4.frame(),
+        m4().with_iface_flags(b.lan, IFACE_F_INGRESS_HOOK),
+        Reason::PassIngressHook,
+    ));
+    c.push(pass(
+        b,
+        "ipv6 egress with a netdev/tc egress hook",
+        b.lan,
+        good6.frame(),
+        m6().with_iface_flags(b.wan, IFACE_F_EGRESS_HOOK),
+        Reason::PassEgressHook,
     ));
     c.push(pass(
         b,

@@ -261,6 +261,12 @@ pub const IFACE_F_WAN: u32 = 1 << 1;
 /// Egress on this interface is shaped by a qdisc: the fast path must not bypass it, so packets
 /// routed out of it go to the kernel (`Reason::PassEgressShaped`).
 pub const IFACE_F_SHAPED: u32 = 1 << 2;
+/// Packets arriving on this interface pass hooks that run after XDP (an nftables `netdev`
+/// ingress chain, tc ingress filters): they go to the kernel (`Reason::PassIngressHook`).
+pub const IFACE_F_INGRESS_HOOK: u32 = 1 << 3;
+/// Packets leaving this interface pass egress hooks (nftables `netdev` egress chain, tc egress
+/// filters) that a redirect would skip: never redirected out of it (`Reason::PassEgressHook`).
+pub const IFACE_F_EGRESS_HOOK: u32 = 1 << 4;
 
 /// Value of [`MAP_IFACES`], keyed by ifindex (host order): a managed interface.
 #[repr(C)]

@@ -60,11 +60,17 @@ pub enum Reason {
     /// The kernel forwarded this direction with a packet mark, but `bpf_fib_lookup` cannot take
     /// a mark on this kernel (`BPF_FIB_LOOKUP_MARK`, Linux 6.10): it stays in the kernel.
     PassMarkUnsupported = 23,
+    /// The ingress interface has an nftables `netdev` ingress chain or tc ingress filters,
+    /// which run after XDP: the kernel must see the packet.
+    PassIngressHook = 24,
+    /// The egress interface has an nftables `netdev` egress chain or tc egress filters, which
+    /// a redirect would skip.
+    PassEgressHook = 25,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 24;
+    pub const COUNT: u32 = 26;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -92,6 +98,8 @@ impl Reason {
         Reason::PassL4ChecksumTooLong,
         Reason::PassNotArmed,
         Reason::PassMarkUnsupported,
+        Reason::PassIngressHook,
+        Reason::PassEgressHook,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -121,6 +129,8 @@ impl Reason {
             Reason::PassL4ChecksumTooLong => "l4_checksum_too_long",
             Reason::PassNotArmed => "awaiting_kernel_verdict",
             Reason::PassMarkUnsupported => "fib_mark_unsupported",
+            Reason::PassIngressHook => "ingress_hook",
+            Reason::PassEgressHook => "egress_hook",
         }
     }
 

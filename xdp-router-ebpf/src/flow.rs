@@ -17,8 +17,9 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use xdp_router_common::{
-    FIB_LOOKUP_MARK, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, IFACE_F_SHAPED,
-    IfaceInfo, Reason, SETTINGS_F_FIB_MARK,
+    FIB_LOOKUP_MARK, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6,
+    IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_SHAPED, IfaceInfo, Reason,
+    SETTINGS_F_FIB_MARK,
     checksum::{pseudo_v4, pseudo_v6},
     parse::{
         ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN, Ipv4Fields, Ipv6Fields, L3,
@@ -68,6 +69,12 @@ pub fn try_forward(
         return Err(Reason::PassDisabled);
     }
     let verify_l4 = settings.verify_l4_checksum != 0;
+    // An nftables netdev ingress chain or tc ingress filter on this interface runs after XDP:
+    // a redirected packet would skip it.
+    // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
+    if info.is_some_and(|i| unsafe { (*i).flags } & IFACE_F_INGRESS_HOOK != 0) {
+        return Err(Reason::PassIngressHook);
+    }
     let eth: *mut EthHdr = ptr_at_mut(ctx, 0)?;
     // SAFETY: ptr_at_mut checked that the header is inside the frame.
     let l3 = classify_ethertype(unsafe { (*eth).ethertype() })?;
@@ -440,9 +447,14 @@ fn redirect_to(egress: u32) -> Result<u32, Reason> {
         return Err(Reason::PassEgressNotManaged);
     };
     // SAFETY: map value pointer from the kernel.
-    if unsafe { (*info).flags } & IFACE_F_SHAPED != 0 {
+    let flags = unsafe { (*info).flags };
+    if flags & IFACE_F_SHAPED != 0 {
         // A redirect skips the egress qdisc; a shaped link must keep its shaping.
         return Err(Reason::PassEgressShaped);
+    }
+    if flags & IFACE_F_EGRESS_HOOK != 0 {
+        // A redirect skips the netdev egress chain and tc egress filters too.
+        return Err(Reason::PassEgressHook);
     }
     // The redirect is set up now, before the rewrite: bpf_redirect_map() only records the
     // target (per-CPU redirect info, used once the program returns XDP_REDIRECT), and a

@@ -65,6 +65,10 @@ pub struct InterfaceConfig {
     /// still accelerated. `"auto"` (default) decides from the interface's qdiscs, live.
     #[serde(default)]
     pub shaped: Shaped,
+    /// Let the fast path jump over nftables `netdev` chains and tc filters on this interface
+    /// (default `false`: directions that would meet one stay in the kernel).
+    #[serde(default)]
+    pub bypass_hooks: bool,
 }
 
 /// `shaped = "auto" | true | false`.

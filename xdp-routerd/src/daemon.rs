@@ -17,7 +17,10 @@ use std::{
 use anyhow::{Context as _, anyhow, bail};
 use tokio::{signal::unix::SignalKind, task::JoinSet};
 use tracing::{debug, error, info, warn};
-use xdp_router_common::{FLOW_F_REPLY, IFACE_F_LAN, IFACE_F_SHAPED, IFACE_F_WAN, Reason};
+use xdp_router_common::{
+    FLOW_F_REPLY, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_LAN, IFACE_F_SHAPED,
+    IFACE_F_WAN, Reason,
+};
 
 use crate::{
     config::{Config, InterfaceConfig, Role, Shaped},
@@ -30,6 +33,7 @@ use crate::{
         ctnetlink::{
             CtNetlink, CtNetlinkError, CtSubscription, CtUpdate, KernelTimeouts, conntrack_checksum,
         },
+        hooks::{self, Hooks},
         nftables::{self, RulesetEvent},
         qdisc::{self, Egress, Qdisc},
         rtnl::{self, RouteLookup, RtEvent},
@@ -44,6 +48,8 @@ struct Managed {
     mode: Option<AttachMode>,
     /// Its egress qdiscs as last read; `None` until read (or when the last read failed).
     egress: Option<Egress>,
+    /// nftables netdev chains / tc filters found on it (see [`crate::sync::hooks`]).
+    hooks: Hooks,
 }
 
 /// `shaped_by` while `shaped = "auto"` and the qdiscs are not known yet: in doubt the fast
@@ -69,11 +75,41 @@ impl Managed {
             Role::Lan => IFACE_F_LAN,
             Role::Wan => IFACE_F_WAN,
         };
+        let hooks = if self.cfg.bypass_hooks {
+            Hooks::default()
+        } else {
+            self.hooks
+        };
         role | if self.shaped_by().is_some() {
             IFACE_F_SHAPED
         } else {
             0
+        } | if hooks.ingress {
+            IFACE_F_INGRESS_HOOK
+        } else {
+            0
+        } | if hooks.egress { IFACE_F_EGRESS_HOOK } else { 0 }
+    }
+
+    /// Records freshly read hooks and logs what changes for the fast path. Returns whether
+    /// they changed.
+    fn set_hooks(&mut self, hooks: Hooks) -> bool {
+        if hooks == self.hooks {
+            return false;
         }
+        self.hooks = hooks;
+        let name = &self.cfg.name;
+        if self.cfg.bypass_hooks {
+            info!(interface = %name, ?hooks, "{name}: netdev chains / tc filters changed; bypass_hooks = true: the fast path jumps over them");
+        } else {
+            info!(
+                interface = %name,
+                ingress = hooks.ingress,
+                egress = hooks.egress,
+                "{name}: netdev chains / tc filters: packets that would pass them stay in the kernel"
+            );
+        }
+        true
     }
 
     /// Records freshly read egress qdiscs (`None`: the read failed) and logs what changes for
@@ -447,6 +483,7 @@ pub async fn run_with(
             ifindex: Some(ifindex),
             mode: None,
             egress: None,
+            hooks: Hooks::default(),
         });
     }
     check_privileges()?;
@@ -474,6 +511,12 @@ pub async fn run_with(
             }
         }
         Err(e) => error!(error = %e, "cannot read qdiscs (RTM_GETQDISC)"),
+    }
+    // Know which interfaces carry hooks XDP would jump over, before the first packet.
+    let names: Vec<String> = ifaces.iter().map(|m| m.cfg.name.clone()).collect();
+    let found = hooks::read(&names).await;
+    for m in &mut ifaces {
+        m.set_hooks(found.get(&m.cfg.name).copied().unwrap_or_default());
     }
     for m in &mut ifaces {
         let ifindex = m.ifindex.unwrap_or_default();
@@ -802,6 +845,7 @@ async fn rtnl_events(
         if apply_rt_events(&state, &paths, batch) {
             let qdiscs = read_qdiscs().await;
             lock(&state).apply_qdiscs(qdiscs);
+            refresh_hooks(&state).await;
         }
     }
     Err(anyhow!("rtnetlink event socket closed"))
@@ -824,14 +868,40 @@ async fn ruleset_changes(
         while let Ok(ev) = nft.try_recv() {
             events.push(ev);
         }
-        let mut s = lock(&state);
-        match s.dp.bump_ruleset_generation() {
-            Ok(()) => debug!(
-                ?events,
-                generation = s.dp.ruleset_status().generation,
-                "firewall ruleset changed: every flow goes through the kernel's rules again"
-            ),
-            Err(e) => error!(error = %format!("{e:#}"), "cannot bump the ruleset generation"),
+        {
+            let mut s = lock(&state);
+            match s.dp.bump_ruleset_generation() {
+                Ok(()) => debug!(
+                    ?events,
+                    generation = s.dp.ruleset_status().generation,
+                    "firewall ruleset changed: every flow goes through the kernel's rules again"
+                ),
+                Err(e) => error!(error = %format!("{e:#}"), "cannot bump the ruleset generation"),
+            }
+        }
+        // A netdev chain may have come or gone with the commit.
+        refresh_hooks(&state).await;
+    }
+}
+
+/// Re-reads the hooks on every managed interface (no lock held while reading) and updates the
+/// flags of those whose hooks changed.
+async fn refresh_hooks(state: &Shared) {
+    let names: Vec<String> = lock(state)
+        .ifaces
+        .iter()
+        .map(|m| m.cfg.name.clone())
+        .collect();
+    let found = hooks::read(&names).await;
+    let mut s = lock(state);
+    let State { dp, ifaces, .. } = &mut *s;
+    for m in ifaces.iter_mut() {
+        let h = found.get(&m.cfg.name).copied().unwrap_or_default();
+        if m.set_hooks(h)
+            && let (Some(ifindex), Some(_)) = (m.ifindex, m.mode)
+            && let Err(e) = dp.set_iface_flags(ifindex, m.slot, m.flags())
+        {
+            error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
         }
     }
 }

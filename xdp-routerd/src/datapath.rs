@@ -420,8 +420,8 @@ impl Datapath {
         Ok(())
     }
 
-    /// `(current ruleset generation, bumps since start, arming attached interfaces, fib mark
-    /// supported)` for `status`.
+    /// Ruleset tracking as `status` shows it: generation, changes since start, interfaces with
+    /// the arming program, whether the FIB lookup takes marks.
     pub fn ruleset_status(&self) -> crate::status::RulesetStatus {
         crate::status::RulesetStatus {
             generation: self.current.ruleset_generation,

@@ -226,11 +226,13 @@ pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
         | RouteNetlinkMessage::DelNeighbour(_)
         | RouteNetlinkMessage::NewRule(_)
         | RouteNetlinkMessage::DelRule(_) => Some(RtEvent::FibChanged),
-        RouteNetlinkMessage::NewQueueDiscipline(q) | RouteNetlinkMessage::DelQueueDiscipline(q) => {
-            Some(RtEvent::QdiscChanged {
-                ifindex: u32::try_from(q.header.index).ok()?,
-            })
-        }
+        // A tc filter added or removed: re-read the interface's qdiscs and hooks.
+        RouteNetlinkMessage::NewTrafficFilter(q)
+        | RouteNetlinkMessage::DelTrafficFilter(q)
+        | RouteNetlinkMessage::NewQueueDiscipline(q)
+        | RouteNetlinkMessage::DelQueueDiscipline(q) => Some(RtEvent::QdiscChanged {
+            ifindex: u32::try_from(q.header.index).ok()?,
+        }),
         _ => None,
     }
 }
