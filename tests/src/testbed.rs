@@ -1371,6 +1371,73 @@ pub fn hex(d: &[u8]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Datagram size of [`offload_udp`] / [`udp_is_fast_pathed`].
+pub const PING_DGRAM: usize = 200;
+/// Interval of their ping-pong (50 datagrams per second).
+pub const PING_TICK: Duration = Duration::from_millis(20);
+
+/// Ping-pongs on `sock` until the daemon has offloaded exactly this one UDP connection (both
+/// directions), 8 s at most: conntrack marks UDP ASSURED only after 2 s with replies. Every
+/// datagram must come back while it waits.
+pub fn offload_udp(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
+    let deadline = Instant::now() + Duration::from_secs(8);
+    loop {
+        let pp = ping_pong(sock, server, *seq, 10, PING_DGRAM, PING_TICK);
+        *seq += pp.sent;
+        assert_eq!(
+            (pp.good, pp.lost, pp.corrupt),
+            (pp.sent, 0, 0),
+            "before offload: {pp:?}"
+        );
+        let st = tb.daemon().status();
+        if st.conntrack.offloaded == 1 && st.flows.ipv4 + st.flows.ipv6 == 2 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "UDP to {server} not offloaded within 8 s: {:?} {:?}\nconntrack:\n{}\nflows: {}",
+            st.flows,
+            st.conntrack,
+            tb.router.exec_ok("conntrack", &["-L", "-p", "udp"]),
+            tb.daemon().flows_json()
+        );
+    }
+}
+
+/// Sends 20 datagrams on the offloaded connection and checks the fast path forwarded every one
+/// of them, both ways: the datagrams arrive at the router on `orig_if`, the replies on
+/// `reply_if`.
+pub fn udp_is_fast_pathed(
+    tb: &Testbed,
+    sock: &UdpSocket,
+    server: SocketAddr,
+    seq: &mut u64,
+    orig_if: &str,
+    reply_if: &str,
+) {
+    // A newly (re-)offloaded direction is armed by its first packet the kernel forwards.
+    let arm = ping_pong(sock, server, *seq, 1, PING_DGRAM, PING_TICK);
+    *seq += arm.sent;
+    assert_eq!((arm.good, arm.lost), (arm.sent, 0), "arming: {arm:?}");
+    let before = tb.snapshot();
+    let pp = ping_pong(sock, server, *seq, 20, PING_DGRAM, PING_TICK);
+    *seq += pp.sent;
+    let after = tb.snapshot();
+    let orig = after.packets_since(&before, orig_if, "forwarded_original");
+    let reply = after.packets_since(&before, reply_if, "forwarded_reply");
+    eprintln!(
+        "offloaded UDP: {} sent, {} good; fast path {orig} original, {reply} reply",
+        pp.sent, pp.good
+    );
+    assert_eq!((pp.good, pp.lost), (pp.sent, 0), "offloaded: {pp:?}");
+    assert_eq!(
+        (orig, reply),
+        (pp.sent, pp.sent),
+        "the fast path should forward all {} datagrams each way while offloaded",
+        pp.sent
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

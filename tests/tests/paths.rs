@@ -24,8 +24,8 @@ use xdp_router_tests::{
     testbed::{
         self, Capture, HOST_IF, IfaceStatus, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, ROUTER_LAN_V4,
         ROUTER_LAN_V6, ROUTER_WAN_V4, Snapshot, Status, Testbed, UdpEcho, WAN_HOST_V4, WAN_HOST_V6,
-        WAN_IF, any_v4, any_v6, daemon_binary, parse_udp_frame, ping_pong, ready, udp_socket,
-        wait_until, wan_v4, wan_v6,
+        WAN_IF, any_v4, any_v6, daemon_binary, offload_udp, parse_udp_frame, ping_pong, ready,
+        udp_is_fast_pathed, udp_socket, wait_until, wan_v4, wan_v6,
     },
 };
 
@@ -67,60 +67,6 @@ fn iface<'a>(st: &'a Status, name: &str) -> &'a IfaceStatus {
 /// A skip/withdrawal counter of `status` (0 while the reason never happened).
 fn skipped(st: &Status, reason: &str) -> u64 {
     st.conntrack.skipped.get(reason).copied().unwrap_or(0)
-}
-
-/// Ping-pongs on `sock` until the daemon has offloaded exactly this one UDP connection (both
-/// directions), 8 s at most: conntrack marks UDP ASSURED only after 2 s with replies. Every
-/// datagram must come back while it waits.
-fn offload_udp(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
-    let deadline = Instant::now() + Duration::from_secs(8);
-    loop {
-        let pp = ping_pong(sock, server, *seq, 10, DGRAM, TICK);
-        *seq += pp.sent;
-        assert_eq!(
-            (pp.good, pp.lost, pp.corrupt),
-            (pp.sent, 0, 0),
-            "before offload: {pp:?}"
-        );
-        let st = tb.daemon().status();
-        if st.conntrack.offloaded == 1 && st.flows.ipv4 + st.flows.ipv6 == 2 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "UDP to {server} not offloaded within 8 s: {:?} {:?}\nconntrack:\n{}\nflows: {}",
-            st.flows,
-            st.conntrack,
-            tb.router.exec_ok("conntrack", &["-L", "-p", "udp"]),
-            tb.daemon().flows_json()
-        );
-    }
-}
-
-/// Sends 20 datagrams on the offloaded connection and checks the fast path forwarded every one
-/// of them, both ways.
-fn udp_is_fast_pathed(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
-    // A newly (re-)offloaded direction is armed by its first packet the kernel forwards.
-    let arm = ping_pong(sock, server, *seq, 1, DGRAM, TICK);
-    *seq += arm.sent;
-    assert_eq!((arm.good, arm.lost), (arm.sent, 0), "arming: {arm:?}");
-    let before = tb.snapshot();
-    let pp = ping_pong(sock, server, *seq, 20, DGRAM, TICK);
-    *seq += pp.sent;
-    let after = tb.snapshot();
-    let orig = after.packets_since(&before, LAN_IF, "forwarded_original");
-    let reply = after.packets_since(&before, WAN_IF, "forwarded_reply");
-    eprintln!(
-        "offloaded UDP: {} sent, {} good; fast path {orig} original, {reply} reply",
-        pp.sent, pp.good
-    );
-    assert_eq!((pp.good, pp.lost), (pp.sent, 0), "offloaded: {pp:?}");
-    assert_eq!(
-        (orig, reply),
-        (pp.sent, pp.sent),
-        "the fast path should forward all {} datagrams each way while offloaded",
-        pp.sent
-    );
 }
 
 /// Waits until `status` shows no offloaded connection; returns how long it took and the status.
@@ -194,7 +140,7 @@ fn nat_address_removed(test: &str, tag: &str, nat: Nat) {
     let sock = udp_socket(&tb.lan, any_v4(), 64);
     let mut seq = 0;
     offload_udp(&tb, &sock, server, &mut seq);
-    udp_is_fast_pathed(&tb, &sock, server, &mut seq);
+    udp_is_fast_pathed(&tb, &sock, server, &mut seq, LAN_IF, WAN_IF);
 
     // A second WAN address first, so the WAN stays usable (promoted when the first goes).
     let new_addr = Ipv4Addr::new(10, 0, 2, 3);
@@ -374,7 +320,7 @@ fn route_via_unmanaged_interface_withdraws_the_flow() {
     let sock = udp_socket(&tb.lan, any_v6(), 64);
     let mut seq = 0;
     offload_udp(&tb, &sock, server, &mut seq);
-    udp_is_fast_pathed(&tb, &sock, server, &mut seq);
+    udp_is_fast_pathed(&tb, &sock, server, &mut seq, LAN_IF, WAN_IF);
 
     let host_route = format!("{WAN_HOST_V6}/128");
     let before_move = tb.daemon().status();
@@ -729,7 +675,7 @@ fn fib_cache_follows_neighbour_and_forwarding_changes() {
     let sock = udp_socket(&tb.lan, any_v4(), 64);
     let mut seq = 0;
     offload_udp(&tb, &sock, server, &mut seq);
-    udp_is_fast_pathed(&tb, &sock, server, &mut seq);
+    udp_is_fast_pathed(&tb, &sock, server, &mut seq, LAN_IF, WAN_IF);
     let st = tb.daemon().status();
     assert_eq!(st.fib_cache.max_age_ms, 10_000, "{:?}", st.fib_cache);
     let real_mac = tb
@@ -785,7 +731,7 @@ fn fib_cache_follows_neighbour_and_forwarding_changes() {
     );
     set_neigh(&real_mac);
     sleep(Duration::from_millis(150));
-    udp_is_fast_pathed(&tb, &sock, server, &mut seq);
+    udp_is_fast_pathed(&tb, &sock, server, &mut seq, LAN_IF, WAN_IF);
 
     // (b) Forwarding switched off on the ingress interface.
     let sysctl = |on: u8| {
@@ -814,6 +760,6 @@ fn fib_cache_follows_neighbour_and_forwarding_changes() {
     );
     sysctl(1);
     sleep(Duration::from_millis(150));
-    udp_is_fast_pathed(&tb, &sock, server, &mut seq);
+    udp_is_fast_pathed(&tb, &sock, server, &mut seq, LAN_IF, WAN_IF);
     drop(echo);
 }
