@@ -13,7 +13,7 @@
 use std::{
     fs,
     io::{Read as _, Write as _},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream},
     process::Stdio,
     thread::sleep,
     time::{Duration, Instant},
