@@ -968,4 +968,44 @@ mod tests {
             "TCP state SYN_SENT"
         );
     }
+
+    /// Every golden message, for the mutation fuzzer below.
+    const GOLDEN: [&str; 7] = [
+        EVENT_NEW_UDP,
+        EVENT_UPDATE_UDP_REPLIED,
+        EVENT_DESTROY_UDP,
+        TCP_SYN_SENT,
+        UDP_UNREPLIED,
+        TCP_FTP_HELPER,
+        ICMP_ECHO,
+    ];
+
+    proptest::proptest! {
+        /// Fuzz: ctnetlink messages from the kernel with bytes flipped, truncated or extended
+        /// (attribute lengths, nesting, tuple contents) never panic the datagram splitter, the
+        /// decoder or the translation into events; they become an error or an event.
+        #[test]
+        fn mutated_ctnetlink_messages_never_panic(
+            which in 0..GOLDEN.len(),
+            flips in proptest::collection::vec((0usize..512, proptest::num::u8::ANY), 1..8),
+            cut in 0usize..512,
+            tail in proptest::collection::vec(proptest::num::u8::ANY, 0..16),
+        ) {
+            let mut bytes = unhex(GOLDEN[which]);
+            for (at, v) in flips {
+                let n = bytes.len();
+                bytes[at % n] = v;
+            }
+            bytes.truncate(cut.max(1).min(bytes.len()));
+            bytes.extend(tail);
+            for msg in crate::sync::ctnetlink::split_datagram(&bytes).flatten() {
+                if let Ok(msg) = decode_message(msg)
+                    && let NetlinkPayload::InnerMessage(inner) = &msg.payload
+                {
+                    let _ = event_from_message(inner, msg.header.flags);
+                    let _ = entry_from_message(inner);
+                }
+            }
+        }
+    }
 }
