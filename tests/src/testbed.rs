@@ -65,6 +65,9 @@ const TOOLS: &[&str] = &[
     "ethtool",
     "sysctl",
     "conntrack",
+    "ping",
+    "nft",
+    "tc",
 ];
 
 /// True when the e2e test `test` can run here (root, tools present); otherwise a loud skip (a

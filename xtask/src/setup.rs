@@ -18,10 +18,15 @@ use crate::cmd;
 const TOOLS: &[(&str, &str)] = &[
     ("cc", "build-essential"),
     ("ip", "iproute2"),
+    ("tc", "iproute2"),
+    // Testbed::new checks both paths through the router with ping.
+    ("ping", "iputils-ping"),
     ("sysctl", "procps"),
     ("iperf3", "iperf3"),
     ("iptables", "iptables"),
     ("ip6tables", "iptables"),
+    // tests/tests/firewall.rs: a legacy DROP rule (the daemon polls iptables-legacy-save).
+    ("iptables-legacy", "iptables"),
     ("nft", "nftables"),
     ("conntrack", "conntrack"),
     ("tcpdump", "tcpdump"),
@@ -33,6 +38,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("curl", "curl"),
     ("systemd-analyze", "systemd"),
     ("setpriv", "util-linux"),
+    // bench/src/router.rs pins the router's threads.
+    ("taskset", "util-linux"),
 ];
 
 /// Runs every setup step.
@@ -80,11 +87,38 @@ fn packages() -> anyhow::Result<()> {
         c
     };
     cmd::run(apt().args(["update", "-q"]))?;
-    cmd::run(
+    // Debian starts (and enables) the services of packages it installs, e.g. a system-wide
+    // prometheus.service listening on :9090: the tests run their own instances in namespaces
+    // and need none of that. A policy-rc.d that answers 101 ("action forbidden") keeps
+    // invoke-rc.d from starting anything during this install; an existing one is left alone.
+    let policy = Path::new("/usr/sbin/policy-rc.d");
+    let ours = !policy.exists();
+    if ours {
+        fs::write(
+            policy,
+            "#!/bin/sh\n# written by `cargo xtask setup` for one apt-get install\nexit 101\n",
+        )
+        .context("write /usr/sbin/policy-rc.d")?;
+        fs::set_permissions(policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .context("chmod /usr/sbin/policy-rc.d")?;
+    }
+    // --no-install-recommends and no upgrade of anything already installed: only what the
+    // commands above need is added to the system.
+    let res = cmd::run(
         apt()
-            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args([
+                "install",
+                "-y",
+                "-q",
+                "--no-install-recommends",
+                "--no-upgrade",
+            ])
             .args(&missing),
-    )
+    );
+    if ours {
+        let _ = fs::remove_file(policy);
+    }
+    res
 }
 
 /// `rustup toolchain install nightly` if missing, and rust-src on it.
@@ -348,5 +382,79 @@ mod tests {
         assert_eq!(parse_llvm_major("22.1.4").unwrap(), 22);
         assert_eq!(parse_llvm_major("23").unwrap(), 23);
         assert!(parse_llvm_major("x.1").is_err());
+    }
+
+    /// Programs every Debian system has (essential packages, the shell) or that setup itself
+    /// provides (rustup's toolchains): they need no entry in [`TOOLS`].
+    const BASE_SYSTEM: &[&str] = &[
+        "sh", "cat", "kill", "ldd", "mount", "apt-get", "rustup", "rustc", "cargo",
+    ];
+
+    /// The programs `source` spawns by name: `Command::new("x")`, `.exec("x"`, `.exec_ok("x"`,
+    /// `.command("x")`, `run_ok("x"`.
+    fn spawned(source: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for pat in [
+            "Command::new(\"",
+            ".exec(\"",
+            ".exec_ok(\"",
+            ".command(\"",
+            "run_ok(\"",
+        ] {
+            for (i, _) in source.match_indices(pat) {
+                let rest = &source[i + pat.len()..];
+                if let Some(end) = rest.find('"') {
+                    out.push(rest[..end].to_owned());
+                }
+            }
+        }
+        out
+    }
+
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// Every program the privileged tests and the benchmarks spawn is installed by setup (a
+    /// fresh machine once lacked `ping` and 20 tests failed).
+    #[test]
+    fn setup_installs_every_program_the_tests_and_benches_spawn() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = Vec::new();
+        for dir in ["tests", "bench/src"] {
+            rust_files(&root.join(dir), &mut files);
+        }
+        let mut missing = Vec::new();
+        let mut seen = 0;
+        for f in &files {
+            let source = fs::read_to_string(f).expect("read source");
+            for prog in spawned(&source) {
+                seen += 1;
+                if !TOOLS.iter().any(|(t, _)| *t == prog) && !BASE_SYSTEM.contains(&prog.as_str()) {
+                    missing.push(format!("{prog} ({})", f.display()));
+                }
+            }
+        }
+        assert!(
+            seen > 20,
+            "the scan found only {seen} spawned programs: is it still right?"
+        );
+        assert!(
+            missing.is_empty(),
+            "spawned but not installed by `cargo xtask setup` (add them to TOOLS): {missing:?}"
+        );
+    }
+
+    #[test]
+    fn spawned_programs_are_found() {
+        let src = r#"Command::new("ping").arg("x"); ns.exec_ok("conntrack", &["-L"]); ns.command("iperf3")"#;
+        assert_eq!(spawned(src), ["ping", "conntrack", "iperf3"]);
     }
 }
