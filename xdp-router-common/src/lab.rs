@@ -98,6 +98,8 @@ mod pod {
     use super::*;
     // SAFETY: #[repr(C)], integers and byte arrays only, no implicit padding (sizes asserted).
     unsafe impl aya::Pod for GenConfig {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for LabCounter {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for RedirectConfig {}
 }

@@ -329,16 +329,17 @@ pub const FIB_LOOKUP_MARK: u32 = 1 << 5;
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
-    // SAFETY: all of these are #[repr(C)], made only of integers and integer arrays, with
-    // explicit padding fields, so every bit pattern is valid and there are no implicit holes.
-    unsafe impl aya::Pod for FlowKeyV4 {}
-    unsafe impl aya::Pod for FlowKeyV6 {}
-    unsafe impl aya::Pod for FlowV4 {}
-    unsafe impl aya::Pod for FlowV6 {}
-    unsafe impl aya::Pod for IfaceInfo {}
-    unsafe impl aya::Pod for Counter {}
-    unsafe impl aya::Pod for Settings {}
-    unsafe impl aya::Pod for FibCache {}
-    unsafe impl aya::Pod for ArmKeyV4 {}
-    unsafe impl aya::Pod for ArmKeyV6 {}
+    /// Marks map types as plain old data for aya.
+    macro_rules! pod {
+        ($($t:ty),* $(,)?) => {$(
+            // SAFETY: every type listed is #[repr(C)], made only of integers and integer
+            // arrays, with explicit padding fields, so every bit pattern is valid and there
+            // are no implicit holes.
+            unsafe impl aya::Pod for $t {}
+        )*};
+    }
+    pod!(
+        FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, Counter, Settings, FibCache, ArmKeyV4,
+        ArmKeyV6,
+    );
 }

@@ -56,6 +56,20 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     let ci = std::env::var_os("CI").is_some();
     let mut steps = Vec::new();
 
+    // The lint gate: formatting and clippy with warnings as errors, over every host crate
+    // (the eBPF crate's library included; its binaries are built for BPF by build scripts).
+    steps.push(timed("lint gate", || {
+        cmd::run(cmd::cargo().args(["fmt", "--all", "--check"]))?;
+        cmd::run(cmd::cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))
+    }));
+
     if args.no_unit {
         steps.push(not_run("unit tests", "--no-unit"));
     } else {

@@ -1116,9 +1116,8 @@ mod raw {
                 )
             })?;
             // SAFETY: the kernel returned a new program fd that nothing else owns.
-            Ok(RawXdp {
-                fd: unsafe { OwnedFd::from_raw_fd(fd as i32) },
-            })
+            let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+            Ok(RawXdp { fd })
         }
 
         /// Attaches the program in native mode to `ifindex` of the calling thread's namespace;
