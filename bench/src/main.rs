@@ -140,6 +140,10 @@ fn main() {
                 .iter()
                 .filter(|t| t.met == Some(false))
                 .count();
+            if quick && missed > 0 {
+                eprintln!("xdp-router-bench quick: {missed} check(s) failed (see Quick checks)");
+                std::process::exit(1);
+            }
             if missed > 0 {
                 eprintln!("{missed} target(s) missed (see the Targets table)");
             }

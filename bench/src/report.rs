@@ -364,45 +364,58 @@ impl Report {
                 }
                 o.push('\n');
             };
-            let _ = writeln!(
-                o,
-                "\n## {}: throughput (NDR, loss < {} %), Kpps / Mbps\n",
-                family.name(),
-                m.loss_limit_pct
-            );
-            head(&mut o, "row");
-            let _ = write!(o, "| generator alone, flat out (offered) |");
-            for s in &sizes {
-                match self
-                    .generator
-                    .iter()
-                    .find(|g| g.family == family && g.size == *s)
-                {
-                    Some(g) => {
-                        let p = g.trial.offered_pps;
-                        let _ = write!(o, " {:.0} / {:.0} |", p / 1e3, mbps(p, *s));
-                    }
-                    None => o.push_str(" – |"),
-                }
-            }
-            o.push('\n');
-            for row in self.rows() {
-                let _ = write!(o, "| {row} |");
+            if m.quick {
+                // No NDR search in a quick run: a few 300 ms trials measure the VM's pauses.
+                let _ = writeln!(
+                    o,
+                    "\n## {}: quick mode, no NDR search (see a full run for RFC 2544 throughput)",
+                    family.name()
+                );
+            } else {
+                let _ = writeln!(
+                    o,
+                    "\n## {}: throughput (NDR, loss < {} %), Kpps / Mbps\n",
+                    family.name(),
+                    m.loss_limit_pct
+                );
+                head(&mut o, "row");
+                let _ = write!(o, "| generator alone, flat out (offered) |");
                 for s in &sizes {
-                    match self.cell(&row, family, *s) {
-                        Some(c) => {
-                            let ge = if c.generator_limited || c.pacing_short {
-                                "≥"
-                            } else {
-                                ""
-                            };
-                            let _ =
-                                write!(o, " {ge}{:.0} / {ge}{:.0} |", c.ndr_pps / 1e3, c.ndr_mbps);
+                    match self
+                        .generator
+                        .iter()
+                        .find(|g| g.family == family && g.size == *s)
+                    {
+                        Some(g) => {
+                            let p = g.trial.offered_pps;
+                            let _ = write!(o, " {:.0} / {:.0} |", p / 1e3, mbps(p, *s));
                         }
                         None => o.push_str(" – |"),
                     }
                 }
                 o.push('\n');
+                for row in self.rows() {
+                    let _ = write!(o, "| {row} |");
+                    for s in &sizes {
+                        match self.cell(&row, family, *s) {
+                            Some(c) => {
+                                let ge = if c.generator_limited || c.pacing_short {
+                                    "≥"
+                                } else {
+                                    ""
+                                };
+                                let _ = write!(
+                                    o,
+                                    " {ge}{:.0} / {ge}{:.0} |",
+                                    c.ndr_pps / 1e3,
+                                    c.ndr_mbps
+                                );
+                            }
+                            None => o.push_str(" – |"),
+                        }
+                    }
+                    o.push('\n');
+                }
             }
             let _ = writeln!(
                 o,
@@ -562,7 +575,8 @@ impl Report {
         if !self.targets.is_empty() {
             let _ = writeln!(
                 o,
-                "\n## Targets\n\n| target | goal | measured | met |\n|---|---|---|---|"
+                "\n## {}\n\n| target | goal | measured | met |\n|---|---|---|---|",
+                if m.quick { "Quick checks" } else { "Targets" }
             );
             for t in &self.targets {
                 let met = match t.met {
