@@ -14,6 +14,7 @@ use tokio::{
     io::{AsyncBufReadExt as _, AsyncWriteExt as _},
     net::UnixListener,
 };
+use tracing::warn;
 
 /// A request from a control command.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,11 +73,21 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Serves requests until the listener fails. Each connection carries one request.
+/// How long the control socket waits after a failed `accept()`.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Serves requests for as long as the daemon runs. Each connection carries one request.
 pub async fn serve(listener: UnixListener, handler: std::sync::Arc<dyn Handler>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // EMFILE/ENFILE/ENOMEM persist until something is freed: retrying at once would
+                // spin a core. Log and wait a little instead.
+                warn!(error = %e, "control socket: accept failed; retrying in 100 ms");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
         };
         let handler = handler.clone();
         tokio::spawn(async move {

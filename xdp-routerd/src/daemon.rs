@@ -599,8 +599,9 @@ pub async fn run_with(
         },
     };
     tasks.abort_all();
-    // Dropping the datapath closes the bpf_links: the kernel carries everything again.
-    let state = Arc::try_unwrap(state).ok();
+    // Detach now, explicitly: aborted tasks and the metrics' status source may still hold the
+    // state for a moment, so dropping our reference alone would not close the bpf_links yet.
+    lock(&state).dp.detach_all();
     drop(state);
     result
 }

@@ -328,6 +328,20 @@ impl Datapath {
         let _ = self.tx_ports.remove(ifindex);
     }
 
+    /// Detaches from every interface (shutdown): the kernel carries everything again, whoever
+    /// still holds a reference to the datapath.
+    pub fn detach_all(&mut self) {
+        let ifindexes: Vec<u32> = self
+            .attached
+            .keys()
+            .chain(self.armed_ifaces.keys())
+            .copied()
+            .collect();
+        for ifindex in ifindexes {
+            self.detach(ifindex);
+        }
+    }
+
     /// Rewrites the `IFACE_F_*` flags of a registered interface (e.g. its egress became shaped
     /// or stopped being shaped); the program sees them from its next packet on. Fails when
     /// `ifindex` is not registered (never adds it).
