@@ -288,6 +288,14 @@ pub fn flow(
 }
 
 impl FlowEntry {
+    /// The entry with the DSCP the TC arming program recorded (`kernel_dscp`).
+    pub fn with_kernel_dscp(self, kernel_dscp: u32) -> FlowEntry {
+        match self {
+            FlowEntry::V4(k, v) => FlowEntry::V4(k, FlowV4 { kernel_dscp, ..v }),
+            FlowEntry::V6(k, v) => FlowEntry::V6(k, FlowV6 { kernel_dscp, ..v }),
+        }
+    }
+
     /// The entry with `armed_generation` and `fib_mark` as the TC arming program would have
     /// left them.
     pub fn armed(self, generation: u32, mark: u32) -> FlowEntry {

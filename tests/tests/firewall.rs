@@ -6,6 +6,7 @@
 //! every reply from the LAN host. Run as root with one test thread (`cargo xtask test`).
 
 use std::{
+    collections::BTreeSet,
     io::{self, Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
     sync::{
@@ -359,19 +360,32 @@ fn reply_only_drop_keeps_replies_from_the_lan() {
     );
 }
 
-/// An nftables netdev ingress chain on the LAN port sets DSCP CS3 on everything arriving. XDP
-/// runs before it: by default the daemon keeps the LAN ingress in the kernel and the WAN host
-/// sees CS3; with `bypass_hooks = true` the fast path jumps over the chain and the WAN host sees
-/// DSCP 0 (what the default prevents). Returns the DSCP the WAN host saw and the LAN counters
-/// `(forwarded_original, ingress_hook)` over 100 datagrams of the offloaded flow.
-fn dscp_at_the_wan_host(tag: &str, port: u16, bypass: bool) -> (u8, u64, u64) {
+/// What the WAN host received of 100 LAN → WAN datagrams of an offloaded UDP flow, and how the
+/// router carried them.
+struct DscpSeen {
+    /// Distinct DSCPs of the datagrams captured at the WAN host.
+    dscps: BTreeSet<u8>,
+    /// LAN → WAN datagrams the fast path forwarded.
+    fast_pathed: u64,
+    /// LAN → WAN datagrams counted under the reason asked for.
+    counted: u64,
+    /// WAN → LAN replies the fast path forwarded.
+    replies_fast_pathed: u64,
+}
+
+/// Runs `nft_setup` on the router (a rule that sets DSCP CS3 somewhere), starts the daemon
+/// (`lan_extra` in the LAN interface's config), offloads a UDP flow LAN → WAN and sends 100
+/// more datagrams, capturing them at the WAN host; `reason` is counted on the LAN interface.
+fn dscp_at_the_wan_host(
+    tag: &str,
+    port: u16,
+    nft_setup: &str,
+    lan_extra: &str,
+    reason: &str,
+) -> DscpSeen {
     let mut tb = Testbed::new(tag);
-    tb.router.sh(&format!(
-        "nft add table netdev dscp_tag
-         nft add chain netdev dscp_tag lan_in '{{ type filter hook ingress device {LAN_IF} priority 0; }}'
-         nft add rule netdev dscp_tag lan_in ip dscp set cs3"
-    ));
-    tb.start_daemon_with_lan("", if bypass { "bypass_hooks = true\n" } else { "" });
+    tb.router.sh(nft_setup);
+    tb.start_daemon_with_lan("", lan_extra);
     let server = wan_v4(port);
     let echo = UdpEcho::start(&tb.wan, server);
     let sock = udp_socket(&tb.lan, any_v4(), 64);
@@ -391,54 +405,139 @@ fn dscp_at_the_wan_host(tag: &str, port: u16, bypass: bool) -> (u8, u64, u64) {
         exchange(10);
         let st = tb.daemon().status();
         st.conntrack.offloaded >= 1
-            && st.packets(WAN_IF, "forwarded_reply") + st.packets(LAN_IF, "ingress_hook") > 5
+            && st.packets(WAN_IF, "forwarded_reply") + st.packets(LAN_IF, reason) > 5
     });
     assert!(ok, "the UDP flow was not offloaded");
     let capture = Capture::open(&tb.wan, HOST_IF);
     let before = tb.snapshot();
     exchange(100);
     let after = tb.snapshot();
-    let mut dscp = None;
+    let mut dscps = BTreeSet::new();
     while let Some(frame) = capture.next_incoming(Duration::from_millis(200)) {
         // IPv4 UDP to the echo port: the DSCP is the top 6 bits of the TOS byte.
         if frame.get(12..14) == Some(&[0x08, 0x00]) && frame.get(23) == Some(&17) {
-            dscp = frame.get(15).map(|tos| tos >> 2);
-            break;
+            dscps.extend(frame.get(15).map(|tos| tos >> 2));
         }
     }
     drop(echo);
-    (
-        dscp.expect("no UDP datagram captured at the WAN host"),
-        after.packets_since(&before, LAN_IF, "forwarded_original"),
-        after.packets_since(&before, LAN_IF, "ingress_hook"),
-    )
+    assert!(
+        !dscps.is_empty(),
+        "no UDP datagram captured at the WAN host"
+    );
+    DscpSeen {
+        dscps,
+        fast_pathed: after.packets_since(&before, LAN_IF, "forwarded_original"),
+        counted: after.packets_since(&before, LAN_IF, reason),
+        replies_fast_pathed: after.packets_since(&before, WAN_IF, "forwarded_reply"),
+    }
 }
+
+/// A netdev ingress chain on the LAN port (`LAN_IF`, eth1) that sets DSCP CS3.
+const NETDEV_DSCP: &str = "nft add table netdev dscp_tag
+     nft add chain netdev dscp_tag lan_in '{ type filter hook ingress device eth1 priority 0; }'
+     nft add rule netdev dscp_tag lan_in ip dscp set cs3";
 
 #[test]
 fn netdev_ingress_chain_keeps_its_packets_in_the_kernel() {
     if !ready("netdev_ingress_chain_keeps_its_packets_in_the_kernel") {
         return;
     }
-    let (dscp, fwd, hook) = dscp_at_the_wan_host("fw8", 6008, false);
+    let seen = dscp_at_the_wan_host("fw8", 6008, NETDEV_DSCP, "", "ingress_hook");
     eprintln!(
-        "netdev ingress chain (DSCP CS3): WAN host saw DSCP {dscp}; LAN: {fwd} fast-pathed, \
-         {hook} ingress_hook"
+        "netdev ingress chain (DSCP CS3): WAN host saw DSCP {:?}; LAN: {} fast-pathed, {} \
+         ingress_hook",
+        seen.dscps, seen.fast_pathed, seen.counted
     );
-    assert_eq!(dscp, 24, "the WAN host should see CS3 (24)");
-    assert_eq!(fwd, 0, "no LAN packet may skip the netdev ingress chain");
-    assert!(hook >= 100, "only {hook} LAN packets counted ingress_hook");
+    assert_eq!(
+        seen.dscps,
+        BTreeSet::from([24]),
+        "the WAN host should see CS3 (24) only"
+    );
+    assert_eq!(
+        seen.fast_pathed, 0,
+        "no LAN packet may skip the netdev ingress chain"
+    );
+    assert!(
+        seen.counted >= 100,
+        "only {} LAN packets counted ingress_hook",
+        seen.counted
+    );
 }
 
+/// `bypass_hooks = true` stops the daemon from keeping the LAN ingress in the kernel for the
+/// netdev chain (nothing is counted `ingress_hook`), but the chain rewrites the DSCP, and a
+/// rewrite the kernel applies is still followed: the arming program saw CS3 leave, so the LAN
+/// packets go to the kernel as `dscp_rewritten_by_kernel` and the WAN host still sees CS3.
 #[test]
-fn bypass_hooks_jumps_over_the_netdev_chain() {
-    if !ready("bypass_hooks_jumps_over_the_netdev_chain") {
+fn bypass_hooks_still_follows_a_dscp_rewrite() {
+    if !ready("bypass_hooks_still_follows_a_dscp_rewrite") {
         return;
     }
-    let (dscp, fwd, hook) = dscp_at_the_wan_host("fw9", 6009, true);
-    eprintln!(
-        "netdev ingress chain with bypass_hooks = true: WAN host saw DSCP {dscp}; LAN: {fwd} \
-         fast-pathed, {hook} ingress_hook"
+    let seen = dscp_at_the_wan_host(
+        "fw9",
+        6009,
+        NETDEV_DSCP,
+        "bypass_hooks = true\n",
+        "dscp_rewritten_by_kernel",
     );
-    assert_eq!(dscp, 0, "the fast path should have skipped the chain");
-    assert!(fwd >= 90 && hook == 0);
+    eprintln!(
+        "netdev ingress chain with bypass_hooks = true: WAN host saw DSCP {:?}; LAN: {} \
+         fast-pathed, {} dscp_rewritten_by_kernel",
+        seen.dscps, seen.fast_pathed, seen.counted
+    );
+    assert_eq!(
+        seen.dscps,
+        BTreeSet::from([24]),
+        "every datagram must leave with CS3"
+    );
+    assert_eq!(seen.fast_pathed, 0);
+    assert!(
+        seen.counted >= 100,
+        "only {} counted dscp_rewritten_by_kernel",
+        seen.counted
+    );
+}
+
+/// A rule in the forward path that rewrites the DSCP (here nft `dscp set cs3` for packets to
+/// the WAN) applies to every packet of an offloaded flow: the arming program saw the kernel
+/// send CS3, so LAN packets with another DSCP go to the kernel, while the replies, which no
+/// rule touches, stay on the fast path.
+#[test]
+fn forward_chain_dscp_rewrite_applies_to_offloaded_flows() {
+    if !ready("forward_chain_dscp_rewrite_applies_to_offloaded_flows") {
+        return;
+    }
+    let seen = dscp_at_the_wan_host(
+        "fwa",
+        6010,
+        "nft add table inet mangle
+         nft add chain inet mangle dscp_out '{ type filter hook forward priority -150; }'
+         nft add rule inet mangle dscp_out oifname eth0 ip dscp set cs3",
+        "",
+        "dscp_rewritten_by_kernel",
+    );
+    eprintln!(
+        "forward chain sets DSCP CS3: WAN host saw DSCP {:?}; LAN: {} fast-pathed, {} \
+         dscp_rewritten_by_kernel; replies: {} fast-pathed",
+        seen.dscps, seen.fast_pathed, seen.counted, seen.replies_fast_pathed
+    );
+    assert_eq!(
+        seen.dscps,
+        BTreeSet::from([24]),
+        "every datagram must leave with CS3"
+    );
+    assert_eq!(
+        seen.fast_pathed, 0,
+        "no LAN packet may skip the forward chain's rewrite"
+    );
+    assert!(
+        seen.counted >= 100,
+        "only {} counted dscp_rewritten_by_kernel",
+        seen.counted
+    );
+    assert!(
+        seen.replies_fast_pathed >= 90,
+        "the untouched replies should stay fast-pathed: {}",
+        seen.replies_fast_pathed
+    );
 }

@@ -15,8 +15,8 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use aya::programs::Xdp;
 use xdp_router_common::{
-    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_SHAPED,
-    PROG_NAME, Reason, stats_index,
+    FIB_LOOKUP_DIRECT, FLOW_DSCP_KNOWN, FibCache, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK,
+    IFACE_F_SHAPED, PROG_NAME, Reason, stats_index,
 };
 use xdp_router_tests::{
     fixture_net::{
@@ -591,6 +591,45 @@ fn cases(bed: &Bed) -> Vec<Case> {
         Setup::managed(b, vec![routed(b.lan, &good6, false).armed(ARMED + 1, 0)]),
         Reason::PassNotArmed,
     ));
+    // The kernel sent the armed packet out with another DSCP (a forward-path `dscp set`):
+    // packets with their own DSCP go to the kernel, so the rule applies to them.
+    let cs3 = FLOW_DSCP_KNOWN | 24;
+    c.push(pass(
+        b,
+        "kernel rewrote the dscp v4",
+        b.lan,
+        good4.frame(),
+        Setup::managed(b, vec![routed(b.lan, &good4, false).with_kernel_dscp(cs3)]),
+        Reason::PassDscpNotKernels,
+    ));
+    c.push(pass(
+        b,
+        "kernel rewrote the traffic class dscp v6",
+        b.lan,
+        good6.frame(),
+        Setup::managed(b, vec![routed(b.lan, &good6, false).with_kernel_dscp(cs3)]),
+        Reason::PassDscpNotKernels,
+    ));
+    {
+        // The kernel left the DSCP as it came (0): forwarded.
+        let mut case = forward(
+            b,
+            "v4 tcp snat original, kernel kept the dscp",
+            b.lan,
+            &lan_pkt(client4, server4, tcp, 100),
+            (router4, 61_000),
+            (server4, 443),
+            false,
+            to_wan,
+        );
+        case.setup.flows = case
+            .setup
+            .flows
+            .into_iter()
+            .map(|f| f.with_kernel_dscp(FLOW_DSCP_KNOWN))
+            .collect();
+        c.push(case);
+    }
     {
         let mut setup = Setup::managed(b, vec![routed(b.lan, &good4, false).armed(0, 2)]);
         setup.fib_mark = false;

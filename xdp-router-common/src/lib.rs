@@ -154,8 +154,15 @@ pub struct FlowV4 {
     /// `armed_generation`; passed to `bpf_fib_lookup` (`BPF_FIB_LOOKUP_MARK`) so that
     /// `ip rule fwmark` routing is the kernel's. 0 = no mark.
     pub fib_mark: u32,
+    /// The DSCP the kernel sent this direction's arming packet out with, as
+    /// `FLOW_DSCP_KNOWN | dscp` (0 = not recorded), written with `armed_generation`. A rule in
+    /// the forward path that rewrites the DSCP (`dscp set`, `-j DSCP`) shows here as a value
+    /// that differs from what arrives: XDP passes a packet whose DSCP is not this one to the
+    /// kernel (`Reason::PassDscpNotKernels`), so such rules apply to every packet.
+    pub kernel_dscp: u32,
+    pub _pad2: u32,
 }
-const _: () = assert!(core::mem::size_of::<FlowV4>() == 104);
+const _: () = assert!(core::mem::size_of::<FlowV4>() == 112);
 
 /// Value of [`MAP_FLOWS_V6`]; see [`FlowV4`]. IPv6 has no header checksum.
 #[repr(C)]
@@ -177,8 +184,14 @@ pub struct FlowV6 {
     pub armed_generation: u32,
     /// See [`FlowV4::fib_mark`].
     pub fib_mark: u32,
+    /// See [`FlowV4::kernel_dscp`] (the traffic class's DSCP).
+    pub kernel_dscp: u32,
+    pub _pad2: u32,
 }
-const _: () = assert!(core::mem::size_of::<FlowV6>() == 120);
+const _: () = assert!(core::mem::size_of::<FlowV6>() == 128);
+
+/// `FlowV4::kernel_dscp` / `FlowV6::kernel_dscp`: a DSCP is recorded (its 6 bits are below).
+pub const FLOW_DSCP_KNOWN: u32 = 1 << 8;
 
 /// Key of [`MAP_ARM_V4`]: one flow direction as the kernel sends it out, after NAT (the
 /// direction's rewritten source and destination). Its value is the direction's

@@ -66,11 +66,14 @@ pub enum Reason {
     /// The egress interface has an nftables `netdev` egress chain or tc egress filters, which
     /// a redirect would skip.
     PassEgressHook = 25,
+    /// The packet's DSCP is not the one the kernel sent this flow direction out with: a rule
+    /// in the forward path rewrites it (`dscp set`, `-j DSCP`), so the kernel must apply it.
+    PassDscpNotKernels = 26,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 26;
+    pub const COUNT: u32 = 27;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -100,6 +103,7 @@ impl Reason {
         Reason::PassMarkUnsupported,
         Reason::PassIngressHook,
         Reason::PassEgressHook,
+        Reason::PassDscpNotKernels,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -131,6 +135,7 @@ impl Reason {
             Reason::PassMarkUnsupported => "fib_mark_unsupported",
             Reason::PassIngressHook => "ingress_hook",
             Reason::PassEgressHook => "egress_hook",
+            Reason::PassDscpNotKernels => "dscp_rewritten_by_kernel",
         }
     }
 

@@ -11,7 +11,7 @@ use core::ptr::{addr_of_mut, write_volatile};
 
 use aya_ebpf::programs::TcContext;
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, SETTINGS_F_FIB_MARK,
+    ArmKeyV4, ArmKeyV6, FLOW_DSCP_KNOWN, SETTINGS_F_FIB_MARK,
     parse::{ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP},
 };
 
@@ -55,10 +55,18 @@ fn ports(ctx: &TcContext, l3_len: usize) -> Option<(u16, u16)> {
     Some((ports[0], ports[1]))
 }
 
-/// Writes the arming into a flow entry's `armed_generation` and `fib_mark`. A direction with a
-/// mark the FIB lookup cannot take is left unarmed (XDP counts it as `fib_mark_unsupported`).
+/// Writes the arming into a flow entry's `armed_generation`, `fib_mark` and `kernel_dscp`
+/// (`dscp`: the DSCP this packet leaves with). A direction with a mark the FIB lookup cannot
+/// take is left unarmed (XDP counts it as `fib_mark_unsupported`).
 #[inline(always)]
-fn arm(armed: *mut u32, fib_mark: *mut u32, fib_generation: *mut u32, fwd: &Forwarded) {
+fn arm(
+    armed: *mut u32,
+    fib_mark: *mut u32,
+    fib_generation: *mut u32,
+    kernel_dscp: *mut u32,
+    dscp: u8,
+    fwd: &Forwarded,
+) {
     let generation = if fwd.mark != 0 && !fwd.mark_ok {
         0
     } else {
@@ -72,6 +80,11 @@ fn arm(armed: *mut u32, fib_mark: *mut u32, fib_generation: *mut u32, fwd: &Forw
             write_volatile(fib_generation, 0);
             write_volatile(fib_mark, fwd.mark);
         }
+        // Before the generation, like the mark: XDP compares packets with it once armed.
+        let dscp = FLOW_DSCP_KNOWN | u32::from(dscp & 0x3f);
+        if core::ptr::read_volatile(kernel_dscp) != dscp {
+            write_volatile(kernel_dscp, dscp);
+        }
         if core::ptr::read_volatile(armed) != generation {
             write_volatile(armed, generation);
         }
@@ -82,7 +95,7 @@ fn arm(armed: *mut u32, fib_mark: *mut u32, fib_generation: *mut u32, fwd: &Forw
 fn arm_v4(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
     // version_ihl, tos, tot_len, id, frag_off, ttl, proto, check: the first 10 bytes.
     let head: [u8; 10] = ctx.load(ETH_HLEN).ok()?;
-    let [version_ihl, _, _, _, _, _, frag0, frag1, _, proto] = head;
+    let [version_ihl, tos, _, _, _, _, frag0, frag1, _, proto] = head;
     // The fast path only forwards option-less, unfragmented TCP/UDP.
     if version_ihl != 0x45
         || u16::from_be_bytes([frag0, frag1]) & 0x3fff != 0
@@ -113,6 +126,8 @@ fn arm_v4(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
             addr_of_mut!((*flow).armed_generation),
             addr_of_mut!((*flow).fib_mark),
             addr_of_mut!((*flow).fib.generation),
+            addr_of_mut!((*flow).kernel_dscp),
+            tos >> 2,
             fwd,
         );
     }
@@ -123,6 +138,9 @@ fn arm_v4(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
 fn arm_v6(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
     // version/class/flow label (4), payload length (2), next header, hop limit.
     let next_header: u8 = ctx.load(ETH_HLEN + 6).ok()?;
+    // Version (4 bits) and traffic class (8 bits): the DSCP is the class's top 6 bits.
+    let vtc: [u8; 2] = ctx.load(ETH_HLEN).ok()?;
+    let dscp = (u16::from_be_bytes(vtc) >> 6) as u8 & 0x3f;
     if next_header != IPPROTO_TCP && next_header != IPPROTO_UDP {
         return None;
     }
@@ -148,6 +166,8 @@ fn arm_v6(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
             addr_of_mut!((*flow).armed_generation),
             addr_of_mut!((*flow).fib_mark),
             addr_of_mut!((*flow).fib.generation),
+            addr_of_mut!((*flow).kernel_dscp),
+            dscp,
             fwd,
         );
     }

@@ -17,7 +17,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use xdp_router_common::{
-    FIB_LOOKUP_MARK, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6,
+    FIB_LOOKUP_MARK, FLOW_DSCP_KNOWN, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6,
     IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_SHAPED, IfaceInfo, Reason,
     SETTINGS_F_FIB_MARK,
     checksum::{pseudo_v4, pseudo_v6},
@@ -387,6 +387,20 @@ fn check_armed(
     Ok(mark)
 }
 
+/// `Ok` when the packet's `dscp` is the one the kernel sent this flow direction out with when it
+/// armed it (`kernel_dscp`, see `FlowV4::kernel_dscp`), or none was recorded. A rule in the
+/// forward path that rewrites the DSCP makes them differ; the kernel then carries the packet,
+/// so the rule applies to it.
+#[inline(always)]
+fn check_dscp(kernel_dscp: *const u32, dscp: u8) -> Result<(), Reason> {
+    // SAFETY: points into a live flow map value; the TC program writes it before arming.
+    let recorded = unsafe { core::ptr::read_volatile(kernel_dscp) };
+    if recorded & FLOW_DSCP_KNOWN != 0 && recorded & 0x3f != u32::from(dscp) {
+        return Err(Reason::PassDscpNotKernels);
+    }
+    Ok(())
+}
+
 /// The `bpf_fib_lookup` flags for a flow direction with packet mark `mark`.
 #[inline(always)]
 fn lookup_flags(mark: u32) -> u32 {
@@ -561,6 +575,8 @@ fn try_forward_v4(
         unsafe { addr_of_mut!((*flow).fib_mark) },
         cache,
     )?;
+    // SAFETY: `flow` is a live map value pointer.
+    check_dscp(unsafe { addr_of_mut!((*flow).kernel_dscp) }, tos >> 2)?;
     // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
     if verify_l4 && !ports.no_checksum {
         let pseudo = pseudo_v4(src, dst, fields.proto, l4_len as u16);
@@ -657,6 +673,12 @@ fn try_forward_v6(
         unsafe { addr_of_mut!((*flow).armed_generation) },
         unsafe { addr_of_mut!((*flow).fib_mark) },
         cache,
+    )?;
+    // The DSCP: the top 6 bits of the traffic class, below the 4 version bits.
+    // SAFETY: `flow` is a live map value pointer.
+    check_dscp(
+        unsafe { addr_of_mut!((*flow).kernel_dscp) },
+        (u32::from_be(flowinfo) >> 22) as u8 & 0x3f,
     )?;
     // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
     if verify_l4 && !ports.no_checksum {

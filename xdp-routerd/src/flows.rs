@@ -554,6 +554,8 @@ fn v4_entry(d: &Dir<'_>) -> (FlowKeyV4, FlowV4, ArmKeyV4) {
         // Unarmed: the kernel forwards the next packet first.
         armed_generation: 0,
         fib_mark: 0,
+        kernel_dscp: 0,
+        _pad2: 0,
     };
     let arm = ArmKeyV4 {
         src_be: new_src,
@@ -601,6 +603,8 @@ fn v6_entry(d: &Dir<'_>) -> (FlowKeyV6, FlowV6, ArmKeyV6) {
         // Unarmed: the kernel forwards the next packet first.
         armed_generation: 0,
         fib_mark: 0,
+        kernel_dscp: 0,
+        _pad2: 0,
     };
     let arm = ArmKeyV6 {
         src_be: new_src,
