@@ -957,13 +957,14 @@ fn shutdown_under_load_within_two_seconds() {
                 })
             })
             .collect();
-        // Under load: the fast path is carrying the transfer right now.
+        // Under load: the fast path is carrying the transfer right now (thousands of packets a
+        // second; the rate itself depends on the machine: 9 800 in 1.5 s was seen on a slow day).
         let before = counter(&status(&socket, &daemon), LAN_IF, "forwarded_original").0;
         sleep(Duration::from_millis(1500));
         let st = status(&socket, &daemon);
         let after = counter(&st, LAN_IF, "forwarded_original").0;
         assert!(
-            after > before + 10_000,
+            after > before + 3_000,
             "{name}: not under load ({before} -> {after}); counters: {:?}",
             st.counters
                 .iter()
