@@ -5,3 +5,20 @@ pub mod hooks;
 pub mod nftables;
 pub mod qdisc;
 pub mod rtnl;
+
+/// The whole messages (header included) of one netlink datagram, in order; stops at the first
+/// message whose length field does not fit (a truncated or corrupt datagram). Pure.
+pub fn netlink_messages(data: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut offset = 0;
+    std::iter::from_fn(move || {
+        let rest = data.get(offset..).filter(|r| r.len() >= 16)?;
+        // nlmsg_len, the first 4 bytes of every message.
+        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if len < 16 || len > rest.len() {
+            return None;
+        }
+        // Messages are 4-byte aligned (NLMSG_ALIGN).
+        offset += (len + 3) & !3;
+        Some(&rest[..len])
+    })
+}

@@ -46,23 +46,13 @@ pub enum RulesetEvent {
 /// bytes captured on Linux 6.18). Only `NFT_MSG_NEWGEN` counts: the table/chain/rule messages
 /// before it belong to the same transaction.
 pub fn events_in(data: &[u8]) -> Vec<RulesetEvent> {
-    let mut events = Vec::new();
-    let mut offset = 0;
-    while let Some(rest) = data.get(offset..).filter(|r| r.len() >= 16) {
-        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        if len < 16 || len > rest.len() {
-            break;
-        }
-        let kind = u16::from_ne_bytes([rest[4], rest[5]]);
-        if kind == NFT_MSG_NEWGEN {
-            // nlmsghdr (16) + nfgenmsg (4), then attributes.
-            events.push(RulesetEvent::Committed {
-                generation: gen_id(rest.get(20..len).unwrap_or_default()),
-            });
-        }
-        offset += (len + 3) & !3;
-    }
-    events
+    super::netlink_messages(data)
+        .filter(|msg| u16::from_ne_bytes([msg[4], msg[5]]) == NFT_MSG_NEWGEN)
+        // nlmsghdr (16) + nfgenmsg (4), then attributes.
+        .map(|msg| RulesetEvent::Committed {
+            generation: gen_id(msg.get(20..).unwrap_or_default()),
+        })
+        .collect()
 }
 
 /// `NFTA_GEN_ID` among netlink attributes.

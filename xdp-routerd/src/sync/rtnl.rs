@@ -240,26 +240,17 @@ pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
 /// The events in one datagram of notifications (pure; unit-tested). A message the crate cannot
 /// parse (e.g. RTM_NEWNETCONF, a forwarding sysctl change) still drops cached FIB answers.
 pub fn events_in(data: &[u8]) -> Vec<RtEvent> {
-    let mut events = Vec::new();
-    let mut offset = 0;
-    while let Some(rest) = data.get(offset..).filter(|r| r.len() >= 16) {
-        // nlmsg_len, the first 4 bytes of every message.
-        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        if len < 16 || len > rest.len() {
-            break;
-        }
-        let ev = match NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rest[..len]) {
-            Ok(msg) => match &msg.payload {
-                NetlinkPayload::InnerMessage(inner) => translate(inner),
-                _ => None,
+    super::netlink_messages(data)
+        .filter_map(
+            |msg| match NetlinkMessage::<RouteNetlinkMessage>::deserialize(msg) {
+                Ok(msg) => match &msg.payload {
+                    NetlinkPayload::InnerMessage(inner) => translate(inner),
+                    _ => None,
+                },
+                Err(_) => Some(RtEvent::FibChanged),
             },
-            Err(_) => Some(RtEvent::FibChanged),
-        };
-        events.extend(ev);
-        // Messages are 4-byte aligned (NLMSG_ALIGN).
-        offset += (len + 3) & !3;
-    }
-    events
+        )
+        .collect()
 }
 
 const RTMGRP_LINK: u32 = 0x1;
