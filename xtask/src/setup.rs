@@ -45,6 +45,7 @@ const TOOLS: &[(&str, &str)] = &[
 /// Runs every setup step.
 pub fn run() -> anyhow::Result<()> {
     step("system packages", packages)?;
+    step("Debian-kernel guest (qemu, virtme-ng, kernel)", guest)?;
     step("nightly toolchain + rust-src", nightly)?;
     step("bpf-linker", bpf_linker)?;
     println!("setup: everything is in place");
@@ -72,6 +73,62 @@ fn packages() -> anyhow::Result<()> {
         println!("  all commands present");
         return Ok(());
     }
+    apt_install(&missing)
+}
+
+/// What the guest step of the tests needs (xtask/src/guest.rs): qemu and a static busybox for
+/// virtme-ng, virtme-ng itself (PyPI: Debian 12 does not package it), and Debian's kernel with
+/// the modules this one lacks.
+fn guest() -> anyhow::Result<()> {
+    let mut missing = Vec::new();
+    if cmd::which("qemu-system-x86_64").is_none() {
+        missing.push("qemu-system-x86");
+    }
+    let busybox = Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", "busybox-static"])
+        .output();
+    if !busybox.is_ok_and(|o| o.stdout.ends_with(b" installed")) {
+        missing.push("busybox-static");
+    }
+    match crate::guest::kernel() {
+        Some(k) => println!("  guest kernel {}", k.display()),
+        None => missing.push(crate::guest::KERNEL_PACKAGE),
+    }
+    let pip = || {
+        Command::new("python3")
+            .args(["-m", "pip", "--version"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if cmd::which("vng").is_none() && !pip() {
+        missing.push("python3-pip");
+    }
+    if missing.is_empty() {
+        println!("  qemu, busybox-static present");
+    } else {
+        apt_install(&missing)?;
+    }
+    if cmd::which("vng").is_some() {
+        println!("  virtme-ng present");
+        return Ok(());
+    }
+    cmd::run(Command::new("python3").args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--break-system-packages",
+        "virtme-ng==1.42",
+    ]))?;
+    if cmd::which("vng").is_none() {
+        bail!("virtme-ng is installed but `vng` is not on PATH: add pip's scripts directory");
+    }
+    Ok(())
+}
+
+/// `apt-get install` of `missing` packages (after `apt-get update`), installing nothing
+/// recommended, upgrading nothing and starting no service.
+fn apt_install(missing: &[&str]) -> anyhow::Result<()> {
     let list = missing.join(" ");
     if cmd::which("apt-get").is_none() {
         bail!("no apt-get on this system: install the packages providing these commands: {list}");
@@ -113,7 +170,7 @@ fn packages() -> anyhow::Result<()> {
                 "--no-install-recommends",
                 "--no-upgrade",
             ])
-            .args(&missing),
+            .args(missing),
     );
     if ours {
         let _ = fs::remove_file(policy);
