@@ -1455,6 +1455,42 @@ pub fn udp_is_fast_pathed(
     );
 }
 
+/// UDP exchanges (warm-up, a pause for the daemon to offload the flow, then 200 more) and a
+/// 2 MiB TCP transfer from the LAN host to the WAN host on `port` and `port + 1`: every datagram
+/// answered intact, the transfer intact and masqueraded to the router's WAN address. Returns
+/// the daemon's status before and after. For topologies other than the plain one (`what` names
+/// it in failures), where the fast path may not carry everything but nothing may break.
+pub fn udp_and_tcp_are_intact(tb: &Testbed, port: u16, what: &str) -> (Status, Status) {
+    let before = tb.daemon().status();
+    let server = wan_v4(port);
+    let echo = UdpEcho::start(&tb.wan, server);
+    let sock = udp_socket(&tb.lan, SocketAddr::from(([0, 0, 0, 0], 0)), 64);
+    let warmup = ping_pong(&sock, server, 0, 5, 200, Duration::from_millis(100));
+    sleep(Duration::from_millis(2500));
+    let run = ping_pong(&sock, server, 5, 200, 200, Duration::from_millis(2));
+    let stats = echo.finish();
+    assert!(
+        warmup.good == warmup.sent && run.good == run.sent && stats.corrupt == 0,
+        "UDP over {what}: warm-up {warmup:?}, run {run:?}, server {stats:?}"
+    );
+    let r = Transfer::start(
+        tb,
+        wan_v4(port + 1),
+        Plan {
+            bytes: 2 << 20,
+            rate: None,
+        },
+    )
+    .finish();
+    assert_intact(&r);
+    assert_eq!(
+        r.peer.ip(),
+        IpAddr::from(ROUTER_WAN_V4),
+        "TCP over {what}: not masqueraded to the router's WAN address"
+    );
+    (before, tb.daemon().status())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,16 +7,13 @@
 //! byte arrives intact both ways, and no packet is counted as forwarded by the fast path unless
 //! it really left the router.
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    time::Duration,
-};
+use std::net::IpAddr;
 
 use xdp_router_tests::{
     netns::Netns,
     testbed::{
-        HOST_IF, LAN_IF, Plan, ROUTER_WAN_V4, ROUTER_WAN_V6, Status, Testbed, Transfer, UdpEcho,
-        WAN_HOST_V4, WAN_HOST_V6, WAN_IF, assert_intact, ping_pong, ready, udp_socket, wan_v4,
+        HOST_IF, LAN_IF, ROUTER_WAN_V4, ROUTER_WAN_V6, Testbed, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
+        ready, udp_and_tcp_are_intact,
     },
 };
 
@@ -75,41 +72,6 @@ fn vlan_wan_testbed(tag: &str) -> Testbed {
     tb
 }
 
-/// UDP exchanges and a TCP transfer LAN → WAN over the VLAN, all intact; returns the status
-/// before and after.
-fn traffic_is_intact(tb: &Testbed) -> (Status, Status) {
-    let before = tb.daemon().status();
-    let server = wan_v4(6107);
-    let echo = UdpEcho::start(&tb.wan, server);
-    let sock = udp_socket(&tb.lan, SocketAddr::from(([0, 0, 0, 0], 0)), 64);
-    // A few exchanges first: conntrack assures the flow and the daemon may offload it; then
-    // enough for the fast path to carry whatever it can.
-    let warmup = ping_pong(&sock, server, 0, 5, 200, Duration::from_millis(100));
-    std::thread::sleep(Duration::from_millis(2500));
-    let run = ping_pong(&sock, server, 5, 200, 200, Duration::from_millis(2));
-    let stats = echo.finish();
-    assert!(
-        warmup.good == warmup.sent && run.good == run.sent && stats.corrupt == 0,
-        "UDP over VLAN {VID}: warm-up {warmup:?}, run {run:?}, server {stats:?}"
-    );
-    let t = Transfer::start(
-        tb,
-        wan_v4(6108),
-        Plan {
-            bytes: 2 << 20,
-            rate: None,
-        },
-    );
-    let r = t.finish();
-    assert_intact(&r);
-    assert_eq!(
-        r.peer.ip(),
-        IpAddr::from(ROUTER_WAN_V4),
-        "not masqueraded to the VLAN address"
-    );
-    (before, tb.daemon().status())
-}
-
 /// The WAN named as the VLAN device (`name = "eth0.7"`): a VLAN device cannot transmit XDP
 /// frames, so the fast path must hand LAN → WAN packets to the kernel (`egress_no_xdp_xmit`)
 /// instead of redirecting them into it, where they would be dropped.
@@ -125,7 +87,7 @@ fn wan_as_vlan_device_is_never_a_redirect_target() {
         "[[interface]]\nname = \"{wan_vlan}\"\nrole = \"wan\"\n\
          [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
     ));
-    let (before, after) = traffic_is_intact(&tb);
+    let (before, after) = udp_and_tcp_are_intact(&tb, 6107, &format!("VLAN {VID}"));
     let fwd =
         after.packets(LAN_IF, "forwarded_original") - before.packets(LAN_IF, "forwarded_original");
     let no_xmit =
@@ -157,7 +119,7 @@ fn wan_as_vlan_parent_leaves_tagged_frames_to_the_kernel() {
         "[[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
          [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
     ));
-    let (before, after) = traffic_is_intact(&tb);
+    let (before, after) = udp_and_tcp_are_intact(&tb, 6107, &format!("VLAN {VID}"));
     let d =
         |iface: &str, reason: &str| after.packets(iface, reason) - before.packets(iface, reason);
     let tagged = d(WAN_IF, "not_ip");

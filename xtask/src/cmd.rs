@@ -59,7 +59,9 @@ pub fn run_collecting_failures(c: &mut Command) -> anyhow::Result<Vec<String>> {
         for line in std::io::BufReader::new(out).lines() {
             let line = line.context("reading test output")?;
             println!("{line}");
+            // A guest's console may pad lines and end them with CR.
             if let Some(name) = line
+                .trim()
                 .strip_prefix("test ")
                 .and_then(|l| l.strip_suffix(" ... FAILED"))
             {

@@ -17,12 +17,13 @@ use anyhow::{Context as _, bail};
 use crate::cmd;
 
 /// Test targets of `xdp-router-tests` whose ignored tests run in the guest.
-pub const TEST_TARGETS: &[&str] = &["vlan"];
+pub const TEST_TARGETS: &[&str] = &["vlan", "pppoe"];
 
 /// Modules the guest tests use (the guest kernel loads nothing on demand for a netns).
 const MODULES: &[&str] = &[
     "veth",
     "8021q",
+    "pppoe",
     "nf_conntrack",
     "nf_tables",
     "nft_masq",
@@ -80,13 +81,18 @@ pub fn run(daemon: &Path, skip_log: &Path, extra: &[String]) -> anyhow::Result<V
     })?;
     let binaries = build_test_binaries()?;
     let root = crate::workspace::root();
-    let dir = std::env::temp_dir().join(format!("xdp-router-guest-{}", std::process::id()));
+    // The guest sees this machine's files read-only and has a /tmp of its own: its result and
+    // skips go to a directory shared writable (`--rwdir`).
+    let dir = root
+        .join("target")
+        .join(format!("guest-{}", std::process::id()));
     fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let result = dir.join("result");
+    let guest_skips = dir.join("skips");
     let script = dir.join("run.sh");
     fs::write(
         &script,
-        script_text(&binaries, daemon, skip_log, &result, root, extra),
+        script_text(&binaries, daemon, &guest_skips, &result, root, extra),
     )
     .with_context(|| format!("write {}", script.display()))?;
     println!(
@@ -99,10 +105,21 @@ pub fn run(daemon: &Path, skip_log: &Path, extra: &[String]) -> anyhow::Result<V
         .arg(vng)
         .arg("-r")
         .arg(&kernel)
-        .args(["--disable-kvm", "--cpus", "2", "--memory", "4G", "--exec"])
+        .args(["--disable-kvm", "--cpus", "2", "--memory", "4G", "--rwdir"])
+        .arg(&dir)
+        .arg("--exec")
         .arg(format!("bash {}", script.display()));
     let failed = cmd::run_collecting_failures(&mut c);
     let status = fs::read_to_string(&result);
+    if let Ok(skips) = fs::read_to_string(&guest_skips) {
+        use std::io::Write as _;
+        fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(skip_log)
+            .and_then(|mut f| f.write_all(skips.as_bytes()))
+            .with_context(|| format!("append the guest's skips to {}", skip_log.display()))?;
+    }
     let _ = fs::remove_dir_all(&dir);
     let failed = failed?;
     match status.as_deref().map(str::trim) {

@@ -38,6 +38,9 @@ const TOOLS: &[(&str, &str)] = &[
     ("curl", "curl"),
     ("systemd-analyze", "systemd"),
     ("setpriv", "util-linux"),
+    // tests/tests/pppoe.rs (in the guest): an access concentrator and the router's dialer.
+    ("pppoe-server", "pppoe"),
+    ("pppd", "ppp"),
     // bench/src/router.rs pins the router's threads.
     ("taskset", "util-linux"),
 ];

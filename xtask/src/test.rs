@@ -1,5 +1,5 @@
 //! `cargo xtask test`: unit tests, the release daemon build, the privileged tests (as root, one
-//! thread), the same kind of tests in a Debian-kernel guest (VLAN: modules this kernel lacks)
+//! thread), the same kind of tests in a Debian-kernel guest (VLAN, PPPoE: modules this kernel lacks)
 //! and the quick benchmark; then a summary. Exits non-zero when any step failed.
 
 use std::{fmt::Write as _, fs, path::PathBuf, time::Instant};
@@ -17,7 +17,7 @@ pub struct TestArgs {
     /// Skip the quick benchmark.
     #[arg(long)]
     no_bench: bool,
-    /// Skip the tests that run in the Debian-kernel guest (VLAN; see xtask/src/guest.rs).
+    /// Skip the tests that run in the Debian-kernel guest (VLAN, PPPoE; see xtask/src/guest.rs).
     #[arg(long)]
     no_guest: bool,
     /// Extra arguments for the privileged test binaries, e.g. a test-name filter.
