@@ -250,6 +250,27 @@ impl Testbed {
     /// [`Testbed::start_daemon_with`], plus `lan_extra` lines in the LAN interface's table
     /// (e.g. `bypass_hooks = true\n`).
     pub fn start_daemon_with_lan(&mut self, extra: &str, lan_extra: &str) -> &Daemon {
+        let daemon = self.launch_daemon(extra, lan_extra);
+        let st = daemon.status();
+        for ifname in [LAN_IF, WAN_IF] {
+            let i = st
+                .interfaces
+                .iter()
+                .find(|i| i.name == ifname)
+                .unwrap_or_else(|| panic!("status lists no interface {ifname}: {st:?}"));
+            assert_eq!(
+                i.attach_mode,
+                "native",
+                "{ifname} should be attached in native (driver) mode; log:\n{}",
+                daemon.log_tail()
+            );
+        }
+        daemon
+    }
+
+    /// [`Testbed::start_daemon_with_lan`] without the check that both interfaces got native
+    /// XDP (for tests of what happens when they cannot).
+    pub fn launch_daemon(&mut self, extra: &str, lan_extra: &str) -> &Daemon {
         let socket = self.dir.path().join("control.sock");
         let config = self.dir.path().join("xdp-routerd.toml");
         fs::write(
@@ -268,20 +289,6 @@ impl Testbed {
         )
         .unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
         let daemon = Daemon::start(&self.router, &config, &socket, self.dir.path());
-        let st = daemon.status();
-        for ifname in [LAN_IF, WAN_IF] {
-            let i = st
-                .interfaces
-                .iter()
-                .find(|i| i.name == ifname)
-                .unwrap_or_else(|| panic!("status lists no interface {ifname}: {st:?}"));
-            assert_eq!(
-                i.attach_mode,
-                "native",
-                "{ifname} should be attached in native (driver) mode; log:\n{}",
-                daemon.log_tail()
-            );
-        }
         self.daemon.insert(daemon)
     }
 
@@ -450,6 +457,15 @@ pub struct IfaceStatus {
     pub ifindex: u32,
     /// `native`, `generic`, … (`detached` while it does not exist).
     pub attach_mode: String,
+    /// The kernel reports that it transmits XDP frames (redirect target).
+    #[serde(default)]
+    pub xdp_xmit: bool,
+    /// Why `xdp_xmit` is false.
+    #[serde(default)]
+    pub no_xdp_xmit_because: Option<String>,
+    /// Why it runs generic XDP although native was asked for.
+    #[serde(default)]
+    pub generic_because: Option<String>,
 }
 
 /// Flow map occupancy in `status --json`.

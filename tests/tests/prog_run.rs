@@ -16,7 +16,7 @@ use std::{collections::BTreeSet, net::IpAddr};
 use aya::programs::Xdp;
 use xdp_router_common::{
     FIB_LOOKUP_DIRECT, FLOW_DSCP_KNOWN, FibCache, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK,
-    IFACE_F_SHAPED, PROG_NAME, Reason, stats_index,
+    IFACE_F_NO_XDP_XMIT, IFACE_F_SHAPED, PROG_NAME, Reason, stats_index,
 };
 use xdp_router_tests::{
     fixture_net::{
@@ -824,6 +824,22 @@ fn cases(bed: &Bed) -> Vec<Case> {
         good6.frame(),
         m6().with_iface_flags(b.wan, IFACE_F_SHAPED),
         Reason::PassEgressShaped,
+    ));
+    c.push(pass(
+        b,
+        "egress cannot transmit XDP frames",
+        b.lan,
+        good4.frame(),
+        m4().with_iface_flags(b.wan, IFACE_F_NO_XDP_XMIT),
+        Reason::PassEgressNoXdpXmit,
+    ));
+    c.push(pass(
+        b,
+        "ipv6 egress cannot transmit XDP frames",
+        b.lan,
+        good6.frame(),
+        m6().with_iface_flags(b.wan, IFACE_F_NO_XDP_XMIT),
+        Reason::PassEgressNoXdpXmit,
     ));
 
     kernel_checks(b, &mut c);

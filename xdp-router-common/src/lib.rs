@@ -280,6 +280,11 @@ pub const IFACE_F_INGRESS_HOOK: u32 = 1 << 3;
 /// Packets leaving this interface pass egress hooks (nftables `netdev` egress chain, tc egress
 /// filters) that a redirect would skip: never redirected out of it (`Reason::PassEgressHook`).
 pub const IFACE_F_EGRESS_HOOK: u32 = 1 << 4;
+/// The interface cannot transmit XDP frames (no `ndo_xdp_xmit`, or a veth whose peer has
+/// neither XDP nor GRO: `NETDEV_XDP_ACT_NDO_XMIT` is off): never redirected to
+/// (`Reason::PassEgressNoXdpXmit`), and kept out of [`MAP_TX_PORTS`] while set. The daemon adds
+/// the `TX_PORTS` entry before it clears this flag and removes it only after setting it.
+pub const IFACE_F_NO_XDP_XMIT: u32 = 1 << 5;
 
 /// Value of [`MAP_IFACES`], keyed by ifindex (host order): a managed interface.
 #[repr(C)]

@@ -69,11 +69,15 @@ pub enum Reason {
     /// The packet's DSCP is not the one the kernel sent this flow direction out with: a rule
     /// in the forward path rewrites it (`dscp set`, `-j DSCP`), so the kernel must apply it.
     PassDscpNotKernels = 26,
+    /// The FIB sends the packet out of an interface that cannot transmit XDP frames (a bridge,
+    /// a bond or VLAN device, a veth whose peer has neither XDP nor GRO: the kernel's
+    /// `NETDEV_XDP_ACT_NDO_XMIT` feature is off), where a redirect would be dropped.
+    PassEgressNoXdpXmit = 27,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 27;
+    pub const COUNT: u32 = 28;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -104,6 +108,7 @@ impl Reason {
         Reason::PassIngressHook,
         Reason::PassEgressHook,
         Reason::PassDscpNotKernels,
+        Reason::PassEgressNoXdpXmit,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -136,6 +141,7 @@ impl Reason {
             Reason::PassIngressHook => "ingress_hook",
             Reason::PassEgressHook => "egress_hook",
             Reason::PassDscpNotKernels => "dscp_rewritten_by_kernel",
+            Reason::PassEgressNoXdpXmit => "egress_no_xdp_xmit",
         }
     }
 

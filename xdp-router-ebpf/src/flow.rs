@@ -18,8 +18,8 @@ use aya_ebpf::{
 };
 use xdp_router_common::{
     FIB_LOOKUP_MARK, FLOW_DSCP_KNOWN, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6,
-    IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_SHAPED, IfaceInfo, Reason,
-    SETTINGS_F_FIB_MARK,
+    IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_SHAPED, IfaceInfo,
+    Reason, SETTINGS_F_FIB_MARK,
     checksum::{pseudo_v4, pseudo_v6},
     parse::{
         ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN, Ipv4Fields, Ipv6Fields, L3,
@@ -462,6 +462,11 @@ fn redirect_to(egress: u32) -> Result<u32, Reason> {
     };
     // SAFETY: map value pointer from the kernel.
     let flags = unsafe { (*info).flags };
+    if flags & IFACE_F_NO_XDP_XMIT != 0 {
+        // The device would drop a redirected frame (no ndo_xdp_xmit, or a veth whose peer
+        // has neither XDP nor GRO): the kernel's own output path can send it.
+        return Err(Reason::PassEgressNoXdpXmit);
+    }
     if flags & IFACE_F_SHAPED != 0 {
         // A redirect skips the egress qdisc; a shaped link must keep its shaping.
         return Err(Reason::PassEgressShaped);

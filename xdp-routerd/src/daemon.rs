@@ -18,8 +18,8 @@ use anyhow::{Context as _, anyhow, bail};
 use tokio::{signal::unix::SignalKind, task::JoinSet};
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
-    FLOW_F_REPLY, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_LAN, IFACE_F_SHAPED,
-    IFACE_F_WAN, Reason,
+    FLOW_F_REPLY, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_LAN, IFACE_F_NO_XDP_XMIT,
+    IFACE_F_SHAPED, IFACE_F_WAN, Reason,
 };
 
 use crate::{
@@ -37,6 +37,7 @@ use crate::{
         nftables::{self, RulesetEvent},
         qdisc::{self, Egress, Qdisc},
         rtnl::{self, RouteLookup, RtEvent},
+        xdp_xmit::{self, Capabilities, XdpXmit, XmitEvent},
     },
 };
 
@@ -50,6 +51,8 @@ struct Managed {
     egress: Option<Egress>,
     /// nftables netdev chains / tc filters found on it (see [`crate::sync::hooks`]).
     hooks: Hooks,
+    /// Whether it can transmit XDP frames (see [`crate::sync::xdp_xmit`]).
+    xmit: XdpXmit,
 }
 
 /// `shaped_by` while `shaped = "auto"` and the qdiscs are not known yet: in doubt the fast
@@ -89,6 +92,29 @@ impl Managed {
         } else {
             0
         } | if hooks.egress { IFACE_F_EGRESS_HOOK } else { 0 }
+            | if self.xmit.allowed() {
+                0
+            } else {
+                IFACE_F_NO_XDP_XMIT
+            }
+    }
+
+    /// Records a new XDP transmit judgement and logs what changes for the fast path. Returns
+    /// whether it changed whether packets may be redirected into the interface.
+    fn set_xmit(&mut self, xmit: XdpXmit) -> bool {
+        let before = self.xmit.allowed();
+        self.xmit = xmit;
+        let name = &self.cfg.name;
+        match (before, self.xmit.why_not()) {
+            (true, Some(why)) => {
+                warn!(interface = %name, "{name}: {why}: the fast path does not send out of it (egress_no_xdp_xmit)")
+            }
+            (false, None) => {
+                info!(interface = %name, "{name}: can transmit XDP frames again: the fast path sends out of it")
+            }
+            _ => {}
+        }
+        before != self.xmit.allowed()
     }
 
     /// Records freshly read hooks and logs what changes for the fast path. Returns whether
@@ -188,6 +214,8 @@ struct State {
     ifaces: Vec<Managed>,
     ct: ConntrackStatus,
     xdp_mode: crate::config::XdpModeConfig,
+    /// The kernel's XDP features of every device.
+    xmit: Capabilities,
 }
 
 type Shared = Arc<Mutex<State>>;
@@ -249,6 +277,7 @@ impl State {
         // A new device: its qdiscs are read right after this (the caller's job); until then
         // `auto` counts it as shaped.
         m.egress = None;
+        m.set_xmit(self.xmit.of(ifindex, name));
         let mac = iface_mac(name, mac);
         match self
             .dp
@@ -287,6 +316,22 @@ impl State {
                 if let Err(e) = self.dp.set_iface_flags(ifindex, m.slot, flags) {
                     error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
                 }
+            }
+        }
+    }
+
+    /// Follows a change of the kernel's XDP features (a veth peer got or lost XDP/GRO, a
+    /// device came or went): flips `IFACE_F_NO_XDP_XMIT` where the judgement changed.
+    fn apply_xmit_event(&mut self, event: XmitEvent) {
+        self.xmit.apply(event);
+        for m in &mut self.ifaces {
+            let (Some(ifindex), Some(_)) = (m.ifindex, m.mode) else {
+                continue;
+            };
+            if m.set_xmit(self.xmit.of(ifindex, &m.cfg.name))
+                && let Err(e) = self.dp.set_iface_flags(ifindex, m.slot, m.flags())
+            {
+                error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
             }
         }
     }
@@ -342,6 +387,12 @@ impl State {
                     shaped_config: m.cfg.shaped.to_string(),
                     shaped_by: m.shaped_by(),
                     egress_qdisc: m.egress.as_ref().and_then(|e| e.root.clone()),
+                    xdp_xmit: m.ifindex.is_some() && m.xmit.allowed(),
+                    no_xdp_xmit_because: m.ifindex.and_then(|_| m.xmit.why_not()),
+                    generic_because: m
+                        .ifindex
+                        .and_then(|i| self.dp.generic_because(i))
+                        .map(str::to_string),
                 })
                 .collect(),
             flows: FlowCounts {
@@ -484,6 +535,7 @@ pub async fn run_with(
             mode: None,
             egress: None,
             hooks: Hooks::default(),
+            xmit: XdpXmit::Unknown,
         });
     }
     check_privileges()?;
@@ -512,6 +564,12 @@ pub async fn run_with(
         }
         Err(e) => error!(error = %e, "cannot read qdiscs (RTM_GETQDISC)"),
     }
+    // Know which devices can transmit XDP frames before the first packet is redirected.
+    let xmit_sub = xdp_xmit::subscribe().context("cannot read the devices' XDP features")?;
+    let xmit = Capabilities::new(xmit_sub.initial.clone());
+    for m in &mut ifaces {
+        m.set_xmit(xmit.of(m.ifindex.unwrap_or_default(), &m.cfg.name));
+    }
     // Know which interfaces carry hooks XDP would jump over, before the first packet.
     let names: Vec<String> = ifaces.iter().map(|m| m.cfg.name.clone()).collect();
     let found = hooks::read(&names).await;
@@ -537,6 +595,7 @@ pub async fn run_with(
         ifaces,
         ct: ConntrackStatus::default(),
         xdp_mode: config.xdp_mode,
+        xmit,
     }));
     {
         let mut s = lock(&state);
@@ -567,6 +626,9 @@ pub async fn run_with(
         Duration::from_millis(config.keepalive_interval_ms),
     ));
     tasks.spawn(rtnl_events(state.clone(), paths.clone(), rt_events));
+    if xmit_sub.initial.is_some() {
+        tasks.spawn(xmit_events(state.clone(), xmit_sub.events));
+    }
     let (legacy_tx, legacy_events) = tokio::sync::mpsc::unbounded_channel();
     tasks.spawn(async move {
         nftables::poll_legacy(legacy_tx).await;
@@ -850,6 +912,17 @@ async fn rtnl_events(
         }
     }
     Err(anyhow!("rtnetlink event socket closed"))
+}
+
+/// Follows the kernel's XDP feature notifications (see [`crate::sync::xdp_xmit`]).
+async fn xmit_events(
+    state: Shared,
+    mut events: tokio::sync::mpsc::UnboundedReceiver<XmitEvent>,
+) -> anyhow::Result<()> {
+    while let Some(ev) = events.recv().await {
+        lock(&state).apply_xmit_event(ev);
+    }
+    Err(anyhow!("netdev (XDP features) event socket closed"))
 }
 
 /// Bumps the ruleset generation for every firewall change (nftables commit, lost notifications,

@@ -225,6 +225,18 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
             )
         }),
     )?;
+    gauges(
+        enc,
+        "interface_xdp_xmit",
+        "1 while the kernel reports that a managed interface transmits XDP frames (NETDEV_XDP_ACT_NDO_XMIT); 0: the fast path does not send out of it (a bridge, a veth whose peer has neither XDP nor GRO) and counts such packets as egress_no_xdp_xmit.",
+        None,
+        s.interfaces.iter().map(|i| {
+            (
+                vec![("interface", i.name.clone()), ("role", i.role.clone())],
+                u64::from(i.xdp_xmit),
+            )
+        }),
+    )?;
     let families = [("ipv4", s.flows.ipv4), ("ipv6", s.flows.ipv6)];
     gauges(
         enc,
@@ -507,6 +519,9 @@ mod tests {
                     shaped_config: "auto".into(),
                     shaped_by: None,
                     egress_qdisc: Some("noqueue".into()),
+                    xdp_xmit: true,
+                    no_xdp_xmit_because: None,
+                    generic_because: None,
                 },
                 IfaceStatus {
                     name: "wan0".into(),
@@ -517,6 +532,9 @@ mod tests {
                     shaped_config: "auto".into(),
                     shaped_by: Some("htb".into()),
                     egress_qdisc: Some("htb".into()),
+                    xdp_xmit: false,
+                    no_xdp_xmit_because: Some("test".into()),
+                    generic_because: Some("test".into()),
                 },
             ],
             flows: FlowCounts {
@@ -679,6 +697,13 @@ mod tests {
             value(
                 &t,
                 r#"xdp_router_interface_egress_shaped{interface="lan0",role="lan"}"#
+            ),
+            0.0
+        );
+        assert_eq!(
+            value(
+                &t,
+                r#"xdp_router_interface_xdp_xmit{interface="wan0",role="wan"}"#
             ),
             0.0
         );

@@ -5,6 +5,7 @@ pub mod hooks;
 pub mod nftables;
 pub mod qdisc;
 pub mod rtnl;
+pub mod xdp_xmit;
 
 /// The whole messages (header included) of one netlink datagram, in order; stops at the first
 /// message whose length field does not fit (a truncated or corrupt datagram). Pure.
