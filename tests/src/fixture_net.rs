@@ -369,6 +369,7 @@ impl Setup {
                         flags: IFACE_F_LAN,
                         mac: LAN_MAC,
                         _pad: [0; 2],
+                        l3_ifindex: 0,
                     },
                 ),
                 (
@@ -378,6 +379,7 @@ impl Setup {
                         flags: IFACE_F_WAN,
                         mac: WAN_MAC,
                         _pad: [0; 2],
+                        l3_ifindex: 0,
                     },
                 ),
                 (
@@ -387,6 +389,7 @@ impl Setup {
                         flags: IFACE_F_WAN,
                         mac: MTU_MAC,
                         _pad: [0; 2],
+                        l3_ifindex: 0,
                     },
                 ),
             ],

@@ -466,6 +466,12 @@ pub struct IfaceStatus {
     /// Why it runs generic XDP although native was asked for.
     #[serde(default)]
     pub generic_because: Option<String>,
+    /// For a bridge port: its bridge.
+    #[serde(default)]
+    pub bridge: Option<String>,
+    /// For a bridge: FDB entries copied.
+    #[serde(default)]
+    pub fdb_entries: Option<u64>,
 }
 
 /// Flow map occupancy in `status --json`.
@@ -572,7 +578,9 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    fn start(router: &Netns, config: &Path, socket: &Path, dir: &Path) -> Daemon {
+    /// Starts `xdp-routerd run` in `router` with `config`, its control socket at `socket` and its
+    /// log in `dir`, and waits until `status` answers.
+    pub fn start(router: &Netns, config: &Path, socket: &Path, dir: &Path) -> Daemon {
         let bin = daemon_binary();
         let log = dir.join("xdp-routerd.log");
         let log_file =

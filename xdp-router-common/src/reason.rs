@@ -73,11 +73,19 @@ pub enum Reason {
     /// a bond or VLAN device, a veth whose peer has neither XDP nor GRO: the kernel's
     /// `NETDEV_XDP_ACT_NDO_XMIT` feature is off), where a redirect would be dropped.
     PassEgressNoXdpXmit = 27,
+    /// Received on a bridge port and not addressed to the bridge's MAC (LAN↔LAN traffic, STP,
+    /// multicast, broadcast): the kernel bridge forwards it.
+    PassBridged = 28,
+    /// Routed out of a bridge whose FDB has no port for the destination MAC: the kernel
+    /// bridge floods it (and learns where the host is).
+    PassBridgeFdbMiss = 29,
+    /// The bridge port it arrived on, or would leave by, is not in the STP forwarding state.
+    PassBridgePortNotForwarding = 30,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 28;
+    pub const COUNT: u32 = 31;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -109,6 +117,9 @@ impl Reason {
         Reason::PassEgressHook,
         Reason::PassDscpNotKernels,
         Reason::PassEgressNoXdpXmit,
+        Reason::PassBridged,
+        Reason::PassBridgeFdbMiss,
+        Reason::PassBridgePortNotForwarding,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -142,6 +153,9 @@ impl Reason {
             Reason::PassEgressHook => "egress_hook",
             Reason::PassDscpNotKernels => "dscp_rewritten_by_kernel",
             Reason::PassEgressNoXdpXmit => "egress_no_xdp_xmit",
+            Reason::PassBridged => "bridged_by_kernel",
+            Reason::PassBridgeFdbMiss => "bridge_fdb_miss",
+            Reason::PassBridgePortNotForwarding => "bridge_port_not_forwarding",
         }
     }
 

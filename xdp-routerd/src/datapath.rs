@@ -21,10 +21,10 @@ use aya::{
 };
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
-    ARM_PROG_NAME, ArmKeyV4, ArmKeyV6, Counter, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
-    IFACE_F_NO_XDP_XMIT, IfaceInfo, MAP_ARM_V4, MAP_ARM_V6, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES,
-    MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME, Reason, SETTINGS_F_FIB_MARK,
-    Settings, stats_index,
+    ARM_PROG_NAME, ArmKeyV4, ArmKeyV6, Counter, FdbKey, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
+    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_NO_XDP_XMIT, IfaceInfo, MAP_ARM_V4, MAP_ARM_V6,
+    MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS,
+    MAX_IFACE_SLOTS, PROG_NAME, Reason, SETTINGS_F_FIB_MARK, Settings, stats_index,
 };
 
 use crate::{config::XdpModeConfig, flows::FlowTable, status::FibCacheStatus};
@@ -38,6 +38,8 @@ pub static EBPF_OBJECT: &[u8] =
 pub enum AttachMode {
     Native,
     Generic,
+    /// A bridge: the program runs on its ports (each with its own mode), not on it.
+    Ports,
 }
 
 impl AttachMode {
@@ -46,6 +48,7 @@ impl AttachMode {
         match self {
             AttachMode::Native => "native",
             AttachMode::Generic => "generic",
+            AttachMode::Ports => "ports",
         }
     }
 }
@@ -78,6 +81,17 @@ pub struct Datapath {
     ruleset_changes: u64,
     /// Why the interfaces in generic mode did not get native XDP (config asked for native).
     generic_because: BTreeMap<u32, String>,
+    /// The managed bridges' FDBs.
+    fdb: HashMap<MapData, FdbKey, u32>,
+}
+
+/// The `BRIDGE_FDB` key of `mac` behind `bridge`.
+fn fdb_key(bridge: u32, mac: [u8; 6]) -> FdbKey {
+    FdbKey {
+        bridge_ifindex: bridge,
+        mac,
+        _pad: [0; 2],
+    }
 }
 
 fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(
@@ -153,6 +167,7 @@ impl Datapath {
             armed_ifaces: BTreeMap::new(),
             ruleset_changes: 0,
             generic_because: BTreeMap::new(),
+            fdb: take(&mut ebpf, MAP_BRIDGE_FDB)?,
             ebpf,
         };
         dp.write_settings()?;
@@ -178,15 +193,124 @@ impl Datapath {
         mac: [u8; 6],
         mode: XdpModeConfig,
     ) -> anyhow::Result<AttachMode> {
-        if slot == 0 || slot >= MAX_IFACE_SLOTS {
-            bail!("interface slot {slot} out of range");
-        }
         let info = IfaceInfo {
             slot,
             flags,
             mac,
             _pad: [0; 2],
+            l3_ifindex: 0,
         };
+        self.register(name, ifindex, info, mode, true)
+    }
+
+    /// Registers `ifindex` as a port of the managed bridge `bridge_ifindex` (whose MAC is
+    /// `bridge_mac`) and attaches the program to it: frames it receives for the bridge's MAC
+    /// are routed as the bridge's, and packets routed out of the bridge to a MAC behind it are
+    /// redirected to it (`BRIDGE_FDB`). No arming program: the kernel's routed packets leave
+    /// through the bridge device, where that one runs.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one per IFACES field plus the mode"
+    )]
+    pub fn attach_port(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        bridge_mac: [u8; 6],
+        bridge_ifindex: u32,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        let info = IfaceInfo {
+            slot,
+            flags: flags | IFACE_F_BRIDGE_PORT,
+            mac: bridge_mac,
+            _pad: [0; 2],
+            l3_ifindex: bridge_ifindex,
+        };
+        self.register(name, ifindex, info, mode, false)
+    }
+
+    /// Registers the bridge `ifindex` (`IFACE_F_BRIDGE`): no XDP program on it (it runs on the
+    /// ports, see [`Datapath::attach_port`]) and no `TX_PORTS` entry (a bridge transmits no
+    /// XDP frames), but the arming program on its egress, where the kernel's routed packets
+    /// to the LAN leave.
+    pub fn attach_bridge(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        mac: [u8; 6],
+    ) -> anyhow::Result<AttachMode> {
+        if slot == 0 || slot >= MAX_IFACE_SLOTS {
+            bail!("interface slot {slot} out of range");
+        }
+        let info = IfaceInfo {
+            slot,
+            flags: flags | IFACE_F_BRIDGE | IFACE_F_NO_XDP_XMIT,
+            mac,
+            _pad: [0; 2],
+            l3_ifindex: 0,
+        };
+        self.ifaces
+            .insert(ifindex, info, 0)
+            .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
+        self.attach_arming(name, ifindex);
+        info!(interface = name, ifindex, "bridge: XDP runs on its ports");
+        Ok(AttachMode::Ports)
+    }
+
+    /// `BRIDGE_FDB`: `mac` is behind `port` of `bridge`.
+    pub fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], port: u32) -> anyhow::Result<()> {
+        self.fdb
+            .insert(fdb_key(bridge, mac), port, 0)
+            .with_context(|| format!("cannot write {MAP_BRIDGE_FDB}"))
+    }
+
+    /// `BRIDGE_FDB`: `mac` is no longer known to `bridge`.
+    pub fn fdb_forget(&mut self, bridge: u32, mac: [u8; 6]) {
+        let _ = self.fdb.remove(&fdb_key(bridge, mac));
+    }
+
+    /// Every `BRIDGE_FDB` entry of `bridge` goes (the bridge went away or stopped being
+    /// managed).
+    pub fn fdb_clear(&mut self, bridge: u32) {
+        let keys: Vec<FdbKey> = self
+            .fdb
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.bridge_ifindex == bridge)
+            .collect();
+        for k in keys {
+            let _ = self.fdb.remove(&k);
+        }
+    }
+
+    /// Number of `BRIDGE_FDB` entries of `bridge`.
+    pub fn fdb_len(&self, bridge: u32) -> usize {
+        self.fdb
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.bridge_ifindex == bridge)
+            .count()
+    }
+
+    /// Writes `info` for `ifindex`, its `TX_PORTS` entry (unless it cannot transmit XDP frames)
+    /// and attaches the program (and the arming program when `arm`).
+    fn register(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        info: IfaceInfo,
+        mode: XdpModeConfig,
+        arm: bool,
+    ) -> anyhow::Result<AttachMode> {
+        let (slot, flags) = (info.slot, info.flags);
+        if slot == 0 || slot >= MAX_IFACE_SLOTS {
+            bail!("interface slot {slot} out of range");
+        }
         self.ifaces
             .insert(ifindex, info, 0)
             .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
@@ -200,7 +324,7 @@ impl Datapath {
         if result.is_err() {
             let _ = self.ifaces.remove(&ifindex);
             let _ = self.tx_ports.remove(ifindex);
-        } else {
+        } else if arm {
             self.attach_arming(name, ifindex);
         }
         result

@@ -39,7 +39,7 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// The attach modes an interface can be in (`xdp_router_interface_attach_mode{mode}`); one
 /// series per mode, 1 for the current one, so a change shows as a 0 → 1 flip.
-const ATTACH_MODES: [&str; 3] = ["native", "generic", "detached"];
+const ATTACH_MODES: [&str; 4] = ["native", "generic", "ports", "detached"];
 
 /// Reads a [`Status`] per scrape and turns it into metric families.
 struct StatusCollector {
@@ -522,6 +522,8 @@ mod tests {
                     xdp_xmit: true,
                     no_xdp_xmit_because: None,
                     generic_because: None,
+                    bridge: None,
+                    fdb_entries: None,
                 },
                 IfaceStatus {
                     name: "wan0".into(),
@@ -535,6 +537,8 @@ mod tests {
                     xdp_xmit: false,
                     no_xdp_xmit_because: Some("test".into()),
                     generic_because: Some("test".into()),
+                    bridge: None,
+                    fdb_entries: None,
                 },
             ],
             flows: FlowCounts {

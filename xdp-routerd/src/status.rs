@@ -93,6 +93,12 @@ pub struct IfaceStatus {
     /// explained (e.g. a veth peer's MTU too large for native XDP).
     #[serde(default)]
     pub generic_because: Option<String>,
+    /// For a bridge port: the managed bridge it belongs to (its role, its routing).
+    #[serde(default)]
+    pub bridge: Option<String>,
+    /// For a managed bridge: MAC addresses copied from its FDB (redirect targets).
+    #[serde(default)]
+    pub fdb_entries: Option<u64>,
 }
 
 /// Flow map occupancy.
@@ -183,9 +189,14 @@ impl Status {
                 (None, true) => " (egress shaped: not used by the fast path)".to_string(),
                 (_, false) => String::new(),
             };
+            let bridge = match (&i.bridge, i.fdb_entries) {
+                (Some(b), _) => format!(" (port of {b})"),
+                (None, Some(n)) => format!(" (bridge: {n} FDB entries)"),
+                (None, None) => String::new(),
+            };
             let _ = writeln!(
                 s,
-                "  {:<12} ifindex {:<4} role {:<4} xdp {}{qdisc}{shaped}",
+                "  {:<12} ifindex {:<4} role {:<4} xdp {}{qdisc}{shaped}{bridge}",
                 i.name, i.ifindex, i.role, i.attach_mode,
             );
             if let Some(why) = &i.generic_because {

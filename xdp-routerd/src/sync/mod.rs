@@ -1,4 +1,5 @@
 //! Keeping the datapath maps in step with the kernel.
+pub mod bridge;
 pub mod conntrack;
 pub mod ctnetlink;
 pub mod hooks;
