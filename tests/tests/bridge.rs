@@ -252,6 +252,41 @@ fn bridged_lan_is_fast_pathed() {
         assert!(est <= 2, "netfilter saw {est} packets of offloaded flows");
     }
 
+    // A port whose host has neither XDP nor GRO cannot take redirected frames: replies to h2
+    // go through the kernel (egress_no_xdp_xmit), none lost, until GRO is back on.
+    bed.h2.sh("ethtool -K eth0 gro off >/dev/null");
+    let (st, ok) = bed.daemon().wait_status(Duration::from_secs(3), |s| {
+        s.interfaces.iter().any(|i| i.name == "p2" && !i.xdp_xmit)
+    });
+    assert!(
+        ok,
+        "p2 should stop being a redirect target: {:?}",
+        st.interfaces
+    );
+    let before = bed.daemon().status();
+    let [sent, orig, reply, _, _] = measure(&bed, &s2, server, &mut q2, "p2");
+    let after = bed.daemon().status();
+    let no_xmit = counter(&after, "eth0", "egress_no_xdp_xmit")
+        - counter(&before, "eth0", "egress_no_xdp_xmit");
+    println!(
+        "p2 without GRO: {sent} datagrams; fast path {orig} original, {reply} reply; {no_xmit} \
+         replies to the kernel as egress_no_xdp_xmit"
+    );
+    assert_eq!((orig, reply), (sent, 0));
+    assert!(
+        no_xmit >= sent,
+        "replies counted egress_no_xdp_xmit: {no_xmit}"
+    );
+    bed.h2.sh("ethtool -K eth0 gro on >/dev/null");
+    let (st, ok) = bed.daemon().wait_status(Duration::from_secs(3), |s| {
+        s.interfaces.iter().any(|i| i.name == "p2" && i.xdp_xmit)
+    });
+    assert!(
+        ok,
+        "p2 should be a redirect target again: {:?}",
+        st.interfaces
+    );
+
     // LAN↔LAN: bridged by the kernel, counted, delivered.
     let before = bed.daemon().status();
     let lan_echo = UdpEcho::start(&bed.h2, SocketAddr::new(H2.into(), 7777));
@@ -282,7 +317,7 @@ fn bridged_lan_is_fast_pathed() {
     assert_eq!(lan_echo.finish().corrupt, 0);
 
     // h1 moves to a new port p3 (same MAC and address): the port is attached live and the FDB
-    // move redirects the replies to p3.
+    // move (RTM_NEWNEIGH) redirects the replies to p3.
     let mac = bed.h1.exec_ok("cat", &["/sys/class/net/eth0/address"]);
     bed.router.veth("p3", &bed.h1, "eth1");
     bed.router.sh(
@@ -290,9 +325,12 @@ fn bridged_lan_is_fast_pathed() {
          ip link set p3 master br-lan",
     );
     bed.wait_port("p3");
+    // eth0 stays up with another MAC, so p1 keeps forwarding (STP state) and only the FDB
+    // move tells the fast path where h1 is now: a frame still sent to p1 would be dropped by
+    // h1's eth0 (not its MAC any more).
     bed.h1.sh(&format!(
-        "ip link set eth0 down
-         ip addr flush dev eth0
+        "ip addr flush dev eth0
+         ip link set eth0 address 02:00:00:00:0e:01
          ip link set eth1 address {}",
         mac.trim()
     ));

@@ -168,6 +168,7 @@ impl Managed {
     /// whether it changed whether packets may be redirected into the interface.
     fn set_xmit(&mut self, xmit: XdpXmit) -> bool {
         let before = self.xmit.allowed();
+        let first = self.xmit == XdpXmit::Unknown;
         self.xmit = xmit;
         let name = &self.cfg.name;
         match (before, self.xmit.why_not()) {
@@ -176,7 +177,7 @@ impl Managed {
             (true, Some(why)) => {
                 warn!(interface = %name, "{name}: {why}: the fast path does not send out of it (egress_no_xdp_xmit)")
             }
-            (false, None) => {
+            (false, None) if !first => {
                 info!(interface = %name, "{name}: can transmit XDP frames again: the fast path sends out of it")
             }
             _ => {}
