@@ -287,6 +287,43 @@ fn bridged_lan_is_fast_pathed() {
         st.interfaces
     );
 
+    // The bridge never sees the frames XDP forwards: with a 1 s ageing time h2's FDB entry
+    // ages out during the transfer; its next frame goes to the kernel (bridge_learning), the
+    // bridge learns it again and the replies are redirected again instead of being flooded
+    // by the kernel (bridge_fdb_miss) until the transfer ends.
+    bed.router
+        .sh("ip link set br-lan type bridge ageing_time 100");
+    let arm = ping_pong(&s2, server, q2, 2, PING_DGRAM, PING_TICK);
+    q2 += arm.sent;
+    let before = bed.daemon().status();
+    let pp = ping_pong(&s2, server, q2, 150, PING_DGRAM, PING_TICK);
+    q2 += pp.sent;
+    let after = bed.daemon().status();
+    bed.router
+        .sh("ip link set br-lan type bridge ageing_time 30000");
+    let d = |i: &str, r: &str| counter(&after, i, r) - counter(&before, i, r);
+    let (reply, learning, miss) = (
+        d("eth0", "forwarded_reply"),
+        d("p2", "bridge_learning"),
+        d("eth0", "bridge_fdb_miss"),
+    );
+    println!(
+        "ageing 1 s, {} datagrams over {:.1} s: {reply} replies fast-pathed, {miss} FDB misses, \
+         {learning} frames to the kernel bridge to learn from",
+        pp.sent,
+        pp.sent as f64 * PING_TICK.as_secs_f64()
+    );
+    assert_eq!((pp.good, pp.lost), (pp.sent, 0), "{pp:?}");
+    assert!(
+        learning >= 1,
+        "h2's aged-out entry should have been learned again"
+    );
+    assert!(
+        reply * 10 >= pp.sent * 9,
+        "replies should stay on the fast path across FDB ageing: {reply} of {}",
+        pp.sent
+    );
+
     // LAN↔LAN: bridged by the kernel, counted, delivered.
     let before = bed.daemon().status();
     let lan_echo = UdpEcho::start(&bed.h2, SocketAddr::new(H2.into(), 7777));

@@ -81,11 +81,15 @@ pub enum Reason {
     PassBridgeFdbMiss = 29,
     /// The bridge port it arrived on, or would leave by, is not in the STP forwarding state.
     PassBridgePortNotForwarding = 30,
+    /// Received on a bridge port from a source MAC the bridge FDB does not place on that port
+    /// (a new host, a host that moved, or an entry that aged out while the fast path carried
+    /// the host's traffic, which the bridge never sees): the kernel bridge learns from it.
+    PassBridgeLearning = 31,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 31;
+    pub const COUNT: u32 = 32;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -120,6 +124,7 @@ impl Reason {
         Reason::PassBridged,
         Reason::PassBridgeFdbMiss,
         Reason::PassBridgePortNotForwarding,
+        Reason::PassBridgeLearning,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -156,6 +161,7 @@ impl Reason {
             Reason::PassBridged => "bridged_by_kernel",
             Reason::PassBridgeFdbMiss => "bridge_fdb_miss",
             Reason::PassBridgePortNotForwarding => "bridge_port_not_forwarding",
+            Reason::PassBridgeLearning => "bridge_learning",
         }
     }
 

@@ -87,6 +87,14 @@ pub fn try_forward(
             // The bridge drops what a blocking/listening/learning port receives.
             return Err(Reason::PassBridgePortNotForwarding);
         }
+        // The bridge learns where hosts are from the frames it sees; the ones XDP forwards it
+        // never sees. A source the FDB does not place on this port goes to the kernel so the
+        // bridge learns it (and a host whose entry aged out is learned again).
+        // SAFETY: ptr_at_mut checked that the header is inside the frame.
+        let src = unsafe { (*eth).src };
+        if fdb_port(l3_ifindex, src) != Some(ifindex) {
+            return Err(Reason::PassBridgeLearning);
+        }
     }
     // SAFETY: ptr_at_mut checked that the header is inside the frame.
     let l3 = classify_ethertype(unsafe { (*eth).ethertype() })?;
@@ -490,14 +498,10 @@ fn check_egress(flags: u32) -> Result<(), Reason> {
     Ok(())
 }
 
-/// The port of bridge `bridge` (whose flags are `flags`) that `dmac` is behind, per the
-/// bridge FDB, once the bridge's own egress and the port's allow a redirect.
+/// The port of `bridge` that `mac` is behind, per `BRIDGE_FDB`.
 #[inline(always)]
-fn bridge_port(bridge: u32, flags: u32, dmac: [u8; 6]) -> Result<u32, Reason> {
-    // The kernel sends a routed packet through the bridge device first (its qdisc, its
-    // egress hooks), then out of the port; the bridge device itself transmits nothing.
-    check_egress(flags & !IFACE_F_NO_XDP_XMIT)?;
-    let [m0, m1, m2, m3, m4, m5] = dmac;
+fn fdb_port(bridge: u32, mac: [u8; 6]) -> Option<u32> {
+    let [m0, m1, m2, m3, m4, m5] = mac;
     let words = [
         bridge,
         u32::from_ne_bytes([m0, m1, m2, m3]),
@@ -507,7 +511,17 @@ fn bridge_port(bridge: u32, flags: u32, dmac: [u8; 6]) -> Result<u32, Reason> {
     // mac, _pad), laid out as these words.
     let key = unsafe { transmute::<[u32; 3], FdbKey>(words) };
     // SAFETY: a map lookup; the value is copied out.
-    let Some(port) = (unsafe { BRIDGE_FDB.get(&key) }).copied() else {
+    unsafe { BRIDGE_FDB.get(&key) }.copied()
+}
+
+/// The port of bridge `bridge` (whose flags are `flags`) that `dmac` is behind, per the
+/// bridge FDB, once the bridge's own egress and the port's allow a redirect.
+#[inline(always)]
+fn bridge_port(bridge: u32, flags: u32, dmac: [u8; 6]) -> Result<u32, Reason> {
+    // The kernel sends a routed packet through the bridge device first (its qdisc, its
+    // egress hooks), then out of the port; the bridge device itself transmits nothing.
+    check_egress(flags & !IFACE_F_NO_XDP_XMIT)?;
+    let Some(port) = fdb_port(bridge, dmac) else {
         // The bridge floods unknown destinations; the kernel learns where the host is.
         return Err(Reason::PassBridgeFdbMiss);
     };
