@@ -13,6 +13,10 @@ fn main() -> anyhow::Result<()> {
         .canonicalize()
         .context("xdp-router-ebpf directory")?;
     let root_dir = ebpf_dir.to_str().context("non-UTF-8 path")?;
+    // aya-build turns every stderr line of the nested cargo into a `cargo:warning`: keep that
+    // cargo quiet so only its errors (and rustc's diagnostics) come through.
+    // SAFETY: a build script is single-threaded here; nothing else reads the environment.
+    unsafe { std::env::set_var("CARGO_TERM_QUIET", "true") };
     aya_build::build_ebpf(
         [Package {
             name: "xdp-router-ebpf",

@@ -250,7 +250,12 @@ impl Testbed {
     /// [`Testbed::start_daemon_with`], plus `lan_extra` lines in the LAN interface's table
     /// (e.g. `bypass_hooks = true\n`).
     pub fn start_daemon_with_lan(&mut self, extra: &str, lan_extra: &str) -> &Daemon {
-        let daemon = self.launch_daemon(extra, lan_extra);
+        let daemon = self.spawn_daemon(&format!(
+            "xdp_mode = \"native\"\n\
+             {extra}\
+             [[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
+             [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n{lan_extra}"
+        ));
         let st = daemon.status();
         for ifname in [LAN_IF, WAN_IF] {
             let i = st
@@ -265,31 +270,33 @@ impl Testbed {
                 daemon.log_tail()
             );
         }
-        daemon
+        self.daemon.insert(daemon)
     }
 
-    /// [`Testbed::start_daemon_with_lan`] without the check that both interfaces got native
-    /// XDP (for tests of what happens when they cannot).
-    pub fn launch_daemon(&mut self, extra: &str, lan_extra: &str) -> &Daemon {
+    /// Starts the daemon with `config` (top-level settings and `[[interface]]` tables) after
+    /// the test bed's own settings, for topologies other than the plain eth1/eth0 pair (VLAN
+    /// devices, bridges); checks no attach mode.
+    pub fn start_daemon_config(&mut self, config: &str) -> &Daemon {
+        let daemon = self.spawn_daemon(config);
+        self.daemon.insert(daemon)
+    }
+
+    fn spawn_daemon(&self, config_tail: &str) -> Daemon {
         let socket = self.dir.path().join("control.sock");
         let config = self.dir.path().join("xdp-routerd.toml");
         fs::write(
             &config,
             format!(
                 "control_socket = \"{}\"\n\
-                 xdp_mode = \"native\"\n\
                  flow_capacity = 4096\n\
                  keepalive_interval_ms = 2000\n\
                  log_level = \"debug\"\n\
-                 {extra}\
-                 [[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
-                 [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n{lan_extra}",
+                 {config_tail}",
                 socket.display()
             ),
         )
         .unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
-        let daemon = Daemon::start(&self.router, &config, &socket, self.dir.path());
-        self.daemon.insert(daemon)
+        Daemon::start(&self.router, &config, &socket, self.dir.path())
     }
 
     /// The running daemon (panics when [`Testbed::start_daemon`] was not called).

@@ -106,7 +106,11 @@ fn native_attach_refusal_is_explained() {
     }
     let mut tb = Testbed::new("mt");
     tb.lan.sh("ip link set eth0 mtu 9000");
-    let daemon = tb.launch_daemon("", "");
+    let daemon = tb.start_daemon_config(&format!(
+        "xdp_mode = \"native\"\n\
+         [[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
+         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
+    ));
     let st = daemon.status();
     let lan = st.interfaces.iter().find(|i| i.name == LAN_IF).unwrap();
     println!(

@@ -3,6 +3,7 @@
 //! Builds with stable Rust alone: `setup` is what installs the eBPF toolchain.
 
 mod cmd;
+mod guest;
 mod lab;
 mod setup;
 mod test;

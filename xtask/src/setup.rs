@@ -47,6 +47,7 @@ const TOOLS: &[(&str, &str)] = &[
 /// Runs every setup step.
 pub fn run() -> anyhow::Result<()> {
     step("system packages", packages)?;
+    step("Debian-kernel guest (qemu, virtme-ng, kernel)", guest)?;
     step("nightly toolchain + rust-src", nightly)?;
     step("bpf-linker", bpf_linker)?;
     println!("setup: everything is in place");
@@ -74,6 +75,62 @@ fn packages() -> anyhow::Result<()> {
         println!("  all commands present");
         return Ok(());
     }
+    apt_install(&missing)
+}
+
+/// What the guest step of the tests needs (xtask/src/guest.rs): qemu and a static busybox for
+/// virtme-ng, virtme-ng itself (PyPI: Debian 12 does not package it), and Debian's kernel with
+/// the modules this one lacks.
+fn guest() -> anyhow::Result<()> {
+    let mut missing = Vec::new();
+    if cmd::which("qemu-system-x86_64").is_none() {
+        missing.push("qemu-system-x86");
+    }
+    let busybox = Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", "busybox-static"])
+        .output();
+    if !busybox.is_ok_and(|o| o.stdout.ends_with(b" installed")) {
+        missing.push("busybox-static");
+    }
+    match crate::guest::kernel() {
+        Some(k) => println!("  guest kernel {}", k.display()),
+        None => missing.push(crate::guest::KERNEL_PACKAGE),
+    }
+    let pip = || {
+        Command::new("python3")
+            .args(["-m", "pip", "--version"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if cmd::which("vng").is_none() && !pip() {
+        missing.push("python3-pip");
+    }
+    if missing.is_empty() {
+        println!("  qemu, busybox-static present");
+    } else {
+        apt_install(&missing)?;
+    }
+    if cmd::which("vng").is_some() {
+        println!("  virtme-ng present");
+        return Ok(());
+    }
+    cmd::run(Command::new("python3").args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--break-system-packages",
+        "virtme-ng==1.42",
+    ]))?;
+    if cmd::which("vng").is_none() {
+        bail!("virtme-ng is installed but `vng` is not on PATH: add pip's scripts directory");
+    }
+    Ok(())
+}
+
+/// `apt-get install` of `missing` packages (after `apt-get update`), installing nothing
+/// recommended, upgrading nothing and starting no service.
+fn apt_install(missing: &[&str]) -> anyhow::Result<()> {
     let list = missing.join(" ");
     if cmd::which("apt-get").is_none() {
         bail!("no apt-get on this system: install the packages providing these commands: {list}");
@@ -115,7 +172,7 @@ fn packages() -> anyhow::Result<()> {
                 "--no-install-recommends",
                 "--no-upgrade",
             ])
-            .args(&missing),
+            .args(missing),
     );
     if ours {
         let _ = fs::remove_file(policy);
@@ -389,11 +446,21 @@ mod tests {
     /// Programs every Debian system has (essential packages, the shell) or that setup itself
     /// provides (rustup's toolchains): they need no entry in [`TOOLS`].
     const BASE_SYSTEM: &[&str] = &[
-        "sh", "cat", "kill", "ldd", "mount", "apt-get", "rustup", "rustc", "cargo",
+        "sh", "cat", "kill", "ldd", "mount", "apt-get", "rustup", "rustc", "cargo", "date",
+        "uname", "sleep", "seq", "head", "tail", "grep", "sed", "awk", "sort", "wc", "tr", "cut",
+        "ls", "rm", "mkdir", "touch", "env", "timeout", "nproc",
+    ];
+
+    /// Shell keywords and builtins: not programs.
+    const SHELL_BUILTINS: &[&str] = &[
+        "set", "echo", "printf", "true", "false", "exec", "cd", "export", "read", "wait", "test",
+        "for", "while", "until", "if", "then", "else", "elif", "fi", "do", "done", "case", "esac",
+        "in", "exit", "return", "local", "trap", "shift", "eval", "unset", "break", "continue",
     ];
 
     /// The programs `source` spawns by name: `Command::new("x")`, `.exec("x"`, `.exec_ok("x"`,
-    /// `.command("x")`, `run_ok("x"`.
+    /// `.command("x")`, `run_ok("x"`, `run("x"` (the bench's netns helpers), and the commands of
+    /// shell snippets (`.sh("…")`, `.sh(&format!("…"`, `"sh", &["-c", "…"`).
     fn spawned(source: &str) -> Vec<String> {
         let mut out = Vec::new();
         for pat in [
@@ -402,11 +469,74 @@ mod tests {
             ".exec_ok(\"",
             ".command(\"",
             "run_ok(\"",
+            "run(\"",
         ] {
             for (i, _) in source.match_indices(pat) {
                 let rest = &source[i + pat.len()..];
                 if let Some(end) = rest.find('"') {
                     out.push(rest[..end].to_owned());
+                }
+            }
+        }
+        for pat in [".sh(\"", ".sh(&format!(\"", "\"-c\", \""] {
+            for (i, _) in source.match_indices(pat) {
+                out.extend(shell_commands(&string_literal(&source[i + pat.len()..])));
+            }
+        }
+        out
+    }
+
+    /// The text of a Rust string literal whose opening quote was just consumed (escapes kept
+    /// as they are, `\` line continuations removed).
+    fn string_literal(rest: &str) -> String {
+        let mut text = String::new();
+        let mut chars = rest.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => match chars.next() {
+                    Some('\n') => while chars.next_if(|c| c.is_whitespace()).is_some() {},
+                    Some('n') => text.push('\n'),
+                    Some(other) => text.push(other),
+                    None => break,
+                },
+                c => text.push(c),
+            }
+        }
+        text
+    }
+
+    /// The programs a shell snippet runs: the first word of each command (after `;`, `&&`,
+    /// `||`, `|`, a newline, `(`, `then`, `do`…), leaving out variable assignments, shell
+    /// builtins and words that are format placeholders.
+    fn shell_commands(script: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut at_command_start = true;
+        let spaced = script
+            .replace("&&", " ; ")
+            .replace("||", " ; ")
+            .replace(['|', '\n', '(', ')', '`'], " ; ");
+        for word in spaced.split_whitespace() {
+            for part in word.split_inclusive(';') {
+                let w = part.trim_end_matches(';');
+                if at_command_start && !w.is_empty() {
+                    let keyword = SHELL_BUILTINS.contains(&w) || w == "!" || w.contains('=');
+                    let program = w
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.+".contains(c))
+                        && w.starts_with(|c: char| c.is_ascii_alphabetic());
+                    if !keyword && program {
+                        out.push(w.to_owned());
+                    }
+                    // A command follows an assignment and these keywords (not `for x in …`).
+                    at_command_start = w.contains('=')
+                        || [
+                            "then", "else", "elif", "do", "if", "while", "until", "!", "exec",
+                        ]
+                        .contains(&w);
+                }
+                if part.ends_with(';') {
+                    at_command_start = true;
                 }
             }
         }
@@ -458,5 +588,23 @@ mod tests {
     fn spawned_programs_are_found() {
         let src = r#"Command::new("ping").arg("x"); ns.exec_ok("conntrack", &["-L"]); ns.command("iperf3")"#;
         assert_eq!(spawned(src), ["ping", "conntrack", "iperf3"]);
+        let src = r#"crate::netns::run("uname", &["-r"]); ns.run("ss", &["-t"])"#;
+        assert_eq!(spawned(src), ["uname", "ss"]);
+    }
+
+    #[test]
+    fn shell_snippets_are_scanned() {
+        let src = r#"ns.sh("set -e
+            X=1 nft add table inet fw; ip link set up \
+                dev eth0 && if ! bridge fdb show; then ethtool -K eth0 gro off; fi
+            tcpdump -c1 | head -1; echo {x} > /sys/y");
+            ns.sh(&format!("sysctl -qw {s} || true"));
+            run("sh", &["-c", "for i in 1 2; do arping -c1 x; done"])"#;
+        assert_eq!(
+            spawned(src),
+            [
+                "sh", "nft", "ip", "bridge", "ethtool", "tcpdump", "head", "sysctl", "arping"
+            ]
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! `cargo xtask test`: unit tests, the release daemon build, the privileged tests (as root, one
-//! thread) and the quick benchmark; then a summary. Exits non-zero when any step failed.
+//! thread), the same kind of tests in a Debian-kernel guest (VLAN: modules this kernel lacks)
+//! and the quick benchmark; then a summary. Exits non-zero when any step failed.
 
 use std::{fmt::Write as _, fs, path::PathBuf, time::Instant};
 
@@ -16,6 +17,9 @@ pub struct TestArgs {
     /// Skip the quick benchmark.
     #[arg(long)]
     no_bench: bool,
+    /// Skip the tests that run in the Debian-kernel guest (VLAN; see xtask/src/guest.rs).
+    #[arg(long)]
+    no_guest: bool,
     /// Extra arguments for the privileged test binaries, e.g. a test-name filter.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     privileged_args: Vec<String>,
@@ -107,6 +111,22 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         }),
         (Some(bin), true) => steps.push(timed("privileged tests", || {
             privileged(bin, &skip_log, &args.privileged_args)
+        })),
+    }
+    match (&daemon, cmd::is_root()) {
+        _ if args.no_guest => steps.push(not_run("guest tests", "--no-guest")),
+        (None, _) => steps.push(not_run("guest tests", "the daemon did not build")),
+        (Some(_), false) => steps.push(Step {
+            name: "guest tests",
+            outcome: Outcome::Failed("not root".into()),
+            secs: 0.0,
+        }),
+        (Some(bin), true) => steps.push(timed("guest tests", || {
+            let failed = crate::guest::run(bin, &skip_log, &args.privileged_args)?;
+            if !failed.is_empty() {
+                bail!("failed in the guest: {}", failed.join(", "));
+            }
+            Ok(())
         })),
     }
     let skips: Vec<String> = fs::read_to_string(&skip_log)
