@@ -28,7 +28,14 @@ pub enum Scenario {
     /// S3: S2 + HTB (pfifo leaf) on the WAN egress: uploads shaped, the WAN interface
     /// configured `shaped = true`; measured in the download direction.
     S3,
+    /// S2 with the LAN as a bridge (`br-lan` over the LAN port, configured by the bridge's
+    /// name): XDP on the port, downloads redirected to it through the bridge FDB; measured in
+    /// the download direction.
+    S4,
 }
+
+/// The bridge of [`Scenario::S4`].
+pub const BRIDGE: &str = "br-lan";
 
 impl Scenario {
     /// Short name (`S1`…).
@@ -37,6 +44,7 @@ impl Scenario {
             Scenario::S1 => "S1",
             Scenario::S2 => "S2",
             Scenario::S3 => "S3",
+            Scenario::S4 => "S4",
         }
     }
 
@@ -46,6 +54,7 @@ impl Scenario {
             Scenario::S1 => "routed (conntrack on, no rules to walk)",
             Scenario::S2 => "routed + MASQUERADE + est. accept + 25 rules",
             Scenario::S3 => "S2 + HTB on upload (download measured)",
+            Scenario::S4 => "S2 with a bridged LAN (br-lan; download measured)",
         }
     }
 
@@ -57,6 +66,21 @@ impl Scenario {
     /// Whether the WAN egress has a shaper.
     pub fn shaped(self) -> bool {
         self == Scenario::S3
+    }
+
+    /// Whether the download direction is measured (WAN → LAN).
+    pub fn download(self) -> bool {
+        matches!(self, Scenario::S3 | Scenario::S4)
+    }
+
+    /// The router's LAN interface as the kernel routes it (and the config names it): the
+    /// bridge in S4, else the LAN port `rl`.
+    pub fn lan_if(self, rl: &str) -> String {
+        if self == Scenario::S4 {
+            BRIDGE.into()
+        } else {
+            rl.into()
+        }
     }
 }
 
@@ -154,8 +178,11 @@ pub fn apply_scenario(
     rw: &str,
     shaper_mbit: u32,
 ) -> Result<()> {
-    clear_scenario(rtr, rw)?;
-    Firewall::of(sc).install(rtr, rl, rw, sc.id())?;
+    clear_scenario(rtr, rl, rw)?;
+    if sc == Scenario::S4 {
+        bridge_lan(rtr, rl)?;
+    }
+    Firewall::of(sc).install(rtr, &sc.lan_if(rl), rw, sc.id())?;
     if sc.shaped() {
         rtr.sh(&format!(
             "tc qdisc replace dev {rw} root handle 1: htb default 10 && \
@@ -172,17 +199,46 @@ pub fn apply_scenario(
 /// FORWARD policy DROP, `ESTABLISHED,RELATED` and `rl` → `rw` accepted (the same filter in
 /// ip6tables, without NAT).
 pub fn apply_home_router(rtr: &Netns, rl: &str, rw: &str) -> Result<()> {
-    clear_scenario(rtr, rw)?;
+    clear_scenario(rtr, rl, rw)?;
     Firewall::HOME.install(rtr, rl, rw, "home router")?;
     flush_conntrack(rtr)
 }
 
-/// Removes firewall rules, NAT and the shaper from the router namespace.
-pub fn clear_scenario(rtr: &Netns, rw: &str) -> Result<()> {
+/// Removes firewall rules, NAT, the shaper and the LAN bridge from the router namespace (the
+/// LAN port `rl` gets its addresses and the LAN host's neighbour entries back).
+pub fn clear_scenario(rtr: &Netns, rl: &str, rw: &str) -> Result<()> {
     rtr.sh(&format!(
         "for t in iptables ip6tables; do $t -P FORWARD ACCEPT && $t -F && $t -t nat -F; done; \
          tc qdisc del dev {rw} root 2>/dev/null; true"
     ))?;
+    if rtr.sh(&format!("test -d /sys/class/net/{BRIDGE}")).is_ok() {
+        rtr.sh(&format!(
+            "ip link del {BRIDGE} && ip link set {rl} up && \
+             ip addr replace 10.0.1.1/24 dev {rl} && ip addr replace fd00:1::1/64 dev {rl} nodad && \
+             ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev {rl} nud permanent && \
+             ip neigh replace fd00:1::2 lladdr 02:00:00:00:01:02 dev {rl} nud permanent"
+        ))?;
+    }
+    Ok(())
+}
+
+/// Makes the LAN a bridge, as OpenWrt has it: `br-lan` (with the LAN port's MAC, so the LAN
+/// host's neighbour entry for the router holds) over the port `rl`, the router's LAN addresses
+/// and its neighbour entries for the LAN host on the bridge, and the LAN host's MAC as a static
+/// FDB entry on the port (the generator's frames reach the bridge only while the fast path is
+/// off, so a learned entry could age out between trials).
+fn bridge_lan(rtr: &Netns, rl: &str) -> Result<()> {
+    rtr.sh(&format!(
+        "ip link add {BRIDGE} address 02:00:00:00:01:01 type bridge && \
+         ip addr flush dev {rl} && ip link set {rl} master {BRIDGE} && \
+         sysctl -qw net.ipv4.conf.{BRIDGE}.rp_filter=0 net.ipv6.conf.{BRIDGE}.accept_ra=0 && \
+         ip addr add 10.0.1.1/24 dev {BRIDGE} && ip addr add fd00:1::1/64 dev {BRIDGE} nodad && \
+         ip link set {BRIDGE} up && \
+         ip neigh replace 10.0.1.2 lladdr 02:00:00:00:01:02 dev {BRIDGE} nud permanent && \
+         ip neigh replace fd00:1::2 lladdr 02:00:00:00:01:02 dev {BRIDGE} nud permanent && \
+         bridge fdb replace 02:00:00:00:01:02 dev {rl} master static"
+    ))
+    .context("making the LAN a bridge (needs the bridge module)")?;
     Ok(())
 }
 

@@ -313,7 +313,7 @@ fn measure(
     }
 
     // 2. The XDP ceiling: bare redirect between the router's interfaces.
-    router::clear_scenario(&tb.rtr, &tb.names.rw)?;
+    router::clear_scenario(&tb.rtr, &tb.names.rl, &tb.names.rw)?;
     if !plan.only_latency {
         eprintln!(
             "XDP ceiling (bare redirect {} → {})",
@@ -358,7 +358,7 @@ fn measure(
                 bin,
                 &tb.rtr,
                 &out_dir.join(format!("daemon-{}", sc.id())),
-                &tb.names.rl,
+                &sc.lan_if(&tb.names.rl),
                 &tb.names.rw,
                 sc.shaped(),
             )?),
@@ -377,7 +377,7 @@ fn measure(
             }
             Ok(())
         };
-        let path = if sc.shaped() {
+        let path = if sc.download() {
             Path::Download
         } else {
             Path::Upload
@@ -456,7 +456,7 @@ fn measure(
             d.stop()?;
         }
     }
-    router::clear_scenario(&tb.rtr, &tb.names.rw)?;
+    router::clear_scenario(&tb.rtr, &tb.names.rl, &tb.names.rw)?;
     Ok(())
 }
 

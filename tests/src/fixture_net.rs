@@ -25,10 +25,10 @@ use aya::{
     programs::{TestRun, TestRunOptions, Xdp},
 };
 use xdp_router_common::{
-    Counter, FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FibCache, FlowCounters,
-    FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, GLOBAL_FIB_FLAGS, IFACE_F_LAN, IFACE_F_WAN, IfaceInfo,
-    MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, PROG_NAME,
-    SETTINGS_F_FIB_MARK, Settings,
+    Counter, FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FdbKey, FibCache, FlowCounters,
+    FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, GLOBAL_FIB_FLAGS, IFACE_F_BRIDGE_PORT, IFACE_F_LAN,
+    IFACE_F_WAN, IfaceInfo, MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS,
+    MAP_STATS, MAP_TX_PORTS, PROG_NAME, SETTINGS_F_FIB_MARK, Settings,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -344,6 +344,8 @@ pub struct Setup {
     pub ifaces: Vec<(u32, IfaceInfo)>,
     /// `TX_PORTS` entries.
     pub tx_ports: Vec<u32>,
+    /// `BRIDGE_FDB` entries: (bridge ifindex, MAC) → port ifindex.
+    pub fdb: Vec<((u32, [u8; 6]), u32)>,
     /// `SETTINGS[0].fastpath_enabled`.
     pub fastpath: bool,
     /// `SETTINGS[0].fib_generation` (0 disables the FIB cache).
@@ -369,6 +371,7 @@ impl Setup {
                         flags: IFACE_F_LAN,
                         mac: LAN_MAC,
                         _pad: [0; 2],
+                        l3_ifindex: 0,
                     },
                 ),
                 (
@@ -378,6 +381,7 @@ impl Setup {
                         flags: IFACE_F_WAN,
                         mac: WAN_MAC,
                         _pad: [0; 2],
+                        l3_ifindex: 0,
                     },
                 ),
                 (
@@ -387,10 +391,12 @@ impl Setup {
                         flags: IFACE_F_WAN,
                         mac: MTU_MAC,
                         _pad: [0; 2],
+                        l3_ifindex: 0,
                     },
                 ),
             ],
             tx_ports: vec![bed.lan, bed.wan, bed.mtu],
+            fdb: Vec::new(),
             fastpath: true,
             // As the daemon runs it: the FIB cache on (here with a long enough age that every
             // repeated packet of a case uses it).
@@ -430,6 +436,23 @@ impl Setup {
 
     pub fn without_tx_port(mut self, ifindex: u32) -> Setup {
         self.tx_ports.retain(|i| *i != ifindex);
+        self
+    }
+
+    /// `port` made a port of the bridge `bridge` (`IFACE_F_BRIDGE_PORT`, its `l3_ifindex`).
+    pub fn with_bridge_port(mut self, port: u32, bridge: u32) -> Setup {
+        for (i, info) in &mut self.ifaces {
+            if *i == port {
+                info.flags |= IFACE_F_BRIDGE_PORT;
+                info.l3_ifindex = bridge;
+            }
+        }
+        self
+    }
+
+    /// A `BRIDGE_FDB` entry: `mac` is behind `port` of `bridge`.
+    pub fn with_fdb(mut self, bridge: u32, mac: [u8; 6], port: u32) -> Setup {
+        self.fdb.push(((bridge, mac), port));
         self
     }
 
@@ -483,6 +506,8 @@ pub struct Maps {
     pub ifaces: HashMap<MapData, u32, IfaceInfo>,
     /// `TX_PORTS`.
     pub tx_ports: DevMapHash<MapData>,
+    /// `BRIDGE_FDB`.
+    pub fdb: HashMap<MapData, FdbKey, u32>,
     /// `STATS`.
     pub stats: PerCpuArray<MapData, Counter>,
     /// `SETTINGS`.
@@ -525,6 +550,7 @@ pub fn load_object(object: &[u8], fib_flags: u32) -> (Ebpf, Maps) {
         flows_v6: take(&mut ebpf, MAP_FLOWS_V6),
         ifaces: take(&mut ebpf, MAP_IFACES),
         tx_ports: take(&mut ebpf, MAP_TX_PORTS),
+        fdb: take(&mut ebpf, MAP_BRIDGE_FDB),
         stats: take(&mut ebpf, MAP_STATS),
         settings: take(&mut ebpf, MAP_SETTINGS),
     };
@@ -575,6 +601,18 @@ impl Maps {
             self.tx_ports
                 .insert(*i, *i, None, 0)
                 .expect("insert tx port");
+        }
+        let keys: Vec<_> = self.fdb.keys().map(|k| k.expect("fdb key")).collect();
+        for k in keys {
+            self.fdb.remove(&k).expect("remove fdb entry");
+        }
+        for ((bridge, mac), port) in &s.fdb {
+            let key = FdbKey {
+                bridge_ifindex: *bridge,
+                mac: *mac,
+                _pad: [0; 2],
+            };
+            self.fdb.insert(key, port, 0).expect("insert fdb entry");
         }
         self.write_settings(s);
     }

@@ -464,6 +464,21 @@ pub struct IfaceStatus {
     pub ifindex: u32,
     /// `native`, `generic`, … (`detached` while it does not exist).
     pub attach_mode: String,
+    /// The kernel reports that it transmits XDP frames (redirect target).
+    #[serde(default)]
+    pub xdp_xmit: bool,
+    /// Why `xdp_xmit` is false.
+    #[serde(default)]
+    pub no_xdp_xmit_because: Option<String>,
+    /// Why it runs generic XDP although native was asked for.
+    #[serde(default)]
+    pub generic_because: Option<String>,
+    /// For a bridge port: its bridge.
+    #[serde(default)]
+    pub bridge: Option<String>,
+    /// For a bridge: FDB entries copied.
+    #[serde(default)]
+    pub fdb_entries: Option<u64>,
 }
 
 /// Flow map occupancy in `status --json`.
@@ -570,7 +585,9 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    fn start(router: &Netns, config: &Path, socket: &Path, dir: &Path) -> Daemon {
+    /// Starts `xdp-routerd run` in `router` with `config`, its control socket at `socket` and its
+    /// log in `dir`, and waits until `status` answers.
+    pub fn start(router: &Netns, config: &Path, socket: &Path, dir: &Path) -> Daemon {
         let bin = daemon_binary();
         let log = dir.join("xdp-routerd.log");
         let log_file =

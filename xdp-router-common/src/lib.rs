@@ -25,6 +25,10 @@ pub const MAP_STATS: &str = "STATS";
 pub const MAP_SETTINGS: &str = "SETTINGS";
 pub const MAP_ARM_V4: &str = "ARM_V4";
 pub const MAP_ARM_V6: &str = "ARM_V6";
+pub const MAP_BRIDGE_FDB: &str = "BRIDGE_FDB";
+
+/// Capacity of [`MAP_BRIDGE_FDB`] (MAC addresses behind all managed bridges).
+pub const FDB_CAPACITY: u32 = 8192;
 
 /// Name of the TC egress program that arms flow directions the kernel itself forwarded (see
 /// [`FlowV4::armed_generation`]).
@@ -280,6 +284,24 @@ pub const IFACE_F_INGRESS_HOOK: u32 = 1 << 3;
 /// Packets leaving this interface pass egress hooks (nftables `netdev` egress chain, tc egress
 /// filters) that a redirect would skip: never redirected out of it (`Reason::PassEgressHook`).
 pub const IFACE_F_EGRESS_HOOK: u32 = 1 << 4;
+/// The interface cannot transmit XDP frames (no `ndo_xdp_xmit`, or a veth whose peer has
+/// neither XDP nor GRO: `NETDEV_XDP_ACT_NDO_XMIT` is off): never redirected to
+/// (`Reason::PassEgressNoXdpXmit`), and kept out of [`MAP_TX_PORTS`] while set. The daemon adds
+/// the `TX_PORTS` entry before it clears this flag and removes it only after setting it.
+pub const IFACE_F_NO_XDP_XMIT: u32 = 1 << 5;
+/// The interface is a bridge (`br-lan`): the program does not run on it but on its ports, and a
+/// packet routed out of it is redirected to the port the bridge FDB ([`MAP_BRIDGE_FDB`]) names
+/// for its destination MAC (`Reason::PassBridgeFdbMiss` when none). Its own `IFACE_F_SHAPED`
+/// and `IFACE_F_EGRESS_HOOK` apply to such packets (the kernel sends them through the bridge
+/// device first); its `IFACE_F_NO_XDP_XMIT` does not (the port transmits).
+pub const IFACE_F_BRIDGE: u32 = 1 << 6;
+/// The interface is a port of the managed bridge [`IfaceInfo::l3_ifindex`]: frames not sent to
+/// the bridge's MAC are bridged by the kernel (`Reason::PassBridged`); the others are routed as
+/// if received by the bridge (flow keys and FIB lookups use the bridge's ifindex).
+pub const IFACE_F_BRIDGE_PORT: u32 = 1 << 7;
+/// A bridge port whose STP state is not forwarding: the kernel bridge drops what it receives
+/// and sends nothing out of it (`Reason::PassBridgePortNotForwarding`).
+pub const IFACE_F_PORT_NOT_FORWARDING: u32 = 1 << 8;
 
 /// Value of [`MAP_IFACES`], keyed by ifindex (host order): a managed interface.
 #[repr(C)]
@@ -290,11 +312,28 @@ pub struct IfaceInfo {
     /// `IFACE_F_*`.
     pub flags: u32,
     /// The interface's own MAC address: only frames sent to it are forwarded
-    /// (`Reason::PassDstMacNotOurs` otherwise). Kept up to date by the daemon.
+    /// (`Reason::PassDstMacNotOurs` otherwise). Kept up to date by the daemon. For a bridge
+    /// port: the bridge's MAC.
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
+    /// The interface the kernel's IP layer sees packets of this one on (host order): the
+    /// bridge's ifindex for a bridge port ([`IFACE_F_BRIDGE_PORT`]); 0 = this interface.
+    pub l3_ifindex: u32,
+}
+const _: () = assert!(core::mem::size_of::<IfaceInfo>() == 20);
+
+/// Key of [`MAP_BRIDGE_FDB`]: a MAC address behind a managed bridge (VLAN-unaware bridges:
+/// the kernel's FDB entries without a VLAN). The value is the port's ifindex (host order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FdbKey {
+    /// The bridge's ifindex (host order).
+    pub bridge_ifindex: u32,
+    /// The MAC address (wire order).
     pub mac: [u8; 6],
     pub _pad: [u8; 2],
 }
-const _: () = assert!(core::mem::size_of::<IfaceInfo>() == 16);
+const _: () = assert!(core::mem::size_of::<FdbKey>() == 12);
 
 /// One packets/bytes counter in the per-CPU [`MAP_STATS`] array.
 #[repr(C)]
@@ -353,6 +392,6 @@ mod pod {
     }
     pod!(
         FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, Counter, Settings, FibCache, ArmKeyV4,
-        ArmKeyV6,
+        ArmKeyV6, FdbKey,
     );
 }

@@ -69,11 +69,27 @@ pub enum Reason {
     /// The packet's DSCP is not the one the kernel sent this flow direction out with: a rule
     /// in the forward path rewrites it (`dscp set`, `-j DSCP`), so the kernel must apply it.
     PassDscpNotKernels = 26,
+    /// The FIB sends the packet out of an interface that cannot transmit XDP frames (a bridge,
+    /// a bond or VLAN device, a veth whose peer has neither XDP nor GRO: the kernel's
+    /// `NETDEV_XDP_ACT_NDO_XMIT` feature is off), where a redirect would be dropped.
+    PassEgressNoXdpXmit = 27,
+    /// Received on a bridge port and not addressed to the bridge's MAC (LAN↔LAN traffic, STP,
+    /// multicast, broadcast): the kernel bridge forwards it.
+    PassBridged = 28,
+    /// Routed out of a bridge whose FDB has no port for the destination MAC: the kernel
+    /// bridge floods it (and learns where the host is).
+    PassBridgeFdbMiss = 29,
+    /// The bridge port it arrived on, or would leave by, is not in the STP forwarding state.
+    PassBridgePortNotForwarding = 30,
+    /// Received on a bridge port from a source MAC the bridge FDB does not place on that port
+    /// (a new host, a host that moved, or an entry that aged out while the fast path carried
+    /// the host's traffic, which the bridge never sees): the kernel bridge learns from it.
+    PassBridgeLearning = 31,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 27;
+    pub const COUNT: u32 = 32;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -104,6 +120,11 @@ impl Reason {
         Reason::PassIngressHook,
         Reason::PassEgressHook,
         Reason::PassDscpNotKernels,
+        Reason::PassEgressNoXdpXmit,
+        Reason::PassBridged,
+        Reason::PassBridgeFdbMiss,
+        Reason::PassBridgePortNotForwarding,
+        Reason::PassBridgeLearning,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -136,6 +157,11 @@ impl Reason {
             Reason::PassIngressHook => "ingress_hook",
             Reason::PassEgressHook => "egress_hook",
             Reason::PassDscpNotKernels => "dscp_rewritten_by_kernel",
+            Reason::PassEgressNoXdpXmit => "egress_no_xdp_xmit",
+            Reason::PassBridged => "bridged_by_kernel",
+            Reason::PassBridgeFdbMiss => "bridge_fdb_miss",
+            Reason::PassBridgePortNotForwarding => "bridge_port_not_forwarding",
+            Reason::PassBridgeLearning => "bridge_learning",
         }
     }
 

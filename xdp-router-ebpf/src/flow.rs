@@ -17,8 +17,9 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use xdp_router_common::{
-    FIB_LOOKUP_MARK, FLOW_DSCP_KNOWN, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6,
-    IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_SHAPED, IfaceInfo, Reason,
+    FIB_LOOKUP_MARK, FLOW_DSCP_KNOWN, FLOW_F_REPLY, FdbKey, FibCache, FlowCounters, FlowKeyV4,
+    FlowKeyV6, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK,
+    IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED, IfaceInfo, Reason,
     SETTINGS_F_FIB_MARK,
     checksum::{pseudo_v4, pseudo_v6},
     parse::{
@@ -28,7 +29,7 @@ use xdp_router_common::{
 };
 
 use crate::{
-    maps::{FLOWS_V4, FLOWS_V6, IFACES, SETTINGS, TX_PORTS, fib_flags},
+    maps::{BRIDGE_FDB, FLOWS_V4, FLOWS_V6, IFACES, SETTINGS, TX_PORTS, fib_flags},
     parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, ptr_at_mut},
     rewrite::{self, L4, NextHop},
     verify,
@@ -75,13 +76,39 @@ pub fn try_forward(
     if info.is_some_and(|i| unsafe { (*i).flags } & IFACE_F_INGRESS_HOOK != 0) {
         return Err(Reason::PassIngressHook);
     }
+    // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
+    let (flags, l3_ifindex) = info.map_or((0, 0), |i| unsafe { ((*i).flags, (*i).l3_ifindex) });
     let eth: *mut EthHdr = ptr_at_mut(ctx, 0)?;
+    if flags & IFACE_F_BRIDGE_PORT != 0 {
+        // A frame on a bridge port that is not addressed to the bridge is the bridge's to
+        // forward (LAN to LAN, STP, multicast, broadcast), whatever it carries.
+        verify::dst_mac_is_ours(eth, info).map_err(|_| Reason::PassBridged)?;
+        if flags & IFACE_F_PORT_NOT_FORWARDING != 0 {
+            // The bridge drops what a blocking/listening/learning port receives.
+            return Err(Reason::PassBridgePortNotForwarding);
+        }
+        // The bridge learns where hosts are from the frames it sees; the ones XDP forwards it
+        // never sees. A source the FDB does not place on this port goes to the kernel so the
+        // bridge learns it (and a host whose entry aged out is learned again).
+        // SAFETY: ptr_at_mut checked that the header is inside the frame.
+        let src = unsafe { (*eth).src };
+        if fdb_port(l3_ifindex, src) != Some(ifindex) {
+            return Err(Reason::PassBridgeLearning);
+        }
+    }
     // SAFETY: ptr_at_mut checked that the header is inside the frame.
     let l3 = classify_ethertype(unsafe { (*eth).ethertype() })?;
     verify::dst_mac_is_ours(eth, info)?;
+    // The IP layer sees a frame from a bridge port as received by the bridge: flow keys and
+    // FIB lookups use the bridge's ifindex, as conntrack and the kernel's routing do.
+    let iif = if flags & IFACE_F_BRIDGE_PORT != 0 && l3_ifindex != 0 {
+        l3_ifindex
+    } else {
+        ifindex
+    };
     match l3 {
-        L3::V4 => try_forward_v4(ctx, ifindex, &cache, verify_l4),
-        L3::V6 => try_forward_v6(ctx, ifindex, &cache, verify_l4),
+        L3::V4 => try_forward_v4(ctx, iif, &cache, verify_l4),
+        L3::V6 => try_forward_v6(ctx, iif, &cache, verify_l4),
     }
 }
 
@@ -451,17 +478,15 @@ fn next_hop(
     Ok(hop)
 }
 
-/// `Ok(XDP_REDIRECT)` once `egress` is a managed, unshaped interface and the redirect to it is
-/// set up. Checked on every packet, cached next hop or not: the daemon flips these live.
+/// Why the fast path must not send out of an interface with `IFACE_F_*` flags `flags`, if
+/// anything.
 #[inline(always)]
-fn redirect_to(egress: u32) -> Result<u32, Reason> {
-    // Only interfaces the daemon manages are fast-path targets (their neighbours, qdiscs and
-    // counters are known); anything else keeps the kernel's full output path.
-    let Some(info) = IFACES.get_ptr(egress) else {
-        return Err(Reason::PassEgressNotManaged);
-    };
-    // SAFETY: map value pointer from the kernel.
-    let flags = unsafe { (*info).flags };
+fn check_egress(flags: u32) -> Result<(), Reason> {
+    if flags & IFACE_F_NO_XDP_XMIT != 0 {
+        // The device would drop a redirected frame (no ndo_xdp_xmit, or a veth whose peer
+        // has neither XDP nor GRO): the kernel's own output path can send it.
+        return Err(Reason::PassEgressNoXdpXmit);
+    }
     if flags & IFACE_F_SHAPED != 0 {
         // A redirect skips the egress qdisc; a shaped link must keep its shaping.
         return Err(Reason::PassEgressShaped);
@@ -470,13 +495,80 @@ fn redirect_to(egress: u32) -> Result<u32, Reason> {
         // A redirect skips the netdev egress chain and tc egress filters too.
         return Err(Reason::PassEgressHook);
     }
+    Ok(())
+}
+
+/// The port of `bridge` that `mac` is behind, per `BRIDGE_FDB`.
+#[inline(always)]
+fn fdb_port(bridge: u32, mac: [u8; 6]) -> Option<u32> {
+    let [m0, m1, m2, m3, m4, m5] = mac;
+    let words = [
+        bridge,
+        u32::from_ne_bytes([m0, m1, m2, m3]),
+        u32::from_ne_bytes([m4, m5, 0, 0]),
+    ];
+    // SAFETY: FdbKey is #[repr(C)], 12 bytes of integers without implicit padding (bridge,
+    // mac, _pad), laid out as these words.
+    let key = unsafe { transmute::<[u32; 3], FdbKey>(words) };
+    // SAFETY: a map lookup; the value is copied out.
+    unsafe { BRIDGE_FDB.get(&key) }.copied()
+}
+
+/// The port of bridge `bridge` (whose flags are `flags`) that `dmac` is behind, per the
+/// bridge FDB, once the bridge's own egress and the port's allow a redirect.
+#[inline(always)]
+fn bridge_port(bridge: u32, flags: u32, dmac: [u8; 6]) -> Result<u32, Reason> {
+    // The kernel sends a routed packet through the bridge device first (its qdisc, its
+    // egress hooks), then out of the port; the bridge device itself transmits nothing.
+    check_egress(flags & !IFACE_F_NO_XDP_XMIT)?;
+    let Some(port) = fdb_port(bridge, dmac) else {
+        // The bridge floods unknown destinations; the kernel learns where the host is.
+        return Err(Reason::PassBridgeFdbMiss);
+    };
+    let Some(info) = IFACES.get_ptr(port) else {
+        return Err(Reason::PassEgressNotManaged);
+    };
+    // SAFETY: map value pointer from the kernel.
+    let (pflags, owner) = unsafe { ((*info).flags, (*info).l3_ifindex) };
+    if pflags & IFACE_F_BRIDGE_PORT == 0 || owner != bridge {
+        // An FDB entry for a port the daemon does not (or no longer) manage as this bridge's.
+        return Err(Reason::PassEgressNotManaged);
+    }
+    if pflags & IFACE_F_PORT_NOT_FORWARDING != 0 {
+        return Err(Reason::PassBridgePortNotForwarding);
+    }
+    check_egress(pflags)?;
+    Ok(port)
+}
+
+/// `Ok(XDP_REDIRECT)` once `egress` (and, for a bridge, the port `dmac` is behind) may send
+/// the packet and the redirect to it is set up. Checked on every packet, cached next hop or
+/// not: the daemon flips these live, and FDB moves are followed from the next packet on.
+#[inline(always)]
+fn redirect_to(egress: u32, dmac: [u8; 6]) -> Result<u32, Reason> {
+    // Only interfaces the daemon manages are fast-path targets (their neighbours, qdiscs and
+    // counters are known); anything else keeps the kernel's full output path.
+    let Some(info) = IFACES.get_ptr(egress) else {
+        return Err(Reason::PassEgressNotManaged);
+    };
+    // SAFETY: map value pointer from the kernel.
+    let flags = unsafe { (*info).flags };
+    let target = if flags & IFACE_F_BRIDGE != 0 {
+        bridge_port(egress, flags, dmac)?
+    } else if flags & IFACE_F_BRIDGE_PORT != 0 {
+        // The kernel never routes out of a bridge port itself.
+        return Err(Reason::PassEgressNotManaged);
+    } else {
+        check_egress(flags)?;
+        egress
+    };
     // The redirect is set up now, before the rewrite: bpf_redirect_map() only records the
     // target (per-CPU redirect info, used once the program returns XDP_REDIRECT), and a
     // missing TX_PORTS entry returns the low bits of the flags (XDP_PASS) instead, so an egress
     // the daemon did not (or no longer) list goes to the kernel untouched. One devmap lookup
     // instead of a lookup to check plus another in the redirect.
     TX_PORTS
-        .redirect(egress, u64::from(xdp_action::XDP_PASS))
+        .redirect(target, u64::from(xdp_action::XDP_PASS))
         .map_err(|_| Reason::PassEgressNotManaged)
 }
 
@@ -612,7 +704,7 @@ fn try_forward_v4(
         tos_word,
         mark,
     )?;
-    let action = redirect_to(hop.ifindex)?;
+    let action = redirect_to(hop.ifindex, hop.dmac)?;
 
     let (eth, ip) = trim_to::<Ipv4Hdr>(ctx, ETH_HLEN + fields.tot_len as usize)?;
     let l4 = L4::at(ctx, ETH_HLEN + IPV4_HLEN, fields.proto == IPPROTO_UDP)?;
@@ -705,7 +797,7 @@ fn try_forward_v6(
     // SAFETY: `flow` is a live map value pointer.
     let fib_cache = unsafe { addr_of_mut!((*flow).fib) };
     let hop = next_hop(ctx, fib_cache, cache, now, &mut params, len, flowinfo, mark)?;
-    let action = redirect_to(hop.ifindex)?;
+    let action = redirect_to(hop.ifindex, hop.dmac)?;
 
     let (eth, ip) = trim_to::<Ipv6Hdr>(ctx, ETH_HLEN + len as usize)?;
     let l4 = L4::at(ctx, ETH_HLEN + IPV6_HLEN, fields.next_header == IPPROTO_UDP)?;

@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, DevMapHash, HashMap, PerCpuArray},
 };
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, Counter, DEFAULT_FLOW_CAPACITY, FIB_LOOKUP_DIRECT, FlowKeyV4, FlowKeyV6,
-    FlowV4, FlowV6, IfaceInfo, MAX_IFACE_SLOTS, STATS_ENTRIES, Settings,
+    ArmKeyV4, ArmKeyV6, Counter, DEFAULT_FLOW_CAPACITY, FDB_CAPACITY, FIB_LOOKUP_DIRECT, FdbKey,
+    FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, MAX_IFACE_SLOTS, STATS_ENTRIES, Settings,
 };
 
 /// Offloaded IPv4 flow directions (one entry per direction of a connection), written by the
@@ -43,6 +43,12 @@ pub static IFACES: HashMap<u32, IfaceInfo> = HashMap::with_max_entries(MAX_IFACE
 /// [`IFACES`]; an egress missing here is treated as not managed.
 #[map]
 pub static TX_PORTS: DevMapHash = DevMapHash::with_max_entries(MAX_IFACE_SLOTS, 0);
+
+/// The managed bridges' FDBs: which port a MAC address is behind (value: the port's
+/// ifindex), synced by the daemon from the kernel's bridge FDB (rtnetlink `AF_BRIDGE`
+/// neighbours). A packet routed out of a bridge is redirected to that port.
+#[map]
+pub static BRIDGE_FDB: HashMap<FdbKey, u32> = HashMap::with_max_entries(FDB_CAPACITY, 0);
 
 /// Per-CPU packets/bytes per (ingress slot, reason), at `stats_index(slot, reason)`.
 #[map]

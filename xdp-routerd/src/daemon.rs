@@ -18,8 +18,8 @@ use anyhow::{Context as _, anyhow, bail};
 use tokio::{signal::unix::SignalKind, task::JoinSet};
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
-    FLOW_F_REPLY, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_LAN, IFACE_F_SHAPED,
-    IFACE_F_WAN, Reason,
+    FLOW_F_REPLY, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_LAN, IFACE_F_NO_XDP_XMIT,
+    IFACE_F_SHAPED, IFACE_F_WAN, Reason,
 };
 
 use crate::{
@@ -29,6 +29,7 @@ use crate::{
     flows::{DirKey, FlowManager, Upsert},
     status::{ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, Status},
     sync::{
+        bridge::{self, BridgeView, FdbEvent, Ports},
         conntrack::{CtEntry, CtEvent, IPPROTO_TCP},
         ctnetlink::{
             CtNetlink, CtNetlinkError, CtSubscription, CtUpdate, KernelTimeouts, conntrack_checksum,
@@ -37,6 +38,7 @@ use crate::{
         nftables::{self, RulesetEvent},
         qdisc::{self, Egress, Qdisc},
         rtnl::{self, RouteLookup, RtEvent},
+        xdp_xmit::{self, Capabilities, XdpXmit, XmitEvent},
     },
 };
 
@@ -50,6 +52,10 @@ struct Managed {
     egress: Option<Egress>,
     /// nftables netdev chains / tc filters found on it (see [`crate::sync::hooks`]).
     hooks: Hooks,
+    /// Whether it can transmit XDP frames (see [`crate::sync::xdp_xmit`]).
+    xmit: XdpXmit,
+    /// For a bridge: its ports, where the program runs (see [`crate::sync::bridge`]).
+    ports: Option<Ports>,
 }
 
 /// `shaped_by` while `shaped = "auto"` and the qdiscs are not known yet: in doubt the fast
@@ -89,6 +95,94 @@ impl Managed {
         } else {
             0
         } | if hooks.egress { IFACE_F_EGRESS_HOOK } else { 0 }
+            | if self.xmit.allowed() {
+                0
+            } else {
+                IFACE_F_NO_XDP_XMIT
+            }
+    }
+
+    /// Whether the interface is managed as a bridge (the program on its ports); a
+    /// VLAN-filtering bridge is not (the fast path does not know a frame's VLAN).
+    fn probe_bridge(&mut self) {
+        let name = &self.cfg.name;
+        let bridged = bridge::is_bridge(name);
+        if bridged && bridge::vlan_filtering(name) {
+            warn!(interface = %name, "{name}: a VLAN-filtering bridge is not accelerated: XDP runs on the bridge itself (generic) and nothing is sent out of it by the fast path");
+        }
+        self.ports = (bridged && !bridge::vlan_filtering(name)).then(Ports::new);
+    }
+
+    /// What its ports take from it, when it is a bridge (`None` while it is missing).
+    fn bridge_view(&self, xdp_mode: crate::config::XdpModeConfig) -> Option<BridgeView<'_>> {
+        let flags = self.flags();
+        Some(BridgeView {
+            name: &self.cfg.name,
+            ifindex: self.ifindex?,
+            mac: rtnl::hw_addr(&self.cfg.name).unwrap_or_default(),
+            role: flags & (IFACE_F_LAN | IFACE_F_WAN),
+            ingress_hook: flags & IFACE_F_INGRESS_HOOK != 0,
+            bypass_hooks: self.cfg.bypass_hooks,
+            xdp_mode,
+        })
+    }
+
+    /// Attaches to the interface (now `ifindex`): to its ports when it is a bridge.
+    fn attach(
+        &mut self,
+        dp: &mut Datapath,
+        ifindex: u32,
+        mac: [u8; 6],
+        xdp_mode: crate::config::XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        if self.ports.is_some() {
+            dp.attach_bridge(&self.cfg.name, ifindex, self.slot, self.flags(), mac)
+        } else {
+            dp.attach(
+                &self.cfg.name,
+                ifindex,
+                self.slot,
+                self.flags(),
+                mac,
+                xdp_mode,
+            )
+        }
+    }
+
+    /// Detaches from it, its ports and their FDB entries included.
+    fn detach(&mut self, dp: &mut Datapath, ifindex: u32) {
+        for port in self
+            .ports
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+            .into_keys()
+        {
+            dp.detach(port);
+        }
+        dp.fdb_clear(ifindex);
+        dp.detach(ifindex);
+    }
+
+    /// Records a new XDP transmit judgement and logs what changes for the fast path. Returns
+    /// whether it changed whether packets may be redirected into the interface.
+    fn set_xmit(&mut self, xmit: XdpXmit) -> bool {
+        let before = self.xmit.allowed();
+        let first = self.xmit == XdpXmit::Unknown;
+        self.xmit = xmit;
+        let name = &self.cfg.name;
+        match (before, self.xmit.why_not()) {
+            // A bridge transmits nothing itself: its ports do.
+            _ if self.ports.is_some() => {}
+            (true, Some(why)) => {
+                warn!(interface = %name, "{name}: {why}: the fast path does not send out of it (egress_no_xdp_xmit)")
+            }
+            (false, None) if !first => {
+                info!(interface = %name, "{name}: can transmit XDP frames again: the fast path sends out of it")
+            }
+            _ => {}
+        }
+        before != self.xmit.allowed()
     }
 
     /// Records freshly read hooks and logs what changes for the fast path. Returns whether
@@ -188,6 +282,10 @@ struct State {
     ifaces: Vec<Managed>,
     ct: ConntrackStatus,
     xdp_mode: crate::config::XdpModeConfig,
+    /// The kernel's XDP features of every device.
+    xmit: Capabilities,
+    /// Next stats slot for a bridge port.
+    next_slot: u32,
 }
 
 type Shared = Arc<Mutex<State>>;
@@ -244,16 +342,15 @@ impl State {
             return false;
         }
         if let Some(old) = m.ifindex.take() {
-            self.dp.detach(old);
+            m.detach(&mut self.dp, old);
         }
+        m.probe_bridge();
         // A new device: its qdiscs are read right after this (the caller's job); until then
         // `auto` counts it as shaped.
         m.egress = None;
+        m.set_xmit(self.xmit.of(ifindex, name));
         let mac = iface_mac(name, mac);
-        match self
-            .dp
-            .attach(name, ifindex, m.slot, m.flags(), mac, xdp_mode)
-        {
+        match m.attach(&mut self.dp, ifindex, mac, xdp_mode) {
             Ok(mode) => {
                 m.ifindex = Some(ifindex);
                 m.mode = Some(mode);
@@ -288,6 +385,78 @@ impl State {
                     error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
                 }
             }
+            let mut ports = m.ports.take();
+            if let (Some(view), Some(ports)) = (m.bridge_view(self.xdp_mode), ports.as_mut()) {
+                for (i, p) in ports.iter_mut() {
+                    p.egress = by_ifindex
+                        .as_ref()
+                        .map(|b| b.get(i).cloned().unwrap_or_default());
+                }
+                bridge::write_flags(&mut self.dp, &view, ports);
+            }
+            m.ports = ports;
+        }
+    }
+
+    /// Follows a change of the kernel's XDP features (a veth peer got or lost XDP/GRO, a
+    /// device came or went): flips `IFACE_F_NO_XDP_XMIT` where the judgement changed.
+    fn apply_xmit_event(&mut self, event: XmitEvent) {
+        self.xmit.apply(event);
+        for m in &mut self.ifaces {
+            let (Some(ifindex), Some(_)) = (m.ifindex, m.mode) else {
+                continue;
+            };
+            if m.set_xmit(self.xmit.of(ifindex, &m.cfg.name))
+                && let Err(e) = self.dp.set_iface_flags(ifindex, m.slot, m.flags())
+            {
+                error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
+            }
+        }
+        self.sync_bridges();
+    }
+
+    /// Follows the ports of every managed bridge (added, removed, STP state, XDP transmit,
+    /// the bridge's MAC). Returns whether a port was added (its qdiscs must be read).
+    fn sync_bridges(&mut self) -> bool {
+        let before = self.next_slot;
+        let State {
+            dp,
+            ifaces,
+            xmit,
+            next_slot,
+            xdp_mode,
+            ..
+        } = self;
+        for m in ifaces.iter_mut().filter(|m| m.mode.is_some()) {
+            let found = bridge::ports(&m.cfg.name);
+            let mut ports = m.ports.take();
+            if let (Some(view), Some(ports)) = (m.bridge_view(*xdp_mode), ports.as_mut()) {
+                bridge::sync_ports(dp, &view, ports, found, xmit, next_slot);
+            }
+            m.ports = ports;
+        }
+        self.next_slot != before
+    }
+
+    /// Copies a bridge FDB change into `BRIDGE_FDB` (managed bridges only).
+    fn apply_fdb(&mut self, ev: FdbEvent) {
+        let bridge = match ev {
+            FdbEvent::Learned { bridge, .. } | FdbEvent::Forgotten { bridge, .. } => bridge,
+        };
+        if !self
+            .ifaces
+            .iter()
+            .any(|m| m.ports.is_some() && m.ifindex == Some(bridge))
+        {
+            return;
+        }
+        match ev {
+            FdbEvent::Learned { bridge, mac, port } => {
+                if let Err(e) = self.dp.fdb_learn(bridge, mac, port) {
+                    error!(error = %format!("{e:#}"), "cannot copy a bridge FDB entry");
+                }
+            }
+            FdbEvent::Forgotten { bridge, mac } => self.dp.fdb_forget(bridge, mac),
         }
     }
 
@@ -298,7 +467,7 @@ impl State {
         warn!(interface = %m.cfg.name, ifindex, "managed interface disappeared; its flows go back to the kernel");
         m.ifindex = None;
         m.mode = None;
-        self.dp.detach(ifindex);
+        m.detach(&mut self.dp, ifindex);
         let managed = self.managed_map();
         self.flows.set_managed(managed);
         true
@@ -306,14 +475,69 @@ impl State {
 
     fn status(&self) -> anyhow::Result<Status> {
         let mut counters = Vec::new();
-        for m in &self.ifaces {
+        let slots = self.ifaces.iter().flat_map(|m| {
+            let ports = m
+                .ports
+                .iter()
+                .flat_map(|p| p.values().map(|p| (&p.name, p.slot)));
+            std::iter::once((&m.cfg.name, m.slot)).chain(ports)
+        });
+        for (name, slot) in slots {
             for r in Reason::ALL {
-                let c = self.dp.counter(m.slot, r)?;
+                let c = self.dp.counter(slot, r)?;
                 counters.push(CounterRow {
-                    interface: m.cfg.name.clone(),
+                    interface: name.clone(),
                     reason: r.name().to_string(),
                     packets: c.packets,
                     bytes: c.bytes,
+                });
+            }
+        }
+        let mut interfaces = Vec::new();
+        for m in &self.ifaces {
+            interfaces.push(IfaceStatus {
+                name: m.cfg.name.clone(),
+                ifindex: m.ifindex.unwrap_or(0),
+                role: m.cfg.role.to_string(),
+                attach_mode: m.mode.map(AttachMode::as_str).unwrap_or("detached").into(),
+                shaped: m.shaped_by().is_some(),
+                shaped_config: m.cfg.shaped.to_string(),
+                shaped_by: m.shaped_by(),
+                egress_qdisc: m.egress.as_ref().and_then(|e| e.root.clone()),
+                xdp_xmit: m.ifindex.is_some() && m.xmit.allowed(),
+                no_xdp_xmit_because: match (&m.ports, m.ifindex) {
+                    (_, None) => None,
+                    (Some(_), Some(_)) => Some(
+                        "a bridge: the fast path sends to the port its FDB names instead".into(),
+                    ),
+                    (None, Some(_)) => m.xmit.why_not(),
+                },
+                generic_because: m
+                    .ifindex
+                    .and_then(|i| self.dp.generic_because(i))
+                    .map(str::to_string),
+                bridge: None,
+                fdb_entries: m
+                    .ports
+                    .as_ref()
+                    .and(m.ifindex)
+                    .map(|i| self.dp.fdb_len(i) as u64),
+            });
+            for (ifindex, p) in m.ports.iter().flatten() {
+                interfaces.push(IfaceStatus {
+                    name: p.name.clone(),
+                    ifindex: *ifindex,
+                    role: m.cfg.role.to_string(),
+                    attach_mode: p.mode.map(AttachMode::as_str).unwrap_or("detached").into(),
+                    shaped: p.shaped_by().is_some(),
+                    shaped_config: "auto".into(),
+                    shaped_by: p.shaped_by(),
+                    egress_qdisc: p.egress.as_ref().and_then(|e| e.root.clone()),
+                    xdp_xmit: p.xmit.allowed(),
+                    no_xdp_xmit_because: p.xmit.why_not(),
+                    generic_because: self.dp.generic_because(*ifindex).map(str::to_string),
+                    bridge: Some(m.cfg.name.clone()),
+                    fdb_entries: None,
                 });
             }
         }
@@ -330,20 +554,7 @@ impl State {
             .collect();
         Ok(Status {
             fastpath: self.dp.fastpath()?,
-            interfaces: self
-                .ifaces
-                .iter()
-                .map(|m| IfaceStatus {
-                    name: m.cfg.name.clone(),
-                    ifindex: m.ifindex.unwrap_or(0),
-                    role: m.cfg.role.to_string(),
-                    attach_mode: m.mode.map(AttachMode::as_str).unwrap_or("detached").into(),
-                    shaped: m.shaped_by().is_some(),
-                    shaped_config: m.cfg.shaped.to_string(),
-                    shaped_by: m.shaped_by(),
-                    egress_qdisc: m.egress.as_ref().and_then(|e| e.root.clone()),
-                })
-                .collect(),
+            interfaces,
             flows: FlowCounts {
                 ipv4: v4_dirs,
                 ipv6: v6_dirs,
@@ -484,7 +695,12 @@ pub async fn run_with(
             mode: None,
             egress: None,
             hooks: Hooks::default(),
+            xmit: XdpXmit::Unknown,
+            ports: None,
         });
+    }
+    for m in &mut ifaces {
+        m.probe_bridge();
     }
     check_privileges()?;
     let listener = control::bind(&socket)?;
@@ -512,6 +728,12 @@ pub async fn run_with(
         }
         Err(e) => error!(error = %e, "cannot read qdiscs (RTM_GETQDISC)"),
     }
+    // Know which devices can transmit XDP frames before the first packet is redirected.
+    let xmit_sub = xdp_xmit::subscribe().context("cannot read the devices' XDP features")?;
+    let xmit = Capabilities::new(xmit_sub.initial.clone());
+    for m in &mut ifaces {
+        m.set_xmit(xmit.of(m.ifindex.unwrap_or_default(), &m.cfg.name));
+    }
     // Know which interfaces carry hooks XDP would jump over, before the first packet.
     let names: Vec<String> = ifaces.iter().map(|m| m.cfg.name.clone()).collect();
     let found = hooks::read(&names).await;
@@ -521,15 +743,10 @@ pub async fn run_with(
     for m in &mut ifaces {
         let ifindex = m.ifindex.unwrap_or_default();
         let mac = iface_mac(&m.cfg.name, None);
-        m.mode = Some(dp.attach(
-            &m.cfg.name,
-            ifindex,
-            m.slot,
-            m.flags(),
-            mac,
-            config.xdp_mode,
-        )?);
+        m.mode = Some(m.attach(&mut dp, ifindex, mac, config.xdp_mode)?);
     }
+    let next_slot = ifaces.len() as u32 + 1;
+    let bridged = ifaces.iter().any(|m| m.ports.is_some());
     let mut flows = FlowManager::new();
     let state: Shared = Arc::new(Mutex::new(State {
         dp,
@@ -537,7 +754,25 @@ pub async fn run_with(
         ifaces,
         ct: ConntrackStatus::default(),
         xdp_mode: config.xdp_mode,
+        xmit,
+        next_slot,
     }));
+    if bridged {
+        // The bridges' ports, their FDBs, then the ports' qdiscs and hooks.
+        {
+            let mut s = lock(&state);
+            s.sync_bridges();
+            match bridge::fdb_dump() {
+                Ok(entries) => entries.into_iter().for_each(|e| s.apply_fdb(e)),
+                Err(e) => {
+                    error!(error = %e, "cannot read the bridge FDB: until MAC addresses are learned again, routed packets to the LAN go through the kernel")
+                }
+            }
+        }
+        let qdiscs = read_qdiscs().await;
+        lock(&state).apply_qdiscs(qdiscs);
+        refresh_hooks(&state).await;
+    }
     {
         let mut s = lock(&state);
         flows.set_managed(s.managed_map());
@@ -567,6 +802,9 @@ pub async fn run_with(
         Duration::from_millis(config.keepalive_interval_ms),
     ));
     tasks.spawn(rtnl_events(state.clone(), paths.clone(), rt_events));
+    if xmit_sub.initial.is_some() {
+        tasks.spawn(xmit_events(state.clone(), xmit_sub.events));
+    }
     let (legacy_tx, legacy_events) = tokio::sync::mpsc::unbounded_channel();
     tasks.spawn(async move {
         nftables::poll_legacy(legacy_tx).await;
@@ -852,6 +1090,17 @@ async fn rtnl_events(
     Err(anyhow!("rtnetlink event socket closed"))
 }
 
+/// Follows the kernel's XDP feature notifications (see [`crate::sync::xdp_xmit`]).
+async fn xmit_events(
+    state: Shared,
+    mut events: tokio::sync::mpsc::UnboundedReceiver<XmitEvent>,
+) -> anyhow::Result<()> {
+    while let Some(ev) = events.recv().await {
+        lock(&state).apply_xmit_event(ev);
+    }
+    Err(anyhow!("netdev (XDP features) event socket closed"))
+}
+
 /// Bumps the ruleset generation for every firewall change (nftables commit, lost notifications,
 /// iptables-legacy change): every flow direction is disarmed until the kernel forwards it again.
 async fn ruleset_changes(
@@ -891,11 +1140,22 @@ async fn refresh_hooks(state: &Shared) {
     let names: Vec<String> = lock(state)
         .ifaces
         .iter()
-        .map(|m| m.cfg.name.clone())
+        .flat_map(|m| {
+            let ports = m
+                .ports
+                .iter()
+                .flat_map(|p| p.values().map(|p| p.name.clone()));
+            std::iter::once(m.cfg.name.clone()).chain(ports)
+        })
         .collect();
     let found = hooks::read(&names).await;
     let mut s = lock(state);
-    let State { dp, ifaces, .. } = &mut *s;
+    let State {
+        dp,
+        ifaces,
+        xdp_mode,
+        ..
+    } = &mut *s;
     for m in ifaces.iter_mut() {
         let h = found.get(&m.cfg.name).copied().unwrap_or_default();
         if m.set_hooks(h)
@@ -904,6 +1164,14 @@ async fn refresh_hooks(state: &Shared) {
         {
             error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
         }
+        let mut ports = m.ports.take();
+        if let (Some(view), Some(ports)) = (m.bridge_view(*xdp_mode), ports.as_mut()) {
+            for p in ports.values_mut() {
+                p.hooks = found.get(&p.name).copied().unwrap_or_default();
+            }
+            bridge::write_flags(dp, &view, ports);
+        }
+        m.ports = ports;
     }
 }
 
@@ -919,14 +1187,21 @@ fn apply_rt_events(state: &Shared, paths: &RouteLookup, batch: Vec<RtEvent>) -> 
     let mut s = lock(state);
     let mut revalidate = false;
     let mut reread_qdiscs = false;
+    // A port added, removed or changing STP state comes as a link notification.
+    let mut bridges_changed = false;
     for ev in batch {
         match ev {
             RtEvent::LinkUp { ifindex, name, mac } => {
                 let new_device = s.link_up(ifindex, &name, mac);
                 revalidate |= new_device;
                 reread_qdiscs |= new_device;
+                bridges_changed = true;
             }
-            RtEvent::LinkGone { ifindex, .. } => revalidate |= s.link_gone(ifindex),
+            RtEvent::LinkGone { ifindex, .. } => {
+                revalidate |= s.link_gone(ifindex);
+                bridges_changed = true;
+            }
+            RtEvent::Fdb(ev) => s.apply_fdb(ev),
             RtEvent::PathsChanged => revalidate = true,
             // Only cached FIB answers depend on these (dropped above).
             RtEvent::FibChanged => {}
@@ -935,6 +1210,7 @@ fn apply_rt_events(state: &Shared, paths: &RouteLookup, batch: Vec<RtEvent>) -> 
             }
             RtEvent::Overrun => {
                 reread_qdiscs = true;
+                bridges_changed = true;
                 warn!("rtnetlink overrun: re-reading links and revalidating flows");
                 let names: Vec<String> = s.ifaces.iter().map(|m| m.cfg.name.clone()).collect();
                 for name in names {
@@ -957,6 +1233,9 @@ fn apply_rt_events(state: &Shared, paths: &RouteLookup, batch: Vec<RtEvent>) -> 
                 revalidate = true;
             }
         }
+    }
+    if bridges_changed {
+        reread_qdiscs |= s.sync_bridges();
     }
     if revalidate {
         let State { dp, flows, .. } = &mut *s;

@@ -21,9 +21,10 @@ use aya::{
 };
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
-    ARM_PROG_NAME, ArmKeyV4, ArmKeyV6, Counter, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo,
-    MAP_ARM_V4, MAP_ARM_V6, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS,
-    MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME, Reason, SETTINGS_F_FIB_MARK, Settings, stats_index,
+    ARM_PROG_NAME, ArmKeyV4, ArmKeyV6, Counter, FdbKey, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
+    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_NO_XDP_XMIT, IfaceInfo, MAP_ARM_V4, MAP_ARM_V6,
+    MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS,
+    MAX_IFACE_SLOTS, PROG_NAME, Reason, SETTINGS_F_FIB_MARK, Settings, stats_index,
 };
 
 use crate::{config::XdpModeConfig, flows::FlowTable, status::FibCacheStatus};
@@ -37,6 +38,8 @@ pub static EBPF_OBJECT: &[u8] =
 pub enum AttachMode {
     Native,
     Generic,
+    /// A bridge: the program runs on its ports (each with its own mode), not on it.
+    Ports,
 }
 
 impl AttachMode {
@@ -45,6 +48,7 @@ impl AttachMode {
         match self {
             AttachMode::Native => "native",
             AttachMode::Generic => "generic",
+            AttachMode::Ports => "ports",
         }
     }
 }
@@ -75,6 +79,19 @@ pub struct Datapath {
     armed_ifaces: BTreeMap<u32, SchedClassifierLinkId>,
     /// Successful [`Datapath::bump_ruleset_generation`] calls.
     ruleset_changes: u64,
+    /// Why the interfaces in generic mode did not get native XDP (config asked for native).
+    generic_because: BTreeMap<u32, String>,
+    /// The managed bridges' FDBs.
+    fdb: HashMap<MapData, FdbKey, u32>,
+}
+
+/// The `BRIDGE_FDB` key of `mac` behind `bridge`.
+fn fdb_key(bridge: u32, mac: [u8; 6]) -> FdbKey {
+    FdbKey {
+        bridge_ifindex: bridge,
+        mac,
+        _pad: [0; 2],
+    }
 }
 
 fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(
@@ -149,6 +166,8 @@ impl Datapath {
             arm_v6: take(&mut ebpf, MAP_ARM_V6)?,
             armed_ifaces: BTreeMap::new(),
             ruleset_changes: 0,
+            generic_because: BTreeMap::new(),
+            fdb: take(&mut ebpf, MAP_BRIDGE_FDB)?,
             ebpf,
         };
         dp.write_settings()?;
@@ -174,26 +193,138 @@ impl Datapath {
         mac: [u8; 6],
         mode: XdpModeConfig,
     ) -> anyhow::Result<AttachMode> {
-        if slot == 0 || slot >= MAX_IFACE_SLOTS {
-            bail!("interface slot {slot} out of range");
-        }
         let info = IfaceInfo {
             slot,
             flags,
             mac,
             _pad: [0; 2],
+            l3_ifindex: 0,
+        };
+        self.register(name, ifindex, info, mode, true)
+    }
+
+    /// Registers `ifindex` as a port of the managed bridge `bridge_ifindex` (whose MAC is
+    /// `bridge_mac`) and attaches the program to it: frames it receives for the bridge's MAC
+    /// are routed as the bridge's, and packets routed out of the bridge to a MAC behind it are
+    /// redirected to it (`BRIDGE_FDB`). No arming program: the kernel's routed packets leave
+    /// through the bridge device, where that one runs.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one per IFACES field plus the mode"
+    )]
+    pub fn attach_port(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        bridge_mac: [u8; 6],
+        bridge_ifindex: u32,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        let info = IfaceInfo {
+            slot,
+            flags: flags | IFACE_F_BRIDGE_PORT,
+            mac: bridge_mac,
+            _pad: [0; 2],
+            l3_ifindex: bridge_ifindex,
+        };
+        self.register(name, ifindex, info, mode, false)
+    }
+
+    /// Registers the bridge `ifindex` (`IFACE_F_BRIDGE`): no XDP program on it (it runs on the
+    /// ports, see [`Datapath::attach_port`]) and no `TX_PORTS` entry (a bridge transmits no
+    /// XDP frames), but the arming program on its egress, where the kernel's routed packets
+    /// to the LAN leave.
+    pub fn attach_bridge(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        mac: [u8; 6],
+    ) -> anyhow::Result<AttachMode> {
+        if slot == 0 || slot >= MAX_IFACE_SLOTS {
+            bail!("interface slot {slot} out of range");
+        }
+        let info = IfaceInfo {
+            slot,
+            flags: flags | IFACE_F_BRIDGE | IFACE_F_NO_XDP_XMIT,
+            mac,
+            _pad: [0; 2],
+            l3_ifindex: 0,
         };
         self.ifaces
             .insert(ifindex, info, 0)
             .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
-        self.tx_ports
-            .insert(ifindex, ifindex, None, 0)
-            .with_context(|| format!("{name}: cannot add to {MAP_TX_PORTS}"))?;
+        self.attach_arming(name, ifindex);
+        info!(interface = name, ifindex, "bridge: XDP runs on its ports");
+        Ok(AttachMode::Ports)
+    }
+
+    /// `BRIDGE_FDB`: `mac` is behind `port` of `bridge`.
+    pub fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], port: u32) -> anyhow::Result<()> {
+        self.fdb
+            .insert(fdb_key(bridge, mac), port, 0)
+            .with_context(|| format!("cannot write {MAP_BRIDGE_FDB}"))
+    }
+
+    /// `BRIDGE_FDB`: `mac` is no longer known to `bridge`.
+    pub fn fdb_forget(&mut self, bridge: u32, mac: [u8; 6]) {
+        let _ = self.fdb.remove(&fdb_key(bridge, mac));
+    }
+
+    /// Every `BRIDGE_FDB` entry of `bridge` goes (the bridge went away or stopped being
+    /// managed).
+    pub fn fdb_clear(&mut self, bridge: u32) {
+        let keys: Vec<FdbKey> = self
+            .fdb
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.bridge_ifindex == bridge)
+            .collect();
+        for k in keys {
+            let _ = self.fdb.remove(&k);
+        }
+    }
+
+    /// Number of `BRIDGE_FDB` entries of `bridge`.
+    pub fn fdb_len(&self, bridge: u32) -> usize {
+        self.fdb
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.bridge_ifindex == bridge)
+            .count()
+    }
+
+    /// Writes `info` for `ifindex`, its `TX_PORTS` entry (unless it cannot transmit XDP frames)
+    /// and attaches the program (and the arming program when `arm`).
+    fn register(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        info: IfaceInfo,
+        mode: XdpModeConfig,
+        arm: bool,
+    ) -> anyhow::Result<AttachMode> {
+        let (slot, flags) = (info.slot, info.flags);
+        if slot == 0 || slot >= MAX_IFACE_SLOTS {
+            bail!("interface slot {slot} out of range");
+        }
+        self.ifaces
+            .insert(ifindex, info, 0)
+            .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
+        // A device that cannot transmit XDP frames is no redirect target.
+        if flags & IFACE_F_NO_XDP_XMIT == 0 {
+            self.tx_ports
+                .insert(ifindex, ifindex, None, 0)
+                .with_context(|| format!("{name}: cannot add to {MAP_TX_PORTS}"))?;
+        }
         let result = self.attach_program(name, ifindex, mode);
         if result.is_err() {
             let _ = self.ifaces.remove(&ifindex);
             let _ = self.tx_ports.remove(ifindex);
-        } else {
+        } else if arm {
             self.attach_arming(name, ifindex);
         }
         result
@@ -235,6 +366,7 @@ impl Datapath {
         ifindex: u32,
         mode: XdpModeConfig,
     ) -> anyhow::Result<AttachMode> {
+        let mut fallback = None;
         let prog = self.program()?;
         let (link, got) = match mode {
             XdpModeConfig::Generic => (
@@ -245,11 +377,14 @@ impl Datapath {
             XdpModeConfig::Native => match prog.attach_to_if_index(ifindex, XdpMode::Driver) {
                 Ok(link) => (link, AttachMode::Native),
                 Err(native_err) => {
+                    let why = native_attach_failure(&native_err);
                     warn!(
                         interface = name,
                         error = %native_err,
-                        "native XDP attach failed; falling back to generic mode (much slower)"
+                        "{name}: native XDP attach failed: {why}; falling back to generic XDP \
+                         (much slower)"
                     );
+                    fallback = Some(why);
                     let link = prog
                         .attach_to_if_index(ifindex, XdpMode::Skb)
                         .map_err(|e| {
@@ -261,6 +396,9 @@ impl Datapath {
         };
         self.attached
             .insert(ifindex, Attachment { link, mode: got });
+        if let Some(why) = fallback {
+            self.generic_because.insert(ifindex, why);
+        }
         // Fail-open relies on every attachment being a bpf_link owned by this process, which the
         // kernel removes when the process goes away. aya falls back to a netlink attach when
         // bpf_link_create() answers EINVAL (kernels before 5.9); such an attachment would
@@ -324,6 +462,7 @@ impl Datapath {
         {
             let _ = prog.detach(a.link);
         }
+        self.generic_because.remove(&ifindex);
         let _ = self.ifaces.remove(&ifindex);
         let _ = self.tx_ports.remove(ifindex);
     }
@@ -345,11 +484,26 @@ impl Datapath {
     /// Rewrites the `IFACE_F_*` flags of a registered interface (e.g. its egress became shaped
     /// or stopped being shaped); the program sees them from its next packet on. Fails when
     /// `ifindex` is not registered (never adds it).
+    ///
+    /// `IFACE_F_NO_XDP_XMIT` also decides the interface's `TX_PORTS` entry, in the order that
+    /// never lets the datapath see the flag clear without the entry (that would count packets
+    /// as `egress_not_managed`): the entry is added before the flag is cleared, and removed
+    /// only after it is set.
     pub fn set_iface_flags(&mut self, ifindex: u32, slot: u32, flags: u32) -> anyhow::Result<()> {
         let mut info = self.iface(ifindex)?;
+        let xmit = flags & IFACE_F_NO_XDP_XMIT == 0;
+        if xmit {
+            self.tx_ports
+                .insert(ifindex, ifindex, None, 0)
+                .with_context(|| format!("cannot add ifindex {ifindex} to {MAP_TX_PORTS}"))?;
+        }
         info.slot = slot;
         info.flags = flags;
-        self.update_iface(ifindex, info)
+        self.update_iface(ifindex, info)?;
+        if !xmit {
+            let _ = self.tx_ports.remove(ifindex);
+        }
+        Ok(())
     }
 
     /// Rewrites the MAC address of a registered interface (`ip link set dev X address ...`):
@@ -376,6 +530,12 @@ impl Datapath {
         self.ifaces
             .insert(ifindex, info, BPF_EXIST)
             .with_context(|| format!("cannot update ifindex {ifindex} in {MAP_IFACES}"))
+    }
+
+    /// Why `ifindex` runs generic XDP although native was asked for (see
+    /// [`native_attach_failure`]); `None` when native or not attached.
+    pub fn generic_because(&self, ifindex: u32) -> Option<&str> {
+        self.generic_because.get(&ifindex).map(String::as_str)
     }
 
     /// Attach mode of `ifindex`, if attached.
@@ -512,6 +672,46 @@ impl FlowTable for Datapath {
     }
     fn remove_arm_v6(&mut self, arm: &ArmKeyV6) {
         let _ = self.arm_v6.remove(arm);
+    }
+}
+
+/// Why the kernel refused a native (driver mode) XDP attachment, from the errno of the
+/// failed call. An XDP bpf_link attach returns no extack text (the kernel's message goes only
+/// to the `xdp:bpf_xdp_link_attach_failed` tracepoint), so the errnos the drivers use are
+/// mapped here (`dev_xdp_attach` in `net/core/dev.c`, `veth_xdp_set` in
+/// `drivers/net/veth.c`).
+pub fn native_attach_failure(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut source = Some(err);
+    let mut errno = None;
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            errno = io.raw_os_error();
+            break;
+        }
+        source = e.source();
+    }
+    match errno {
+        Some(libc::ERANGE) => "the MTU is too large for native XDP (on a veth: the peer's MTU \
+             is above what one page holds, about 3 500 bytes); lower it for native XDP"
+            .into(),
+        Some(libc::EOPNOTSUPP) => {
+            "the driver has no native XDP (a bridge, a bond or VLAN device, or an old driver)"
+                .into()
+        }
+        Some(libc::ENOSPC) => {
+            "fewer RX queues than its veth peer has TX queues (create it with numrxqueues >= \
+             the peer's numtxqueues)"
+                .into()
+        }
+        Some(libc::EBUSY) | Some(libc::EEXIST) => {
+            "another XDP program is already attached to it".into()
+        }
+        Some(libc::ENOTCONN) => "a veth without a peer".into(),
+        Some(n) => format!(
+            "the kernel refused it ({})",
+            std::io::Error::from_raw_os_error(n)
+        ),
+        None => format!("{err}"),
     }
 }
 

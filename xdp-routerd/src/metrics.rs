@@ -39,7 +39,7 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// The attach modes an interface can be in (`xdp_router_interface_attach_mode{mode}`); one
 /// series per mode, 1 for the current one, so a change shows as a 0 → 1 flip.
-const ATTACH_MODES: [&str; 3] = ["native", "generic", "detached"];
+const ATTACH_MODES: [&str; 4] = ["native", "generic", "ports", "detached"];
 
 /// Reads a [`Status`] per scrape and turns it into metric families.
 struct StatusCollector {
@@ -222,6 +222,18 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
             (
                 vec![("interface", i.name.clone()), ("role", i.role.clone())],
                 u64::from(i.shaped),
+            )
+        }),
+    )?;
+    gauges(
+        enc,
+        "interface_xdp_xmit",
+        "1 while the kernel reports that a managed interface transmits XDP frames (NETDEV_XDP_ACT_NDO_XMIT); 0: the fast path does not send out of it (a bridge, a veth whose peer has neither XDP nor GRO) and counts such packets as egress_no_xdp_xmit.",
+        None,
+        s.interfaces.iter().map(|i| {
+            (
+                vec![("interface", i.name.clone()), ("role", i.role.clone())],
+                u64::from(i.xdp_xmit),
             )
         }),
     )?;
@@ -507,6 +519,11 @@ mod tests {
                     shaped_config: "auto".into(),
                     shaped_by: None,
                     egress_qdisc: Some("noqueue".into()),
+                    xdp_xmit: true,
+                    no_xdp_xmit_because: None,
+                    generic_because: None,
+                    bridge: None,
+                    fdb_entries: None,
                 },
                 IfaceStatus {
                     name: "wan0".into(),
@@ -517,6 +534,11 @@ mod tests {
                     shaped_config: "auto".into(),
                     shaped_by: Some("htb".into()),
                     egress_qdisc: Some("htb".into()),
+                    xdp_xmit: false,
+                    no_xdp_xmit_because: Some("test".into()),
+                    generic_because: Some("test".into()),
+                    bridge: None,
+                    fdb_entries: None,
                 },
             ],
             flows: FlowCounts {
@@ -679,6 +701,13 @@ mod tests {
             value(
                 &t,
                 r#"xdp_router_interface_egress_shaped{interface="lan0",role="lan"}"#
+            ),
+            0.0
+        );
+        assert_eq!(
+            value(
+                &t,
+                r#"xdp_router_interface_xdp_xmit{interface="wan0",role="wan"}"#
             ),
             0.0
         );

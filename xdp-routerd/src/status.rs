@@ -81,6 +81,24 @@ pub struct IfaceStatus {
     /// kernel reports none).
     #[serde(default)]
     pub egress_qdisc: Option<String>,
+    /// The fast path may redirect packets into it: the kernel reports that it transmits XDP
+    /// frames (`NETDEV_XDP_ACT_NDO_XMIT`). False for a bridge, or a veth whose peer has
+    /// neither XDP nor GRO; packets routed out of it are counted `egress_no_xdp_xmit`.
+    #[serde(default)]
+    pub xdp_xmit: bool,
+    /// Why `xdp_xmit` is false (null when true or the interface is missing).
+    #[serde(default)]
+    pub no_xdp_xmit_because: Option<String>,
+    /// Why the attach mode is generic although native was asked for: the kernel's refusal,
+    /// explained (e.g. a veth peer's MTU too large for native XDP).
+    #[serde(default)]
+    pub generic_because: Option<String>,
+    /// For a bridge port: the managed bridge it belongs to (its role, its routing).
+    #[serde(default)]
+    pub bridge: Option<String>,
+    /// For a managed bridge: MAC addresses copied from its FDB (redirect targets).
+    #[serde(default)]
+    pub fdb_entries: Option<u64>,
 }
 
 /// Flow map occupancy.
@@ -171,11 +189,22 @@ impl Status {
                 (None, true) => " (egress shaped: not used by the fast path)".to_string(),
                 (_, false) => String::new(),
             };
+            let bridge = match (&i.bridge, i.fdb_entries) {
+                (Some(b), _) => format!(" (port of {b})"),
+                (None, Some(n)) => format!(" (bridge: {n} FDB entries)"),
+                (None, None) => String::new(),
+            };
             let _ = writeln!(
                 s,
-                "  {:<12} ifindex {:<4} role {:<4} xdp {}{qdisc}{shaped}",
+                "  {:<12} ifindex {:<4} role {:<4} xdp {}{qdisc}{shaped}{bridge}",
                 i.name, i.ifindex, i.role, i.attach_mode,
             );
+            if let Some(why) = &i.generic_because {
+                let _ = writeln!(s, "    generic XDP because: {why}");
+            }
+            if let Some(why) = &i.no_xdp_xmit_because {
+                let _ = writeln!(s, "    not sent out of by the fast path: {why}");
+            }
         }
         let _ = writeln!(
             s,

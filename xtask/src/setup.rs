@@ -19,6 +19,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("cc", "build-essential"),
     ("ip", "iproute2"),
     ("tc", "iproute2"),
+    // tests/tests/bridge.rs: the kernel bridge FDB (`bridge fdb show`).
+    ("bridge", "iproute2"),
     // Testbed::new checks both paths through the router with ping.
     ("ping", "iputils-ping"),
     ("sysctl", "procps"),

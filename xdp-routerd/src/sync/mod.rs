@@ -1,10 +1,12 @@
 //! Keeping the datapath maps in step with the kernel.
+pub mod bridge;
 pub mod conntrack;
 pub mod ctnetlink;
 pub mod hooks;
 pub mod nftables;
 pub mod qdisc;
 pub mod rtnl;
+pub mod xdp_xmit;
 
 /// The whole messages (header included) of one netlink datagram, in order; stops at the first
 /// message whose length field does not fit (a truncated or corrupt datagram). Pure.

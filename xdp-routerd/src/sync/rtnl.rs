@@ -193,6 +193,8 @@ pub enum RtEvent {
     /// A neighbour, policy rule or forwarding setting changed (or a notification could not be
     /// parsed): only cached FIB answers are affected.
     FibChanged,
+    /// A bridge FDB entry was learned, moved or forgotten (`AF_BRIDGE` neighbour messages).
+    Fdb(super::bridge::FdbEvent),
     /// Notifications were lost (socket overrun): re-read everything.
     Overrun,
 }
@@ -222,6 +224,13 @@ pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
         | RouteNetlinkMessage::DelAddress(_)
         | RouteNetlinkMessage::NewRoute(_)
         | RouteNetlinkMessage::DelRoute(_) => Some(RtEvent::PathsChanged),
+        // Bridge FDB entries (AF_BRIDGE) do not change FIB answers.
+        RouteNetlinkMessage::NewNeighbour(n) if n.header.family == AddressFamily::Bridge => {
+            super::bridge::fdb_event(n, true).map(RtEvent::Fdb)
+        }
+        RouteNetlinkMessage::DelNeighbour(n) if n.header.family == AddressFamily::Bridge => {
+            super::bridge::fdb_event(n, false).map(RtEvent::Fdb)
+        }
         RouteNetlinkMessage::NewNeighbour(_)
         | RouteNetlinkMessage::DelNeighbour(_)
         | RouteNetlinkMessage::NewRule(_)

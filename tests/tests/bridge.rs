@@ -1,0 +1,393 @@
+//! A bridged LAN as OpenWrt and most mini-PC routers have it, with the config a user writes
+//! (`[[interface]] name = "br-lan"`): the program runs on the bridge's ports, routes as the
+//! bridge, and redirects traffic to the LAN to the port the bridge FDB names.
+//!
+//! ```text
+//!  h1 eth0 ⇄ p1 ┐
+//!               br-lan (10.0.1.1) router eth0 (10.0.2.1) ⇄ eth0 wan host (10.0.2.2)
+//!  h2 eth0 ⇄ p2 ┘
+//!  10.0.1.2 / 10.0.1.3
+//! ```
+//! Both LAN hosts are NATed to the WAN (MASQUERADE, FORWARD policy DROP as in the testbed);
+//! LAN↔LAN is accepted, as routers do: with `br_netfilter` (built into this kernel) bridged
+//! frames pass the FORWARD chain too.
+//! Run as root with one test thread (`cargo xtask test`).
+
+use std::{
+    fs,
+    net::{Ipv4Addr, SocketAddr, UdpSocket},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use xdp_router_tests::{
+    netns::Netns,
+    testbed::{
+        Daemon, PING_DGRAM, PING_TICK, Status, TempDir, UdpEcho, any_v4, established_packets,
+        ping_pong, ready, udp_socket,
+    },
+};
+
+const H1: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 2);
+const H2: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 3);
+const GW: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 1);
+const WAN_HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
+
+/// The bridged router and its hosts.
+struct Bed {
+    // Field order is drop order: the daemon stops before its namespace disappears.
+    daemon: Option<Daemon>,
+    router: Netns,
+    h1: Netns,
+    h2: Netns,
+    wan: Netns,
+    dir: TempDir,
+}
+
+/// Packets received by `ifname` in `ns` (wire packets: GRO is off on the router's veths).
+fn rx_packets(ns: &Netns, ifname: &str) -> u64 {
+    let path = format!("/sys/class/net/{ifname}/statistics/rx_packets");
+    ns.exec_ok("cat", &[&path]).trim().parse().unwrap_or(0)
+}
+
+/// One counter of `status` (packets).
+fn counter(st: &Status, iface: &str, reason: &str) -> u64 {
+    st.counters
+        .iter()
+        .filter(|c| c.interface == iface && c.reason == reason)
+        .map(|c| c.packets)
+        .sum()
+}
+
+impl Bed {
+    fn new(tag: &str) -> Bed {
+        let bed = Bed {
+            daemon: None,
+            router: Netns::new(&format!("{tag}r")),
+            h1: Netns::new(&format!("{tag}1")),
+            h2: Netns::new(&format!("{tag}2")),
+            wan: Netns::new(&format!("{tag}w")),
+            dir: TempDir::new(),
+        };
+        bed.router.veth("p1", &bed.h1, "eth0");
+        bed.router.veth("p2", &bed.h2, "eth0");
+        bed.router.veth("eth0", &bed.wan, "eth0");
+        for (h, a) in [(&bed.h1, H1), (&bed.h2, H2)] {
+            host_on(h, "eth0", a);
+        }
+        bed.wan.sh(&format!(
+            "ip addr add {WAN_HOST}/24 dev eth0
+             ethtool -K eth0 tx off rx off gro on >/dev/null"
+        ));
+        bed.router.sh(&format!(
+            "sysctl -qw net.ipv4.ip_forward=1
+             ip link add br-lan type bridge
+             ip link set br-lan address 02:00:00:00:01:01
+             for p in p1 p2; do ip link set $p master br-lan; done
+             ip addr add {GW}/24 dev br-lan
+             ip addr add 10.0.2.1/24 dev eth0
+             ip link set br-lan up
+             for i in p1 p2 eth0; do ethtool -K $i tx off rx off gro off gso off tso off >/dev/null; done
+             iptables -w -t nat -A POSTROUTING -o eth0 -j MASQUERADE
+             iptables -w -P FORWARD DROP
+             iptables -w -A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+             iptables -w -A FORWARD -i br-lan -o eth0 -j ACCEPT
+             iptables -w -A FORWARD -i br-lan -o br-lan -j ACCEPT"
+        ));
+        for h in [&bed.h1, &bed.h2] {
+            h.sh(&format!("ping -c1 -W2 {WAN_HOST} >/dev/null"));
+        }
+        bed
+    }
+
+    fn start_daemon(&mut self) -> &Daemon {
+        let socket = self.dir.path().join("control.sock");
+        let config = self.dir.path().join("xdp-routerd.toml");
+        fs::write(
+            &config,
+            format!(
+                "control_socket = \"{}\"\nxdp_mode = \"native\"\nflow_capacity = 4096\n\
+                 keepalive_interval_ms = 2000\nlog_level = \"debug\"\n\
+                 [[interface]]\nname = \"eth0\"\nrole = \"wan\"\n\
+                 [[interface]]\nname = \"br-lan\"\nrole = \"lan\"\n",
+                socket.display()
+            ),
+        )
+        .expect("write config");
+        let d = Daemon::start(&self.router, &config, &socket, Path::new(self.dir.path()));
+        self.daemon.insert(d)
+    }
+
+    fn daemon(&self) -> &Daemon {
+        self.daemon.as_ref().expect("daemon started")
+    }
+
+    /// Waits until the port `port` of br-lan is attached natively.
+    fn wait_port(&self, port: &str) {
+        let (st, ok) = self.daemon().wait_status(Duration::from_secs(5), |s| {
+            s.interfaces.iter().any(|i| {
+                i.name == port && i.bridge.as_deref() == Some("br-lan") && i.attach_mode == "native"
+            })
+        });
+        assert!(
+            ok,
+            "port {port} of br-lan should be attached natively: {:?}\n{}",
+            st.interfaces,
+            self.daemon().log_tail()
+        );
+    }
+
+    /// Ping-pongs from `sock` until the daemon offloads `n` connections (8 s at most).
+    fn offload(&self, sock: &UdpSocket, server: SocketAddr, seq: &mut u64, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(8);
+        loop {
+            let pp = ping_pong(sock, server, *seq, 10, PING_DGRAM, PING_TICK);
+            *seq += pp.sent;
+            assert_eq!((pp.good, pp.lost), (pp.sent, 0), "before offload: {pp:?}");
+            let st = self.daemon().status();
+            if st.conntrack.offloaded >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not offloaded within 8 s: {:?}\n{}",
+                st.conntrack,
+                self.router.exec_ok("conntrack", &["-L", "-p", "udp"])
+            );
+        }
+    }
+}
+
+/// A LAN host on `ifname` with address `addr`, default route via the bridge, GRO on (so the
+/// router's redirects into the veth are accepted), checksum offload off.
+fn host_on(h: &Netns, ifname: &str, addr: Ipv4Addr) {
+    h.sh(&format!(
+        "ip addr add {addr}/24 dev {ifname}
+         ip link set {ifname} up
+         ethtool -K {ifname} tx off rx off gro on >/dev/null
+         ip route replace default via {GW}"
+    ));
+}
+
+/// Sends 30 datagrams from `sock` (on a LAN host behind `port`) and checks what the fast path
+/// did: returns (sent, forwarded original on `port`, forwarded reply on eth0, wire packets on
+/// `port`, ESTABLISHED rule delta).
+fn measure(bed: &Bed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64, port: &str) -> [u64; 5] {
+    // Arm both directions (the kernel forwards their next packets).
+    let arm = ping_pong(sock, server, *seq, 2, PING_DGRAM, PING_TICK);
+    *seq += arm.sent;
+    let before = bed.daemon().status();
+    let (rx0, est0) = (
+        rx_packets(&bed.router, port),
+        established_packets(&bed.router, "iptables"),
+    );
+    let pp = ping_pong(sock, server, *seq, 30, PING_DGRAM, PING_TICK);
+    *seq += pp.sent;
+    let after = bed.daemon().status();
+    let (rx1, est1) = (
+        rx_packets(&bed.router, port),
+        established_packets(&bed.router, "iptables"),
+    );
+    assert_eq!(
+        (pp.good, pp.lost, pp.corrupt),
+        (pp.sent, 0, 0),
+        "every datagram must come back intact: {pp:?}"
+    );
+    let d = |i: &str, r: &str| counter(&after, i, r) - counter(&before, i, r);
+    let deltas: Vec<String> = after
+        .counters
+        .iter()
+        .filter(|c| c.interface == port || c.interface == "eth0")
+        .map(|c| (c, d(&c.interface, &c.reason)))
+        .filter(|(_, n)| *n > 0)
+        .map(|(c, n)| format!("{} {} +{n}", c.interface, c.reason))
+        .collect();
+    println!("counters: {}", deltas.join(", "));
+    [
+        pp.sent,
+        d(port, "forwarded_original"),
+        d("eth0", "forwarded_reply"),
+        rx1 - rx0,
+        est1 - est0,
+    ]
+}
+
+/// Two LAN hosts on two ports, both NATed to the WAN: their connections are forwarded by XDP
+/// on the ports (LAN→WAN) and redirected to the right port (WAN→LAN, via the bridge FDB),
+/// without netfilter seeing them; LAN↔LAN traffic stays with the kernel bridge; a host that
+/// moves to a new port (added live) keeps its offloaded connection working.
+#[test]
+fn bridged_lan_is_fast_pathed() {
+    if !ready("bridge::bridged_lan_is_fast_pathed") {
+        return;
+    }
+    let mut bed = Bed::new("br");
+    bed.start_daemon();
+    bed.wait_port("p1");
+    bed.wait_port("p2");
+    let st = bed.daemon().status();
+    let br = st.interfaces.iter().find(|i| i.name == "br-lan").unwrap();
+    assert_eq!(br.attach_mode, "ports", "{:?}", st.interfaces);
+
+    let server = SocketAddr::new(WAN_HOST.into(), 9999);
+    let echo = UdpEcho::start(&bed.wan, server);
+    let s1 = udp_socket(&bed.h1, any_v4(), 64);
+    let s2 = udp_socket(&bed.h2, any_v4(), 64);
+    let (mut q1, mut q2) = (0, 1_000_000);
+    bed.offload(&s1, server, &mut q1, 1);
+    bed.offload(&s2, server, &mut q2, 2);
+    for (sock, seq, port) in [(&s1, &mut q1, "p1"), (&s2, &mut q2, "p2")] {
+        let [sent, orig, reply, wire, est] = measure(&bed, sock, server, seq, port);
+        println!(
+            "{port}: {sent} datagrams each way; fast path {orig} original (on {port}), {reply} \
+             reply (on eth0, redirected to {port}); {wire} packets on {port}'s wire: share {:.0} %; \
+             FORWARD ESTABLISHED +{est}",
+            100.0 * orig as f64 / wire.max(1) as f64
+        );
+        assert_eq!(
+            (orig, reply),
+            (sent, sent),
+            "all of {port}'s datagrams fast-pathed"
+        );
+        assert!(est <= 2, "netfilter saw {est} packets of offloaded flows");
+    }
+
+    // A port whose host has neither XDP nor GRO cannot take redirected frames: replies to h2
+    // go through the kernel (egress_no_xdp_xmit), none lost, until GRO is back on.
+    bed.h2.sh("ethtool -K eth0 gro off >/dev/null");
+    let (st, ok) = bed.daemon().wait_status(Duration::from_secs(3), |s| {
+        s.interfaces.iter().any(|i| i.name == "p2" && !i.xdp_xmit)
+    });
+    assert!(
+        ok,
+        "p2 should stop being a redirect target: {:?}",
+        st.interfaces
+    );
+    let before = bed.daemon().status();
+    let [sent, orig, reply, _, _] = measure(&bed, &s2, server, &mut q2, "p2");
+    let after = bed.daemon().status();
+    let no_xmit = counter(&after, "eth0", "egress_no_xdp_xmit")
+        - counter(&before, "eth0", "egress_no_xdp_xmit");
+    println!(
+        "p2 without GRO: {sent} datagrams; fast path {orig} original, {reply} reply; {no_xmit} \
+         replies to the kernel as egress_no_xdp_xmit"
+    );
+    assert_eq!((orig, reply), (sent, 0));
+    assert!(
+        no_xmit >= sent,
+        "replies counted egress_no_xdp_xmit: {no_xmit}"
+    );
+    bed.h2.sh("ethtool -K eth0 gro on >/dev/null");
+    let (st, ok) = bed.daemon().wait_status(Duration::from_secs(3), |s| {
+        s.interfaces.iter().any(|i| i.name == "p2" && i.xdp_xmit)
+    });
+    assert!(
+        ok,
+        "p2 should be a redirect target again: {:?}",
+        st.interfaces
+    );
+
+    // The bridge never sees the frames XDP forwards: with a 1 s ageing time h2's FDB entry
+    // ages out during the transfer; its next frame goes to the kernel (bridge_learning), the
+    // bridge learns it again and the replies are redirected again instead of being flooded
+    // by the kernel (bridge_fdb_miss) until the transfer ends.
+    bed.router
+        .sh("ip link set br-lan type bridge ageing_time 100");
+    let arm = ping_pong(&s2, server, q2, 2, PING_DGRAM, PING_TICK);
+    q2 += arm.sent;
+    let before = bed.daemon().status();
+    let pp = ping_pong(&s2, server, q2, 150, PING_DGRAM, PING_TICK);
+    let after = bed.daemon().status();
+    bed.router
+        .sh("ip link set br-lan type bridge ageing_time 30000");
+    let d = |i: &str, r: &str| counter(&after, i, r) - counter(&before, i, r);
+    let (reply, learning, miss) = (
+        d("eth0", "forwarded_reply"),
+        d("p2", "bridge_learning"),
+        d("eth0", "bridge_fdb_miss"),
+    );
+    println!(
+        "ageing 1 s, {} datagrams over {:.1} s: {reply} replies fast-pathed, {miss} FDB misses, \
+         {learning} frames to the kernel bridge to learn from",
+        pp.sent,
+        pp.sent as f64 * PING_TICK.as_secs_f64()
+    );
+    assert_eq!((pp.good, pp.lost), (pp.sent, 0), "{pp:?}");
+    assert!(
+        learning >= 1,
+        "h2's aged-out entry should have been learned again"
+    );
+    assert!(
+        reply * 10 >= pp.sent * 9,
+        "replies should stay on the fast path across FDB ageing: {reply} of {}",
+        pp.sent
+    );
+
+    // LAN↔LAN: bridged by the kernel, counted, delivered.
+    let before = bed.daemon().status();
+    let lan_echo = UdpEcho::start(&bed.h2, SocketAddr::new(H2.into(), 7777));
+    let pp = ping_pong(
+        &s1,
+        SocketAddr::new(H2.into(), 7777),
+        5_000_000,
+        20,
+        100,
+        PING_TICK,
+    );
+    let after = bed.daemon().status();
+    let bridged =
+        counter(&after, "p1", "bridged_by_kernel") - counter(&before, "p1", "bridged_by_kernel");
+    println!(
+        "LAN↔LAN: {} of {} echoed; {bridged} frames on p1 bridged by the kernel",
+        pp.good, pp.sent
+    );
+    assert_eq!(
+        (pp.good, pp.lost),
+        (pp.sent, 0),
+        "LAN↔LAN through the bridge: {pp:?}"
+    );
+    assert!(
+        bridged >= pp.sent,
+        "LAN↔LAN frames should be counted bridged_by_kernel: {bridged}"
+    );
+    assert_eq!(lan_echo.finish().corrupt, 0);
+
+    // h1 moves to a new port p3 (same MAC and address): the port is attached live and the FDB
+    // move (RTM_NEWNEIGH) redirects the replies to p3.
+    let mac = bed.h1.exec_ok("cat", &["/sys/class/net/eth0/address"]);
+    bed.router.veth("p3", &bed.h1, "eth1");
+    bed.router.sh(
+        "ethtool -K p3 tx off rx off gro off gso off tso off >/dev/null
+         ip link set p3 master br-lan",
+    );
+    bed.wait_port("p3");
+    // eth0 stays up with another MAC, so p1 keeps forwarding (STP state) and only the FDB
+    // move tells the fast path where h1 is now: a frame still sent to p1 would be dropped by
+    // h1's eth0 (not its MAC any more).
+    bed.h1.sh(&format!(
+        "ip addr flush dev eth0
+         ip link set eth0 address 02:00:00:00:0e:01
+         ip link set eth1 address {}",
+        mac.trim()
+    ));
+    host_on(&bed.h1, "eth1", H1);
+    let [sent, orig, reply, wire, _] = measure(&bed, &s1, server, &mut q1, "p3");
+    let fdb = bed
+        .router
+        .exec_ok("bridge", &["fdb", "show", "br", "br-lan"]);
+    println!(
+        "after the move to p3: {sent} datagrams; fast path {orig} original (on p3), {reply} reply; \
+         {wire} packets on p3's wire"
+    );
+    assert!(
+        fdb.lines()
+            .any(|l| l.starts_with(mac.trim()) && l.contains("dev p3")),
+        "the kernel should have learned h1 on p3:\n{fdb}"
+    );
+    assert_eq!(
+        (orig, reply),
+        (sent, sent),
+        "h1's flow fast-pathed through p3 after the move"
+    );
+    assert_eq!(echo.finish().corrupt, 0);
+}

@@ -1,0 +1,401 @@
+//! Bridged LANs: a managed interface that is a bridge (`br-lan`) gets the XDP program on its
+//! ports, and the bridge's forwarding database (FDB) is copied into `BRIDGE_FDB` so packets
+//! routed out of the bridge are redirected to the port their destination MAC is behind.
+//!
+//! - Ports come from `/sys/class/net/<bridge>/brif/`, with their STP state
+//!   (`brport/state`, 3 = forwarding), read again after every link notification (a port added,
+//!   removed, or changing state is one).
+//! - FDB entries come from rtnetlink `AF_BRIDGE` neighbour messages (`bridge fdb`): a dump at
+//!   start, then `RTM_NEWNEIGH` / `RTM_DELNEIGH` notifications on the neighbour group, which the
+//!   kernel sends when a MAC is learned, moves to another port, or ages out. Only the bridge's
+//!   own learned/static entries (with `NDA_MASTER`, pointing at a port) count; local entries (the
+//!   bridge's and its ports' own addresses) and entries with a VLAN are left out.
+//! - A VLAN-filtering bridge is not accelerated (its ports are not managed): the fast path does
+//!   not know the VLAN a frame is bridged in.
+
+use std::{collections::BTreeMap, io};
+
+use netlink_packet_core::{
+    NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_route::{
+    AddressFamily, RouteNetlinkMessage,
+    neighbour::{NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState},
+};
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+
+use tracing::{error, info, warn};
+use xdp_router_common::{
+    IFACE_F_BRIDGE_PORT, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT,
+    IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED, MAX_IFACE_SLOTS,
+};
+
+use super::{
+    hooks::Hooks,
+    qdisc::Egress,
+    xdp_xmit::{Capabilities, XdpXmit},
+};
+use crate::{
+    config::XdpModeConfig,
+    datapath::{AttachMode, Datapath},
+};
+
+/// `BR_STATE_FORWARDING` (`uapi/linux/if_bridge.h`).
+const BR_STATE_FORWARDING: u32 = 3;
+
+/// A port of a bridge as sysfs shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInfo {
+    pub name: String,
+    pub ifindex: u32,
+    /// STP state is forwarding (always, without STP).
+    pub forwarding: bool,
+}
+
+fn sysfs(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Whether the interface called `name` is a bridge.
+pub fn is_bridge(name: &str) -> bool {
+    std::path::Path::new(&format!("/sys/class/net/{name}/bridge")).is_dir()
+}
+
+/// Whether the bridge called `name` filters by VLAN (`vlan_filtering = 1`).
+pub fn vlan_filtering(name: &str) -> bool {
+    sysfs(&format!("/sys/class/net/{name}/bridge/vlan_filtering")).as_deref() == Some("1")
+}
+
+/// The ports of the bridge called `bridge`, by name order.
+pub fn ports(bridge: &str) -> Vec<PortInfo> {
+    let Ok(dir) = std::fs::read_dir(format!("/sys/class/net/{bridge}/brif")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<PortInfo> = dir
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let ifindex = sysfs(&format!("/sys/class/net/{name}/ifindex"))?
+                .parse()
+                .ok()?;
+            let state: u32 = sysfs(&format!("/sys/class/net/{name}/brport/state"))?
+                .parse()
+                .ok()?;
+            Some(PortInfo {
+                name,
+                ifindex,
+                forwarding: state == BR_STATE_FORWARDING,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// A change of a bridge FDB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FdbEvent {
+    /// `mac` is behind `port` of `bridge` (learned, moved, or static).
+    Learned {
+        bridge: u32,
+        mac: [u8; 6],
+        port: u32,
+    },
+    /// `mac` is no longer known to `bridge` (aged out, flushed, port removed).
+    Forgotten { bridge: u32, mac: [u8; 6] },
+}
+
+/// The FDB change an `AF_BRIDGE` neighbour message means (`new`: RTM_NEWNEIGH), if it is one
+/// of a bridge's own entries that points at a port. Pure; unit-tested.
+pub fn fdb_event(msg: &NeighbourMessage, new: bool) -> Option<FdbEvent> {
+    let h = &msg.header;
+    // The bridge's own entries carry NDA_MASTER and not NTF_SELF (which marks a device's own
+    // address list, e.g. its multicast addresses); the kernel does not set NTF_MASTER in them.
+    if h.family != AddressFamily::Bridge || h.flags.contains(NeighbourFlags::Own) {
+        return None;
+    }
+    let mut mac = None;
+    let mut bridge = None;
+    for a in &msg.attributes {
+        match a {
+            NeighbourAttribute::LinkLayerAddress(m) => mac = <[u8; 6]>::try_from(m.as_slice()).ok(),
+            NeighbourAttribute::Controller(b) => bridge = Some(*b),
+            // VLAN-aware entries: the fast path does not bridge by VLAN.
+            NeighbourAttribute::Vlan(_) => return None,
+            _ => {}
+        }
+    }
+    let (mac, bridge) = (mac?, bridge?);
+    // Local entries (the bridge's own and its ports' addresses) are delivered to the host.
+    let local = h.state == NeighbourState::Permanent || h.ifindex == bridge;
+    if !new || local {
+        return Some(FdbEvent::Forgotten { bridge, mac });
+    }
+    Some(FdbEvent::Learned {
+        bridge,
+        mac,
+        port: h.ifindex,
+    })
+}
+
+/// Every bridge FDB entry of the namespace (`bridge fdb show`), as [`FdbEvent::Learned`].
+pub fn fdb_dump() -> io::Result<Vec<FdbEvent>> {
+    let mut sock = Socket::new(NETLINK_ROUTE)?;
+    sock.bind_auto()?;
+    sock.connect(&SocketAddr::new(0, 0))?;
+    let mut msg = NeighbourMessage::default();
+    msg.header.family = AddressFamily::Bridge;
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    header.sequence_number = 1;
+    let mut req = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(RouteNetlinkMessage::GetNeighbour(msg)),
+    );
+    req.finalize();
+    let mut buf = vec![0; req.buffer_len()];
+    req.serialize(&mut buf);
+    sock.send(&buf, 0)?;
+    let mut out = Vec::new();
+    loop {
+        let (data, _) = sock.recv_from_full()?;
+        for raw in super::netlink_messages(&data) {
+            let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(raw)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            match msg.payload {
+                NetlinkPayload::Done(_) => return Ok(out),
+                NetlinkPayload::Error(e) => {
+                    return Err(e.to_io());
+                }
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNeighbour(n)) => {
+                    if let Some(ev @ FdbEvent::Learned { .. }) = fdb_event(&n, true) {
+                        out.push(ev);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A managed bridge's port, as the daemon manages it.
+#[derive(Debug, Clone)]
+pub struct Port {
+    pub name: String,
+    /// Stats slot.
+    pub slot: u32,
+    /// XDP attach mode; `None` when the attach failed.
+    pub mode: Option<AttachMode>,
+    /// STP state is forwarding.
+    pub forwarding: bool,
+    /// Whether it can transmit XDP frames.
+    pub xmit: XdpXmit,
+    /// Its egress qdiscs as last read.
+    pub egress: Option<Egress>,
+    /// Hooks found on it.
+    pub hooks: Hooks,
+}
+
+impl Port {
+    /// Why the fast path must not send out of this port because of its qdiscs, if so (in
+    /// doubt, while they are unknown, it does not).
+    pub fn shaped_by(&self) -> Option<String> {
+        match &self.egress {
+            Some(e) => e.shaper.clone(),
+            None => Some("unknown qdiscs".into()),
+        }
+    }
+}
+
+/// The ports of one managed bridge, by ifindex.
+pub type Ports = BTreeMap<u32, Port>;
+
+/// What a bridge's ports take from the bridge.
+pub struct BridgeView<'a> {
+    pub name: &'a str,
+    pub ifindex: u32,
+    /// The bridge's MAC: frames for it are routed.
+    pub mac: [u8; 6],
+    /// `IFACE_F_LAN` / `IFACE_F_WAN`.
+    pub role: u32,
+    /// The bridge has ingress hooks (they see the frames it passes up) and does not bypass
+    /// them.
+    pub ingress_hook: bool,
+    /// `bypass_hooks = true` in the bridge's config (applies to its ports too).
+    pub bypass_hooks: bool,
+    pub xdp_mode: XdpModeConfig,
+}
+
+impl Port {
+    /// The port's `IFACE_F_*` flags (without `IFACE_F_BRIDGE_PORT`, which the datapath adds).
+    pub fn flags(&self, b: &BridgeView) -> u32 {
+        let hooks = if b.bypass_hooks {
+            Hooks::default()
+        } else {
+            self.hooks
+        };
+        let mut f = b.role;
+        if b.ingress_hook || hooks.ingress {
+            f |= IFACE_F_INGRESS_HOOK;
+        }
+        if hooks.egress {
+            f |= IFACE_F_EGRESS_HOOK;
+        }
+        if self.shaped_by().is_some() {
+            f |= IFACE_F_SHAPED;
+        }
+        if !self.xmit.allowed() {
+            f |= IFACE_F_NO_XDP_XMIT;
+        }
+        if !self.forwarding {
+            f |= IFACE_F_PORT_NOT_FORWARDING;
+        }
+        f
+    }
+}
+
+/// Brings `ports` in line with the bridge's ports as found (`found`, see [`ports`]): ports that
+/// left are detached, new ones attached (stats slots from `next_slot` on, never reused, so a
+/// slot's counters always belong to one port), and every port's flags and MAC rewritten.
+pub fn sync_ports(
+    dp: &mut Datapath,
+    b: &BridgeView,
+    ports: &mut Ports,
+    found: Vec<PortInfo>,
+    xmit: &Capabilities,
+    next_slot: &mut u32,
+) {
+    let name = b.name;
+    let gone: Vec<u32> = ports
+        .keys()
+        .filter(|i| !found.iter().any(|f| f.ifindex == **i))
+        .copied()
+        .collect();
+    for ifindex in gone {
+        if let Some(p) = ports.remove(&ifindex) {
+            info!(bridge = name, port = %p.name, "{name}: port {} left the bridge; detached", p.name);
+            dp.detach(ifindex);
+        }
+    }
+    for f in found {
+        if let Some(p) = ports.get_mut(&f.ifindex) {
+            p.forwarding = f.forwarding;
+            p.xmit = xmit.of(f.ifindex, &f.name);
+            if p.mode.is_some() {
+                let flags = p.flags(b);
+                if let Err(e) = dp
+                    .set_iface_flags(f.ifindex, p.slot, flags | IFACE_F_BRIDGE_PORT)
+                    .and_then(|_| dp.set_iface_mac(f.ifindex, b.mac))
+                {
+                    error!(bridge = name, port = %p.name, error = %format!("{e:#}"), "cannot update a bridge port");
+                }
+            }
+            continue;
+        }
+        if *next_slot >= MAX_IFACE_SLOTS {
+            warn!(bridge = name, port = %f.name, "{name}: no stats slot left for port {}: not accelerated", f.name);
+            continue;
+        }
+        let mut p = Port {
+            name: f.name.clone(),
+            slot: *next_slot,
+            mode: None,
+            forwarding: f.forwarding,
+            xmit: xmit.of(f.ifindex, &f.name),
+            // Read right after (the caller's job); until then the port counts as shaped.
+            egress: None,
+            hooks: Hooks::default(),
+        };
+        *next_slot += 1;
+        match dp.attach_port(
+            &f.name,
+            f.ifindex,
+            p.slot,
+            p.flags(b),
+            b.mac,
+            b.ifindex,
+            b.xdp_mode,
+        ) {
+            Ok(mode) => {
+                info!(bridge = name, port = %f.name, mode = mode.as_str(), "{name}: port {} attached", f.name);
+                p.mode = Some(mode);
+            }
+            Err(e) => {
+                error!(bridge = name, port = %f.name, error = %format!("{e:#}"), "{name}: cannot attach to port {}", f.name)
+            }
+        }
+        ports.insert(f.ifindex, p);
+    }
+}
+
+/// Rewrites every attached port's flags (after its qdiscs, hooks or XDP transmit capability
+/// changed).
+pub fn write_flags(dp: &mut Datapath, b: &BridgeView, ports: &Ports) {
+    for (ifindex, p) in ports {
+        if p.mode.is_some()
+            && let Err(e) = dp.set_iface_flags(*ifindex, p.slot, p.flags(b) | IFACE_F_BRIDGE_PORT)
+        {
+            error!(bridge = b.name, port = %p.name, error = %format!("{e:#}"), "cannot update a bridge port's flags");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fdb(
+        family: AddressFamily,
+        flags: NeighbourFlags,
+        port: u32,
+        vlan: bool,
+    ) -> NeighbourMessage {
+        let mut m = NeighbourMessage::default();
+        m.header.family = family;
+        m.header.ifindex = port;
+        m.header.flags = flags;
+        m.header.state = NeighbourState::Reachable;
+        m.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(vec![2, 0, 0, 0, 0, 7]));
+        m.attributes.push(NeighbourAttribute::Controller(5));
+        if vlan {
+            m.attributes.push(NeighbourAttribute::Vlan(10));
+        }
+        m
+    }
+
+    #[test]
+    fn bridge_fdb_entries_become_events() {
+        let mac = [2, 0, 0, 0, 0, 7];
+        // As `bridge fdb` shows the bridge's entries on Linux 6.18: no flags, NDA_MASTER.
+        let learned = fdb(AddressFamily::Bridge, NeighbourFlags::empty(), 9, false);
+        assert_eq!(
+            fdb_event(&learned, true),
+            Some(FdbEvent::Learned {
+                bridge: 5,
+                mac,
+                port: 9
+            })
+        );
+        assert_eq!(
+            fdb_event(&learned, false),
+            Some(FdbEvent::Forgotten { bridge: 5, mac })
+        );
+        // The port's own address (local, permanent) is delivered to the host: not a target.
+        let mut local = learned.clone();
+        local.header.state = NeighbourState::Permanent;
+        assert_eq!(
+            fdb_event(&local, true),
+            Some(FdbEvent::Forgotten { bridge: 5, mac })
+        );
+        // Device-level (NTF_SELF) entries, other families and VLAN entries are not the
+        // bridge's VLAN-unaware FDB.
+        let own = fdb(AddressFamily::Bridge, NeighbourFlags::Own, 9, false);
+        assert_eq!(fdb_event(&own, true), None);
+        let arp = fdb(AddressFamily::Inet, NeighbourFlags::empty(), 9, false);
+        assert_eq!(fdb_event(&arp, true), None);
+        let vlan = fdb(AddressFamily::Bridge, NeighbourFlags::empty(), 9, true);
+        assert_eq!(fdb_event(&vlan, true), None);
+    }
+}
