@@ -114,12 +114,12 @@ fn arm_v4(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
         _pad: [0; 3],
     };
     // SAFETY: map lookups; the value is copied out.
-    let flow_key = *unsafe { ARM_V4.get(&key) }?;
+    let flow_key = *unsafe { ARM_V4.get(key) }?;
     // Only a packet that came in where the flow direction enters arms it.
     if flow_key.ifindex != fwd.ingress_ifindex {
         return None;
     }
-    let flow = FLOWS_V4.get_ptr_mut(&flow_key)?;
+    let flow = FLOWS_V4.get_ptr_mut(flow_key)?;
     // SAFETY: map value pointer from the kernel.
     unsafe {
         arm(
@@ -155,11 +155,11 @@ fn arm_v6(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
         _pad: [0; 3],
     };
     // SAFETY: map lookups; the value is copied out.
-    let flow_key = *unsafe { ARM_V6.get(&key) }?;
+    let flow_key = *unsafe { ARM_V6.get(key) }?;
     if flow_key.ifindex != fwd.ingress_ifindex {
         return None;
     }
-    let flow = FLOWS_V6.get_ptr_mut(&flow_key)?;
+    let flow = FLOWS_V6.get_ptr_mut(flow_key)?;
     // SAFETY: map value pointer from the kernel.
     unsafe {
         arm(

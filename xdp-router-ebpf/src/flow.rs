@@ -511,7 +511,7 @@ fn fdb_port(bridge: u32, mac: [u8; 6]) -> Option<u32> {
     // mac, _pad), laid out as these words.
     let key = unsafe { transmute::<[u32; 3], FdbKey>(words) };
     // SAFETY: a map lookup; the value is copied out.
-    unsafe { BRIDGE_FDB.get(&key) }.copied()
+    unsafe { BRIDGE_FDB.get(key) }.copied()
 }
 
 /// The port of bridge `bridge` (whose flags are `flags`) that `dmac` is behind, per the
@@ -660,10 +660,12 @@ fn try_forward_v4(
             l4_csum_diff: (*flow).l4_csum_diff,
         }
     };
-    let flags = unsafe { (*flow).flags };
     // SAFETY: `flow` is a live map value pointer.
+    let flags = unsafe { (*flow).flags };
     let mark = check_armed(
+        // SAFETY: `flow` is a live map value pointer.
         unsafe { addr_of_mut!((*flow).armed_generation) },
+        // SAFETY: as above.
         unsafe { addr_of_mut!((*flow).fib_mark) },
         cache,
     )?;
@@ -759,16 +761,18 @@ fn try_forward_v6(
             l4_csum_diff: (*flow).l4_csum_diff,
         }
     };
-    let flags = unsafe { (*flow).flags };
     // SAFETY: `flow` is a live map value pointer.
+    let flags = unsafe { (*flow).flags };
     let mark = check_armed(
+        // SAFETY: `flow` is a live map value pointer.
         unsafe { addr_of_mut!((*flow).armed_generation) },
+        // SAFETY: as above.
         unsafe { addr_of_mut!((*flow).fib_mark) },
         cache,
     )?;
     // The DSCP: the top 6 bits of the traffic class, below the 4 version bits.
-    // SAFETY: `flow` is a live map value pointer.
     check_dscp(
+        // SAFETY: `flow` is a live map value pointer.
         unsafe { addr_of_mut!((*flow).kernel_dscp) },
         (u32::from_be(flowinfo) >> 22) as u8 & 0x3f,
     )?;

@@ -11,8 +11,9 @@ use crate::maps::STATS;
 #[inline(always)]
 pub fn ingress_slot(info: Option<*const IfaceInfo>) -> u32 {
     match info {
-        // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
         Some(info) => {
+            // SAFETY: a map value pointer returned by the kernel is valid for reads of
+            // IfaceInfo.
             let slot = unsafe { (*info).slot };
             if slot < MAX_IFACE_SLOTS { slot } else { 0 }
         }

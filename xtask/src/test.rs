@@ -61,7 +61,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     let mut steps = Vec::new();
 
     // The lint gate: formatting and clippy with warnings as errors, over every host crate
-    // (the eBPF crate's library included; its binaries are built for BPF by build scripts).
+    // and over the eBPF binaries as the build scripts build them (nightly, bpfel-unknown-none).
     steps.push(timed("lint gate", || {
         cmd::run(cmd::cargo().args(["fmt", "--all", "--check"]))?;
         cmd::run(cmd::cargo().args([
@@ -71,7 +71,8 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             "--",
             "-D",
             "warnings",
-        ]))
+        ]))?;
+        cmd::run(&mut ebpf_clippy(&ws))
     }));
 
     if args.no_unit {
@@ -191,6 +192,26 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     }
     println!("all steps passed");
     Ok(())
+}
+
+/// Clippy over the eBPF crate's binaries for BPF, with the `bpf_target_arch` cfg aya-build
+/// sets, in a target directory of its own (the host build's fingerprints stay untouched).
+fn ebpf_clippy(ws: &workspace::Workspace) -> std::process::Command {
+    let mut c = std::process::Command::new("rustup");
+    c.current_dir(workspace::root())
+        .args(["run", "nightly", "cargo", "clippy", "-p", "xdp-router-ebpf"])
+        .args(["--bins", "--features", "bpf-bins", "--release"])
+        .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        .args(["--", "-D", "warnings"])
+        .env("CARGO_TARGET_DIR", ws.target_dir().join("ebpf-clippy"))
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            format!("--cfg=bpf_target_arch=\"{}\"", std::env::consts::ARCH),
+        )
+        .env_remove("CARGO")
+        .env_remove("RUSTC")
+        .env_remove("RUSTUP_TOOLCHAIN");
+    c
 }
 
 fn not_run(name: &'static str, why: &str) -> Step {

@@ -51,6 +51,11 @@ impl Workspace {
         self.packages.iter().any(|p| p == name)
     }
 
+    /// The target directory.
+    pub fn target_dir(&self) -> &Path {
+        &self.target_dir
+    }
+
     /// The release daemon binary's path (whether or not it is built).
     pub fn release_daemon(&self) -> PathBuf {
         self.target_dir.join("release").join("xdp-routerd")
