@@ -296,6 +296,15 @@ impl FlowEntry {
         }
     }
 
+    /// The entry with this `kernel_ttl` (`FLOW_TTL_KNOWN | ttl`, as the TC arming program
+    /// records the TTL / hop limit the kernel sent the direction out with).
+    pub fn with_kernel_ttl(self, kernel_ttl: u32) -> FlowEntry {
+        match self {
+            FlowEntry::V4(k, v) => FlowEntry::V4(k, FlowV4 { kernel_ttl, ..v }),
+            FlowEntry::V6(k, v) => FlowEntry::V6(k, FlowV6 { kernel_ttl, ..v }),
+        }
+    }
+
     /// The entry with `armed_generation` and `fib_mark` as the TC arming program would have
     /// left them.
     pub fn armed(self, generation: u32, mark: u32) -> FlowEntry {

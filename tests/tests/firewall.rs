@@ -362,9 +362,11 @@ fn reply_only_drop_keeps_replies_from_the_lan() {
 
 /// What the WAN host received of 100 LAN → WAN datagrams of an offloaded UDP flow, and how the
 /// router carried them.
-struct DscpSeen {
+struct HeaderSeen {
     /// Distinct DSCPs of the datagrams captured at the WAN host.
     dscps: BTreeSet<u8>,
+    /// Distinct TTLs of the datagrams captured at the WAN host (sent with TTL 64).
+    ttls: BTreeSet<u8>,
     /// LAN → WAN datagrams the fast path forwarded.
     fast_pathed: u64,
     /// LAN → WAN datagrams counted under the reason asked for.
@@ -376,13 +378,13 @@ struct DscpSeen {
 /// Runs `nft_setup` on the router (a rule that sets DSCP CS3 somewhere), starts the daemon
 /// (`lan_extra` in the LAN interface's config), offloads a UDP flow LAN → WAN and sends 100
 /// more datagrams, capturing them at the WAN host; `reason` is counted on the LAN interface.
-fn dscp_at_the_wan_host(
+fn seen_at_the_wan_host(
     tag: &str,
     port: u16,
     nft_setup: &str,
     lan_extra: &str,
     reason: &str,
-) -> DscpSeen {
+) -> HeaderSeen {
     let mut tb = Testbed::new(tag);
     tb.router.sh(nft_setup);
     tb.start_daemon_with_lan("", lan_extra);
@@ -412,11 +414,12 @@ fn dscp_at_the_wan_host(
     let before = tb.snapshot();
     exchange(100);
     let after = tb.snapshot();
-    let mut dscps = BTreeSet::new();
+    let (mut dscps, mut ttls) = (BTreeSet::new(), BTreeSet::new());
     while let Some(frame) = capture.next_incoming(Duration::from_millis(200)) {
         // IPv4 UDP to the echo port: the DSCP is the top 6 bits of the TOS byte.
         if frame.get(12..14) == Some(&[0x08, 0x00]) && frame.get(23) == Some(&17) {
             dscps.extend(frame.get(15).map(|tos| tos >> 2));
+            ttls.extend(frame.get(22).copied());
         }
     }
     drop(echo);
@@ -424,8 +427,9 @@ fn dscp_at_the_wan_host(
         !dscps.is_empty(),
         "no UDP datagram captured at the WAN host"
     );
-    DscpSeen {
+    HeaderSeen {
         dscps,
+        ttls,
         fast_pathed: after.packets_since(&before, LAN_IF, "forwarded_original"),
         counted: after.packets_since(&before, LAN_IF, reason),
         replies_fast_pathed: after.packets_since(&before, WAN_IF, "forwarded_reply"),
@@ -442,7 +446,7 @@ fn netdev_ingress_chain_keeps_its_packets_in_the_kernel() {
     if !ready("netdev_ingress_chain_keeps_its_packets_in_the_kernel") {
         return;
     }
-    let seen = dscp_at_the_wan_host("fw8", 6008, NETDEV_DSCP, "", "ingress_hook");
+    let seen = seen_at_the_wan_host("fw8", 6008, NETDEV_DSCP, "", "ingress_hook");
     eprintln!(
         "netdev ingress chain (DSCP CS3): WAN host saw DSCP {:?}; LAN: {} fast-pathed, {} \
          ingress_hook",
@@ -473,7 +477,7 @@ fn bypass_hooks_still_follows_a_dscp_rewrite() {
     if !ready("bypass_hooks_still_follows_a_dscp_rewrite") {
         return;
     }
-    let seen = dscp_at_the_wan_host(
+    let seen = seen_at_the_wan_host(
         "fw9",
         6009,
         NETDEV_DSCP,
@@ -507,7 +511,7 @@ fn forward_chain_dscp_rewrite_applies_to_offloaded_flows() {
     if !ready("forward_chain_dscp_rewrite_applies_to_offloaded_flows") {
         return;
     }
-    let seen = dscp_at_the_wan_host(
+    let seen = seen_at_the_wan_host(
         "fwa",
         6010,
         "nft add table inet mangle
@@ -533,6 +537,50 @@ fn forward_chain_dscp_rewrite_applies_to_offloaded_flows() {
     assert!(
         seen.counted >= 100,
         "only {} counted dscp_rewritten_by_kernel",
+        seen.counted
+    );
+    assert!(
+        seen.replies_fast_pathed >= 90,
+        "the untouched replies should stay fast-pathed: {}",
+        seen.replies_fast_pathed
+    );
+}
+
+/// A rule in the forward path that sets the TTL (nft `ip ttl set 64` for packets to the WAN)
+/// applies to every packet of an offloaded flow: the arming program saw the kernel send TTL 64
+/// for datagrams that arrive with 64 (the fast path would send 63), so LAN packets go to the
+/// kernel, while the replies, which no rule touches, stay on the fast path.
+#[test]
+fn forward_chain_ttl_set_applies_to_offloaded_flows() {
+    if !ready("forward_chain_ttl_set_applies_to_offloaded_flows") {
+        return;
+    }
+    let seen = seen_at_the_wan_host(
+        "fwt",
+        6011,
+        "nft add table inet mangle
+         nft add chain inet mangle ttl_out '{ type filter hook forward priority -150; }'
+         nft add rule inet mangle ttl_out oifname eth0 ip ttl set 64",
+        "",
+        "ttl_rewritten_by_kernel",
+    );
+    eprintln!(
+        "forward chain sets TTL 64: WAN host saw TTL {:?}; LAN: {} fast-pathed, {} \
+         ttl_rewritten_by_kernel; replies: {} fast-pathed",
+        seen.ttls, seen.fast_pathed, seen.counted, seen.replies_fast_pathed
+    );
+    assert_eq!(
+        seen.ttls,
+        BTreeSet::from([64]),
+        "every datagram must leave with the rule's TTL 64"
+    );
+    assert_eq!(
+        seen.fast_pathed, 0,
+        "no LAN packet may skip the forward chain's TTL rewrite"
+    );
+    assert!(
+        seen.counted >= 100,
+        "only {} counted ttl_rewritten_by_kernel",
         seen.counted
     );
     assert!(

@@ -15,9 +15,9 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use aya::programs::Xdp;
 use xdp_router_common::{
-    FIB_LOOKUP_DIRECT, FLOW_DSCP_KNOWN, FibCache, IFACE_F_BRIDGE, IFACE_F_EGRESS_HOOK,
-    IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED,
-    PROG_NAME, Reason, stats_index,
+    FIB_LOOKUP_DIRECT, FLOW_DSCP_KNOWN, FLOW_TTL_KNOWN, FibCache, IFACE_F_BRIDGE,
+    IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING,
+    IFACE_F_SHAPED, PROG_NAME, Reason, stats_index,
 };
 use xdp_router_tests::{
     fixture_net::{
@@ -628,6 +628,49 @@ fn cases(bed: &Bed) -> Vec<Case> {
             .flows
             .into_iter()
             .map(|f| f.with_kernel_dscp(FLOW_DSCP_KNOWN))
+            .collect();
+        c.push(case);
+    }
+    // The kernel sent the armed packet out with TTL / hop limit 64 although the packets arrive
+    // with 64 (a forward-path `ip ttl set 64`): they go to the kernel, so the rule applies.
+    let ttl64 = FLOW_TTL_KNOWN | 64;
+    c.push(pass(
+        b,
+        "kernel set the ttl v4",
+        b.lan,
+        good4.frame(),
+        Setup::managed(b, vec![routed(b.lan, &good4, false).with_kernel_ttl(ttl64)]),
+        Reason::PassTtlNotKernels,
+    ));
+    c.push(pass(
+        b,
+        "kernel set the hop limit v6",
+        b.lan,
+        good6.frame(),
+        Setup::managed(b, vec![routed(b.lan, &good6, false).with_kernel_ttl(ttl64)]),
+        Reason::PassTtlNotKernels,
+    ));
+    for (name, pkt, new_src, new_dst) in [
+        (
+            "v4 tcp snat original, kernel decremented the ttl",
+            &good4,
+            (router4, 61_000),
+            (server4, 443),
+        ),
+        (
+            "v6 tcp original, kernel decremented the hop limit",
+            &good6,
+            (client6, 40_000),
+            (server6, 443),
+        ),
+    ] {
+        // The kernel sent it out with the TTL one below the packets' (63): forwarded.
+        let mut case = forward(b, name, b.lan, pkt, new_src, new_dst, false, to_wan);
+        case.setup.flows = case
+            .setup
+            .flows
+            .into_iter()
+            .map(|f| f.with_kernel_ttl(FLOW_TTL_KNOWN | u32::from(pkt.ttl - 1)))
             .collect();
         c.push(case);
     }

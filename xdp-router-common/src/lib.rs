@@ -164,7 +164,12 @@ pub struct FlowV4 {
     /// that differs from what arrives: XDP passes a packet whose DSCP is not this one to the
     /// kernel (`Reason::PassDscpNotKernels`), so such rules apply to every packet.
     pub kernel_dscp: u32,
-    pub _pad2: u32,
+    /// The TTL the kernel sent this direction's last kernel-forwarded packet out with, as
+    /// `FLOW_TTL_KNOWN | ttl` (0 = not recorded), written with `armed_generation`. XDP
+    /// forwards a packet only if its TTL minus one is this one, i.e. what the kernel would
+    /// send: a rule in the forward path that sets the TTL (`ip ttl set`, `-j TTL`) keeps the
+    /// direction in the kernel (`Reason::PassTtlNotKernels`), so it applies to every packet.
+    pub kernel_ttl: u32,
 }
 const _: () = assert!(core::mem::size_of::<FlowV4>() == 112);
 
@@ -190,12 +195,17 @@ pub struct FlowV6 {
     pub fib_mark: u32,
     /// See [`FlowV4::kernel_dscp`] (the traffic class's DSCP).
     pub kernel_dscp: u32,
-    pub _pad2: u32,
+    /// See [`FlowV4::kernel_ttl`] (the hop limit).
+    pub kernel_ttl: u32,
 }
 const _: () = assert!(core::mem::size_of::<FlowV6>() == 128);
 
 /// `FlowV4::kernel_dscp` / `FlowV6::kernel_dscp`: a DSCP is recorded (its 6 bits are below).
 pub const FLOW_DSCP_KNOWN: u32 = 1 << 8;
+
+/// `FlowV4::kernel_ttl` / `FlowV6::kernel_ttl`: a TTL / hop limit is recorded (its 8 bits are
+/// below).
+pub const FLOW_TTL_KNOWN: u32 = 1 << 8;
 
 /// Key of [`MAP_ARM_V4`]: one flow direction as the kernel sends it out, after NAT (the
 /// direction's rewritten source and destination). Its value is the direction's

@@ -85,11 +85,16 @@ pub enum Reason {
     /// (a new host, a host that moved, or an entry that aged out while the fast path carried
     /// the host's traffic, which the bridge never sees): the kernel bridge learns from it.
     PassBridgeLearning = 31,
+    /// The kernel sent this flow direction out with another TTL / hop limit than this packet's
+    /// minus one: a rule in the forward path sets it (`ip ttl set`, `-j TTL`), or the
+    /// direction's TTL changed upstream since the kernel last forwarded it. The kernel forwards
+    /// it (and records the TTL it sent).
+    PassTtlNotKernels = 32,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 32;
+    pub const COUNT: u32 = 33;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -125,6 +130,7 @@ impl Reason {
         Reason::PassBridgeFdbMiss,
         Reason::PassBridgePortNotForwarding,
         Reason::PassBridgeLearning,
+        Reason::PassTtlNotKernels,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -162,6 +168,7 @@ impl Reason {
             Reason::PassBridgeFdbMiss => "bridge_fdb_miss",
             Reason::PassBridgePortNotForwarding => "bridge_port_not_forwarding",
             Reason::PassBridgeLearning => "bridge_learning",
+            Reason::PassTtlNotKernels => "ttl_rewritten_by_kernel",
         }
     }
 

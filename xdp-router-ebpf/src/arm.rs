@@ -4,14 +4,15 @@
 //! POSTROUTING, NAT). A packet seen here was accepted by the firewall as it is now; the fast
 //! path's own packets are redirected by XDP and never pass here. For a packet that belongs to an
 //! offloaded flow direction (found by its post-NAT tuple in `ARM_V4`/`ARM_V6`, arriving on the
-//! direction's ingress interface), it stores the current `ruleset_generation` and the packet's
-//! mark in the flow entry: from then on XDP forwards that direction, until the ruleset changes.
+//! direction's ingress interface), it stores the current `ruleset_generation`, the packet's
+//! mark, DSCP and TTL in the flow entry: from then on XDP forwards that direction, until the
+//! ruleset changes, and only packets that would leave the kernel with that DSCP and TTL.
 
 use core::ptr::{addr_of_mut, write_volatile};
 
 use aya_ebpf::programs::TcContext;
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, FLOW_DSCP_KNOWN, SETTINGS_F_FIB_MARK,
+    ArmKeyV4, ArmKeyV6, FLOW_DSCP_KNOWN, FLOW_TTL_KNOWN, SETTINGS_F_FIB_MARK,
     parse::{ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP},
 };
 
@@ -55,18 +56,27 @@ fn ports(ctx: &TcContext, l3_len: usize) -> Option<(u16, u16)> {
     Some((ports[0], ports[1]))
 }
 
-/// Writes the arming into a flow entry's `armed_generation`, `fib_mark` and `kernel_dscp`
-/// (`dscp`: the DSCP this packet leaves with). A direction with a mark the FIB lookup cannot
-/// take is left unarmed (XDP counts it as `fib_mark_unsupported`).
-#[inline(always)]
-fn arm(
+/// Where the arming goes in a flow entry.
+struct ArmFields {
     armed: *mut u32,
     fib_mark: *mut u32,
     fib_generation: *mut u32,
     kernel_dscp: *mut u32,
-    dscp: u8,
-    fwd: &Forwarded,
-) {
+    kernel_ttl: *mut u32,
+}
+
+/// Writes the arming into a flow entry's `armed_generation`, `fib_mark`, `kernel_dscp` and
+/// `kernel_ttl` (`dscp`, `ttl`: what this packet leaves with). A direction with a mark the FIB
+/// lookup cannot take is left unarmed (XDP counts it as `fib_mark_unsupported`).
+#[inline(always)]
+fn arm(f: ArmFields, dscp: u8, ttl: u8, fwd: &Forwarded) {
+    let ArmFields {
+        armed,
+        fib_mark,
+        fib_generation,
+        kernel_dscp,
+        kernel_ttl,
+    } = f;
     let generation = if fwd.mark != 0 && !fwd.mark_ok {
         0
     } else {
@@ -85,6 +95,10 @@ fn arm(
         if core::ptr::read_volatile(kernel_dscp) != dscp {
             write_volatile(kernel_dscp, dscp);
         }
+        let ttl = FLOW_TTL_KNOWN | u32::from(ttl);
+        if core::ptr::read_volatile(kernel_ttl) != ttl {
+            write_volatile(kernel_ttl, ttl);
+        }
         if core::ptr::read_volatile(armed) != generation {
             write_volatile(armed, generation);
         }
@@ -95,7 +109,7 @@ fn arm(
 fn arm_v4(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
     // version_ihl, tos, tot_len, id, frag_off, ttl, proto, check: the first 10 bytes.
     let head: [u8; 10] = ctx.load(ETH_HLEN).ok()?;
-    let [version_ihl, tos, _, _, _, _, frag0, frag1, _, proto] = head;
+    let [version_ihl, tos, _, _, _, _, frag0, frag1, ttl, proto] = head;
     // The fast path only forwards option-less, unfragmented TCP/UDP.
     if version_ihl != 0x45
         || u16::from_be_bytes([frag0, frag1]) & 0x3fff != 0
@@ -121,23 +135,23 @@ fn arm_v4(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
     }
     let flow = FLOWS_V4.get_ptr_mut(flow_key)?;
     // SAFETY: map value pointer from the kernel.
-    unsafe {
-        arm(
-            addr_of_mut!((*flow).armed_generation),
-            addr_of_mut!((*flow).fib_mark),
-            addr_of_mut!((*flow).fib.generation),
-            addr_of_mut!((*flow).kernel_dscp),
-            tos >> 2,
-            fwd,
-        );
-    }
+    let fields = unsafe {
+        ArmFields {
+            armed: addr_of_mut!((*flow).armed_generation),
+            fib_mark: addr_of_mut!((*flow).fib_mark),
+            fib_generation: addr_of_mut!((*flow).fib.generation),
+            kernel_dscp: addr_of_mut!((*flow).kernel_dscp),
+            kernel_ttl: addr_of_mut!((*flow).kernel_ttl),
+        }
+    };
+    arm(fields, tos >> 2, ttl, fwd);
     Some(())
 }
 
 #[inline(always)]
 fn arm_v6(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
     // version/class/flow label (4), payload length (2), next header, hop limit.
-    let next_header: u8 = ctx.load(ETH_HLEN + 6).ok()?;
+    let [next_header, hop_limit]: [u8; 2] = ctx.load(ETH_HLEN + 6).ok()?;
     // Version (4 bits) and traffic class (8 bits): the DSCP is the class's top 6 bits.
     let vtc: [u8; 2] = ctx.load(ETH_HLEN).ok()?;
     let dscp = (u16::from_be_bytes(vtc) >> 6) as u8 & 0x3f;
@@ -161,15 +175,15 @@ fn arm_v6(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
     }
     let flow = FLOWS_V6.get_ptr_mut(flow_key)?;
     // SAFETY: map value pointer from the kernel.
-    unsafe {
-        arm(
-            addr_of_mut!((*flow).armed_generation),
-            addr_of_mut!((*flow).fib_mark),
-            addr_of_mut!((*flow).fib.generation),
-            addr_of_mut!((*flow).kernel_dscp),
-            dscp,
-            fwd,
-        );
-    }
+    let fields = unsafe {
+        ArmFields {
+            armed: addr_of_mut!((*flow).armed_generation),
+            fib_mark: addr_of_mut!((*flow).fib_mark),
+            fib_generation: addr_of_mut!((*flow).fib.generation),
+            kernel_dscp: addr_of_mut!((*flow).kernel_dscp),
+            kernel_ttl: addr_of_mut!((*flow).kernel_ttl),
+        }
+    };
+    arm(fields, dscp, hop_limit, fwd);
     Some(())
 }

@@ -17,10 +17,10 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use xdp_router_common::{
-    FIB_LOOKUP_MARK, FLOW_DSCP_KNOWN, FLOW_F_REPLY, FdbKey, FibCache, FlowCounters, FlowKeyV4,
-    FlowKeyV6, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK,
-    IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED, IfaceInfo, Reason,
-    SETTINGS_F_FIB_MARK,
+    FIB_LOOKUP_MARK, FLOW_DSCP_KNOWN, FLOW_F_REPLY, FLOW_TTL_KNOWN, FdbKey, FibCache, FlowCounters,
+    FlowKeyV4, FlowKeyV6, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_EGRESS_HOOK,
+    IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED,
+    IfaceInfo, Reason, SETTINGS_F_FIB_MARK,
     checksum::{pseudo_v4, pseudo_v6},
     parse::{
         ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN, Ipv4Fields, Ipv6Fields, L3,
@@ -428,6 +428,19 @@ fn check_dscp(kernel_dscp: *const u32, dscp: u8) -> Result<(), Reason> {
     Ok(())
 }
 
+/// `Err(PassTtlNotKernels)` unless the kernel sent this direction out with `ttl - 1` (the
+/// TTL / hop limit the fast path will send), per `kernel_ttl` (unchecked while none is
+/// recorded).
+#[inline(always)]
+fn check_ttl(kernel_ttl: *const u32, ttl: u8) -> Result<(), Reason> {
+    // SAFETY: points into a live flow map value; the TC program writes it before arming.
+    let recorded = unsafe { core::ptr::read_volatile(kernel_ttl) };
+    if recorded & FLOW_TTL_KNOWN != 0 && recorded & 0xff != u32::from(ttl.wrapping_sub(1)) {
+        return Err(Reason::PassTtlNotKernels);
+    }
+    Ok(())
+}
+
 /// The `bpf_fib_lookup` flags for a flow direction with packet mark `mark`.
 #[inline(always)]
 fn lookup_flags(mark: u32) -> u32 {
@@ -671,6 +684,8 @@ fn try_forward_v4(
     )?;
     // SAFETY: `flow` is a live map value pointer.
     check_dscp(unsafe { addr_of_mut!((*flow).kernel_dscp) }, tos >> 2)?;
+    // SAFETY: `flow` is a live map value pointer.
+    check_ttl(unsafe { addr_of_mut!((*flow).kernel_ttl) }, fields.ttl)?;
     // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
     if verify_l4 && !ports.no_checksum {
         let pseudo = pseudo_v4(src, dst, fields.proto, l4_len as u16);
@@ -775,6 +790,11 @@ fn try_forward_v6(
         // SAFETY: `flow` is a live map value pointer.
         unsafe { addr_of_mut!((*flow).kernel_dscp) },
         (u32::from_be(flowinfo) >> 22) as u8 & 0x3f,
+    )?;
+    // SAFETY: `flow` is a live map value pointer.
+    check_ttl(
+        unsafe { addr_of_mut!((*flow).kernel_ttl) },
+        fields.hop_limit,
     )?;
     // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
     if verify_l4 && !ports.no_checksum {

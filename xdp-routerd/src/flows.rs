@@ -555,7 +555,7 @@ fn v4_entry(d: &Dir<'_>) -> (FlowKeyV4, FlowV4, ArmKeyV4) {
         armed_generation: 0,
         fib_mark: 0,
         kernel_dscp: 0,
-        _pad2: 0,
+        kernel_ttl: 0,
     };
     let arm = ArmKeyV4 {
         src_be: new_src,
@@ -604,7 +604,7 @@ fn v6_entry(d: &Dir<'_>) -> (FlowKeyV6, FlowV6, ArmKeyV6) {
         armed_generation: 0,
         fib_mark: 0,
         kernel_dscp: 0,
-        _pad2: 0,
+        kernel_ttl: 0,
     };
     let arm = ArmKeyV6 {
         src_be: new_src,
