@@ -269,24 +269,40 @@ impl FlowManager {
         true
     }
 
-    /// Re-checks every offloaded and parked connection against the current routes, addresses
-    /// and managed interfaces (after an rtnetlink change): moved paths are rewritten, broken
-    /// ones removed, parked ones whose path works again offloaded. Returns `(removed, added)`.
+    /// Every offloaded and parked connection as last seen: what a revalidation re-checks (its
+    /// routes are looked up before [`revalidate`](Self::revalidate) applies the answers).
+    pub fn snapshot(&self) -> Vec<CtEntry> {
+        self.conns
+            .values()
+            .map(|c| c.entry.clone())
+            .chain(self.parked.values().cloned())
+            .collect()
+    }
+
+    /// Re-checks the connections of a [`snapshot`](Self::snapshot) against the current routes,
+    /// addresses and managed interfaces (after an rtnetlink change): moved paths are rewritten,
+    /// broken ones removed, parked ones whose path works again offloaded. Entries that changed
+    /// or went away since the snapshot are left alone (their own event handled them). Returns
+    /// `(removed, added)`.
     pub fn revalidate(
         &mut self,
+        snapshot: impl IntoIterator<Item = CtEntry>,
         table: &mut impl FlowTable,
         paths: &impl PathOracle,
     ) -> (usize, usize) {
-        let entries: Vec<CtEntry> = self.conns.values().map(|c| c.entry.clone()).collect();
-        let removed = entries
-            .into_iter()
-            .filter(|e| matches!(self.upsert(e.clone(), table, paths), Upsert::Skipped(_)))
-            .count();
-        let parked: Vec<CtEntry> = self.parked.values().cloned().collect();
-        let added = parked
-            .into_iter()
-            .filter(|e| self.upsert(e.clone(), table, paths) == Upsert::Added)
-            .count();
+        let (mut removed, mut added) = (0, 0);
+        for e in snapshot {
+            let offloaded = match (self.conns.get(&e.orig), self.parked.get(&e.orig)) {
+                (Some(c), _) if c.entry == e => true,
+                (None, Some(p)) if *p == e => false,
+                _ => continue,
+            };
+            match self.upsert(e, table, paths) {
+                Upsert::Skipped(_) if offloaded => removed += 1,
+                Upsert::Added if !offloaded => added += 1,
+                _ => {}
+            }
+        }
         (removed, added)
     }
 
@@ -617,5 +633,7 @@ fn v6_entry(d: &Dir<'_>) -> (FlowKeyV6, FlowV6, ArmKeyV6) {
     (key, value, arm)
 }
 
+#[cfg(test)]
+pub(crate) mod fake;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,177 @@
+//! Conntrack events (ctnetlink NEW/UPDATE/DESTROY) become fast-path flows; on a socket overrun
+//! the flows are resynced from a dump. Each batch: routes looked up first (batched, no lock),
+//! then the flow changes applied in event order under the lock, then new TCP connections marked
+//! "be liberal" (ctnetlink, no lock).
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::anyhow;
+use tracing::{debug, error, info, warn};
+
+use super::{apply_stale_check, resolve_fresh};
+use crate::{
+    flows::Upsert,
+    state::{Shared, State},
+    sync::{
+        conntrack::{CtEntry, CtEvent, IPPROTO_TCP},
+        ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription},
+        routes::RouteLookup,
+    },
+};
+
+/// When newly offloaded TCP connections are marked liberal a second time (after arming).
+const REMARK_LIBERAL_AFTER: Duration = Duration::from_millis(200);
+
+/// Conntrack errors as the daemon reports them.
+pub fn ct_err(e: CtNetlinkError) -> anyhow::Error {
+    anyhow!("conntrack: {e}")
+}
+
+/// Follows conntrack events until the subscription fails.
+pub async fn run(
+    shared: Arc<Shared>,
+    mut lookup: RouteLookup,
+    mut events: CtSubscription,
+    mut requests: CtNetlink,
+) -> anyhow::Result<()> {
+    loop {
+        let batch = match events.next_batch().await {
+            Ok(batch) => batch,
+            Err(CtNetlinkError::Overrun) => {
+                warn!("conntrack event socket overrun: resyncing from a dump");
+                if let Err(e) = resync(&shared, &mut lookup, &mut requests).await {
+                    error!(error = %format!("{e:#}"), "conntrack resync failed");
+                    shared.lock().ct.errors += 1;
+                }
+                continue;
+            }
+            Err(e) => {
+                shared.lock().ct.errors += 1;
+                return Err(ct_err(e));
+            }
+        };
+        let upserts: Vec<&CtEntry> = batch
+            .iter()
+            .filter_map(|ev| match ev {
+                CtEvent::New(e) | CtEvent::Update(e) => Some(e),
+                CtEvent::Destroy(_) => None,
+            })
+            .collect();
+        let (paths, generation) = resolve_fresh(&shared, &mut lookup, &upserts).await;
+        let newly_tcp = apply_events(&mut shared.lock(), batch, &paths);
+        apply_stale_check(&shared, generation);
+        for e in &newly_tcp {
+            liberal(&shared, &mut requests, e).await;
+        }
+        if !newly_tcp.is_empty() {
+            // The kernel forwards the first packets of each direction again before they are
+            // armed, and those set MAXACK_SET again: a stale td_maxack would make conntrack
+            // ignore the connection's RST. Mark them liberal once more after arming (the
+            // keep-alive does it for every active connection later on).
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(REMARK_LIBERAL_AFTER).await;
+                let Ok(mut ct) = CtNetlink::new() else {
+                    return;
+                };
+                for e in &newly_tcp {
+                    liberal(&shared, &mut ct, e).await;
+                }
+            });
+        }
+    }
+}
+
+/// Applies one batch of events in order with routes already looked up. Returns the TCP
+/// connections newly offloaded (to be marked liberal).
+pub fn apply_events<D: crate::flows::FlowTable>(
+    s: &mut State<D>,
+    batch: Vec<CtEvent>,
+    paths: &impl crate::flows::PathOracle,
+) -> Vec<CtEntry> {
+    let mut newly_tcp = Vec::new();
+    s.ct.events += batch.len() as u64;
+    let State { dp, flows, ct, .. } = s;
+    for ev in batch {
+        *ct.events_by_type.entry(ev.kind().into()).or_default() += 1;
+        match ev {
+            CtEvent::New(e) | CtEvent::Update(e) => {
+                let tcp = e.orig.proto == IPPROTO_TCP;
+                let entry = e.clone();
+                if flows.upsert(e, dp, paths) == Upsert::Added {
+                    debug!(orig = ?entry.orig, "offloaded");
+                    if tcp {
+                        newly_tcp.push(entry);
+                    }
+                }
+            }
+            CtEvent::Destroy(e) => {
+                if flows.forget(&e.orig, dp) {
+                    debug!(orig = ?e.orig, "conntrack entry destroyed; flow removed");
+                }
+            }
+        }
+    }
+    newly_tcp
+}
+
+/// Makes the flow maps match a fresh conntrack dump (at start and after an overrun).
+pub async fn resync(
+    shared: &Shared,
+    lookup: &mut RouteLookup,
+    ct: &mut CtNetlink,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let dump = ct.dump().await.map_err(ct_err)?;
+    let n = dump.len();
+    let (paths, generation) = resolve_fresh(shared, lookup, &dump.iter().collect::<Vec<_>>()).await;
+    let looked_up_ms = started.elapsed().as_millis() as u64;
+    let added = {
+        let mut s = shared.lock();
+        let State { dp, flows, .. } = &mut *s;
+        let before = flows.stats().offloaded_total;
+        let (removed, _) = flows.resync(dump, dp, &paths);
+        s.ct.resyncs += 1;
+        s.ct.last_resync_ms = started.elapsed().as_millis() as u64;
+        let added = s.flows.stats().offloaded_total - before;
+        info!(
+            entries = n,
+            offloaded = s.flows.len(),
+            removed,
+            routes = paths.len(),
+            looked_up_ms,
+            ms = started.elapsed().as_millis() as u64,
+            "conntrack resync"
+        );
+        added
+    };
+    apply_stale_check(shared, generation);
+    if added > 0 {
+        make_tcp_liberal(shared, ct).await;
+    }
+    Ok(())
+}
+
+/// Marks every offloaded TCP connection "be liberal" (idempotent, see `CtUpdate::tcp_liberal`).
+async fn make_tcp_liberal(shared: &Shared, ct: &mut CtNetlink) {
+    let tcp: Vec<CtEntry> = shared
+        .lock()
+        .flows
+        .conns()
+        .filter(|c| c.entry.orig.proto == IPPROTO_TCP)
+        .map(|c| c.entry.clone())
+        .collect();
+    for e in tcp {
+        liberal(shared, ct, &e).await;
+    }
+}
+
+async fn liberal(shared: &Shared, ct: &mut CtNetlink, e: &CtEntry) {
+    if let Err(err) = ct.set_tcp_liberal(&e.orig, e.zone).await {
+        debug!(error = %err, "cannot mark TCP connection liberal");
+        shared.lock().ct.errors += 1;
+    }
+}
