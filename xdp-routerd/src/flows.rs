@@ -78,6 +78,41 @@ impl Skip {
             Skip::MapError => "map_error",
         }
     }
+
+    /// Every reason.
+    pub const ALL: [Skip; 5] = [
+        Skip::NotEstablished,
+        Skip::PathNotManaged,
+        Skip::NatAddressGone,
+        Skip::TableFull,
+        Skip::MapError,
+    ];
+
+    /// The reason called `name`, if any.
+    pub fn from_name(name: &str) -> Option<Skip> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Serialized as its stable name (the `reason` label of `connections_skipped`).
+impl serde::Serialize for Skip {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Skip {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Skip::from_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown skip reason {name:?}")))
+    }
 }
 
 /// The map key of one flow direction.
@@ -126,7 +161,7 @@ pub struct ManagerStats {
     /// Connections taken back from the fast path since start.
     pub removed_total: u64,
     /// Connections considered but not offloaded, by reason.
-    pub skipped: BTreeMap<&'static str, u64>,
+    pub skipped: BTreeMap<Skip, u64>,
 }
 
 /// Keeps the flow maps equal to "the offloadable subset of conntrack".
@@ -203,7 +238,7 @@ impl FlowManager {
             Ok(plan) => plan,
             Err(skip) => {
                 self.remove(&entry.orig, table);
-                *self.stats.skipped.entry(skip.name()).or_default() += 1;
+                *self.stats.skipped.entry(skip).or_default() += 1;
                 self.park(entry, skip);
                 return Upsert::Skipped(skip);
             }
@@ -217,7 +252,7 @@ impl FlowManager {
         }
         self.remove(&entry.orig, table);
         if let Err(skip) = plan.write(table) {
-            *self.stats.skipped.entry(skip.name()).or_default() += 1;
+            *self.stats.skipped.entry(skip).or_default() += 1;
             self.park(entry, skip);
             return Upsert::Skipped(skip);
         }

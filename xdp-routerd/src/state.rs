@@ -458,7 +458,7 @@ impl State<Datapath> {
                 let c = self.dp.counter(m.slot, r)?;
                 counters.push(CounterRow {
                     interface: m.cfg.name.clone(),
-                    reason: r.name().to_string(),
+                    reason: r,
                     packets: c.packets,
                     bytes: c.bytes,
                 });
@@ -470,11 +470,7 @@ impl State<Datapath> {
         ct.offloaded = self.flows.len() as u64;
         ct.offloaded_total = fs.offloaded_total;
         ct.removed_total = fs.removed_total;
-        ct.skipped = fs
-            .skipped
-            .iter()
-            .map(|(k, v)| (k.to_string(), *v))
-            .collect();
+        ct.skipped = fs.skipped.clone();
         Ok(Status {
             fastpath: self.dp.fastpath()?,
             interfaces: self

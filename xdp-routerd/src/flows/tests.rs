@@ -374,7 +374,7 @@ fn full_table_leaves_connection_in_kernel_without_half_entries() {
         Upsert::Skipped(Skip::TableFull)
     );
     assert!(t.v4.is_empty());
-    assert_eq!(m.stats().skipped.get("flow_table_full"), Some(&1));
+    assert_eq!(m.stats().skipped.get(&Skip::TableFull), Some(&1));
 }
 
 #[test]
