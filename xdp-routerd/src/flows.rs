@@ -12,8 +12,7 @@ use std::{
 
 use aya::maps::MapError;
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FibCache,
-    FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
+    ArmKeyV4, ArmKeyV6, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -387,11 +386,6 @@ impl FlowManager {
         active
     }
 
-    /// Packets/bytes/last-seen of one direction.
-    pub fn counters(&self, table: &impl FlowTable, key: &DirKey) -> Option<FlowCounters> {
-        counters(table, key)
-    }
-
     fn plan(&self, entry: &CtEntry, paths: &impl PathOracle) -> Result<Plan, Skip> {
         entry.offload_decision().map_err(|_| Skip::NotEstablished)?;
         let (orig, reply) = (&entry.orig, &entry.reply);
@@ -559,14 +553,7 @@ pub fn raw_v6(a: IpAddr) -> [u32; 4] {
 }
 
 fn flags(d: &Dir<'_>) -> u32 {
-    let mut f = if d.reply { FLOW_F_REPLY } else { 0 };
-    if d.to_src != d.from.src || d.to_sport != d.from.sport {
-        f |= FLOW_F_REWRITE_SRC;
-    }
-    if d.to_dst != d.from.dst || d.to_dport != d.from.dport {
-        f |= FLOW_F_REWRITE_DST;
-    }
-    f
+    if d.reply { FLOW_F_REPLY } else { 0 }
 }
 
 fn v4_entry(d: &Dir<'_>) -> (FlowKeyV4, FlowV4, ArmKeyV4) {

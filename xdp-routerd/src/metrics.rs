@@ -294,6 +294,13 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
     )?;
     counters(
         enc,
+        "conntrack_decode_errors",
+        "Conntrack event messages that could not be decoded and were skipped (their connections stay in the kernel).",
+        None,
+        [(vec![], ct.decode_errors)],
+    )?;
+    counters(
+        enc,
         "conntrack_resyncs",
         "Full resyncs of the flow maps from a conntrack dump (start, event socket overrun).",
         None,
@@ -543,6 +550,7 @@ mod tests {
                 removed_total: 5,
                 refreshes: 77,
                 errors: 1,
+                decode_errors: 2,
                 skipped: BTreeMap::from([(crate::flows::Skip::NotEstablished, 3)]),
                 last_resync_ms: 1250,
             },
@@ -653,6 +661,7 @@ mod tests {
             12.0
         );
         assert_eq!(value(&t, "xdp_router_conntrack_sync_errors_total"), 1.0);
+        assert_eq!(value(&t, "xdp_router_conntrack_decode_errors_total"), 2.0);
         assert_eq!(value(&t, "xdp_router_conntrack_resyncs_total"), 2.0);
         assert_eq!(
             value(&t, "xdp_router_conntrack_last_resync_duration_seconds"),

@@ -18,12 +18,11 @@ use std::{
 use tokio::sync::Notify;
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
-    FLOW_F_REPLY, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_LAN, IFACE_F_SHAPED,
-    IFACE_F_WAN, Reason,
+    FLOW_F_REPLY, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_SHAPED, Reason,
 };
 
 use crate::{
-    config::{InterfaceConfig, Role, Shaped, XdpModeConfig},
+    config::{InterfaceConfig, Shaped, XdpModeConfig},
     datapath::{AttachMode, Datapath},
     flows::{DirKey, FlowManager, FlowTable},
     status::{ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, Status},
@@ -109,24 +108,22 @@ impl Managed {
 
     /// The `IFACE_F_*` flags the datapath gets for it.
     pub fn flags(&self) -> u32 {
-        let role = match self.cfg.role {
-            Role::Lan => IFACE_F_LAN,
-            Role::Wan => IFACE_F_WAN,
-        };
         let hooks = if self.cfg.bypass_hooks {
             Hooks::default()
         } else {
             self.hooks
         };
-        role | if self.shaped_by().is_some() {
-            IFACE_F_SHAPED
-        } else {
-            0
-        } | if hooks.ingress {
-            IFACE_F_INGRESS_HOOK
-        } else {
-            0
-        } | if hooks.egress { IFACE_F_EGRESS_HOOK } else { 0 }
+        let mut flags = 0;
+        if self.shaped_by().is_some() {
+            flags |= IFACE_F_SHAPED;
+        }
+        if hooks.ingress {
+            flags |= IFACE_F_INGRESS_HOOK;
+        }
+        if hooks.egress {
+            flags |= IFACE_F_EGRESS_HOOK;
+        }
+        flags
     }
 
     /// Records freshly read hooks and logs what changes for the fast path. Returns whether

@@ -127,6 +127,10 @@ pub struct ConntrackStatus {
     pub refreshes: u64,
     /// ctnetlink errors (failed dumps, refreshes, socket errors).
     pub errors: u64,
+    /// Conntrack event messages that could not be decoded (skipped; their connections stay
+    /// in the kernel).
+    #[serde(default)]
+    pub decode_errors: u64,
     /// Connections considered but not offloaded, by reason.
     pub skipped: BTreeMap<Skip, u64>,
     /// Duration of the last full resync, in milliseconds.

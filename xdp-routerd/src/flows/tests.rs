@@ -106,7 +106,7 @@ fn snat_connection_gets_both_directions_with_correct_rewrite() {
     assert_eq!(v.new_sport_be, 61000u16.to_be());
     assert_eq!(v.new_dst_be, ip("198.51.100.7"));
     assert_eq!(v.new_dport_be, 443u16.to_be());
-    assert_eq!(v.flags, FLOW_F_REWRITE_SRC);
+    assert_eq!(v.flags, 0);
 
     let reply_key = FlowKeyV4 {
         ifindex: 2,
@@ -120,7 +120,7 @@ fn snat_connection_gets_both_directions_with_correct_rewrite() {
     let r = t.v4[&reply_key];
     assert_eq!(r.new_dst_be, ip("10.0.1.2"));
     assert_eq!(r.new_dport_be, 40000u16.to_be());
-    assert_eq!(r.flags, FLOW_F_REPLY | FLOW_F_REWRITE_DST);
+    assert_eq!(r.flags, FLOW_F_REPLY);
 
     // Applying both diffs in turn is the identity (the reply undoes the original's rewrite).
     assert_eq!(
@@ -225,8 +225,12 @@ fn routed_ipv6_has_no_rewrite() {
     assert_eq!(m.upsert(e, &mut t, &paths()), Upsert::Added);
     assert_eq!(t.v6.len(), 2);
     assert_eq!(m.directions(), (0, 2));
-    for v in t.v6.values() {
-        assert_eq!(v.flags & (FLOW_F_REWRITE_SRC | FLOW_F_REWRITE_DST), 0);
+    for (k, v) in &t.v6 {
+        // Nothing rewritten: the new tuple is the packet's own.
+        assert_eq!(
+            (v.new_src_be, v.new_dst_be, v.new_sport_be, v.new_dport_be),
+            (k.src_be, k.dst_be, k.sport_be, k.dport_be)
+        );
         assert_eq!(checksum::apply(0x4321, v.l4_csum_diff), 0x4321);
     }
 }

@@ -8,6 +8,7 @@ use aya::maps::MapError;
 use xdp_router_common::{ArmKeyV4, ArmKeyV6, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6};
 
 use super::*;
+use crate::config::Role;
 use crate::{
     flows::fake::FakeTable,
     sync::{
@@ -182,8 +183,8 @@ fn snat(sport: u16) -> CtEntry {
 #[test]
 fn start_up_attaches_every_interface_with_its_role() {
     let s = state();
-    assert_eq!(flags(&s, WAN), IFACE_F_WAN);
-    assert_eq!(flags(&s, LAN), IFACE_F_LAN);
+    assert_eq!(flags(&s, WAN), 0);
+    assert_eq!(flags(&s, LAN), 0);
     assert_eq!(s.dp.attached[&WAN].0, 1, "slots follow the config order");
     assert_eq!(s.dp.attached[&LAN].0, 2);
 }
@@ -192,14 +193,14 @@ fn start_up_attaches_every_interface_with_its_role() {
 fn shaped_auto_follows_the_root_qdisc_and_a_failed_read() {
     let mut s = state();
     s.apply_qdiscs(Ok(vec![root(WAN, "htb"), root(LAN, "htb")]));
-    assert_eq!(flags(&s, WAN), IFACE_F_WAN | IFACE_F_SHAPED);
+    assert_eq!(flags(&s, WAN), IFACE_F_SHAPED);
     // shaped = false: the shaper is bypassed.
-    assert_eq!(flags(&s, LAN), IFACE_F_LAN);
+    assert_eq!(flags(&s, LAN), 0);
     s.apply_qdiscs(Ok(vec![root(WAN, "pfifo_fast")]));
-    assert_eq!(flags(&s, WAN), IFACE_F_WAN);
+    assert_eq!(flags(&s, WAN), 0);
     // A failed read: in doubt the fast path does not send out of it.
     s.apply_qdiscs(Err(std::io::Error::other("EPERM")));
-    assert_eq!(flags(&s, WAN), IFACE_F_WAN | IFACE_F_SHAPED);
+    assert_eq!(flags(&s, WAN), IFACE_F_SHAPED);
     assert_eq!(s.ifaces[0].shaped_by().as_deref(), Some("unknown qdiscs"));
 }
 
@@ -214,13 +215,13 @@ fn hooks_set_flags_unless_bypassed() {
         },
     )]);
     s.apply_hooks(&found);
-    assert_eq!(flags(&s, LAN), IFACE_F_LAN | IFACE_F_INGRESS_HOOK);
+    assert_eq!(flags(&s, LAN), IFACE_F_INGRESS_HOOK);
     s.ifaces[1].cfg.bypass_hooks = true;
     s.ifaces[1].hooks = Hooks::default();
     s.apply_hooks(&found);
-    assert_eq!(flags(&s, LAN), IFACE_F_LAN);
+    assert_eq!(flags(&s, LAN), 0);
     s.apply_hooks(&BTreeMap::new());
-    assert_eq!(flags(&s, LAN), IFACE_F_LAN);
+    assert_eq!(flags(&s, LAN), 0);
 }
 
 #[test]
@@ -279,12 +280,9 @@ fn a_new_device_is_attached_shaped_until_its_qdiscs_are_read() {
     let links = BTreeMap::from([("wan".to_string(), (Some(7), Some([2, 0, 0, 0, 0, 7])))]);
     let (revalidate, reread) = apply_rt_events(&mut s, batch, &links);
     assert!(revalidate && reread);
-    assert_eq!(
-        s.dp.attached[&7],
-        (1, IFACE_F_WAN | IFACE_F_SHAPED, [2, 0, 0, 0, 0, 7])
-    );
+    assert_eq!(s.dp.attached[&7], (1, IFACE_F_SHAPED, [2, 0, 0, 0, 0, 7]));
     s.apply_qdiscs(Ok(Vec::new()));
-    assert_eq!(flags(&s, 7), IFACE_F_WAN);
+    assert_eq!(flags(&s, 7), 0);
     // Flows may now use the new device.
     let routes = Routes(7);
     apply_events(&mut s, vec![CtEvent::New(snat(40000))], &routes);

@@ -61,7 +61,11 @@ pub async fn run(
             })
             .collect();
         let (paths, generation) = resolve_fresh(&shared, &mut lookup, &upserts).await;
-        let newly_tcp = apply_events(&mut shared.lock(), batch, &paths);
+        let newly_tcp = {
+            let mut s = shared.lock();
+            s.ct.decode_errors = events.decode_errors();
+            apply_events(&mut s, batch, &paths)
+        };
         apply_stale_check(&shared, generation);
         for e in &newly_tcp {
             liberal(&shared, &mut requests, e).await;
