@@ -349,6 +349,21 @@ impl FlowManager {
         paths: &impl PathOracle,
     ) -> (usize, usize) {
         let present: std::collections::HashSet<CtTuple> = dump.iter().map(|e| e.orig).collect();
+        let removed = self.remove_absent(&present, table);
+        let n = dump.len();
+        for e in dump {
+            self.upsert(e, table, paths);
+        }
+        (removed, n)
+    }
+
+    /// The first half of [`resync`](Self::resync): forgets every connection a fresh dump no
+    /// longer has (`present`: the dump's original tuples). Returns how many were offloaded.
+    pub fn remove_absent(
+        &mut self,
+        present: &std::collections::HashSet<CtTuple>,
+        table: &mut impl FlowTable,
+    ) -> usize {
         let stale: Vec<CtTuple> = self
             .conns
             .keys()
@@ -359,11 +374,7 @@ impl FlowManager {
             self.remove(k, table);
         }
         self.parked.retain(|k, _| present.contains(k));
-        let n = dump.len();
-        for e in dump {
-            self.upsert(e, table, paths);
-        }
-        (stale.len(), n)
+        stale.len()
     }
 
     /// Connections that carried fast-path traffic since the previous call (their conntrack

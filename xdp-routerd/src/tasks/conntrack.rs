@@ -4,6 +4,7 @@
 //! "be liberal" (ctnetlink, no lock).
 
 use std::{
+    collections::HashSet,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -11,12 +12,12 @@ use std::{
 use anyhow::anyhow;
 use tracing::{debug, error, info, warn};
 
-use super::{apply_stale_check, resolve_fresh};
+use super::{APPLY_CHUNK, apply_stale_check, resolve_fresh};
 use crate::{
     flows::Upsert,
     state::{Shared, State},
     sync::{
-        conntrack::{CtEntry, CtEvent, IPPROTO_TCP},
+        conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
         ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription},
         routes::RouteLookup,
     },
@@ -133,11 +134,26 @@ pub async fn resync(
     let n = dump.len();
     let (paths, generation) = resolve_fresh(shared, lookup, &dump.iter().collect::<Vec<_>>()).await;
     let looked_up_ms = started.elapsed().as_millis() as u64;
-    let added = {
+    let present: HashSet<CtTuple> = dump.iter().map(|e| e.orig).collect();
+    let (removed, before) = {
         let mut s = shared.lock();
         let State { dp, flows, .. } = &mut *s;
         let before = flows.stats().offloaded_total;
-        let (removed, _) = flows.resync(dump, dp, &paths);
+        (flows.remove_absent(&present, dp), before)
+    };
+    // In chunks, so status, metrics and the other tasks get the lock in between.
+    for chunk in dump.chunks(APPLY_CHUNK) {
+        {
+            let mut s = shared.lock();
+            let State { dp, flows, .. } = &mut *s;
+            for e in chunk {
+                flows.upsert(e.clone(), dp, &paths);
+            }
+        }
+        tokio::task::yield_now().await;
+    }
+    let added = {
+        let mut s = shared.lock();
         s.ct.resyncs += 1;
         s.ct.last_resync_ms = started.elapsed().as_millis() as u64;
         let added = s.flows.stats().offloaded_total - before;

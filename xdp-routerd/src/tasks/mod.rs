@@ -22,6 +22,10 @@ use crate::{
     sync::conntrack::CtEntry,
 };
 
+/// Connections applied per lock hold when a whole table is applied (resync, revalidation):
+/// status, metrics and the other tasks get the lock in between.
+pub const APPLY_CHUNK: usize = 4096;
+
 /// How many times a batch's routes are looked up again when a routing change arrived while they
 /// were being looked up.
 const FRESH_ATTEMPTS: usize = 3;

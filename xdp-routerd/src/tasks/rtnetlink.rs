@@ -13,6 +13,7 @@ use anyhow::anyhow;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{error, info, warn};
 
+use super::APPLY_CHUNK;
 use crate::{
     paths,
     state::{Shared, State},
@@ -25,8 +26,6 @@ use crate::{
 
 /// How long a burst of notifications is collected before it is applied.
 const DEBOUNCE: Duration = Duration::from_millis(50);
-/// Flow revalidations applied per lock hold.
-const APPLY_CHUNK: usize = 4096;
 
 /// Follows rtnetlink notifications until the event socket closes.
 pub async fn run(
