@@ -32,11 +32,19 @@ pub async fn run_with(
     let shared = s.shared;
 
     let mut tasks = JoinSet::new();
+    let (marker, to_mark) = tokio::sync::mpsc::unbounded_channel();
+    let _ = marker.send(s.to_mark);
     tasks.spawn(tasks::conntrack::run(
         shared.clone(),
         s.ct_lookup,
         s.ct_events,
         s.ct_requests,
+        marker,
+    ));
+    tasks.spawn(tasks::conntrack::mark_liberal(
+        shared.clone(),
+        s.ct_marker,
+        to_mark,
     ));
     tasks.spawn(tasks::keepalive::run(
         shared.clone(),

@@ -13,6 +13,7 @@ use crate::{
     datapath::Datapath,
     state::{Shared, State},
     sync::{
+        conntrack::CtEntry,
         ctnetlink::{CtNetlink, CtSubscription, conntrack_checksum},
         hooks,
         nftables::{self, RulesetEvent},
@@ -35,6 +36,10 @@ pub struct Started {
     pub revalidate_lookup: RouteLookup,
     pub ct_events: CtSubscription,
     pub ct_requests: CtNetlink,
+    /// Marks offloaded TCP connections "be liberal" ([`tasks::conntrack::mark_liberal`]).
+    pub ct_marker: CtNetlink,
+    /// TCP connections the initial resync offloaded, to be marked.
+    pub to_mark: Vec<CtEntry>,
     pub keepalive: CtNetlink,
 }
 
@@ -82,11 +87,13 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     let mut ct_requests = CtNetlink::new().map_err(ct_err)?;
     let mut ct_events = CtSubscription::new().map_err(ct_err)?;
     let keepalive = CtNetlink::new().map_err(ct_err)?;
+    let ct_marker = CtNetlink::new().map_err(ct_err)?;
     // Our own timeout refreshes and liberal-flag updates come back as UPDATE events that carry
     // nothing new.
     ct_events.ignore_events_from(keepalive.port_id());
     ct_events.ignore_events_from(ct_requests.port_id());
-    tasks::conntrack::resync(&shared, &mut ct_lookup, &mut ct_requests).await?;
+    ct_events.ignore_events_from(ct_marker.port_id());
+    let to_mark = tasks::conntrack::resync(&shared, &mut ct_lookup, &mut ct_requests).await?;
     Ok(Started {
         shared,
         listener,
@@ -97,6 +104,8 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
         revalidate_lookup,
         ct_events,
         ct_requests,
+        ct_marker,
+        to_mark,
         keepalive,
     })
 }

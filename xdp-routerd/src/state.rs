@@ -9,11 +9,10 @@
 use std::{
     collections::BTreeMap,
     net::IpAddr,
-    sync::{
-        Mutex, MutexGuard,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::atomic::{AtomicU64, Ordering},
 };
+
+use parking_lot::{FairMutex, FairMutexGuard};
 
 use tokio::sync::Notify;
 use tracing::{debug, error, info, warn};
@@ -202,7 +201,7 @@ impl Managed {
 /// What the tasks share: the state, and what tells a task that route answers it looked up
 /// may be stale.
 pub struct Shared {
-    state: Mutex<State>,
+    state: FairMutex<State>,
     /// Bumped (before anything else) when an rtnetlink notification that can change a route
     /// answer arrives: a task that looked routes up compares it before and after.
     paths_generation: AtomicU64,
@@ -215,16 +214,16 @@ impl Shared {
     /// Wraps the state built at start-up.
     pub fn new(state: State) -> Shared {
         Shared {
-            state: Mutex::new(state),
+            state: FairMutex::new(state),
             paths_generation: AtomicU64::new(0),
             revalidate: Notify::new(),
         }
     }
 
-    /// Locks the state (for planned map writes or a status read only). A task that panicked
-    /// while holding it left no half-done I/O behind, so a poisoned lock is used as is.
-    pub fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    /// Locks the state (for planned map writes or a status read only). Fair: a task that
+    /// applies a table in chunks lets every waiting request in between two chunks.
+    pub fn lock(&self) -> FairMutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// The current route generation (see [`Shared::paths_changed`]).

@@ -1,7 +1,8 @@
 //! Conntrack events (ctnetlink NEW/UPDATE/DESTROY) become fast-path flows; on a socket overrun
 //! the flows are resynced from a dump. Each batch: routes looked up first (batched, no lock),
-//! then the flow changes applied in event order under the lock, then new TCP connections marked
-//! "be liberal" (ctnetlink, no lock).
+//! then the flow changes applied in event order under the lock. Newly offloaded TCP connections
+//! are marked "be liberal" by a second task ([`mark_liberal`]), one ctnetlink round trip each,
+//! so the event loop never falls behind the kernel while they are marked.
 
 use std::{
     collections::HashSet,
@@ -10,6 +11,7 @@ use std::{
 };
 
 use anyhow::anyhow;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tracing::{debug, error, info, warn};
 
 use super::{APPLY_CHUNK, apply_stale_check, resolve_fresh};
@@ -31,21 +33,30 @@ pub fn ct_err(e: CtNetlinkError) -> anyhow::Error {
     anyhow!("conntrack: {e}")
 }
 
+/// Where connections to mark "be liberal" are sent.
+pub type Marker = UnboundedSender<Vec<CtEntry>>;
+
 /// Follows conntrack events until the subscription fails.
 pub async fn run(
     shared: Arc<Shared>,
     mut lookup: RouteLookup,
     mut events: CtSubscription,
     mut requests: CtNetlink,
+    marker: Marker,
 ) -> anyhow::Result<()> {
     loop {
         let batch = match events.next_batch().await {
             Ok(batch) => batch,
             Err(CtNetlinkError::Overrun) => {
                 warn!("conntrack event socket overrun: resyncing from a dump");
-                if let Err(e) = resync(&shared, &mut lookup, &mut requests).await {
-                    error!(error = %format!("{e:#}"), "conntrack resync failed");
-                    shared.lock().ct.errors += 1;
+                match resync(&shared, &mut lookup, &mut requests).await {
+                    Ok(tcp) => {
+                        let _ = marker.send(tcp);
+                    }
+                    Err(e) => {
+                        error!(error = %format!("{e:#}"), "conntrack resync failed");
+                        shared.lock().ct.errors += 1;
+                    }
                 }
                 continue;
             }
@@ -68,26 +79,33 @@ pub async fn run(
             apply_events(&mut s, batch, &paths)
         };
         apply_stale_check(&shared, generation);
-        for e in &newly_tcp {
-            liberal(&shared, &mut requests, e).await;
-        }
         if !newly_tcp.is_empty() {
+            let _ = marker.send(newly_tcp.clone());
             // The kernel forwards the first packets of each direction again before they are
             // armed, and those set MAXACK_SET again: a stale td_maxack would make conntrack
             // ignore the connection's RST. Mark them liberal once more after arming (the
             // keep-alive does it for every active connection later on).
-            let shared = shared.clone();
+            let marker = marker.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(REMARK_LIBERAL_AFTER).await;
-                let Ok(mut ct) = CtNetlink::new() else {
-                    return;
-                };
-                for e in &newly_tcp {
-                    liberal(&shared, &mut ct, e).await;
-                }
+                let _ = marker.send(newly_tcp);
             });
         }
     }
+}
+
+/// Marks the TCP connections it is sent "be liberal", in order, one ctnetlink round trip each.
+pub async fn mark_liberal(
+    shared: Arc<Shared>,
+    mut ct: CtNetlink,
+    mut to_mark: UnboundedReceiver<Vec<CtEntry>>,
+) -> anyhow::Result<()> {
+    while let Some(batch) = to_mark.recv().await {
+        for e in &batch {
+            liberal(&shared, &mut ct, e).await;
+        }
+    }
+    Err(anyhow!("the liberal-marking channel closed"))
 }
 
 /// Applies one batch of events in order with routes already looked up. Returns the TCP
@@ -123,12 +141,13 @@ pub fn apply_events<D: crate::flows::FlowTable>(
     newly_tcp
 }
 
-/// Makes the flow maps match a fresh conntrack dump (at start and after an overrun).
+/// Makes the flow maps match a fresh conntrack dump (at start and after an overrun). Returns the
+/// TCP connections to mark "be liberal" (every offloaded one when any was added).
 pub async fn resync(
     shared: &Shared,
     lookup: &mut RouteLookup,
     ct: &mut CtNetlink,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<CtEntry>> {
     let started = Instant::now();
     let dump = ct.dump().await.map_err(ct_err)?;
     let n = dump.len();
@@ -169,24 +188,17 @@ pub async fn resync(
         added
     };
     apply_stale_check(shared, generation);
-    if added > 0 {
-        make_tcp_liberal(shared, ct).await;
+    if added == 0 {
+        return Ok(Vec::new());
     }
-    Ok(())
-}
-
-/// Marks every offloaded TCP connection "be liberal" (idempotent, see `CtUpdate::tcp_liberal`).
-async fn make_tcp_liberal(shared: &Shared, ct: &mut CtNetlink) {
-    let tcp: Vec<CtEntry> = shared
+    // Marking is idempotent (see `CtUpdate::tcp_liberal`): all of them, as before the overrun.
+    Ok(shared
         .lock()
         .flows
         .conns()
         .filter(|c| c.entry.orig.proto == IPPROTO_TCP)
         .map(|c| c.entry.clone())
-        .collect();
-    for e in tcp {
-        liberal(shared, ct, &e).await;
-    }
+        .collect())
 }
 
 async fn liberal(shared: &Shared, ct: &mut CtNetlink, e: &CtEntry) {
