@@ -191,6 +191,10 @@ fn measure(bin: &Path, a: &ResponsiveArgs, dir: &Path) -> Result<Measured> {
         thread::sleep(Duration::from_millis(250));
     }
     m.offload_secs = started.elapsed().as_secs_f64();
+    // For the record (skipped connections by reason, conntrack sync counters).
+    if let Ok(text) = daemon.status_text() {
+        let _ = fs::write(dir.join("status-after-offload.txt"), text);
+    }
     eprintln!(
         "{} of {} connections offloaded after {:.1} s",
         m.offloaded, total, m.offload_secs

@@ -256,6 +256,25 @@ impl CtSubscription {
         Ok(events)
     }
 
+    /// Discards every queued event (after an [`CtNetlinkError::Overrun`], before the resync's
+    /// dump, which covers them). Needed: after reporting ENOBUFS once, the kernel drops every
+    /// further event for this socket, silently, until its receive queue has been emptied
+    /// (`NETLINK_S_CONGESTED`, cleared in `netlink_rcv_wake`). Returns the datagrams dropped.
+    pub fn discard_queued(&mut self) -> usize {
+        let mut n = 0;
+        loop {
+            match self.sock.try_recv(&mut self.buf) {
+                Ok(_) => n += 1,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return n,
+                // Another overrun report or an error: keep draining until empty.
+                Err(_) => n += 1,
+            }
+            if n > 1_000_000 {
+                return n;
+            }
+        }
+    }
+
     fn collect(&mut self, len: usize, events: &mut Vec<CtEvent>) {
         let Some(datagram) = self.buf.get(..len) else {
             return;

@@ -48,7 +48,13 @@ pub async fn run(
         let batch = match events.next_batch().await {
             Ok(batch) => batch,
             Err(CtNetlinkError::Overrun) => {
-                warn!("conntrack event socket overrun: resyncing from a dump");
+                // Empty the queue first: until it is empty the kernel silently drops every
+                // new event, which the dump below could miss.
+                let dropped = events.discard_queued();
+                warn!(
+                    dropped,
+                    "conntrack event socket overrun: resyncing from a dump"
+                );
                 match resync(&shared, &mut lookup, &mut requests).await {
                     Ok(tcp) => {
                         let _ = marker.send(tcp);
