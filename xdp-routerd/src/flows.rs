@@ -195,6 +195,11 @@ impl FlowManager {
         self.managed.get(&ifindex).map(String::as_str)
     }
 
+    /// Whether the connection with this original tuple is offloaded.
+    pub fn is_offloaded(&self, orig: &CtTuple) -> bool {
+        self.conns.contains_key(orig)
+    }
+
     /// Number of offloaded connections.
     pub fn len(&self) -> usize {
         self.conns.len()
@@ -355,6 +360,27 @@ impl FlowManager {
             self.upsert(e, table, paths);
         }
         (removed, n)
+    }
+
+    /// Whether `entry` is already applied as it is: offloaded or parked with the same tuples,
+    /// status, state, mark and zone (only its timeout may differ). A resync skips those: their
+    /// paths are re-checked by the revalidation that follows every routing change.
+    pub fn is_current(&self, entry: &CtEntry) -> bool {
+        let same = |known: &CtEntry| {
+            known.orig == entry.orig
+                && known.reply == entry.reply
+                && known.status == entry.status
+                && known.tcp_state == entry.tcp_state
+                && known.tcp_flags == entry.tcp_flags
+                && known.mark == entry.mark
+                && known.zone == entry.zone
+                && known.has_helper == entry.has_helper
+        };
+        match (self.conns.get(&entry.orig), self.parked.get(&entry.orig)) {
+            (Some(c), _) => same(&c.entry),
+            (None, Some(p)) => same(p),
+            (None, None) => false,
+        }
     }
 
     /// The first half of [`resync`](Self::resync): forgets every connection a fresh dump no

@@ -413,3 +413,25 @@ fn revalidation_leaves_entries_that_changed_since_the_snapshot_alone() {
     assert_eq!(m.revalidate(snapshot, &mut t, &broken), (0, 0));
     assert_eq!(t.v4.len(), 2);
 }
+
+#[test]
+fn an_entry_is_current_until_anything_but_its_timeout_changes() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    let e = snat_tcp();
+    assert!(!m.is_current(&e));
+    m.upsert(e.clone(), &mut t, &paths());
+    assert!(m.is_current(&e));
+    assert!(m.is_current(&CtEntry {
+        timeout: Some(7),
+        ..e.clone()
+    }));
+    assert!(!m.is_current(&CtEntry {
+        mark: 9,
+        ..e.clone()
+    }));
+    // Parked entries count too (a resync need not look their routes up again).
+    let broken = FakePaths { wan: 9, ..paths() };
+    m.revalidate(m.snapshot(), &mut t, &broken);
+    assert_eq!(m.parked_len(), 1);
+    assert!(m.is_current(&e));
+}

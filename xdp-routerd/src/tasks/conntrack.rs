@@ -155,11 +155,17 @@ pub async fn resync(
     ct: &mut CtNetlink,
 ) -> anyhow::Result<Vec<CtEntry>> {
     let started = Instant::now();
-    let dump = ct.dump().await.map_err(ct_err)?;
+    let mut dump = ct.dump().await.map_err(ct_err)?;
     let n = dump.len();
+    let present: HashSet<CtTuple> = dump.iter().map(|e| e.orig).collect();
+    // Entries already applied as they are need neither route lookups nor map writes: a resync
+    // after an overrun under load then costs what changed, not the whole table.
+    {
+        let s = shared.lock();
+        dump.retain(|e| !s.flows.is_current(e));
+    }
     let (paths, generation) = resolve_fresh(shared, lookup, &dump.iter().collect::<Vec<_>>()).await;
     let looked_up_ms = started.elapsed().as_millis() as u64;
-    let present: HashSet<CtTuple> = dump.iter().map(|e| e.orig).collect();
     let (removed, before) = {
         let mut s = shared.lock();
         let State { dp, flows, .. } = &mut *s;
@@ -184,6 +190,7 @@ pub async fn resync(
         let added = s.flows.stats().offloaded_total - before;
         info!(
             entries = n,
+            changed = dump.len(),
             offloaded = s.flows.len(),
             removed,
             routes = paths.len(),
@@ -197,13 +204,13 @@ pub async fn resync(
     if added == 0 {
         return Ok(Vec::new());
     }
-    // Marking is idempotent (see `CtUpdate::tcp_liberal`): all of them, as before the overrun.
-    Ok(shared
-        .lock()
-        .flows
-        .conns()
-        .filter(|c| c.entry.orig.proto == IPPROTO_TCP)
-        .map(|c| c.entry.clone())
+    // Only the TCP connections this resync wrote: each mark comes back to our event socket as
+    // an UPDATE (ignored, but it fills the buffer), so re-marking every offloaded connection
+    // after each resync would overrun the socket again and again.
+    let s = shared.lock();
+    Ok(dump
+        .into_iter()
+        .filter(|e| e.orig.proto == IPPROTO_TCP && s.flows.is_offloaded(&e.orig))
         .collect())
 }
 
