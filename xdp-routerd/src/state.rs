@@ -592,6 +592,14 @@ impl<D: Ports> State<D> {
         true
     }
 
+    /// Whether `ifindex` is a managed interface or a managed bridge's port (whose qdiscs the
+    /// fast path follows).
+    pub fn has_egress_of(&self, ifindex: u32) -> bool {
+        self.ifaces.iter().any(|m| {
+            m.ifindex == Some(ifindex) || m.ports.as_ref().is_some_and(|p| p.contains_key(&ifindex))
+        })
+    }
+
     /// The ifindex a managed interface has now, if it is present.
     pub fn ifindex_of(&self, name: &str) -> Option<u32> {
         self.ifaces

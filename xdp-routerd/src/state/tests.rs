@@ -505,6 +505,19 @@ fn a_bridge_is_managed_through_its_ports() {
     );
     s.apply_qdiscs(Ok(Vec::new()));
     assert_eq!(flags(&s, 12), IFACE_F_BRIDGE_PORT);
+    // A qdisc change on a port is followed like one on a managed interface.
+    let qdisc_on = |ifindex| vec![RtEvent::QdiscChanged { ifindex }];
+    let none = BTreeMap::new();
+    assert_eq!(
+        apply_rt_events(&mut s, qdisc_on(12), &none, &BridgeReads::new()),
+        (false, true)
+    );
+    s.apply_qdiscs(Ok(vec![root(12, "htb")]));
+    assert_eq!(flags(&s, 12), IFACE_F_BRIDGE_PORT | IFACE_F_SHAPED);
+    assert_eq!(
+        apply_rt_events(&mut s, qdisc_on(99), &none, &BridgeReads::new()),
+        (false, false)
+    );
 }
 
 #[test]

@@ -171,9 +171,7 @@ pub fn apply_rt_events<D: crate::state::Ports>(
             RtEvent::PathsChanged => revalidate = true,
             // Only cached FIB answers depend on these (dropped already).
             RtEvent::FibChanged => {}
-            RtEvent::QdiscChanged { ifindex } => {
-                reread_qdiscs |= s.ifaces.iter().any(|m| m.ifindex == Some(ifindex));
-            }
+            RtEvent::QdiscChanged { ifindex } => reread_qdiscs |= s.has_egress_of(ifindex),
             RtEvent::Overrun => {
                 reread_qdiscs = true;
                 bridges_changed = true;
