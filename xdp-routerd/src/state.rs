@@ -27,7 +27,7 @@ use crate::{
     flows::{DirKey, FlowManager, FlowTable},
     status::{ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, Status},
     sync::{
-        bridge::{BridgeKind, BridgeReads, FdbEvent},
+        bridge::{BridgeKind, BridgeRead, BridgeReads, FdbEvent},
         hooks::Hooks,
         qdisc::{self, Egress, Qdisc},
         xdp_xmit::{Capabilities, XdpXmit, XmitEvent},
@@ -166,6 +166,8 @@ pub struct Managed {
     pub mac: [u8; 6],
     /// Whether it can transmit XDP frames (see [`crate::sync::xdp_xmit`]).
     pub xmit: XdpXmit,
+    /// Its link kind as last read (judges `xmit` on kernels without the `netdev` family).
+    pub link_kind: Option<String>,
     /// For a bridge: its ports, where the program runs (see [`bridge`]).
     pub ports: Option<BridgePorts>,
 }
@@ -457,6 +459,7 @@ impl<D: Ports> State<D> {
                 hooks: Hooks::default(),
                 mac: [0; 6],
                 xmit: XdpXmit::Unknown,
+                link_kind: None,
                 ports: None,
             })
             .collect();
@@ -477,8 +480,13 @@ impl<D: Ports> State<D> {
     pub fn set_kinds_and_xmit(&mut self, found: &BridgeReads, xmit: Capabilities) {
         self.xmit = xmit;
         for m in &mut self.ifaces {
-            m.set_bridge_kind(found.get(&m.cfg.name).map(|r| r.kind).unwrap_or_default());
-            m.set_xmit(self.xmit.of(m.ifindex.unwrap_or_default(), &m.cfg.name));
+            let read = found.get(&m.cfg.name).cloned().unwrap_or_default();
+            m.set_bridge_kind(read.kind);
+            m.link_kind = read.link_kind;
+            m.set_xmit(
+                self.xmit
+                    .of(m.ifindex.unwrap_or_default(), m.link_kind.as_deref()),
+            );
         }
     }
 
@@ -531,14 +539,15 @@ impl<D: Ports> State<D> {
     }
 
     /// Attaches to a managed interface that (re)appeared under `ifindex`, or follows a change
-    /// of its MAC address (`mac`: from the link notification or read by the caller; `kind`:
-    /// whether it is a bridge, read by the caller). Returns whether it is a new device.
+    /// of its MAC address (`mac`: from the link notification or read by the caller; `read`:
+    /// what it is, read by the caller, see [`crate::sync::bridge::read`]). Returns whether it
+    /// is a new device.
     pub fn link_up(
         &mut self,
         ifindex: u32,
         name: &str,
         mac: Option<[u8; 6]>,
-        kind: BridgeKind,
+        read: &BridgeRead,
     ) -> bool {
         let xdp_mode = self.xdp_mode;
         let Some(m) = self.ifaces.iter_mut().find(|m| m.cfg.name == name) else {
@@ -560,13 +569,14 @@ impl<D: Ports> State<D> {
         if let Some(old) = m.ifindex.take() {
             m.detach(&mut self.dp, old);
         }
-        m.set_bridge_kind(kind);
+        m.set_bridge_kind(read.kind);
+        m.link_kind = read.link_kind.clone();
         // A new device: its qdiscs are read right after this (the caller's job); until then
         // `auto` counts it as shaped.
         m.egress = None;
         m.mode = None;
         m.ifindex = Some(ifindex);
-        m.set_xmit(self.xmit.of(ifindex, name));
+        m.set_xmit(self.xmit.of(ifindex, m.link_kind.as_deref()));
         let mac = mac_or_zero(name, mac);
         match m.attach(&mut self.dp, ifindex, mac, xdp_mode) {
             Ok(mode) => m.mode = Some(mode),
@@ -653,7 +663,7 @@ impl<D: Ports> State<D> {
             let (Some(ifindex), Some(_)) = (m.ifindex, m.mode) else {
                 continue;
             };
-            if m.set_xmit(self.xmit.of(ifindex, &m.cfg.name))
+            if m.set_xmit(self.xmit.of(ifindex, m.link_kind.as_deref()))
                 && let Err(e) = self.dp.set_iface_flags(ifindex, m.slot, m.flags())
             {
                 error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");

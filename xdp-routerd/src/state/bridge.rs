@@ -36,6 +36,8 @@ pub struct Port {
     pub forwarding: bool,
     /// Whether it can transmit XDP frames.
     pub xmit: XdpXmit,
+    /// Its link kind (judges `xmit` on kernels without the `netdev` family).
+    pub link_kind: Option<String>,
     /// Its egress qdiscs as last read.
     pub egress: Option<Egress>,
     /// Hooks found on it.
@@ -124,7 +126,7 @@ pub fn sync_ports<D: StatePorts>(
     for f in found {
         if let Some(p) = ports.get_mut(&f.ifindex) {
             p.forwarding = f.forwarding;
-            p.xmit = xmit.of(f.ifindex, &f.name);
+            p.xmit = xmit.of(f.ifindex, f.kind.as_deref());
             if p.mode.is_some() {
                 let flags = p.flags(b);
                 if let Err(e) = dp
@@ -145,7 +147,8 @@ pub fn sync_ports<D: StatePorts>(
             slot: *next_slot,
             mode: None,
             forwarding: f.forwarding,
-            xmit: xmit.of(f.ifindex, &f.name),
+            xmit: xmit.of(f.ifindex, f.kind.as_deref()),
+            link_kind: f.kind.clone(),
             // Read right after (the caller's job); until then the port counts as shaped.
             egress: None,
             hooks: Hooks::default(),
@@ -193,7 +196,7 @@ pub fn refresh_xmit<D: StatePorts>(
     xmit: &Capabilities,
 ) {
     for (ifindex, p) in ports.iter_mut() {
-        let now = xmit.of(*ifindex, &p.name);
+        let now = xmit.of(*ifindex, p.link_kind.as_deref());
         if now == p.xmit {
             continue;
         }

@@ -370,14 +370,14 @@ fn a_failed_attach_leaves_the_interface_unmanaged_and_is_retried() {
     let mut s = state();
     s.dp.attach_fails.insert(8);
     s.link_gone(WAN);
-    assert!(s.link_up(8, "wan", Some(MAC), BridgeKind::NotBridge));
+    assert!(s.link_up(8, "wan", Some(MAC), &BridgeRead::default()));
     assert!(!s.dp.attached.contains_key(&8));
     // No flow may enter or leave through it.
     apply_events(&mut s, vec![CtEvent::New(snat(40000))], &Routes(8));
     assert_eq!(s.flows.len(), 0);
     s.dp.attach_fails.clear();
     assert!(
-        s.link_up(8, "wan", Some(MAC), BridgeKind::NotBridge),
+        s.link_up(8, "wan", Some(MAC), &BridgeRead::default()),
         "the next link notification retries"
     );
     assert!(s.dp.attached.contains_key(&8));
@@ -448,6 +448,7 @@ fn port(name: &str, ifindex: u32, forwarding: bool) -> PortInfo {
         name: name.into(),
         ifindex,
         forwarding,
+        kind: Some("veth".into()),
     }
 }
 
@@ -461,6 +462,7 @@ fn bridged() -> State<FakeDp> {
     let mut s = State::new(FakeDp::default(), &cfgs, &[WAN, BR], XdpModeConfig::Native);
     let read = BridgeRead {
         kind: BridgeKind::Bridge,
+        link_kind: Some("bridge".into()),
         mac: Some(BR_MAC),
         ports: vec![port("p1", 10, true), port("p2", 11, false)],
     };
@@ -486,6 +488,7 @@ fn a_bridge_is_managed_through_its_ports() {
     let mac = [2, 0, 0, 0, 0, 0xc];
     let read = BridgeRead {
         kind: BridgeKind::Bridge,
+        link_kind: Some("bridge".into()),
         mac: Some(mac),
         ports: vec![port("p2", 11, true), port("p3", 12, true)],
     };
@@ -563,4 +566,25 @@ fn xdp_features_changes_flip_no_xdp_xmit() {
     // A device the kernel has not reported is not redirected to.
     s.apply_xmit_event(XmitEvent::Gone { ifindex: WAN });
     assert_eq!(flags(&s, WAN), IFACE_F_NO_XDP_XMIT);
+}
+
+#[test]
+fn without_the_netdev_family_xmit_is_judged_by_the_link_kind_read_outside_the_lock() {
+    let cfgs = [iface("wan", Role::Wan, Shaped::Never)];
+    let mut s = State::new(FakeDp::default(), &cfgs, &[WAN], XdpModeConfig::Native);
+    let ppp = BridgeRead {
+        link_kind: Some("ppp".into()),
+        ..BridgeRead::default()
+    };
+    s.set_kinds_and_xmit(
+        &BridgeReads::from([("wan".to_string(), ppp.clone())]),
+        Capabilities::new(None),
+    );
+    s.attach_all(&[Some(MAC)]).unwrap();
+    assert_eq!(flags(&s, WAN), IFACE_F_NO_XDP_XMIT);
+    // The device is replaced by a plain Ethernet one: assumed to transmit.
+    assert!(s.link_up(8, "wan", Some(MAC), &BridgeRead::default()));
+    assert_eq!(flags(&s, 8), 0);
+    assert!(s.link_up(9, "wan", Some(MAC), &ppp));
+    assert_eq!(flags(&s, 9), IFACE_F_NO_XDP_XMIT);
 }

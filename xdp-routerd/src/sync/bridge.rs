@@ -37,6 +37,8 @@ pub struct PortInfo {
     pub ifindex: u32,
     /// STP state is forwarding (always, without STP).
     pub forwarding: bool,
+    /// Its link kind (see [`super::xdp_xmit::link_kind`]).
+    pub kind: Option<String>,
 }
 
 fn sysfs(path: &str) -> Option<String> {
@@ -70,6 +72,7 @@ pub fn ports(bridge: &str) -> Vec<PortInfo> {
                 .parse()
                 .ok()?;
             Some(PortInfo {
+                kind: super::xdp_xmit::link_kind(&name),
                 name,
                 ifindex,
                 forwarding: state == BR_STATE_FORWARDING,
@@ -193,6 +196,8 @@ pub fn probe(name: &str) -> BridgeKind {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BridgeRead {
     pub kind: BridgeKind,
+    /// Its link kind (see [`super::xdp_xmit::link_kind`]).
+    pub link_kind: Option<String>,
     pub mac: Option<[u8; 6]>,
     pub ports: Vec<PortInfo>,
 }
@@ -201,6 +206,7 @@ pub struct BridgeRead {
 pub type BridgeReads = BTreeMap<String, BridgeRead>;
 
 /// Reads what every interface in `names` is (sysfs, and `SIOCGIFHWADDR` for a bridge's MAC).
+/// What the state needs from sysfs comes from here, so it never reads sysfs under its lock.
 /// Blocking but short: a few sysfs files per interface.
 pub fn read(names: &[String]) -> BridgeReads {
     names
@@ -210,11 +216,13 @@ pub fn read(names: &[String]) -> BridgeReads {
             let read = match kind {
                 BridgeKind::Bridge => BridgeRead {
                     kind,
+                    link_kind: super::xdp_xmit::link_kind(n),
                     mac: super::rtnl::hw_addr(n),
                     ports: ports(n),
                 },
                 _ => BridgeRead {
                     kind,
+                    link_kind: super::xdp_xmit::link_kind(n),
                     ..BridgeRead::default()
                 },
             };

@@ -19,7 +19,7 @@ use crate::{
     paths,
     state::{Shared, State},
     sync::{
-        bridge::{self, BridgeReads},
+        bridge::{self, BridgeRead, BridgeReads},
         hooks, qdisc,
         routes::RouteLookup,
         rtnl::{self, RtEvent},
@@ -153,12 +153,13 @@ pub fn apply_rt_events<D: crate::state::Ports>(
     let mut reread_qdiscs = false;
     // A port added, removed or changing STP state comes as a link notification.
     let mut bridges_changed = false;
-    let kind = |name: &str| bridges.get(name).map(|b| b.kind).unwrap_or_default();
+    let no_read = BridgeRead::default();
+    let read = |name: &str| bridges.get(name).unwrap_or(&no_read);
     for ev in batch {
         match ev {
             RtEvent::LinkUp { ifindex, name, mac } => {
                 let mac = mac.or_else(|| links.get(&name).and_then(|l| l.1));
-                let new_device = s.link_up(ifindex, &name, mac, kind(&name));
+                let new_device = s.link_up(ifindex, &name, mac, read(&name));
                 revalidate |= new_device;
                 reread_qdiscs |= new_device;
                 bridges_changed = true;
@@ -179,7 +180,7 @@ pub fn apply_rt_events<D: crate::state::Ports>(
                 for name in s.iface_names() {
                     match links.get(&name) {
                         Some((Some(i), mac)) => {
-                            s.link_up(*i, &name, *mac, kind(&name));
+                            s.link_up(*i, &name, *mac, read(&name));
                         }
                         _ => {
                             if let Some(i) = s.ifindex_of(&name) {
