@@ -5,6 +5,7 @@
 //! `xdp-router-bench quick`; `cargo xtask lab` runs `xdp-router-bench lab`. See
 //! docs/benchmarks.md.
 mod cpu;
+mod ctnl;
 mod demo;
 mod lab;
 mod latency;
@@ -12,6 +13,7 @@ mod napi;
 mod netns;
 mod packet;
 mod report;
+mod responsive;
 mod router;
 mod run;
 mod search;
@@ -44,6 +46,10 @@ enum Mode {
     /// The README's demo (< 1 min): a home router running `xdp-routerd` with the example config,
     /// 64-byte UDP and an iperf3 TCP transfer with the fast path off, then on, side by side.
     Lab(demo::LabArgs),
+    /// Responsiveness (≈ 2 min per build): `/metrics` and `xdp-routerd status` latency with
+    /// 100,000 connections in conntrack while 100,000 routes flap and connections come and go;
+    /// `--baseline BIN` measures another build first, side by side.
+    Responsive(responsive::ResponsiveArgs),
 }
 
 /// Options of both modes (quick mode changes the defaults of the unset ones).
@@ -126,6 +132,13 @@ fn main() {
     if let Some(Mode::Lab(args)) = &cli.mode {
         if let Err(e) = demo::run(&cli.opts, args) {
             eprintln!("xdp-router-bench lab: error: {e:#}");
+            std::process::exit(if run::stopped() { 130 } else { 1 });
+        }
+        return;
+    }
+    if let Some(Mode::Responsive(args)) = &cli.mode {
+        if let Err(e) = responsive::run(&cli.opts, args) {
+            eprintln!("xdp-router-bench responsive: error: {e:#}");
             std::process::exit(if run::stopped() { 130 } else { 1 });
         }
         return;

@@ -464,6 +464,9 @@ pub struct IfaceStatus {
     pub ifindex: u32,
     /// `native`, `generic`, … (`detached` while it does not exist).
     pub attach_mode: String,
+    /// Egress shaped: the fast path does not send out of it.
+    #[serde(default)]
+    pub shaped: bool,
     /// The kernel reports that it transmits XDP frames (redirect target).
     #[serde(default)]
     pub xdp_xmit: bool,

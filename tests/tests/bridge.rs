@@ -287,6 +287,32 @@ fn bridged_lan_is_fast_pathed() {
         st.interfaces
     );
 
+    // A shaper added to a port live: replies to h2 stay in the kernel (egress_shaped, through
+    // the shaper) until it is removed; a port is judged by its own qdiscs, followed live.
+    bed.router
+        .sh("tc qdisc replace dev p2 root handle 1: htb default 1
+         tc class add dev p2 parent 1: classid 1:1 htb rate 1gbit");
+    let (st, ok) = bed.daemon().wait_status(Duration::from_secs(3), |s| {
+        s.interfaces.iter().any(|i| i.name == "p2" && i.shaped)
+    });
+    assert!(ok, "p2 should be shaped: {:?}", st.interfaces);
+    let before = bed.daemon().status();
+    let [sent, orig, reply, _, _] = measure(&bed, &s2, server, &mut q2, "p2");
+    let after = bed.daemon().status();
+    let shaped =
+        counter(&after, "eth0", "egress_shaped") - counter(&before, "eth0", "egress_shaped");
+    println!(
+        "p2 shaped by htb: {sent} datagrams; fast path {orig} original, {reply} reply; {shaped} \
+         replies to the kernel as egress_shaped"
+    );
+    assert_eq!((orig, reply), (sent, 0));
+    assert!(shaped >= sent, "replies counted egress_shaped: {shaped}");
+    bed.router.sh("tc qdisc del dev p2 root");
+    let (st, ok) = bed.daemon().wait_status(Duration::from_secs(3), |s| {
+        s.interfaces.iter().any(|i| i.name == "p2" && !i.shaped)
+    });
+    assert!(ok, "p2 should no longer be shaped: {:?}", st.interfaces);
+
     // The bridge never sees the frames XDP forwards: with a 1 s ageing time h2's FDB entry
     // ages out during the transfer; its next frame goes to the kernel (bridge_learning), the
     // bridge learns it again and the replies are redirected again instead of being flooded

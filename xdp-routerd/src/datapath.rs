@@ -53,11 +53,6 @@ impl AttachMode {
     }
 }
 
-struct Attachment {
-    link: XdpLinkId,
-    mode: AttachMode,
-}
-
 /// The loaded object, its attachments and typed map handles.
 pub struct Datapath {
     ebpf: Ebpf,
@@ -71,7 +66,8 @@ pub struct Datapath {
     current: Settings,
     /// Successful [`Datapath::invalidate_fib_cache`] calls.
     fib_invalidations: u64,
-    attached: BTreeMap<u32, Attachment>,
+    /// XDP links, by ifindex.
+    attached: BTreeMap<u32, XdpLinkId>,
     flow_capacity: u32,
     arm_v4: HashMap<MapData, ArmKeyV4, FlowKeyV4>,
     arm_v6: HashMap<MapData, ArmKeyV6, FlowKeyV6>,
@@ -394,8 +390,7 @@ impl Datapath {
                 }
             },
         };
-        self.attached
-            .insert(ifindex, Attachment { link, mode: got });
+        self.attached.insert(ifindex, link);
         if let Some(why) = fallback {
             self.generic_because.insert(ifindex, why);
         }
@@ -457,10 +452,10 @@ impl Datapath {
         {
             let _ = prog.detach(link);
         }
-        if let Some(a) = self.attached.remove(&ifindex)
+        if let Some(link) = self.attached.remove(&ifindex)
             && let Ok(prog) = self.program()
         {
-            let _ = prog.detach(a.link);
+            let _ = prog.detach(link);
         }
         self.generic_because.remove(&ifindex);
         let _ = self.ifaces.remove(&ifindex);
@@ -536,11 +531,6 @@ impl Datapath {
     /// [`native_attach_failure`]); `None` when native or not attached.
     pub fn generic_because(&self, ifindex: u32) -> Option<&str> {
         self.generic_because.get(&ifindex).map(String::as_str)
-    }
-
-    /// Attach mode of `ifindex`, if attached.
-    pub fn attach_mode(&self, ifindex: u32) -> Option<AttachMode> {
-        self.attached.get(&ifindex).map(|a| a.mode)
     }
 
     fn write_settings(&mut self) -> anyhow::Result<()> {

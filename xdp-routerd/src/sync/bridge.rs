@@ -12,6 +12,9 @@
 //!   bridge's and its ports' own addresses) and entries with a VLAN are left out.
 //! - A VLAN-filtering bridge is not accelerated (its ports are not managed): the fast path does
 //!   not know the VLAN a frame is bridged in.
+//!
+//! This module reads and parses (sysfs, rtnetlink); the ports are attached and their flags
+//! kept by [`crate::state::bridge`], from a [`read`] done before the state lock is taken.
 
 use std::{collections::BTreeMap, io};
 
@@ -24,22 +27,6 @@ use netlink_packet_route::{
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
-use tracing::{error, info, warn};
-use xdp_router_common::{
-    IFACE_F_BRIDGE_PORT, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT,
-    IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED, MAX_IFACE_SLOTS,
-};
-
-use super::{
-    hooks::Hooks,
-    qdisc::Egress,
-    xdp_xmit::{Capabilities, XdpXmit},
-};
-use crate::{
-    config::XdpModeConfig,
-    datapath::{AttachMode, Datapath},
-};
-
 /// `BR_STATE_FORWARDING` (`uapi/linux/if_bridge.h`).
 const BR_STATE_FORWARDING: u32 = 3;
 
@@ -50,6 +37,8 @@ pub struct PortInfo {
     pub ifindex: u32,
     /// STP state is forwarding (always, without STP).
     pub forwarding: bool,
+    /// Its link kind (see [`super::xdp_xmit::link_kind`]).
+    pub kind: Option<String>,
 }
 
 fn sysfs(path: &str) -> Option<String> {
@@ -83,6 +72,7 @@ pub fn ports(bridge: &str) -> Vec<PortInfo> {
                 .parse()
                 .ok()?;
             Some(PortInfo {
+                kind: super::xdp_xmit::link_kind(&name),
                 name,
                 ifindex,
                 forwarding: state == BR_STATE_FORWARDING,
@@ -179,166 +169,66 @@ pub fn fdb_dump() -> io::Result<Vec<FdbEvent>> {
     }
 }
 
-/// A managed bridge's port, as the daemon manages it.
-#[derive(Debug, Clone)]
-pub struct Port {
-    pub name: String,
-    /// Stats slot.
-    pub slot: u32,
-    /// XDP attach mode; `None` when the attach failed.
-    pub mode: Option<AttachMode>,
-    /// STP state is forwarding.
-    pub forwarding: bool,
-    /// Whether it can transmit XDP frames.
-    pub xmit: XdpXmit,
-    /// Its egress qdiscs as last read.
-    pub egress: Option<Egress>,
-    /// Hooks found on it.
-    pub hooks: Hooks,
+/// What sysfs says a configured interface is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BridgeKind {
+    /// Not a bridge (or missing).
+    #[default]
+    NotBridge,
+    /// A bridge: the program runs on its ports.
+    Bridge,
+    /// A VLAN-filtering bridge: not accelerated as a bridge (the fast path does not know a
+    /// frame's VLAN).
+    VlanFiltering,
 }
 
-impl Port {
-    /// Why the fast path must not send out of this port because of its qdiscs, if so (in
-    /// doubt, while they are unknown, it does not).
-    pub fn shaped_by(&self) -> Option<String> {
-        match &self.egress {
-            Some(e) => e.shaper.clone(),
-            None => Some("unknown qdiscs".into()),
-        }
+/// Whether the interface called `name` is a bridge, and which kind (sysfs).
+pub fn probe(name: &str) -> BridgeKind {
+    match (is_bridge(name), vlan_filtering(name)) {
+        (false, _) => BridgeKind::NotBridge,
+        (true, false) => BridgeKind::Bridge,
+        (true, true) => BridgeKind::VlanFiltering,
     }
 }
 
-/// The ports of one managed bridge, by ifindex.
-pub type Ports = BTreeMap<u32, Port>;
-
-/// What a bridge's ports take from the bridge.
-pub struct BridgeView<'a> {
-    pub name: &'a str,
-    pub ifindex: u32,
-    /// The bridge's MAC: frames for it are routed.
-    pub mac: [u8; 6],
-    /// `IFACE_F_LAN` / `IFACE_F_WAN`.
-    pub role: u32,
-    /// The bridge has ingress hooks (they see the frames it passes up) and does not bypass
-    /// them.
-    pub ingress_hook: bool,
-    /// `bypass_hooks = true` in the bridge's config (applies to its ports too).
-    pub bypass_hooks: bool,
-    pub xdp_mode: XdpModeConfig,
+/// A configured interface as read before the state lock is taken: what it is, and for a
+/// bridge its MAC address and ports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BridgeRead {
+    pub kind: BridgeKind,
+    /// Its link kind (see [`super::xdp_xmit::link_kind`]).
+    pub link_kind: Option<String>,
+    pub mac: Option<[u8; 6]>,
+    pub ports: Vec<PortInfo>,
 }
 
-impl Port {
-    /// The port's `IFACE_F_*` flags (without `IFACE_F_BRIDGE_PORT`, which the datapath adds).
-    pub fn flags(&self, b: &BridgeView) -> u32 {
-        let hooks = if b.bypass_hooks {
-            Hooks::default()
-        } else {
-            self.hooks
-        };
-        let mut f = b.role;
-        if b.ingress_hook || hooks.ingress {
-            f |= IFACE_F_INGRESS_HOOK;
-        }
-        if hooks.egress {
-            f |= IFACE_F_EGRESS_HOOK;
-        }
-        if self.shaped_by().is_some() {
-            f |= IFACE_F_SHAPED;
-        }
-        if !self.xmit.allowed() {
-            f |= IFACE_F_NO_XDP_XMIT;
-        }
-        if !self.forwarding {
-            f |= IFACE_F_PORT_NOT_FORWARDING;
-        }
-        f
-    }
-}
+/// [`BridgeRead`]s by interface name.
+pub type BridgeReads = BTreeMap<String, BridgeRead>;
 
-/// Brings `ports` in line with the bridge's ports as found (`found`, see [`ports`]): ports that
-/// left are detached, new ones attached (stats slots from `next_slot` on, never reused, so a
-/// slot's counters always belong to one port), and every port's flags and MAC rewritten.
-pub fn sync_ports(
-    dp: &mut Datapath,
-    b: &BridgeView,
-    ports: &mut Ports,
-    found: Vec<PortInfo>,
-    xmit: &Capabilities,
-    next_slot: &mut u32,
-) {
-    let name = b.name;
-    let gone: Vec<u32> = ports
-        .keys()
-        .filter(|i| !found.iter().any(|f| f.ifindex == **i))
-        .copied()
-        .collect();
-    for ifindex in gone {
-        if let Some(p) = ports.remove(&ifindex) {
-            info!(bridge = name, port = %p.name, "{name}: port {} left the bridge; detached", p.name);
-            dp.detach(ifindex);
-        }
-    }
-    for f in found {
-        if let Some(p) = ports.get_mut(&f.ifindex) {
-            p.forwarding = f.forwarding;
-            p.xmit = xmit.of(f.ifindex, &f.name);
-            if p.mode.is_some() {
-                let flags = p.flags(b);
-                if let Err(e) = dp
-                    .set_iface_flags(f.ifindex, p.slot, flags | IFACE_F_BRIDGE_PORT)
-                    .and_then(|_| dp.set_iface_mac(f.ifindex, b.mac))
-                {
-                    error!(bridge = name, port = %p.name, error = %format!("{e:#}"), "cannot update a bridge port");
-                }
-            }
-            continue;
-        }
-        if *next_slot >= MAX_IFACE_SLOTS {
-            warn!(bridge = name, port = %f.name, "{name}: no stats slot left for port {}: not accelerated", f.name);
-            continue;
-        }
-        let mut p = Port {
-            name: f.name.clone(),
-            slot: *next_slot,
-            mode: None,
-            forwarding: f.forwarding,
-            xmit: xmit.of(f.ifindex, &f.name),
-            // Read right after (the caller's job); until then the port counts as shaped.
-            egress: None,
-            hooks: Hooks::default(),
-        };
-        *next_slot += 1;
-        match dp.attach_port(
-            &f.name,
-            f.ifindex,
-            p.slot,
-            p.flags(b),
-            b.mac,
-            b.ifindex,
-            b.xdp_mode,
-        ) {
-            Ok(mode) => {
-                info!(bridge = name, port = %f.name, mode = mode.as_str(), "{name}: port {} attached", f.name);
-                p.mode = Some(mode);
-            }
-            Err(e) => {
-                error!(bridge = name, port = %f.name, error = %format!("{e:#}"), "{name}: cannot attach to port {}", f.name)
-            }
-        }
-        ports.insert(f.ifindex, p);
-    }
-}
-
-/// Rewrites every attached port's flags (after its qdiscs, hooks or XDP transmit capability
-/// changed).
-pub fn write_flags(dp: &mut Datapath, b: &BridgeView, ports: &Ports) {
-    for (ifindex, p) in ports {
-        if p.mode.is_some()
-            && let Err(e) = dp.set_iface_flags(*ifindex, p.slot, p.flags(b) | IFACE_F_BRIDGE_PORT)
-        {
-            error!(bridge = b.name, port = %p.name, error = %format!("{e:#}"), "cannot update a bridge port's flags");
-        }
-    }
+/// Reads what every interface in `names` is (sysfs, and `SIOCGIFHWADDR` for a bridge's MAC).
+/// What the state needs from sysfs comes from here, so it never reads sysfs under its lock.
+/// Blocking but short: a few sysfs files per interface.
+pub fn read(names: &[String]) -> BridgeReads {
+    names
+        .iter()
+        .map(|n| {
+            let kind = probe(n);
+            let read = match kind {
+                BridgeKind::Bridge => BridgeRead {
+                    kind,
+                    link_kind: super::xdp_xmit::link_kind(n),
+                    mac: super::rtnl::hw_addr(n),
+                    ports: ports(n),
+                },
+                _ => BridgeRead {
+                    kind,
+                    link_kind: super::xdp_xmit::link_kind(n),
+                    ..BridgeRead::default()
+                },
+            };
+            (n.clone(), read)
+        })
+        .collect()
 }
 
 #[cfg(test)]

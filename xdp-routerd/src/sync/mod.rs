@@ -4,7 +4,9 @@ pub mod conntrack;
 pub mod ctnetlink;
 pub mod hooks;
 pub mod nftables;
+pub mod nlsocket;
 pub mod qdisc;
+pub mod routes;
 pub mod rtnl;
 pub mod xdp_xmit;
 

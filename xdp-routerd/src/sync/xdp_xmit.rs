@@ -134,12 +134,12 @@ impl Capabilities {
         Capabilities { features: initial }
     }
 
-    /// The judgement for device `ifindex` named `name` (its link kind is read only on kernels
-    /// without the family).
-    pub fn of(&self, ifindex: u32, name: &str) -> XdpXmit {
+    /// The judgement for device `ifindex` of link kind `kind` (see [`link_kind`], read before
+    /// the state lock is taken; it counts only on kernels without the family).
+    pub fn of(&self, ifindex: u32, kind: Option<&str>) -> XdpXmit {
         match &self.features {
             Some(f) => XdpXmit::judge(true, f.get(&ifindex).copied(), None),
-            None => XdpXmit::judge(false, None, link_kind(name).as_deref()),
+            None => XdpXmit::judge(false, None, kind),
         }
     }
 

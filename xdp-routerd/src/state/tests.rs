@@ -1,0 +1,590 @@
+//! State transitions against an in-memory datapath: links come, go and change MAC; qdiscs and
+//! hooks change the interface flags; conntrack events become flows; rtnetlink batches ask for
+//! revalidation. (The netns tests cover the same with a real kernel.)
+
+use std::collections::{BTreeMap, HashSet};
+
+use aya::maps::MapError;
+use xdp_router_common::{
+    ArmKeyV4, ArmKeyV6, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IFACE_F_BRIDGE_PORT,
+    IFACE_F_PORT_NOT_FORWARDING,
+};
+
+use super::*;
+use crate::config::Role;
+use crate::sync::{
+    bridge::{BridgeKind, BridgeRead, BridgeReads, PortInfo},
+    xdp_xmit::NETDEV_XDP_ACT_NDO_XMIT,
+};
+use crate::{
+    flows::fake::FakeTable,
+    sync::{
+        conntrack::{CtEntry, CtEvent, CtStatus, CtTuple},
+        rtnl::RtEvent,
+    },
+    tasks::{conntrack::apply_events, rtnetlink::apply_rt_events},
+};
+
+/// The datapath in memory: the flow maps plus what is attached with which flags and MAC.
+#[derive(Default)]
+struct FakeDp {
+    table: FakeTable,
+    /// ifindex → (slot, flags, mac).
+    attached: BTreeMap<u32, (u32, u32, [u8; 6])>,
+    attach_fails: HashSet<u32>,
+    /// (bridge, MAC) → port.
+    fdb: BTreeMap<(u32, [u8; 6]), u32>,
+}
+
+impl FlowTable for FakeDp {
+    fn insert_v4(&mut self, key: &FlowKeyV4, value: &FlowV4) -> Result<(), MapError> {
+        self.table.insert_v4(key, value)
+    }
+    fn insert_v6(&mut self, key: &FlowKeyV6, value: &FlowV6) -> Result<(), MapError> {
+        self.table.insert_v6(key, value)
+    }
+    fn remove_v4(&mut self, key: &FlowKeyV4) {
+        self.table.remove_v4(key)
+    }
+    fn remove_v6(&mut self, key: &FlowKeyV6) {
+        self.table.remove_v6(key)
+    }
+    fn get_v4(&self, key: &FlowKeyV4) -> Option<FlowV4> {
+        self.table.get_v4(key)
+    }
+    fn get_v6(&self, key: &FlowKeyV6) -> Option<FlowV6> {
+        self.table.get_v6(key)
+    }
+    fn insert_arm_v4(&mut self, arm: &ArmKeyV4, flow: &FlowKeyV4) -> Result<(), MapError> {
+        self.table.insert_arm_v4(arm, flow)
+    }
+    fn insert_arm_v6(&mut self, arm: &ArmKeyV6, flow: &FlowKeyV6) -> Result<(), MapError> {
+        self.table.insert_arm_v6(arm, flow)
+    }
+    fn remove_arm_v4(&mut self, arm: &ArmKeyV4) {
+        self.table.remove_arm_v4(arm)
+    }
+    fn remove_arm_v6(&mut self, arm: &ArmKeyV6) {
+        self.table.remove_arm_v6(arm)
+    }
+}
+
+impl Ports for FakeDp {
+    fn attach(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        mac: [u8; 6],
+        _mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        if self.attach_fails.contains(&ifindex) {
+            anyhow::bail!("{name}: cannot attach");
+        }
+        self.attached.insert(ifindex, (slot, flags, mac));
+        Ok(AttachMode::Native)
+    }
+    fn detach(&mut self, ifindex: u32) {
+        self.attached.remove(&ifindex);
+    }
+    fn set_iface_flags(&mut self, ifindex: u32, slot: u32, flags: u32) -> anyhow::Result<()> {
+        let a = self
+            .attached
+            .get_mut(&ifindex)
+            .ok_or_else(|| anyhow::anyhow!("not attached"))?;
+        a.0 = slot;
+        a.1 = flags;
+        Ok(())
+    }
+    fn set_iface_mac(&mut self, ifindex: u32, mac: [u8; 6]) -> anyhow::Result<bool> {
+        let a = self
+            .attached
+            .get_mut(&ifindex)
+            .ok_or_else(|| anyhow::anyhow!("not attached"))?;
+        let changed = a.2 != mac;
+        a.2 = mac;
+        Ok(changed)
+    }
+    fn attach_bridge(
+        &mut self,
+        _name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        mac: [u8; 6],
+    ) -> anyhow::Result<AttachMode> {
+        self.attached.insert(ifindex, (slot, flags, mac));
+        Ok(AttachMode::Ports)
+    }
+    fn attach_port(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        bridge_mac: [u8; 6],
+        _bridge_ifindex: u32,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        // As the datapath: a port is flagged as one.
+        self.attach(
+            name,
+            ifindex,
+            slot,
+            flags | IFACE_F_BRIDGE_PORT,
+            bridge_mac,
+            mode,
+        )
+    }
+    fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], port: u32) -> anyhow::Result<()> {
+        self.fdb.insert((bridge, mac), port);
+        Ok(())
+    }
+    fn fdb_forget(&mut self, bridge: u32, mac: [u8; 6]) {
+        self.fdb.remove(&(bridge, mac));
+    }
+    fn fdb_clear(&mut self, bridge: u32) {
+        self.fdb.retain(|(b, _), _| *b != bridge);
+    }
+}
+
+const WAN: u32 = 2;
+const LAN: u32 = 3;
+const MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+
+fn iface(name: &str, role: Role, shaped: Shaped) -> InterfaceConfig {
+    InterfaceConfig {
+        name: name.into(),
+        role,
+        shaped,
+        bypass_hooks: false,
+    }
+}
+
+/// wan (ifindex 2, shaped = auto) and lan (ifindex 3, shaped = false), attached, with no qdiscs.
+fn state() -> State<FakeDp> {
+    let cfgs = [
+        iface("wan", Role::Wan, Shaped::Auto),
+        iface("lan", Role::Lan, Shaped::Never),
+    ];
+    let mut s = State::new(FakeDp::default(), &cfgs, &[WAN, LAN], XdpModeConfig::Native);
+    s.set_kinds_and_xmit(&BridgeReads::new(), all_capable());
+    s.apply_qdiscs(Ok(Vec::new()));
+    s.attach_all(&[Some(MAC), Some(MAC)]).unwrap();
+    s
+}
+
+/// The kernel reports `NETDEV_XDP_ACT_NDO_XMIT` for ifindexes 1 to 31.
+fn all_capable() -> Capabilities {
+    Capabilities::new(Some(
+        (1..32).map(|i| (i, NETDEV_XDP_ACT_NDO_XMIT)).collect(),
+    ))
+}
+
+fn flags(s: &State<FakeDp>, ifindex: u32) -> u32 {
+    s.dp.attached[&ifindex].1
+}
+
+fn root(ifindex: u32, kind: &str) -> Qdisc {
+    Qdisc {
+        ifindex,
+        handle: 0x1_0000,
+        parent: 0xffff_ffff,
+        kind: kind.into(),
+        max_rate: None,
+    }
+}
+
+/// Answers like the kernel for 10.0.1.0/24 behind lan, everything else behind wan.
+struct Routes(u32);
+
+impl crate::flows::PathOracle for Routes {
+    fn ingress_for(&self, addr: IpAddr) -> Option<u32> {
+        match addr {
+            IpAddr::V4(a) if a.octets()[..3] == [10, 0, 1] => Some(LAN),
+            _ if addr == "203.0.113.1".parse::<IpAddr>().unwrap() => None,
+            _ => Some(self.0),
+        }
+    }
+    fn is_local(&self, addr: IpAddr) -> bool {
+        addr == "203.0.113.1".parse::<IpAddr>().unwrap()
+    }
+}
+
+fn tuple(src: &str, sport: u16, dst: &str, dport: u16) -> CtTuple {
+    CtTuple {
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        proto: 6,
+        sport,
+        dport,
+    }
+}
+
+fn snat(sport: u16) -> CtEntry {
+    CtEntry {
+        id: None,
+        orig: tuple("10.0.1.2", sport, "198.51.100.7", 443),
+        reply: tuple("198.51.100.7", 443, "203.0.113.1", sport),
+        // IPS_SEEN_REPLY | IPS_ASSURED
+        status: CtStatus::from_bits_retain(0b110),
+        tcp_flags: None,
+        tcp_state: Some(3),
+        timeout: Some(300),
+        mark: 0,
+        zone: 0,
+        has_helper: false,
+    }
+}
+
+#[test]
+fn start_up_attaches_every_interface_with_its_role() {
+    let s = state();
+    assert_eq!(flags(&s, WAN), 0);
+    assert_eq!(flags(&s, LAN), 0);
+    assert_eq!(s.dp.attached[&WAN].0, 1, "slots follow the config order");
+    assert_eq!(s.dp.attached[&LAN].0, 2);
+}
+
+#[test]
+fn shaped_auto_follows_the_root_qdisc_and_a_failed_read() {
+    let mut s = state();
+    s.apply_qdiscs(Ok(vec![root(WAN, "htb"), root(LAN, "htb")]));
+    assert_eq!(flags(&s, WAN), IFACE_F_SHAPED);
+    // shaped = false: the shaper is bypassed.
+    assert_eq!(flags(&s, LAN), 0);
+    s.apply_qdiscs(Ok(vec![root(WAN, "pfifo_fast")]));
+    assert_eq!(flags(&s, WAN), 0);
+    // A failed read: in doubt the fast path does not send out of it.
+    s.apply_qdiscs(Err(std::io::Error::other("EPERM")));
+    assert_eq!(flags(&s, WAN), IFACE_F_SHAPED);
+    assert_eq!(s.ifaces[0].shaped_by().as_deref(), Some("unknown qdiscs"));
+}
+
+#[test]
+fn hooks_set_flags_unless_bypassed() {
+    let mut s = state();
+    let found = BTreeMap::from([(
+        "lan".to_string(),
+        Hooks {
+            ingress: true,
+            egress: false,
+        },
+    )]);
+    s.apply_hooks(&found);
+    assert_eq!(flags(&s, LAN), IFACE_F_INGRESS_HOOK);
+    s.ifaces[1].cfg.bypass_hooks = true;
+    s.ifaces[1].hooks = Hooks::default();
+    s.apply_hooks(&found);
+    assert_eq!(flags(&s, LAN), 0);
+    s.apply_hooks(&BTreeMap::new());
+    assert_eq!(flags(&s, LAN), 0);
+}
+
+#[test]
+fn conntrack_events_become_flows_and_destroy_removes_them() {
+    let mut s = state();
+    let routes = Routes(WAN);
+    let added = apply_events(
+        &mut s,
+        vec![CtEvent::New(snat(40000)), CtEvent::Update(snat(40001))],
+        &routes,
+    );
+    assert_eq!(added.len(), 2, "both TCP connections are marked liberal");
+    assert_eq!(s.dp.table.v4.len(), 4);
+    assert_eq!(s.ct.events, 2);
+    // An update of an offloaded connection writes nothing new.
+    assert!(apply_events(&mut s, vec![CtEvent::Update(snat(40000))], &routes).is_empty());
+    apply_events(&mut s, vec![CtEvent::Destroy(snat(40000))], &routes);
+    assert_eq!(s.dp.table.v4.len(), 2);
+    assert_eq!(s.flows.len(), 1);
+}
+
+#[test]
+fn link_gone_detaches_and_revalidation_hands_its_flows_back() {
+    let mut s = state();
+    let routes = Routes(WAN);
+    apply_events(&mut s, vec![CtEvent::New(snat(40000))], &routes);
+    let (revalidate, _) = apply_rt_events(
+        &mut s,
+        vec![RtEvent::LinkGone {
+            ifindex: WAN,
+            name: "wan".into(),
+        }],
+        &BTreeMap::new(),
+        &BridgeReads::new(),
+    );
+    assert!(revalidate);
+    assert!(!s.dp.attached.contains_key(&WAN));
+    let State { dp, flows, .. } = &mut s;
+    assert_eq!(flows.revalidate(flows.snapshot(), dp, &routes), (1, 0));
+    assert!(s.dp.table.v4.is_empty());
+}
+
+#[test]
+fn a_new_device_is_attached_shaped_until_its_qdiscs_are_read() {
+    let mut s = state();
+    let batch = vec![
+        RtEvent::LinkGone {
+            ifindex: WAN,
+            name: "wan".into(),
+        },
+        RtEvent::LinkUp {
+            ifindex: 7,
+            name: "wan".into(),
+            mac: None,
+        },
+    ];
+    let links = BTreeMap::from([("wan".to_string(), (Some(7), Some([2, 0, 0, 0, 0, 7])))]);
+    let (revalidate, reread) = apply_rt_events(&mut s, batch, &links, &BridgeReads::new());
+    assert!(revalidate && reread);
+    assert_eq!(s.dp.attached[&7], (1, IFACE_F_SHAPED, [2, 0, 0, 0, 0, 7]));
+    s.apply_qdiscs(Ok(Vec::new()));
+    assert_eq!(flags(&s, 7), 0);
+    // Flows may now use the new device.
+    let routes = Routes(7);
+    apply_events(&mut s, vec![CtEvent::New(snat(40000))], &routes);
+    assert_eq!(s.flows.len(), 1);
+}
+
+#[test]
+fn a_mac_change_is_written_without_reattaching() {
+    let mut s = state();
+    let (revalidate, reread) = apply_rt_events(
+        &mut s,
+        vec![RtEvent::LinkUp {
+            ifindex: LAN,
+            name: "lan".into(),
+            mac: Some([2, 0, 0, 0, 0, 9]),
+        }],
+        &BTreeMap::new(),
+        &BridgeReads::new(),
+    );
+    assert!(!revalidate && !reread);
+    assert_eq!(s.dp.attached[&LAN].2, [2, 0, 0, 0, 0, 9]);
+}
+
+#[test]
+fn a_failed_attach_leaves_the_interface_unmanaged_and_is_retried() {
+    let mut s = state();
+    s.dp.attach_fails.insert(8);
+    s.link_gone(WAN);
+    assert!(s.link_up(8, "wan", Some(MAC), &BridgeRead::default()));
+    assert!(!s.dp.attached.contains_key(&8));
+    // No flow may enter or leave through it.
+    apply_events(&mut s, vec![CtEvent::New(snat(40000))], &Routes(8));
+    assert_eq!(s.flows.len(), 0);
+    s.dp.attach_fails.clear();
+    assert!(
+        s.link_up(8, "wan", Some(MAC), &BridgeRead::default()),
+        "the next link notification retries"
+    );
+    assert!(s.dp.attached.contains_key(&8));
+}
+
+#[test]
+fn an_overrun_rereads_every_link_and_asks_for_everything() {
+    let mut s = state();
+    // wan vanished while notifications were lost; lan is still there.
+    let links = BTreeMap::from([
+        ("wan".to_string(), (None, None)),
+        ("lan".to_string(), (Some(LAN), Some(MAC))),
+    ]);
+    let (revalidate, reread) =
+        apply_rt_events(&mut s, vec![RtEvent::Overrun], &links, &BridgeReads::new());
+    assert!(revalidate && reread);
+    assert!(!s.dp.attached.contains_key(&WAN));
+    assert!(s.dp.attached.contains_key(&LAN));
+}
+
+#[test]
+fn route_changes_ask_for_revalidation_and_neighbour_changes_do_not() {
+    let mut s = state();
+    let none = BTreeMap::new();
+    assert_eq!(
+        apply_rt_events(
+            &mut s,
+            vec![RtEvent::PathsChanged],
+            &none,
+            &BridgeReads::new()
+        ),
+        (true, false)
+    );
+    assert_eq!(
+        apply_rt_events(
+            &mut s,
+            vec![RtEvent::FibChanged],
+            &none,
+            &BridgeReads::new()
+        ),
+        (false, false)
+    );
+    assert_eq!(
+        apply_rt_events(
+            &mut s,
+            vec![RtEvent::QdiscChanged { ifindex: LAN }],
+            &none,
+            &BridgeReads::new()
+        ),
+        (false, true)
+    );
+    assert_eq!(
+        apply_rt_events(
+            &mut s,
+            vec![RtEvent::QdiscChanged { ifindex: 99 }],
+            &none,
+            &BridgeReads::new()
+        ),
+        (false, false)
+    );
+}
+
+const BR: u32 = 4;
+const BR_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
+
+fn port(name: &str, ifindex: u32, forwarding: bool) -> PortInfo {
+    PortInfo {
+        name: name.into(),
+        ifindex,
+        forwarding,
+        kind: Some("veth".into()),
+    }
+}
+
+/// wan (2) and the bridge br (4, LAN) with ports p1 (10, forwarding) and p2 (11, not), all
+/// attached, with no qdiscs.
+fn bridged() -> State<FakeDp> {
+    let cfgs = [
+        iface("wan", Role::Wan, Shaped::Auto),
+        iface("br", Role::Lan, Shaped::Auto),
+    ];
+    let mut s = State::new(FakeDp::default(), &cfgs, &[WAN, BR], XdpModeConfig::Native);
+    let read = BridgeRead {
+        kind: BridgeKind::Bridge,
+        link_kind: Some("bridge".into()),
+        mac: Some(BR_MAC),
+        ports: vec![port("p1", 10, true), port("p2", 11, false)],
+    };
+    let reads = BridgeReads::from([("br".to_string(), read)]);
+    s.set_kinds_and_xmit(&reads, all_capable());
+    s.attach_all(&[Some(MAC), Some(BR_MAC)]).unwrap();
+    assert!(s.sync_bridges(&reads));
+    s.apply_qdiscs(Ok(Vec::new()));
+    s
+}
+
+#[test]
+fn a_bridge_is_managed_through_its_ports() {
+    let mut s = bridged();
+    assert_eq!(s.ifaces[1].mode, Some(AttachMode::Ports));
+    // Ports get the bridge's MAC and stats slots after the configured interfaces'.
+    assert_eq!(s.dp.attached[&10], (3, IFACE_F_BRIDGE_PORT, BR_MAC));
+    assert_eq!(
+        s.dp.attached[&11],
+        (4, IFACE_F_BRIDGE_PORT | IFACE_F_PORT_NOT_FORWARDING, BR_MAC)
+    );
+    // p2 starts forwarding, p1 leaves, p3 joins; the bridge's MAC changes.
+    let mac = [2, 0, 0, 0, 0, 0xc];
+    let read = BridgeRead {
+        kind: BridgeKind::Bridge,
+        link_kind: Some("bridge".into()),
+        mac: Some(mac),
+        ports: vec![port("p2", 11, true), port("p3", 12, true)],
+    };
+    let reads = BridgeReads::from([("br".to_string(), read)]);
+    let batch = vec![RtEvent::LinkGone {
+        ifindex: 10,
+        name: "p1".into(),
+    }];
+    let (_, reread) = apply_rt_events(&mut s, batch, &BTreeMap::new(), &reads);
+    assert!(reread, "a new port's qdiscs must be read");
+    assert!(!s.dp.attached.contains_key(&10));
+    assert_eq!(s.dp.attached[&11], (4, IFACE_F_BRIDGE_PORT, mac));
+    // A new port counts as shaped until its qdiscs are read; slots are never reused.
+    assert_eq!(
+        s.dp.attached[&12],
+        (5, IFACE_F_BRIDGE_PORT | IFACE_F_SHAPED, mac)
+    );
+    s.apply_qdiscs(Ok(Vec::new()));
+    assert_eq!(flags(&s, 12), IFACE_F_BRIDGE_PORT);
+    // A qdisc change on a port is followed like one on a managed interface.
+    let qdisc_on = |ifindex| vec![RtEvent::QdiscChanged { ifindex }];
+    let none = BTreeMap::new();
+    assert_eq!(
+        apply_rt_events(&mut s, qdisc_on(12), &none, &BridgeReads::new()),
+        (false, true)
+    );
+    s.apply_qdiscs(Ok(vec![root(12, "htb")]));
+    assert_eq!(flags(&s, 12), IFACE_F_BRIDGE_PORT | IFACE_F_SHAPED);
+    assert_eq!(
+        apply_rt_events(&mut s, qdisc_on(99), &none, &BridgeReads::new()),
+        (false, false)
+    );
+}
+
+#[test]
+fn bridge_fdb_is_copied_and_cleared_with_the_bridge() {
+    let mut s = bridged();
+    let mac = [2, 0, 0, 0, 0, 0x42];
+    let learned = |bridge| FdbEvent::Learned {
+        bridge,
+        mac,
+        port: 11,
+    };
+    let batch = vec![RtEvent::Fdb(learned(BR)), RtEvent::Fdb(learned(99))];
+    apply_rt_events(&mut s, batch, &BTreeMap::new(), &BridgeReads::new());
+    // Only the managed bridge's entries are copied.
+    assert_eq!(s.dp.fdb, BTreeMap::from([((BR, mac), 11)]));
+    s.apply_fdb(FdbEvent::Forgotten { bridge: BR, mac });
+    assert!(s.dp.fdb.is_empty());
+    s.apply_fdb(learned(BR));
+    // The bridge goes: its ports are detached and its FDB copy forgotten.
+    assert!(s.link_gone(BR));
+    assert!(s.dp.fdb.is_empty());
+    assert_eq!(s.dp.attached.keys().copied().collect::<Vec<_>>(), [WAN]);
+}
+
+#[test]
+fn xdp_features_changes_flip_no_xdp_xmit() {
+    let mut s = bridged();
+    assert_eq!(flags(&s, WAN), 0);
+    // wan's veth peer loses XDP and GRO; p1 too.
+    for ifindex in [WAN, 10] {
+        s.apply_xmit_event(XmitEvent::Features {
+            ifindex,
+            xdp_features: 0x23,
+        });
+    }
+    assert_eq!(flags(&s, WAN), IFACE_F_NO_XDP_XMIT);
+    assert_eq!(flags(&s, 10), IFACE_F_BRIDGE_PORT | IFACE_F_NO_XDP_XMIT);
+    s.apply_xmit_event(XmitEvent::Features {
+        ifindex: WAN,
+        xdp_features: NETDEV_XDP_ACT_NDO_XMIT,
+    });
+    assert_eq!(flags(&s, WAN), 0);
+    // A device the kernel has not reported is not redirected to.
+    s.apply_xmit_event(XmitEvent::Gone { ifindex: WAN });
+    assert_eq!(flags(&s, WAN), IFACE_F_NO_XDP_XMIT);
+}
+
+#[test]
+fn without_the_netdev_family_xmit_is_judged_by_the_link_kind_read_outside_the_lock() {
+    let cfgs = [iface("wan", Role::Wan, Shaped::Never)];
+    let mut s = State::new(FakeDp::default(), &cfgs, &[WAN], XdpModeConfig::Native);
+    let ppp = BridgeRead {
+        link_kind: Some("ppp".into()),
+        ..BridgeRead::default()
+    };
+    s.set_kinds_and_xmit(
+        &BridgeReads::from([("wan".to_string(), ppp.clone())]),
+        Capabilities::new(None),
+    );
+    s.attach_all(&[Some(MAC)]).unwrap();
+    assert_eq!(flags(&s, WAN), IFACE_F_NO_XDP_XMIT);
+    // The device is replaced by a plain Ethernet one: assumed to transmit.
+    assert!(s.link_up(8, "wan", Some(MAC), &BridgeRead::default()));
+    assert_eq!(flags(&s, 8), 0);
+    assert!(s.link_up(9, "wan", Some(MAC), &ppp));
+    assert_eq!(flags(&s, 9), IFACE_F_NO_XDP_XMIT);
+}
