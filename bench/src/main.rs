@@ -15,6 +15,7 @@ mod report;
 mod router;
 mod run;
 mod search;
+mod soak;
 mod tcp;
 mod testbed;
 
@@ -44,6 +45,10 @@ enum Mode {
     /// The README's demo (< 1 min): a home router running `xdp-routerd` with the example config,
     /// 64-byte UDP and an iperf3 TCP transfer with the fast path off, then on, side by side.
     Lab(demo::LabArgs),
+    /// Soak (default 2 × 10 min): short TCP connections at ~600/s (IPv4 + IPv6, data checked),
+    /// iperf3 streams, route flaps and fast-path toggles, with the fast path and, as the
+    /// control, the kernel alone; fails on any lost connection or leaked flow.
+    Soak(soak::SoakArgs),
 }
 
 /// Options of both modes (quick mode changes the defaults of the unset ones).
@@ -126,6 +131,13 @@ fn main() {
     if let Some(Mode::Lab(args)) = &cli.mode {
         if let Err(e) = demo::run(&cli.opts, args) {
             eprintln!("xdp-router-bench lab: error: {e:#}");
+            std::process::exit(if run::stopped() { 130 } else { 1 });
+        }
+        return;
+    }
+    if let Some(Mode::Soak(args)) = &cli.mode {
+        if let Err(e) = soak::run(&cli.opts, args) {
+            eprintln!("xdp-router-bench soak: error: {e:#}");
             std::process::exit(if run::stopped() { 130 } else { 1 });
         }
         return;
