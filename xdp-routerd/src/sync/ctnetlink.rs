@@ -5,7 +5,10 @@
 //! - [`CtSubscription`] listens on the conntrack NEW/UPDATE/DESTROY multicast groups and yields
 //!   batches of [`CtEvent`]s. A socket overrun (ENOBUFS: events were lost) surfaces as
 //!   [`CtNetlinkError::Overrun`]; the caller then resyncs from a fresh [`CtNetlink::dump`] and
-//!   keeps reading the same subscription (subscribe first, then dump, then reconcile).
+//!   keeps reading the same subscription (subscribe first, then dump, then reconcile). The
+//!   events still queued at the overrun are discarded with it: they are older than the events
+//!   the kernel dropped, and replayed after the dump they would bring back states the dump has
+//!   already superseded (a closed connection offloaded again).
 //! - [`CtNetlink`] sends requests: [`dump`](CtNetlink::dump), [`get`](CtNetlink::get) and
 //!   [`update`](CtNetlink::update) (timeout refresh and TCP "be liberal" flags on an existing
 //!   entry, never creating one).
@@ -237,6 +240,7 @@ pub struct CtSubscription {
     rcvbuf: usize,
     ignored_ports: Vec<u32>,
     decode_errors: u64,
+    stale_discarded: u64,
 }
 
 impl CtSubscription {
@@ -274,6 +278,7 @@ impl CtSubscription {
             rcvbuf,
             ignored_ports: Vec::new(),
             decode_errors: 0,
+            stale_discarded: 0,
         })
     }
 
@@ -296,28 +301,51 @@ impl CtSubscription {
         self.decode_errors
     }
 
+    /// Event datagrams discarded at overruns so far (see [`CtSubscription::next_batch`]).
+    pub fn stale_discarded(&self) -> u64 {
+        self.stale_discarded
+    }
+
     /// Waits for events and returns those that are queued (at least one datagram's worth;
     /// the batch may still be empty when a datagram held only ignored messages).
     ///
     /// [`CtNetlinkError::Overrun`] means events were lost: resync from a dump, then keep
-    /// calling this method.
+    /// calling this method. The events that were still queued (this batch's included) are
+    /// discarded before it is returned: the kernel reports the overrun ahead of them, but they
+    /// are older than the events it dropped, so applied after the dump they would undo it
+    /// (a connection that closed meanwhile would be offloaded again, its closing events lost).
     pub async fn next_batch(&mut self) -> Result<Vec<CtEvent>, CtNetlinkError> {
         const OP: &str = "receive conntrack events";
         let mut events = Vec::new();
-        let n = self
-            .sock
-            .recv(&mut self.buf)
-            .await
-            .map_err(|e| recv_error(OP, e))?;
+        let n = match self.sock.recv(&mut self.buf).await {
+            Ok(n) => n,
+            Err(e) => return Err(self.on_error(OP, e)),
+        };
         self.collect(n, &mut events);
         for _ in 1..MAX_DATAGRAMS_PER_BATCH {
             match self.sock.try_recv(&mut self.buf) {
                 Ok(n) => self.collect(n, &mut events),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(recv_error(OP, e)),
+                Err(e) => return Err(self.on_error(OP, e)),
             }
         }
         Ok(events)
+    }
+
+    /// Turns a receive error into [`CtNetlinkError`]; at an overrun, first discards every
+    /// event datagram still queued (including ones that overflow again meanwhile).
+    fn on_error(&mut self, op: &'static str, e: io::Error) -> CtNetlinkError {
+        let err = recv_error(op, e);
+        if matches!(err, CtNetlinkError::Overrun) {
+            loop {
+                match self.sock.try_recv(&mut self.buf) {
+                    Ok(_) => self.stale_discarded += 1,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
+                    Err(_) => break,
+                }
+            }
+        }
+        err
     }
 
     fn collect(&mut self, len: usize, events: &mut Vec<CtEvent>) {
