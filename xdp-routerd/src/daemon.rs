@@ -646,6 +646,7 @@ async fn resync(state: &Shared, paths: &RouteLookup, ct: &mut CtNetlink) -> anyh
     let started = Instant::now();
     let dump = ct.dump().await.map_err(ct_err)?;
     let n = dump.len();
+    liberal_before_offload(state, ct, paths, dump.iter()).await;
     let added = {
         let mut s = lock(state);
         let State { dp, flows, .. } = &mut *s;
@@ -689,6 +690,28 @@ async fn liberal(state: &Shared, ct: &mut CtNetlink, e: &CtEntry) {
     }
 }
 
+/// Marks the TCP connections among `entries` that the next upsert will offload "be liberal"
+/// in conntrack *before* they reach the maps (see `FlowManager::would_add`: the first packet
+/// the kernel forwards arms a flow, and conntrack sees none of the rest); returns them.
+async fn liberal_before_offload<'a>(
+    state: &Shared,
+    ct: &mut CtNetlink,
+    paths: &RouteLookup,
+    entries: impl Iterator<Item = &'a CtEntry>,
+) -> Vec<CtEntry> {
+    let to_offload: Vec<CtEntry> = {
+        let s = lock(state);
+        entries
+            .filter(|e| e.orig.proto == IPPROTO_TCP && s.flows.would_add(e, paths))
+            .cloned()
+            .collect()
+    };
+    for e in &to_offload {
+        liberal(state, ct, e).await;
+    }
+    to_offload
+}
+
 async fn conntrack_events(
     state: Shared,
     paths: Arc<RouteLookup>,
@@ -711,6 +734,11 @@ async fn conntrack_events(
                 return Err(ct_err(e));
             }
         };
+        let upserts = batch.iter().filter_map(|ev| match ev {
+            CtEvent::New(e) | CtEvent::Update(e) => Some(e),
+            CtEvent::Destroy(_) => None,
+        });
+        let to_offload = liberal_before_offload(&state, &mut requests, &paths, upserts).await;
         let mut newly_tcp = Vec::new();
         {
             let mut s = lock(&state);
@@ -737,7 +765,11 @@ async fn conntrack_events(
                 }
             }
         }
-        for e in &newly_tcp {
+        // Offloaded although not foreseen (the paths changed in between): mark them now.
+        for e in newly_tcp
+            .iter()
+            .filter(|e| !to_offload.iter().any(|p| p.orig == e.orig))
+        {
             liberal(&state, &mut requests, e).await;
         }
         if !newly_tcp.is_empty() {

@@ -248,6 +248,20 @@ impl FlowManager {
         }
     }
 
+    /// Whether [`FlowManager::upsert`] would write new map entries for `entry` (offloadable,
+    /// and not already offloaded on the same path). The daemon marks such TCP connections
+    /// liberal in conntrack *before* the upsert: once written, a flow is armed by the next
+    /// packet the kernel forwards and the fast path carries the rest unseen by conntrack's
+    /// window tracking, so a FIN the kernel sees next would otherwise be out of window
+    /// (INVALID: not de-NATed, answered by the router's own stack with a reset).
+    pub fn would_add(&self, entry: &CtEntry, paths: &impl PathOracle) -> bool {
+        self.plan(entry, paths).is_ok_and(|plan| {
+            self.conns
+                .get(&entry.orig)
+                .is_none_or(|c| c.keys != plan.keys)
+        })
+    }
+
     /// Conntrack destroyed the connection: forget it entirely. Returns whether it was offloaded.
     pub fn forget(&mut self, orig: &CtTuple, table: &mut impl FlowTable) -> bool {
         self.parked.remove(orig);

@@ -304,6 +304,22 @@ fn not_established_is_skipped_and_removes_existing() {
 }
 
 #[test]
+fn would_add_tells_what_upsert_will_write() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    assert!(m.would_add(&snat_tcp(), &paths()));
+    assert!(t.v4.is_empty(), "asking writes nothing");
+    assert_eq!(m.upsert(snat_tcp(), &mut t, &paths()), Upsert::Added);
+    assert!(!m.would_add(&snat_tcp(), &paths()), "already offloaded");
+    let closing = CtEntry {
+        tcp_state: Some(4),
+        ..snat_tcp()
+    };
+    assert!(!m.would_add(&closing, &paths()));
+    let p = FakePaths { wan: 9, ..paths() };
+    assert!(!m.would_add(&snat_tcp(), &p), "path not managed");
+}
+
+#[test]
 fn update_with_same_path_keeps_counters() {
     let (mut m, mut t) = (manager(), FakeTable::default());
     m.upsert(snat_tcp(), &mut t, &paths());
