@@ -552,6 +552,8 @@ pub async fn run_with(
     // nothing new.
     events.ignore_events_from(keepalive.port_id());
     events.ignore_events_from(requests.port_id());
+    let rtnl_ct = CtNetlink::new().map_err(ct_err)?;
+    events.ignore_events_from(rtnl_ct.port_id());
     resync(&state, &paths, &mut requests).await?;
 
     let mut tasks = JoinSet::new();
@@ -566,7 +568,12 @@ pub async fn run_with(
         keepalive,
         Duration::from_millis(config.keepalive_interval_ms),
     ));
-    tasks.spawn(rtnl_events(state.clone(), paths.clone(), rt_events));
+    tasks.spawn(rtnl_events(
+        state.clone(),
+        paths.clone(),
+        rt_events,
+        rtnl_ct,
+    ));
     let (legacy_tx, legacy_events) = tokio::sync::mpsc::unbounded_channel();
     tasks.spawn(async move {
         nftables::poll_legacy(legacy_tx).await;
@@ -860,6 +867,7 @@ async fn rtnl_events(
     state: Shared,
     paths: Arc<RouteLookup>,
     mut events: tokio::sync::mpsc::UnboundedReceiver<RtEvent>,
+    mut ct: CtNetlink,
 ) -> anyhow::Result<()> {
     while let Some(first) = events.recv().await {
         // The datapath's cached FIB answers go first, before the debounce: the next packet of
@@ -875,6 +883,9 @@ async fn rtnl_events(
             // Answers cached while the burst was being applied may be half-old.
             invalidate_fib_cache(&state);
         }
+        // Parked connections the new paths let through: liberal first (FlowManager::would_add).
+        let parked = lock(&state).flows.parked_tcp_to_offload(&*paths);
+        liberal_before_offload(&state, &mut ct, &paths, parked.iter()).await;
         if apply_rt_events(&state, &paths, batch) {
             let qdiscs = read_qdiscs().await;
             lock(&state).apply_qdiscs(qdiscs);

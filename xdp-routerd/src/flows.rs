@@ -17,7 +17,7 @@ use xdp_router_common::{
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
-use crate::sync::conntrack::{CtEntry, CtTuple};
+use crate::sync::conntrack::{CtEntry, CtTuple, IPPROTO_TCP};
 
 /// The flow maps, as the manager needs them (implemented by [`crate::datapath::Datapath`]).
 pub trait FlowTable {
@@ -260,6 +260,16 @@ impl FlowManager {
                 .get(&entry.orig)
                 .is_none_or(|c| c.keys != plan.keys)
         })
+    }
+
+    /// The parked TCP connections that [`FlowManager::revalidate`] would offload under the
+    /// current paths (to be marked liberal first, see [`FlowManager::would_add`]).
+    pub fn parked_tcp_to_offload(&self, paths: &impl PathOracle) -> Vec<CtEntry> {
+        self.parked
+            .values()
+            .filter(|e| e.orig.proto == IPPROTO_TCP && self.would_add(e, paths))
+            .cloned()
+            .collect()
     }
 
     /// Conntrack destroyed the connection: forget it entirely. Returns whether it was offloaded.

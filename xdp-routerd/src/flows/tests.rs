@@ -317,6 +317,12 @@ fn would_add_tells_what_upsert_will_write() {
     assert!(!m.would_add(&closing, &paths()));
     let p = FakePaths { wan: 9, ..paths() };
     assert!(!m.would_add(&snat_tcp(), &p), "path not managed");
+    // Parked while its path is not managed; offloadable again once it is.
+    let mut t2 = FakeTable::default();
+    let mut m2 = manager();
+    m2.upsert(snat_tcp(), &mut t2, &p);
+    assert!(m2.parked_tcp_to_offload(&p).is_empty());
+    assert_eq!(m2.parked_tcp_to_offload(&paths()), [snat_tcp()]);
 }
 
 #[test]
