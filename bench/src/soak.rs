@@ -56,6 +56,11 @@ pub struct SoakArgs {
     /// Skip the kernel-alone control run.
     #[arg(long)]
     no_control: bool,
+    /// Capture the short connections (TCP port 7000, 96-byte snaplen) on the LAN and WAN hosts
+    /// into `<out>/<run>-{lan,wan}.pcap`, to see which packet of a failed connection went
+    /// wrong (≈ 0.5 MB/s per side).
+    #[arg(long)]
+    capture: bool,
 }
 
 /// Port of the short-connection echo server on the WAN host.
@@ -468,6 +473,28 @@ fn run_one(daemon_bin: Option<&PathBuf>, out: &std::path::Path, a: &SoakArgs) ->
         )?),
         None => None,
     };
+    let mut captures = Vec::new();
+    if a.capture {
+        let tag = if daemon_bin.is_some() {
+            "fastpath"
+        } else {
+            "kernel"
+        };
+        for (ns, dev, side) in [(&tb.lan, "l0", "lan"), (&tb.wan, "w0", "wan")] {
+            let file = out.join(format!("{tag}-{side}.pcap"));
+            captures.push(
+                ns.command("tcpdump")
+                    .args(["-i", dev, "-s", "96", "-U", "-w"])
+                    .arg(&file)
+                    .args(["tcp", "port", &ECHO_PORT.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .context("starting tcpdump (install tcpdump)")?,
+            );
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
     let conns = Arc::new(Conns::default());
     let stop = Arc::new(AtomicBool::new(false));
     start_servers(&tb.wan, &conns, &stop)?;
@@ -548,6 +575,14 @@ fn run_one(daemon_bin: Option<&PathBuf>, out: &std::path::Path, a: &SoakArgs) ->
     for s in &mut iperf_servers {
         let _ = s.kill();
         let _ = s.wait();
+    }
+    for c in &mut captures {
+        // SIGTERM: tcpdump flushes and closes its file.
+        if let Ok(pid) = i32::try_from(c.id()) {
+            // SAFETY: kill(2) on our own unreaped child.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let _ = c.wait();
     }
     if let Some(e) = err {
         return Err(e.context(format!("soak run {label}")));
