@@ -5,6 +5,7 @@
 //! `xdp-router-bench quick`; `cargo xtask lab` runs `xdp-router-bench lab`. See
 //! docs/benchmarks.md.
 mod cpu;
+mod ctnl;
 mod demo;
 mod lab;
 mod latency;
@@ -12,6 +13,7 @@ mod napi;
 mod netns;
 mod packet;
 mod report;
+mod responsive;
 mod router;
 mod run;
 mod search;
@@ -49,6 +51,10 @@ enum Mode {
     /// iperf3 streams, route flaps and fast-path toggles, with the fast path and, as the
     /// control, the kernel alone; fails on any lost connection or leaked flow.
     Soak(soak::SoakArgs),
+    /// Responsiveness (≈ 2 min per build): `/metrics` and `xdp-routerd status` latency with
+    /// 100,000 connections in conntrack while 100,000 routes flap and connections come and go;
+    /// `--baseline BIN` measures another build first, side by side.
+    Responsive(responsive::ResponsiveArgs),
 }
 
 /// Options of both modes (quick mode changes the defaults of the unset ones).
@@ -138,6 +144,13 @@ fn main() {
     if let Some(Mode::Soak(args)) = &cli.mode {
         if let Err(e) = soak::run(&cli.opts, args) {
             eprintln!("xdp-router-bench soak: error: {e:#}");
+            std::process::exit(if run::stopped() { 130 } else { 1 });
+        }
+        return;
+    }
+    if let Some(Mode::Responsive(args)) = &cli.mode {
+        if let Err(e) = responsive::run(&cli.opts, args) {
+            eprintln!("xdp-router-bench responsive: error: {e:#}");
             std::process::exit(if run::stopped() { 130 } else { 1 });
         }
         return;

@@ -12,8 +12,7 @@ use std::{
 
 use aya::maps::MapError;
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FibCache,
-    FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
+    ArmKeyV4, ArmKeyV6, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -78,6 +77,41 @@ impl Skip {
             Skip::MapError => "map_error",
         }
     }
+
+    /// Every reason.
+    pub const ALL: [Skip; 5] = [
+        Skip::NotEstablished,
+        Skip::PathNotManaged,
+        Skip::NatAddressGone,
+        Skip::TableFull,
+        Skip::MapError,
+    ];
+
+    /// The reason called `name`, if any.
+    pub fn from_name(name: &str) -> Option<Skip> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Serialized as its stable name (the `reason` label of `connections_skipped`).
+impl serde::Serialize for Skip {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Skip {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Skip::from_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown skip reason {name:?}")))
+    }
 }
 
 /// The map key of one flow direction.
@@ -126,7 +160,7 @@ pub struct ManagerStats {
     /// Connections taken back from the fast path since start.
     pub removed_total: u64,
     /// Connections considered but not offloaded, by reason.
-    pub skipped: BTreeMap<&'static str, u64>,
+    pub skipped: BTreeMap<Skip, u64>,
 }
 
 /// Keeps the flow maps equal to "the offloadable subset of conntrack".
@@ -203,7 +237,7 @@ impl FlowManager {
             Ok(plan) => plan,
             Err(skip) => {
                 self.remove(&entry.orig, table);
-                *self.stats.skipped.entry(skip.name()).or_default() += 1;
+                *self.stats.skipped.entry(skip).or_default() += 1;
                 self.park(entry, skip);
                 return Upsert::Skipped(skip);
             }
@@ -217,7 +251,7 @@ impl FlowManager {
         }
         self.remove(&entry.orig, table);
         if let Err(skip) = plan.write(table) {
-            *self.stats.skipped.entry(skip.name()).or_default() += 1;
+            *self.stats.skipped.entry(skip).or_default() += 1;
             self.park(entry, skip);
             return Upsert::Skipped(skip);
         }
@@ -293,24 +327,40 @@ impl FlowManager {
         true
     }
 
-    /// Re-checks every offloaded and parked connection against the current routes, addresses
-    /// and managed interfaces (after an rtnetlink change): moved paths are rewritten, broken
-    /// ones removed, parked ones whose path works again offloaded. Returns `(removed, added)`.
+    /// Every offloaded and parked connection as last seen: what a revalidation re-checks (its
+    /// routes are looked up before [`revalidate`](Self::revalidate) applies the answers).
+    pub fn snapshot(&self) -> Vec<CtEntry> {
+        self.conns
+            .values()
+            .map(|c| c.entry.clone())
+            .chain(self.parked.values().cloned())
+            .collect()
+    }
+
+    /// Re-checks the connections of a [`snapshot`](Self::snapshot) against the current routes,
+    /// addresses and managed interfaces (after an rtnetlink change): moved paths are rewritten,
+    /// broken ones removed, parked ones whose path works again offloaded. Entries that changed
+    /// or went away since the snapshot are left alone (their own event handled them). Returns
+    /// `(removed, added)`.
     pub fn revalidate(
         &mut self,
+        snapshot: impl IntoIterator<Item = CtEntry>,
         table: &mut impl FlowTable,
         paths: &impl PathOracle,
     ) -> (usize, usize) {
-        let entries: Vec<CtEntry> = self.conns.values().map(|c| c.entry.clone()).collect();
-        let removed = entries
-            .into_iter()
-            .filter(|e| matches!(self.upsert(e.clone(), table, paths), Upsert::Skipped(_)))
-            .count();
-        let parked: Vec<CtEntry> = self.parked.values().cloned().collect();
-        let added = parked
-            .into_iter()
-            .filter(|e| self.upsert(e.clone(), table, paths) == Upsert::Added)
-            .count();
+        let (mut removed, mut added) = (0, 0);
+        for e in snapshot {
+            let offloaded = match (self.conns.get(&e.orig), self.parked.get(&e.orig)) {
+                (Some(c), _) if c.entry == e => true,
+                (None, Some(p)) if *p == e => false,
+                _ => continue,
+            };
+            match self.upsert(e, table, paths) {
+                Upsert::Skipped(_) if offloaded => removed += 1,
+                Upsert::Added if !offloaded => added += 1,
+                _ => {}
+            }
+        }
         (removed, added)
     }
 
@@ -323,6 +373,42 @@ impl FlowManager {
         paths: &impl PathOracle,
     ) -> (usize, usize) {
         let present: std::collections::HashSet<CtTuple> = dump.iter().map(|e| e.orig).collect();
+        let removed = self.remove_absent(&present, table);
+        let n = dump.len();
+        for e in dump {
+            self.upsert(e, table, paths);
+        }
+        (removed, n)
+    }
+
+    /// Whether `entry` is already applied as it is: offloaded or parked with the same tuples,
+    /// status, state, mark and zone (only its timeout may differ). A resync skips those: their
+    /// paths are re-checked by the revalidation that follows every routing change.
+    pub fn is_current(&self, entry: &CtEntry) -> bool {
+        let same = |known: &CtEntry| {
+            known.orig == entry.orig
+                && known.reply == entry.reply
+                && known.status == entry.status
+                && known.tcp_state == entry.tcp_state
+                && known.tcp_flags == entry.tcp_flags
+                && known.mark == entry.mark
+                && known.zone == entry.zone
+                && known.has_helper == entry.has_helper
+        };
+        match (self.conns.get(&entry.orig), self.parked.get(&entry.orig)) {
+            (Some(c), _) => same(&c.entry),
+            (None, Some(p)) => same(p),
+            (None, None) => false,
+        }
+    }
+
+    /// The first half of [`resync`](Self::resync): forgets every connection a fresh dump no
+    /// longer has (`present`: the dump's original tuples). Returns how many were offloaded.
+    pub fn remove_absent(
+        &mut self,
+        present: &std::collections::HashSet<CtTuple>,
+        table: &mut impl FlowTable,
+    ) -> usize {
         let stale: Vec<CtTuple> = self
             .conns
             .keys()
@@ -333,11 +419,7 @@ impl FlowManager {
             self.remove(k, table);
         }
         self.parked.retain(|k, _| present.contains(k));
-        let n = dump.len();
-        for e in dump {
-            self.upsert(e, table, paths);
-        }
-        (stale.len(), n)
+        stale.len()
     }
 
     /// Connections that carried fast-path traffic since the previous call (their conntrack
@@ -358,11 +440,6 @@ impl FlowManager {
             }
         }
         active
-    }
-
-    /// Packets/bytes/last-seen of one direction.
-    pub fn counters(&self, table: &impl FlowTable, key: &DirKey) -> Option<FlowCounters> {
-        counters(table, key)
     }
 
     fn plan(&self, entry: &CtEntry, paths: &impl PathOracle) -> Result<Plan, Skip> {
@@ -532,14 +609,7 @@ pub fn raw_v6(a: IpAddr) -> [u32; 4] {
 }
 
 fn flags(d: &Dir<'_>) -> u32 {
-    let mut f = if d.reply { FLOW_F_REPLY } else { 0 };
-    if d.to_src != d.from.src || d.to_sport != d.from.sport {
-        f |= FLOW_F_REWRITE_SRC;
-    }
-    if d.to_dst != d.from.dst || d.to_dport != d.from.dport {
-        f |= FLOW_F_REWRITE_DST;
-    }
-    f
+    if d.reply { FLOW_F_REPLY } else { 0 }
 }
 
 fn v4_entry(d: &Dir<'_>) -> (FlowKeyV4, FlowV4, ArmKeyV4) {
@@ -641,5 +711,7 @@ fn v6_entry(d: &Dir<'_>) -> (FlowKeyV6, FlowV6, ArmKeyV6) {
     (key, value, arm)
 }
 
+#[cfg(test)]
+pub(crate) mod fake;
 #[cfg(test)]
 mod tests;
