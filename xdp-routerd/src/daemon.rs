@@ -55,6 +55,7 @@ pub async fn run_with(
     tasks.spawn(tasks::rtnetlink::revalidate(
         shared.clone(),
         s.revalidate_lookup,
+        s.revalidate_marker,
     ));
     let (legacy_tx, legacy_events) = tokio::sync::mpsc::unbounded_channel();
     tasks.spawn(async move {

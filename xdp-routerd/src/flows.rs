@@ -296,12 +296,20 @@ impl FlowManager {
         })
     }
 
-    /// The parked TCP connections that [`FlowManager::revalidate`] would offload under the
-    /// current paths (to be marked liberal first, see [`FlowManager::would_add`]).
-    pub fn parked_tcp_to_offload(&self, paths: &impl PathOracle) -> Vec<CtEntry> {
-        self.parked
-            .values()
-            .filter(|e| e.orig.proto == IPPROTO_TCP && self.would_add(e, paths))
+    /// The parked TCP connections among `snapshot` that [`FlowManager::revalidate`] would
+    /// offload under `paths` (to be marked liberal first, see [`FlowManager::would_add`]).
+    pub fn parked_tcp_to_offload<'a>(
+        &self,
+        snapshot: impl IntoIterator<Item = &'a CtEntry>,
+        paths: &impl PathOracle,
+    ) -> Vec<CtEntry> {
+        snapshot
+            .into_iter()
+            .filter(|e| {
+                e.orig.proto == IPPROTO_TCP
+                    && self.parked.get(&e.orig) == Some(*e)
+                    && self.would_add(e, paths)
+            })
             .cloned()
             .collect()
     }

@@ -271,8 +271,11 @@ fn would_add_tells_what_upsert_will_write() {
     let mut t2 = FakeTable::default();
     let mut m2 = manager();
     m2.upsert(snat_tcp(), &mut t2, &p);
-    assert!(m2.parked_tcp_to_offload(&p).is_empty());
-    assert_eq!(m2.parked_tcp_to_offload(&paths()), [snat_tcp()]);
+    let snapshot = m2.snapshot();
+    assert!(m2.parked_tcp_to_offload(&snapshot, &p).is_empty());
+    assert_eq!(m2.parked_tcp_to_offload(&snapshot, &paths()), [snat_tcp()]);
+    // Offloaded ones are not parked.
+    assert!(m.parked_tcp_to_offload(&m.snapshot(), &paths()).is_empty());
 }
 
 #[test]

@@ -53,6 +53,11 @@ pub const DEFAULT_EVENT_RCVBUF: usize = 16 << 20;
 /// messages far smaller.
 const RECV_BUF: usize = 64 << 10;
 
+/// Most requests [`CtNetlink::update_many`] sends in one datagram: their acknowledgements
+/// (one skb each, ~1 KiB of receive buffer with the request echoed on errors) must fit the
+/// socket's default receive buffer (~208 KiB).
+const PIPELINE: usize = 64;
+
 /// Most datagrams drained into one event batch, so one batch stays bounded.
 const MAX_DATAGRAMS_PER_BATCH: usize = 256;
 
@@ -573,6 +578,85 @@ impl CtNetlink {
         zone: u16,
     ) -> Result<bool, CtNetlinkError> {
         self.update(&CtUpdate::new(*orig, zone).tcp_liberal()).await
+    }
+
+    /// Applies every update in `updates` (in order), pipelined: up to [`PIPELINE`] requests go
+    /// out in one datagram and their acknowledgements are collected together, so marking a
+    /// batch of connections costs a few round trips, not one each. Per update: whether the
+    /// entry existed (as [`CtNetlink::update`]) or the kernel's error for it. The outer error
+    /// is a socket failure (the updates after it are not known to be applied).
+    pub async fn update_many(
+        &mut self,
+        updates: &[CtUpdate],
+    ) -> Result<Vec<Result<bool, CtNetlinkError>>, CtNetlinkError> {
+        const OP: &str = "update conntrack entries";
+        let mut out = Vec::with_capacity(updates.len());
+        for chunk in updates.chunks(PIPELINE) {
+            if self.in_flight {
+                self.drain_stale();
+            }
+            self.in_flight = true;
+            let first = self.seq.wrapping_add(1);
+            let mut req = Vec::new();
+            for u in chunk {
+                self.seq = self.seq.wrapping_add(1);
+                req.extend(encode_request(
+                    family_of(&u.orig),
+                    ConntrackMessage::New(u.attributes()),
+                    NLM_F_REQUEST | NLM_F_ACK,
+                    self.seq,
+                ));
+                // The kernel walks the datagram by NLMSG_ALIGN(nlmsg_len).
+                req.resize(req.len().next_multiple_of(4), 0);
+            }
+            self.sock
+                .send(&req)
+                .await
+                .map_err(|e| CtNetlinkError::from_io(OP, e))?;
+            let mut results: Vec<Option<Result<bool, CtNetlinkError>>> =
+                (0..chunk.len()).map(|_| None).collect();
+            let mut pending = chunk.len();
+            while pending > 0 {
+                let n = self
+                    .sock
+                    .recv(&mut self.buf)
+                    .await
+                    .map_err(|e| CtNetlinkError::from_io(OP, e))?;
+                let Some(datagram) = self.buf.get(..n) else {
+                    continue;
+                };
+                for raw in split_datagram(datagram) {
+                    let raw = raw.map_err(|source| CtNetlinkError::Decode { op: OP, source })?;
+                    let Ok(nl) = NetlinkBuffer::new_checked(raw) else {
+                        continue;
+                    };
+                    let index = nl.sequence_number().wrapping_sub(first) as usize;
+                    let Some(slot @ None) = results.get_mut(index) else {
+                        continue; // a stale reply
+                    };
+                    let msg = decode_message(raw)
+                        .map_err(|source| CtNetlinkError::Decode { op: OP, source })?;
+                    let NetlinkPayload::Error(err) = msg.payload else {
+                        continue;
+                    };
+                    *slot = Some(match err.code {
+                        None => Ok(true),
+                        Some(_) => {
+                            let e = CtNetlinkError::from_io(OP, err.to_io());
+                            match e.errno() {
+                                // As in `update`: gone, or dying.
+                                Some(libc::ENOENT | libc::ETIME) => Ok(false),
+                                _ => Err(e),
+                            }
+                        }
+                    });
+                    pending -= 1;
+                }
+            }
+            self.in_flight = false;
+            out.extend(results.into_iter().flatten());
+        }
+        Ok(out)
     }
 
     /// Reads and discards everything queued on the socket. Reading also lets the kernel

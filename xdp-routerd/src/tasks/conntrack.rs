@@ -1,8 +1,11 @@
 //! Conntrack events (ctnetlink NEW/UPDATE/DESTROY) become fast-path flows; on a socket overrun
 //! the flows are resynced from a dump. Each batch: routes looked up first (batched, no lock),
-//! then the flow changes applied in event order under the lock. Newly offloaded TCP connections
-//! are marked "be liberal" by a second task ([`mark_liberal`]), one ctnetlink round trip each,
-//! so the event loop never falls behind the kernel while they are marked.
+//! then the TCP connections the batch will offload marked "be liberal" in conntrack (pipelined,
+//! a few round trips per batch, no lock), then the flow changes applied in event order under
+//! the lock. Marking comes *before* the flows reach the maps: the kernel's next packet arms a
+//! flow and conntrack sees nothing after that, so a FIN in between would be out of window
+//! (see [`FlowManager::would_add`]). Repeat marks after arming go to a second task
+//! ([`mark_liberal`]) so the event loop never waits for them.
 
 use std::{
     collections::HashSet,
@@ -16,11 +19,11 @@ use tracing::{debug, error, info, warn};
 
 use super::{APPLY_CHUNK, apply_stale_check, resolve_fresh};
 use crate::{
-    flows::Upsert,
+    flows::{FlowManager, PathOracle, Upsert},
     state::{Shared, State},
     sync::{
         conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
-        ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription},
+        ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate},
         routes::RouteLookup,
     },
 };
@@ -78,6 +81,8 @@ pub async fn run(
             })
             .collect();
         let (paths, generation) = resolve_fresh(&shared, &mut lookup, &upserts).await;
+        let marked = tcp_to_offload(&shared.lock().flows, upserts, &paths);
+        mark(&shared, &mut requests, &marked).await;
         let newly_tcp = {
             let mut s = shared.lock();
             s.ct.decode_errors = events.decode_errors();
@@ -85,7 +90,17 @@ pub async fn run(
         };
         apply_stale_check(&shared, generation);
         if !newly_tcp.is_empty() {
-            let _ = marker.send(newly_tcp.clone());
+            // Offloaded although not foreseen (an earlier event of the batch changed what the
+            // upsert did): marked now, as soon as possible.
+            let marked: HashSet<CtTuple> = marked.iter().map(|e| e.orig).collect();
+            let late: Vec<CtEntry> = newly_tcp
+                .iter()
+                .filter(|e| !marked.contains(&e.orig))
+                .cloned()
+                .collect();
+            if !late.is_empty() {
+                let _ = marker.send(late);
+            }
             // The kernel forwards the first packets of each direction again before they are
             // armed, and those set MAXACK_SET again: a stale td_maxack would make conntrack
             // ignore the connection's RST. Mark them liberal once more after arming (the
@@ -99,18 +114,58 @@ pub async fn run(
     }
 }
 
-/// Marks the TCP connections it is sent "be liberal", in order, one ctnetlink round trip each.
+/// Marks the TCP connections it is sent "be liberal" again (after arming, after a resync),
+/// in order, off the event loop.
 pub async fn mark_liberal(
     shared: Arc<Shared>,
     mut ct: CtNetlink,
     mut to_mark: UnboundedReceiver<Vec<CtEntry>>,
 ) -> anyhow::Result<()> {
     while let Some(batch) = to_mark.recv().await {
-        for e in &batch {
-            liberal(&shared, &mut ct, e).await;
-        }
+        mark(&shared, &mut ct, &batch).await;
     }
     Err(anyhow!("the liberal-marking channel closed"))
+}
+
+/// The TCP connections among `entries` that applying them would offload (newly, or on another
+/// path), each once: to be marked "be liberal" before they are applied.
+pub fn tcp_to_offload<'a>(
+    flows: &FlowManager,
+    entries: impl IntoIterator<Item = &'a CtEntry>,
+    paths: &impl PathOracle,
+) -> Vec<CtEntry> {
+    let mut seen = HashSet::new();
+    entries
+        .into_iter()
+        .filter(|e| e.orig.proto == IPPROTO_TCP && flows.would_add(e, paths) && seen.insert(e.orig))
+        .cloned()
+        .collect()
+}
+
+/// Marks `entries` "be liberal" in conntrack (see [`CtUpdate::tcp_liberal`]), pipelined
+/// ([`CtNetlink::update_many`]); connections that could not be marked are counted as errors.
+pub async fn mark(shared: &Shared, ct: &mut CtNetlink, entries: &[CtEntry]) {
+    if entries.is_empty() {
+        return;
+    }
+    let updates: Vec<CtUpdate> = entries
+        .iter()
+        .map(|e| CtUpdate::for_entry(e).tcp_liberal())
+        .collect();
+    let failed = match ct.update_many(&updates).await {
+        Ok(results) => results
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .inspect(|err| debug!(error = %err, "cannot mark TCP connection liberal"))
+            .count(),
+        Err(err) => {
+            debug!(error = %err, "cannot mark TCP connections liberal");
+            updates.len()
+        }
+    };
+    if failed > 0 {
+        shared.lock().ct.errors += failed as u64;
+    }
 }
 
 /// Applies one batch of events in order with routes already looked up. Returns the TCP
@@ -171,8 +226,11 @@ pub async fn resync(
         let before = flows.stats().offloaded_total;
         (flows.remove_absent(&present, dp), before)
     };
-    // In chunks, so status, metrics and the other tasks get the lock in between.
+    // In chunks, so status, metrics and the other tasks get the lock in between; the TCP
+    // connections of each chunk are marked liberal before it is applied.
     for chunk in dump.chunks(APPLY_CHUNK) {
+        let marked = tcp_to_offload(&shared.lock().flows, chunk, &paths);
+        mark(shared, ct, &marked).await;
         {
             let mut s = shared.lock();
             let State { dp, flows, .. } = &mut *s;
@@ -211,11 +269,4 @@ pub async fn resync(
         .filter(|c| c.entry.orig.proto == IPPROTO_TCP)
         .map(|c| c.entry.clone())
         .collect())
-}
-
-async fn liberal(shared: &Shared, ct: &mut CtNetlink, e: &CtEntry) {
-    if let Err(err) = ct.set_tcp_liberal(&e.orig, e.zone).await {
-        debug!(error = %err, "cannot mark TCP connection liberal");
-        shared.lock().ct.errors += 1;
-    }
 }
