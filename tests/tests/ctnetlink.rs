@@ -711,3 +711,60 @@ fn events_queued_at_an_overrun_are_discarded_with_it() {
         "events older than the overrun replayed after it: {stale:?}"
     );
 }
+
+/// `update_many` pipelines its requests (several datagrams' worth here: more connections than
+/// one datagram carries) and reports each one: every live connection marked liberal, the
+/// absent ones interleaved with them reported as gone and not created.
+#[test]
+fn update_many_marks_every_connection_and_reports_absent_ones() {
+    if !require_root("update_many_marks_every_connection_and_reports_absent_ones") {
+        return;
+    }
+    let topo = Topology::new(&[]);
+    let rt = runtime();
+    let server: SocketAddr = (SERVER_V4, 5501).into();
+    tcp_echo_server(&topo.server, server);
+    let streams: Vec<TcpStream> = (0..150).map(|_| tcp_client(&topo.client, server)).collect();
+    let live: Vec<CtTuple> = streams
+        .iter()
+        .map(|s| orig_tuple(s.local_addr().expect("local addr"), server, IPPROTO_TCP))
+        .collect();
+    let absent = |o: &CtTuple| CtTuple {
+        dport: o.dport + 1,
+        ..*o
+    };
+    let mut updates = Vec::new();
+    for (i, o) in live.iter().enumerate() {
+        updates.push(CtUpdate::new(*o, 0).tcp_liberal());
+        if i % 10 == 0 {
+            updates.push(CtUpdate::new(absent(o), 0).tcp_liberal());
+        }
+    }
+
+    let mut ct = open_in(&topo.router, &rt, CtNetlink::new);
+    let results = rt.block_on(ct.update_many(&updates)).expect("update_many");
+    assert_eq!(results.len(), updates.len());
+    for (u, r) in updates.iter().zip(&results) {
+        let existed = *r.as_ref().expect("no kernel error");
+        assert_eq!(existed, live.contains(&u.orig), "{u:?}");
+    }
+    let dump = rt.block_on(ct.dump()).expect("dump");
+    for o in &live {
+        let e = find(&dump, o).expect("live connection in conntrack");
+        let flags = e.tcp_flags.expect("TCP flags dumped");
+        assert!(
+            flags.iter().all(|f| f & TCP_FLAG_BE_LIBERAL != 0),
+            "liberal in both directions: {e:?}"
+        );
+        assert!(
+            find(&dump, &absent(o)).is_none(),
+            "created: {:?}",
+            absent(o)
+        );
+    }
+    // The socket is left clean: a plain request right after gets its own answer.
+    assert!(
+        rt.block_on(ct.set_tcp_liberal(&live[0], 0))
+            .expect("update")
+    );
+}
