@@ -195,6 +195,11 @@ impl FlowManager {
         self.managed.get(&ifindex).map(String::as_str)
     }
 
+    /// Whether the connection with this original tuple is offloaded.
+    pub fn is_offloaded(&self, orig: &CtTuple) -> bool {
+        self.conns.contains_key(orig)
+    }
+
     /// Number of offloaded connections.
     pub fn len(&self) -> usize {
         self.conns.len()

@@ -261,12 +261,12 @@ pub async fn resync(
     if added == 0 {
         return Ok(Vec::new());
     }
-    // Marking is idempotent (see `CtUpdate::tcp_liberal`): all of them, as before the overrun.
-    Ok(shared
-        .lock()
-        .flows
-        .conns()
-        .filter(|c| c.entry.orig.proto == IPPROTO_TCP)
-        .map(|c| c.entry.clone())
+    // Only the TCP connections this resync wrote: each mark comes back to our event socket as
+    // an UPDATE (ignored, but it fills the buffer), so re-marking every offloaded connection
+    // after each resync would overrun the socket again and again.
+    let s = shared.lock();
+    Ok(dump
+        .into_iter()
+        .filter(|e| e.orig.proto == IPPROTO_TCP && s.flows.is_offloaded(&e.orig))
         .collect())
 }
