@@ -40,7 +40,7 @@ pub struct Started {
     pub ct_marker: CtNetlink,
     /// Marks parked TCP connections "be liberal" before revalidation offloads them.
     pub revalidate_marker: CtNetlink,
-    /// TCP connections the initial resync offloaded, to be marked.
+    /// TCP connections the initial resync offloaded (marked already), to be marked again.
     pub to_mark: Vec<CtEntry>,
     pub keepalive: CtNetlink,
 }

@@ -58,9 +58,7 @@ pub async fn run(
                     "conntrack event socket overrun: resyncing from a dump"
                 );
                 match resync(&shared, &mut lookup, &mut requests).await {
-                    Ok(tcp) => {
-                        let _ = marker.send(tcp);
-                    }
+                    Ok(tcp) => remark_after_arming(&marker, tcp),
                     Err(e) => {
                         error!(error = %format!("{e:#}"), "conntrack resync failed");
                         shared.lock().ct.errors += 1;
@@ -101,17 +99,24 @@ pub async fn run(
             if !late.is_empty() {
                 let _ = marker.send(late);
             }
-            // The kernel forwards the first packets of each direction again before they are
-            // armed, and those set MAXACK_SET again: a stale td_maxack would make conntrack
-            // ignore the connection's RST. Mark them liberal once more after arming (the
-            // keep-alive does it for every active connection later on).
-            let marker = marker.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(REMARK_LIBERAL_AFTER).await;
-                let _ = marker.send(newly_tcp);
-            });
+            remark_after_arming(&marker, newly_tcp);
         }
     }
+}
+
+/// The kernel forwards the first packets of each direction again before they are armed, and
+/// those set MAXACK_SET again: a stale td_maxack would make conntrack ignore the connection's
+/// RST. So connections just offloaded (and marked) are marked liberal once more after arming
+/// (the keep-alive does it for every active connection later on).
+fn remark_after_arming(marker: &Marker, tcp: Vec<CtEntry>) {
+    if tcp.is_empty() {
+        return;
+    }
+    let marker = marker.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(REMARK_LIBERAL_AFTER).await;
+        let _ = marker.send(tcp);
+    });
 }
 
 /// Marks the TCP connections it is sent "be liberal" again (after arming, after a resync),
@@ -201,8 +206,9 @@ pub fn apply_events<D: crate::flows::FlowTable>(
     newly_tcp
 }
 
-/// Makes the flow maps match a fresh conntrack dump (at start and after an overrun). Returns the
-/// TCP connections to mark "be liberal" (every offloaded one when any was added).
+/// Makes the flow maps match a fresh conntrack dump (at start and after an overrun), marking
+/// the TCP connections it offloads "be liberal" before their flows are written. Returns those
+/// connections (to be marked again after arming).
 pub async fn resync(
     shared: &Shared,
     lookup: &mut RouteLookup,
