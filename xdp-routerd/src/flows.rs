@@ -301,6 +301,12 @@ impl FlowManager {
         })
     }
 
+    /// Whether [`FlowManager::upsert`] would offload `entry` were it not offloaded yet (after
+    /// a DESTROY of the same tuple earlier in a batch: a new connection on the same ports).
+    pub fn would_add_anew(&self, entry: &CtEntry, paths: &impl PathOracle) -> bool {
+        self.plan(entry, paths).is_ok()
+    }
+
     /// The parked TCP connections among `snapshot` that [`FlowManager::revalidate`] would
     /// offload under `paths` (to be marked liberal first, see [`FlowManager::would_add`]).
     pub fn parked_tcp_to_offload<'a>(

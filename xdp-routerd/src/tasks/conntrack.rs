@@ -79,7 +79,7 @@ pub async fn run(
             })
             .collect();
         let (paths, generation) = resolve_fresh(&shared, &mut lookup, &upserts).await;
-        let marked = tcp_to_offload(&shared.lock().flows, upserts, &paths);
+        let marked = batch_tcp_to_offload(&shared.lock().flows, &batch, &paths);
         mark(&shared, &mut requests, &marked).await;
         let newly_tcp = {
             let mut s = shared.lock();
@@ -145,6 +145,35 @@ pub fn tcp_to_offload<'a>(
         .filter(|e| e.orig.proto == IPPROTO_TCP && flows.would_add(e, paths) && seen.insert(e.orig))
         .cloned()
         .collect()
+}
+
+/// [`tcp_to_offload`] for a batch of events applied in order: a connection destroyed earlier in
+/// the batch is offloaded anew by a later NEW/UPDATE of the same tuple (ports reused).
+pub fn batch_tcp_to_offload(
+    flows: &FlowManager,
+    batch: &[CtEvent],
+    paths: &impl PathOracle,
+) -> Vec<CtEntry> {
+    let (mut gone, mut seen) = (HashSet::new(), HashSet::new());
+    let mut out = Vec::new();
+    for ev in batch {
+        match ev {
+            CtEvent::Destroy(e) => {
+                gone.insert(e.orig);
+            }
+            CtEvent::New(e) | CtEvent::Update(e) => {
+                let adds = if gone.contains(&e.orig) {
+                    flows.would_add_anew(e, paths)
+                } else {
+                    flows.would_add(e, paths)
+                };
+                if e.orig.proto == IPPROTO_TCP && adds && seen.insert(e.orig) {
+                    out.push(e.clone());
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Marks `entries` "be liberal" in conntrack (see [`CtUpdate::tcp_liberal`]), pipelined
