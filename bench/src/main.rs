@@ -17,6 +17,7 @@ mod responsive;
 mod router;
 mod run;
 mod search;
+mod soak;
 mod tcp;
 mod testbed;
 
@@ -46,6 +47,10 @@ enum Mode {
     /// The README's demo (< 1 min): a home router running `xdp-routerd` with the example config,
     /// 64-byte UDP and an iperf3 TCP transfer with the fast path off, then on, side by side.
     Lab(demo::LabArgs),
+    /// Soak (default 2 × 10 min): short TCP connections at ~600/s (IPv4 + IPv6, data checked),
+    /// iperf3 streams, route flaps and fast-path toggles, with the fast path and, as the
+    /// control, the kernel alone; fails on any lost connection or leaked flow.
+    Soak(soak::SoakArgs),
     /// Responsiveness (≈ 2 min per build): `/metrics` and `xdp-routerd status` latency with
     /// 100,000 connections in conntrack while 100,000 routes flap and connections come and go;
     /// `--baseline BIN` measures another build first, side by side.
@@ -132,6 +137,13 @@ fn main() {
     if let Some(Mode::Lab(args)) = &cli.mode {
         if let Err(e) = demo::run(&cli.opts, args) {
             eprintln!("xdp-router-bench lab: error: {e:#}");
+            std::process::exit(if run::stopped() { 130 } else { 1 });
+        }
+        return;
+    }
+    if let Some(Mode::Soak(args)) = &cli.mode {
+        if let Err(e) = soak::run(&cli.opts, args) {
+            eprintln!("xdp-router-bench soak: error: {e:#}");
             std::process::exit(if run::stopped() { 130 } else { 1 });
         }
         return;

@@ -429,6 +429,11 @@ impl Daemon {
         }
     }
 
+    /// The daemon's process id (`ip netns exec` and `taskset` exec in place).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn log_tail(&self) -> String {
         fs::read_to_string(&self.log)
             .ok()
@@ -456,6 +461,11 @@ impl Daemon {
     /// `xdp-routerd status` as a user sees it.
     pub fn status_text(&self) -> Result<String> {
         self.cli(&["status"])
+    }
+
+    /// `xdp-routerd flows` as a user sees it.
+    pub fn flows_text(&self) -> Result<String> {
+        self.cli(&["flows"])
     }
 
     /// `xdp-routerd status --json`.

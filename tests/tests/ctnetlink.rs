@@ -628,3 +628,143 @@ fn tcp_liberal_flags_and_timeout_in_one_update() {
     assert!(!rt.block_on(ct.set_tcp_liberal(&absent, 0)).expect("update"));
     assert_eq!(rt.block_on(ct.get(&absent, 0)).expect("get"), None);
 }
+
+/// The kernel reports an overrun ahead of the events still queued, and those are older than the
+/// events it dropped: applied after the resync's dump, they would bring a connection that has
+/// closed meanwhile back as ESTABLISHED, its closing events lost (the daemon offloaded such
+/// connections again and left their flows in the maps; a later connection on the same ports
+/// had its first packets carried by that stale flow, unseen by its new conntrack entry, and
+/// the router's stack answered the server's FIN with a reset). The subscription discards them
+/// with the overrun.
+#[test]
+fn events_queued_at_an_overrun_are_discarded_with_it() {
+    if !require_root("events_queued_at_an_overrun_are_discarded_with_it") {
+        return;
+    }
+    let topo = Topology::new(&[]);
+    let rt = runtime();
+    let server: SocketAddr = (SERVER_V4, 5301).into();
+    let udp_server: SocketAddr = (SERVER_V4, 5302).into();
+    tcp_echo_server(&topo.server, server);
+    udp_echo_server(&topo.server, udp_server);
+    // Room for a connection's handshake events, not for a burst of 500 flows.
+    let sub = open_in(&topo.router, &rt, || CtSubscription::with_rcvbuf(32 << 10));
+    let mut ct = open_in(&topo.router, &rt, CtNetlink::new);
+
+    // Queued: the connection's NEW and its UPDATEs up to ESTABLISHED.
+    let stream = tcp_client(&topo.client, server);
+    let orig = orig_tuple(
+        stream.local_addr().expect("local addr"),
+        server,
+        IPPROTO_TCP,
+    );
+    // Overflow, then close the connection: its closing events are dropped.
+    let burst: Vec<UdpSocket> = (0..500)
+        .map(|_| udp_client(&topo.client, udp_server))
+        .collect();
+    for sock in &burst {
+        sock.send(b"x").expect("UDP send");
+    }
+    thread::sleep(Duration::from_millis(200));
+    stream
+        .shutdown(std::net::Shutdown::Both)
+        .expect("TCP shutdown");
+    drop(stream);
+    thread::sleep(Duration::from_millis(300));
+    let dump = rt.block_on(ct.dump()).expect("dump");
+    let now = find(&dump, &orig).expect("the closed connection is still in conntrack");
+    assert_ne!(
+        now.tcp_state,
+        Some(tcp_state::ESTABLISHED),
+        "the connection has closed: {now:?}"
+    );
+
+    let mut events = Events::new(sub);
+    let first = rt
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(2), events.sub.next_batch()).await
+        })
+        .expect("an event or the overrun within 2 s");
+    assert!(
+        matches!(first, Err(CtNetlinkError::Overrun)),
+        "the overrun is reported first: {first:?}"
+    );
+    assert!(
+        events.sub.stale_discarded() > 0,
+        "the events queued before the overrun were discarded with it"
+    );
+    // After the overrun (where the daemon dumps and reconciles), nothing older than the dump
+    // may arrive: no event of the connection says ESTABLISHED any more.
+    let mut stale = Vec::new();
+    rt.block_on(async {
+        while let Ok(batch) =
+            tokio::time::timeout(Duration::from_millis(300), events.sub.next_batch()).await
+        {
+            let batch = batch.unwrap_or_default();
+            stale.extend(batch.into_iter().filter(|ev| {
+                ev.entry().orig == orig && ev.entry().tcp_state == Some(tcp_state::ESTABLISHED)
+            }));
+        }
+    });
+    assert!(
+        stale.is_empty(),
+        "events older than the overrun replayed after it: {stale:?}"
+    );
+}
+
+/// `update_many` pipelines its requests (several datagrams' worth here: more connections than
+/// one datagram carries) and reports each one: every live connection marked liberal, the
+/// absent ones interleaved with them reported as gone and not created.
+#[test]
+fn update_many_marks_every_connection_and_reports_absent_ones() {
+    if !require_root("update_many_marks_every_connection_and_reports_absent_ones") {
+        return;
+    }
+    let topo = Topology::new(&[]);
+    let rt = runtime();
+    let server: SocketAddr = (SERVER_V4, 5501).into();
+    tcp_echo_server(&topo.server, server);
+    let streams: Vec<TcpStream> = (0..150).map(|_| tcp_client(&topo.client, server)).collect();
+    let live: Vec<CtTuple> = streams
+        .iter()
+        .map(|s| orig_tuple(s.local_addr().expect("local addr"), server, IPPROTO_TCP))
+        .collect();
+    let absent = |o: &CtTuple| CtTuple {
+        dport: o.dport + 1,
+        ..*o
+    };
+    let mut updates = Vec::new();
+    for (i, o) in live.iter().enumerate() {
+        updates.push(CtUpdate::new(*o, 0).tcp_liberal());
+        if i % 10 == 0 {
+            updates.push(CtUpdate::new(absent(o), 0).tcp_liberal());
+        }
+    }
+
+    let mut ct = open_in(&topo.router, &rt, CtNetlink::new);
+    let results = rt.block_on(ct.update_many(&updates)).expect("update_many");
+    assert_eq!(results.len(), updates.len());
+    for (u, r) in updates.iter().zip(&results) {
+        let existed = *r.as_ref().expect("no kernel error");
+        assert_eq!(existed, live.contains(&u.orig), "{u:?}");
+    }
+    let dump = rt.block_on(ct.dump()).expect("dump");
+    for o in &live {
+        let e = find(&dump, o).expect("live connection in conntrack");
+        let flags = e.tcp_flags.expect("TCP flags dumped");
+        assert!(
+            flags.iter().all(|f| f & TCP_FLAG_BE_LIBERAL != 0),
+            "liberal in both directions: {e:?}"
+        );
+        assert!(
+            find(&dump, &absent(o)).is_none(),
+            "created: {:?}",
+            absent(o)
+        );
+    }
+    // The socket is left clean: a plain request right after gets its own answer.
+    assert!(
+        rt.block_on(ct.set_tcp_liberal(&live[0], 0))
+            .expect("update")
+    );
+}

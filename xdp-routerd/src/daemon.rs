@@ -55,6 +55,7 @@ pub async fn run_with(
     tasks.spawn(tasks::rtnetlink::revalidate(
         shared.clone(),
         s.revalidate_lookup,
+        s.revalidate_marker,
     ));
     if let Some(events) = s.xmit_events {
         tasks.spawn(tasks::xdp_xmit::run(shared.clone(), events));

@@ -16,7 +16,7 @@ use xdp_router_common::{
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
-use crate::sync::conntrack::{CtEntry, CtTuple};
+use crate::sync::conntrack::{CtEntry, CtTuple, IPPROTO_TCP};
 
 /// The flow maps, as the manager needs them (implemented by [`crate::datapath::Datapath`]).
 pub trait FlowTable {
@@ -285,6 +285,44 @@ impl FlowManager {
                 self.parked.remove(&entry.orig);
             }
         }
+    }
+
+    /// Whether [`FlowManager::upsert`] would write new map entries for `entry` (offloadable,
+    /// and not already offloaded on the same path). The daemon marks such TCP connections
+    /// liberal in conntrack *before* the upsert: once written, a flow is armed by the next
+    /// packet the kernel forwards and the fast path carries the rest unseen by conntrack's
+    /// window tracking, so a FIN the kernel sees next would otherwise be out of window
+    /// (INVALID: not de-NATed, answered by the router's own stack with a reset).
+    pub fn would_add(&self, entry: &CtEntry, paths: &impl PathOracle) -> bool {
+        self.plan(entry, paths).is_ok_and(|plan| {
+            self.conns
+                .get(&entry.orig)
+                .is_none_or(|c| c.keys != plan.keys)
+        })
+    }
+
+    /// Whether [`FlowManager::upsert`] would offload `entry` were it not offloaded yet (after
+    /// a DESTROY of the same tuple earlier in a batch: a new connection on the same ports).
+    pub fn would_add_anew(&self, entry: &CtEntry, paths: &impl PathOracle) -> bool {
+        self.plan(entry, paths).is_ok()
+    }
+
+    /// The parked TCP connections among `snapshot` that [`FlowManager::revalidate`] would
+    /// offload under `paths` (to be marked liberal first, see [`FlowManager::would_add`]).
+    pub fn parked_tcp_to_offload<'a>(
+        &self,
+        snapshot: impl IntoIterator<Item = &'a CtEntry>,
+        paths: &impl PathOracle,
+    ) -> Vec<CtEntry> {
+        snapshot
+            .into_iter()
+            .filter(|e| {
+                e.orig.proto == IPPROTO_TCP
+                    && self.parked.get(&e.orig) == Some(*e)
+                    && self.would_add(e, paths)
+            })
+            .cloned()
+            .collect()
     }
 
     /// Conntrack destroyed the connection: forget it entirely. Returns whether it was offloaded.

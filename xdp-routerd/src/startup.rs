@@ -38,9 +38,11 @@ pub struct Started {
     pub revalidate_lookup: RouteLookup,
     pub ct_events: CtSubscription,
     pub ct_requests: CtNetlink,
-    /// Marks offloaded TCP connections "be liberal" ([`tasks::conntrack::mark_liberal`]).
+    /// Marks offloaded TCP connections "be liberal" again ([`tasks::conntrack::mark_liberal`]).
     pub ct_marker: CtNetlink,
-    /// TCP connections the initial resync offloaded, to be marked.
+    /// Marks parked TCP connections "be liberal" before revalidation offloads them.
+    pub revalidate_marker: CtNetlink,
+    /// TCP connections the initial resync offloaded (marked already), to be marked again.
     pub to_mark: Vec<CtEntry>,
     pub keepalive: CtNetlink,
     /// The kernel's XDP feature changes; `None` without the `netdev` family (Linux < 6.3).
@@ -111,11 +113,13 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     let mut ct_events = CtSubscription::new().map_err(ct_err)?;
     let keepalive = CtNetlink::new().map_err(ct_err)?;
     let ct_marker = CtNetlink::new().map_err(ct_err)?;
+    let revalidate_marker = CtNetlink::new().map_err(ct_err)?;
     // Our own timeout refreshes and liberal-flag updates come back as UPDATE events that carry
     // nothing new.
     ct_events.ignore_events_from(keepalive.port_id());
     ct_events.ignore_events_from(ct_requests.port_id());
     ct_events.ignore_events_from(ct_marker.port_id());
+    ct_events.ignore_events_from(revalidate_marker.port_id());
     let to_mark = tasks::conntrack::resync(&shared, &mut ct_lookup, &mut ct_requests).await?;
     Ok(Started {
         shared,
@@ -128,6 +132,7 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
         ct_events,
         ct_requests,
         ct_marker,
+        revalidate_marker,
         to_mark,
         keepalive,
         xmit_events: xmit_sub.initial.is_some().then_some(xmit_sub.events),

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: unit tests, the release daemon build, the privileged tests (as root, one
-//! thread), the same kind of tests in a Debian-kernel guest (VLAN, PPPoE: modules this kernel lacks)
-//! and the quick benchmark; then a summary. Exits non-zero when any step failed.
+//! thread), the same kind of tests in a Debian-kernel guest (VLAN, PPPoE: modules this kernel
+//! lacks), the quick benchmark and a 1-minute soak; then a summary. Exits non-zero when any
+//! step failed.
 
 use std::{fmt::Write as _, fs, path::PathBuf, time::Instant};
 
@@ -14,7 +15,7 @@ pub struct TestArgs {
     /// Skip the unprivileged unit tests.
     #[arg(long)]
     no_unit: bool,
-    /// Skip the quick benchmark.
+    /// Skip the quick benchmark and the soak.
     #[arg(long)]
     no_bench: bool,
     /// Skip the tests that run in the Debian-kernel guest (VLAN, PPPoE; see xtask/src/guest.rs).
@@ -142,6 +143,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         ));
     } else if args.no_bench {
         steps.push(not_run("quick benchmark", "--no-bench"));
+        steps.push(not_run("soak (1 min)", "--no-bench"));
     } else if !cmd::is_root() {
         steps.push(Step {
             name: "quick benchmark",
@@ -158,6 +160,23 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
                 workspace::BENCH_PACKAGE,
                 "--",
                 "quick",
+            ]);
+            cmd::run(&mut c)
+        }));
+        // Fails on any lost connection or leaked flow. The fast-path run only: the
+        // kernel-alone control (`cargo xtask bench soak`) is for the side-by-side figures.
+        steps.push(timed("soak (1 min)", || {
+            let mut c = cmd::cargo();
+            c.args([
+                "run",
+                "--release",
+                "-p",
+                workspace::BENCH_PACKAGE,
+                "--",
+                "soak",
+                "--minutes",
+                "1",
+                "--no-control",
             ]);
             cmd::run(&mut c)
         }));

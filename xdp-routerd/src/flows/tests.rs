@@ -254,6 +254,31 @@ fn not_established_is_skipped_and_removes_existing() {
 }
 
 #[test]
+fn would_add_tells_what_upsert_will_write() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    assert!(m.would_add(&snat_tcp(), &paths()));
+    assert!(t.v4.is_empty(), "asking writes nothing");
+    assert_eq!(m.upsert(snat_tcp(), &mut t, &paths()), Upsert::Added);
+    assert!(!m.would_add(&snat_tcp(), &paths()), "already offloaded");
+    let closing = CtEntry {
+        tcp_state: Some(4),
+        ..snat_tcp()
+    };
+    assert!(!m.would_add(&closing, &paths()));
+    let p = FakePaths { wan: 9, ..paths() };
+    assert!(!m.would_add(&snat_tcp(), &p), "path not managed");
+    // Parked while its path is not managed; offloadable again once it is.
+    let mut t2 = FakeTable::default();
+    let mut m2 = manager();
+    m2.upsert(snat_tcp(), &mut t2, &p);
+    let snapshot = m2.snapshot();
+    assert!(m2.parked_tcp_to_offload(&snapshot, &p).is_empty());
+    assert_eq!(m2.parked_tcp_to_offload(&snapshot, &paths()), [snat_tcp()]);
+    // Offloaded ones are not parked.
+    assert!(m.parked_tcp_to_offload(&m.snapshot(), &paths()).is_empty());
+}
+
+#[test]
 fn update_with_same_path_keeps_counters() {
     let (mut m, mut t) = (manager(), FakeTable::default());
     m.upsert(snat_tcp(), &mut t, &paths());

@@ -22,7 +22,10 @@ use crate::{
         conntrack::{CtEntry, CtEvent, CtStatus, CtTuple},
         rtnl::RtEvent,
     },
-    tasks::{conntrack::apply_events, rtnetlink::apply_rt_events},
+    tasks::{
+        conntrack::{apply_events, batch_tcp_to_offload},
+        rtnetlink::apply_rt_events,
+    },
 };
 
 /// The datapath in memory: the flow maps plus what is attached with which flags and MAC.
@@ -299,6 +302,37 @@ fn conntrack_events_become_flows_and_destroy_removes_them() {
     apply_events(&mut s, vec![CtEvent::Destroy(snat(40000))], &routes);
     assert_eq!(s.dp.table.v4.len(), 2);
     assert_eq!(s.flows.len(), 1);
+}
+
+/// The TCP connections a batch will offload are known before it is applied (they are marked
+/// liberal in conntrack first), exactly those, a reused tuple after its DESTROY included.
+#[test]
+fn a_batch_foresees_the_tcp_connections_it_offloads() {
+    let mut s = state();
+    let routes = Routes(WAN);
+    let batches = [
+        vec![CtEvent::New(snat(40000)), CtEvent::Update(snat(40001))],
+        vec![CtEvent::Update(snat(40000)), CtEvent::Update(snat(40001))],
+        vec![CtEvent::Destroy(snat(40000)), CtEvent::Update(snat(40000))],
+        vec![
+            CtEvent::Update(snat(40002)),
+            CtEvent::Update(snat(40002)),
+            CtEvent::Destroy(snat(40001)),
+        ],
+    ];
+    let expected: [&[u16]; 4] = [&[40000, 40001], &[], &[40000], &[40002]];
+    for (batch, expected) in batches.into_iter().zip(expected) {
+        let foreseen: Vec<u16> = batch_tcp_to_offload(&s.flows, &batch, &routes)
+            .iter()
+            .map(|e| e.orig.sport)
+            .collect();
+        let added: Vec<u16> = apply_events(&mut s, batch, &routes)
+            .iter()
+            .map(|e| e.orig.sport)
+            .collect();
+        assert_eq!(foreseen, expected);
+        assert_eq!(added, expected);
+    }
 }
 
 #[test]

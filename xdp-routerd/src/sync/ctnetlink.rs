@@ -5,7 +5,10 @@
 //! - [`CtSubscription`] listens on the conntrack NEW/UPDATE/DESTROY multicast groups and yields
 //!   batches of [`CtEvent`]s. A socket overrun (ENOBUFS: events were lost) surfaces as
 //!   [`CtNetlinkError::Overrun`]; the caller then resyncs from a fresh [`CtNetlink::dump`] and
-//!   keeps reading the same subscription (subscribe first, then dump, then reconcile).
+//!   keeps reading the same subscription (subscribe first, then dump, then reconcile). The
+//!   events still queued at the overrun are discarded with it: they are older than the events
+//!   the kernel dropped, and replayed after the dump they would bring back states the dump has
+//!   already superseded (a closed connection offloaded again).
 //! - [`CtNetlink`] sends requests: [`dump`](CtNetlink::dump), [`get`](CtNetlink::get) and
 //!   [`update`](CtNetlink::update) (timeout refresh and TCP "be liberal" flags on an existing
 //!   entry, never creating one).
@@ -49,6 +52,11 @@ pub const DEFAULT_EVENT_RCVBUF: usize = 16 << 20;
 /// Receive buffer for one `recv`: the kernel's netlink dump skbs are at most 32 KiB, event
 /// messages far smaller.
 const RECV_BUF: usize = 64 << 10;
+
+/// Most requests [`CtNetlink::update_many`] sends in one datagram: their acknowledgements
+/// (one skb each, ~1 KiB of receive buffer with the request echoed on errors) must fit the
+/// socket's default receive buffer (~208 KiB).
+const PIPELINE: usize = 64;
 
 /// Most datagrams drained into one event batch, so one batch stays bounded.
 const MAX_DATAGRAMS_PER_BATCH: usize = 256;
@@ -173,6 +181,7 @@ pub struct CtSubscription {
     rcvbuf: usize,
     ignored_ports: Vec<u32>,
     decode_errors: u64,
+    stale_discarded: u64,
 }
 
 impl CtSubscription {
@@ -210,6 +219,7 @@ impl CtSubscription {
             rcvbuf,
             ignored_ports: Vec::new(),
             decode_errors: 0,
+            stale_discarded: 0,
         })
     }
 
@@ -232,47 +242,58 @@ impl CtSubscription {
         self.decode_errors
     }
 
+    /// Event datagrams discarded at overruns so far (see [`CtSubscription::next_batch`]).
+    pub fn stale_discarded(&self) -> u64 {
+        self.stale_discarded
+    }
+
     /// Waits for events and returns those that are queued (at least one datagram's worth;
     /// the batch may still be empty when a datagram held only ignored messages).
     ///
     /// [`CtNetlinkError::Overrun`] means events were lost: resync from a dump, then keep
-    /// calling this method.
+    /// calling this method. The events that were still queued (this batch's included) are
+    /// discarded before it is returned: the kernel reports the overrun ahead of them, but they
+    /// are older than the events it dropped, so applied after the dump they would undo it
+    /// (a connection that closed meanwhile would be offloaded again, its closing events lost).
     pub async fn next_batch(&mut self) -> Result<Vec<CtEvent>, CtNetlinkError> {
         const OP: &str = "receive conntrack events";
         let mut events = Vec::new();
-        let n = self
-            .sock
-            .recv(&mut self.buf)
-            .await
-            .map_err(|e| recv_error(OP, e))?;
+        let n = match self.sock.recv(&mut self.buf).await {
+            Ok(n) => n,
+            Err(e) => return Err(self.on_error(OP, e)),
+        };
         self.collect(n, &mut events);
         for _ in 1..MAX_DATAGRAMS_PER_BATCH {
             match self.sock.try_recv(&mut self.buf) {
                 Ok(n) => self.collect(n, &mut events),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(recv_error(OP, e)),
+                Err(e) => return Err(self.on_error(OP, e)),
             }
         }
         Ok(events)
     }
 
-    /// Discards every queued event (after an [`CtNetlinkError::Overrun`], before the resync's
-    /// dump, which covers them). Needed: after reporting ENOBUFS once, the kernel drops every
-    /// further event for this socket, silently, until its receive queue has been emptied
-    /// (`NETLINK_S_CONGESTED`, cleared in `netlink_rcv_wake`). Returns the datagrams dropped.
-    pub fn discard_queued(&mut self) -> usize {
-        let mut n = 0;
-        loop {
-            match self.sock.try_recv(&mut self.buf) {
-                Ok(_) => n += 1,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return n,
-                // Another overrun report or an error: keep draining until empty.
-                Err(_) => n += 1,
-            }
-            if n > 1_000_000 {
-                return n;
+    /// Turns a receive error into [`CtNetlinkError`]; at an overrun, first discards every
+    /// event datagram still queued (including ones that overflow again meanwhile), for two
+    /// reasons: they are older than the events the kernel dropped (see
+    /// [`CtSubscription::next_batch`]), and after reporting ENOBUFS once the kernel drops
+    /// every further event for this socket, silently, until its receive queue has been
+    /// emptied (`NETLINK_S_CONGESTED`, cleared in `netlink_rcv_wake`): events after the
+    /// resync's dump would be lost too.
+    fn on_error(&mut self, op: &'static str, e: io::Error) -> CtNetlinkError {
+        let err = recv_error(op, e);
+        if matches!(err, CtNetlinkError::Overrun) {
+            // Bounded: a queue refilled faster than it drains must not hold the task forever.
+            for _ in 0..1_000_000 {
+                match self.sock.try_recv(&mut self.buf) {
+                    Ok(_) => self.stale_discarded += 1,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    // Another overrun report (or an error): keep draining until empty.
+                    Err(_) => {}
+                }
             }
         }
+        err
     }
 
     fn collect(&mut self, len: usize, events: &mut Vec<CtEvent>) {
@@ -557,6 +578,85 @@ impl CtNetlink {
         zone: u16,
     ) -> Result<bool, CtNetlinkError> {
         self.update(&CtUpdate::new(*orig, zone).tcp_liberal()).await
+    }
+
+    /// Applies every update in `updates` (in order), pipelined: up to [`PIPELINE`] requests go
+    /// out in one datagram and their acknowledgements are collected together, so marking a
+    /// batch of connections costs a few round trips, not one each. Per update: whether the
+    /// entry existed (as [`CtNetlink::update`]) or the kernel's error for it. The outer error
+    /// is a socket failure (the updates after it are not known to be applied).
+    pub async fn update_many(
+        &mut self,
+        updates: &[CtUpdate],
+    ) -> Result<Vec<Result<bool, CtNetlinkError>>, CtNetlinkError> {
+        const OP: &str = "update conntrack entries";
+        let mut out = Vec::with_capacity(updates.len());
+        for chunk in updates.chunks(PIPELINE) {
+            if self.in_flight {
+                self.drain_stale();
+            }
+            self.in_flight = true;
+            let first = self.seq.wrapping_add(1);
+            let mut req = Vec::new();
+            for u in chunk {
+                self.seq = self.seq.wrapping_add(1);
+                req.extend(encode_request(
+                    family_of(&u.orig),
+                    ConntrackMessage::New(u.attributes()),
+                    NLM_F_REQUEST | NLM_F_ACK,
+                    self.seq,
+                ));
+                // The kernel walks the datagram by NLMSG_ALIGN(nlmsg_len).
+                req.resize(req.len().next_multiple_of(4), 0);
+            }
+            self.sock
+                .send(&req)
+                .await
+                .map_err(|e| CtNetlinkError::from_io(OP, e))?;
+            let mut results: Vec<Option<Result<bool, CtNetlinkError>>> =
+                (0..chunk.len()).map(|_| None).collect();
+            let mut pending = chunk.len();
+            while pending > 0 {
+                let n = self
+                    .sock
+                    .recv(&mut self.buf)
+                    .await
+                    .map_err(|e| CtNetlinkError::from_io(OP, e))?;
+                let Some(datagram) = self.buf.get(..n) else {
+                    continue;
+                };
+                for raw in split_datagram(datagram) {
+                    let raw = raw.map_err(|source| CtNetlinkError::Decode { op: OP, source })?;
+                    let Ok(nl) = NetlinkBuffer::new_checked(raw) else {
+                        continue;
+                    };
+                    let index = nl.sequence_number().wrapping_sub(first) as usize;
+                    let Some(slot @ None) = results.get_mut(index) else {
+                        continue; // a stale reply
+                    };
+                    let msg = decode_message(raw)
+                        .map_err(|source| CtNetlinkError::Decode { op: OP, source })?;
+                    let NetlinkPayload::Error(err) = msg.payload else {
+                        continue;
+                    };
+                    *slot = Some(match err.code {
+                        None => Ok(true),
+                        Some(_) => {
+                            let e = CtNetlinkError::from_io(OP, err.to_io());
+                            match e.errno() {
+                                // As in `update`: gone, or dying.
+                                Some(libc::ENOENT | libc::ETIME) => Ok(false),
+                                _ => Err(e),
+                            }
+                        }
+                    });
+                    pending -= 1;
+                }
+            }
+            self.in_flight = false;
+            out.extend(results.into_iter().flatten());
+        }
+        Ok(out)
     }
 
     /// Reads and discards everything queued on the socket. Reading also lets the kernel

@@ -1,8 +1,11 @@
 //! Conntrack events (ctnetlink NEW/UPDATE/DESTROY) become fast-path flows; on a socket overrun
 //! the flows are resynced from a dump. Each batch: routes looked up first (batched, no lock),
-//! then the flow changes applied in event order under the lock. Newly offloaded TCP connections
-//! are marked "be liberal" by a second task ([`mark_liberal`]), one ctnetlink round trip each,
-//! so the event loop never falls behind the kernel while they are marked.
+//! then the TCP connections the batch will offload marked "be liberal" in conntrack (pipelined,
+//! a few round trips per batch, no lock), then the flow changes applied in event order under
+//! the lock. Marking comes *before* the flows reach the maps: the kernel's next packet arms a
+//! flow and conntrack sees nothing after that, so a FIN in between would be out of window
+//! (see [`FlowManager::would_add`]). Repeat marks after arming go to a second task
+//! ([`mark_liberal`]) so the event loop never waits for them.
 
 use std::{
     collections::HashSet,
@@ -16,11 +19,11 @@ use tracing::{debug, error, info, warn};
 
 use super::{APPLY_CHUNK, apply_stale_check, resolve_fresh};
 use crate::{
-    flows::Upsert,
+    flows::{FlowManager, PathOracle, Upsert},
     state::{Shared, State},
     sync::{
         conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
-        ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription},
+        ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate},
         routes::RouteLookup,
     },
 };
@@ -48,17 +51,14 @@ pub async fn run(
         let batch = match events.next_batch().await {
             Ok(batch) => batch,
             Err(CtNetlinkError::Overrun) => {
-                // Empty the queue first: until it is empty the kernel silently drops every
-                // new event, which the dump below could miss.
-                let dropped = events.discard_queued();
+                // The subscription has emptied its queue already (see
+                // `CtSubscription::next_batch`): the dump below covers those events.
                 warn!(
-                    dropped,
+                    discarded_total = events.stale_discarded(),
                     "conntrack event socket overrun: resyncing from a dump"
                 );
                 match resync(&shared, &mut lookup, &mut requests).await {
-                    Ok(tcp) => {
-                        let _ = marker.send(tcp);
-                    }
+                    Ok(tcp) => remark_after_arming(&marker, tcp),
                     Err(e) => {
                         error!(error = %format!("{e:#}"), "conntrack resync failed");
                         shared.lock().ct.errors += 1;
@@ -79,6 +79,8 @@ pub async fn run(
             })
             .collect();
         let (paths, generation) = resolve_fresh(&shared, &mut lookup, &upserts).await;
+        let marked = batch_tcp_to_offload(&shared.lock().flows, &batch, &paths);
+        mark(&shared, &mut requests, &marked).await;
         let newly_tcp = {
             let mut s = shared.lock();
             s.ct.decode_errors = events.decode_errors();
@@ -86,32 +88,118 @@ pub async fn run(
         };
         apply_stale_check(&shared, generation);
         if !newly_tcp.is_empty() {
-            let _ = marker.send(newly_tcp.clone());
-            // The kernel forwards the first packets of each direction again before they are
-            // armed, and those set MAXACK_SET again: a stale td_maxack would make conntrack
-            // ignore the connection's RST. Mark them liberal once more after arming (the
-            // keep-alive does it for every active connection later on).
-            let marker = marker.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(REMARK_LIBERAL_AFTER).await;
-                let _ = marker.send(newly_tcp);
-            });
+            // Offloaded although not foreseen (an earlier event of the batch changed what the
+            // upsert did): marked now, as soon as possible.
+            let marked: HashSet<CtTuple> = marked.iter().map(|e| e.orig).collect();
+            let late: Vec<CtEntry> = newly_tcp
+                .iter()
+                .filter(|e| !marked.contains(&e.orig))
+                .cloned()
+                .collect();
+            if !late.is_empty() {
+                let _ = marker.send(late);
+            }
+            remark_after_arming(&marker, newly_tcp);
         }
     }
 }
 
-/// Marks the TCP connections it is sent "be liberal", in order, one ctnetlink round trip each.
+/// The kernel forwards the first packets of each direction again before they are armed, and
+/// those set MAXACK_SET again: a stale td_maxack would make conntrack ignore the connection's
+/// RST. So connections just offloaded (and marked) are marked liberal once more after arming
+/// (the keep-alive does it for every active connection later on).
+fn remark_after_arming(marker: &Marker, tcp: Vec<CtEntry>) {
+    if tcp.is_empty() {
+        return;
+    }
+    let marker = marker.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(REMARK_LIBERAL_AFTER).await;
+        let _ = marker.send(tcp);
+    });
+}
+
+/// Marks the TCP connections it is sent "be liberal" again (after arming, after a resync),
+/// in order, off the event loop.
 pub async fn mark_liberal(
     shared: Arc<Shared>,
     mut ct: CtNetlink,
     mut to_mark: UnboundedReceiver<Vec<CtEntry>>,
 ) -> anyhow::Result<()> {
     while let Some(batch) = to_mark.recv().await {
-        for e in &batch {
-            liberal(&shared, &mut ct, e).await;
-        }
+        mark(&shared, &mut ct, &batch).await;
     }
     Err(anyhow!("the liberal-marking channel closed"))
+}
+
+/// The TCP connections among `entries` that applying them would offload (newly, or on another
+/// path), each once: to be marked "be liberal" before they are applied.
+pub fn tcp_to_offload<'a>(
+    flows: &FlowManager,
+    entries: impl IntoIterator<Item = &'a CtEntry>,
+    paths: &impl PathOracle,
+) -> Vec<CtEntry> {
+    let mut seen = HashSet::new();
+    entries
+        .into_iter()
+        .filter(|e| e.orig.proto == IPPROTO_TCP && flows.would_add(e, paths) && seen.insert(e.orig))
+        .cloned()
+        .collect()
+}
+
+/// [`tcp_to_offload`] for a batch of events applied in order: a connection destroyed earlier in
+/// the batch is offloaded anew by a later NEW/UPDATE of the same tuple (ports reused).
+pub fn batch_tcp_to_offload(
+    flows: &FlowManager,
+    batch: &[CtEvent],
+    paths: &impl PathOracle,
+) -> Vec<CtEntry> {
+    let (mut gone, mut seen) = (HashSet::new(), HashSet::new());
+    let mut out = Vec::new();
+    for ev in batch {
+        match ev {
+            CtEvent::Destroy(e) => {
+                gone.insert(e.orig);
+            }
+            CtEvent::New(e) | CtEvent::Update(e) => {
+                let adds = if gone.contains(&e.orig) {
+                    flows.would_add_anew(e, paths)
+                } else {
+                    flows.would_add(e, paths)
+                };
+                if e.orig.proto == IPPROTO_TCP && adds && seen.insert(e.orig) {
+                    out.push(e.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Marks `entries` "be liberal" in conntrack (see [`CtUpdate::tcp_liberal`]), pipelined
+/// ([`CtNetlink::update_many`]); connections that could not be marked are counted as errors.
+pub async fn mark(shared: &Shared, ct: &mut CtNetlink, entries: &[CtEntry]) {
+    if entries.is_empty() {
+        return;
+    }
+    let updates: Vec<CtUpdate> = entries
+        .iter()
+        .map(|e| CtUpdate::for_entry(e).tcp_liberal())
+        .collect();
+    let failed = match ct.update_many(&updates).await {
+        Ok(results) => results
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .inspect(|err| debug!(error = %err, "cannot mark TCP connection liberal"))
+            .count(),
+        Err(err) => {
+            debug!(error = %err, "cannot mark TCP connections liberal");
+            updates.len()
+        }
+    };
+    if failed > 0 {
+        shared.lock().ct.errors += failed as u64;
+    }
 }
 
 /// Applies one batch of events in order with routes already looked up. Returns the TCP
@@ -147,8 +235,9 @@ pub fn apply_events<D: crate::flows::FlowTable>(
     newly_tcp
 }
 
-/// Makes the flow maps match a fresh conntrack dump (at start and after an overrun). Returns the
-/// TCP connections to mark "be liberal" (every offloaded one when any was added).
+/// Makes the flow maps match a fresh conntrack dump (at start and after an overrun), marking
+/// the TCP connections it offloads "be liberal" before their flows are written. Returns those
+/// connections (to be marked again after arming).
 pub async fn resync(
     shared: &Shared,
     lookup: &mut RouteLookup,
@@ -172,8 +261,11 @@ pub async fn resync(
         let before = flows.stats().offloaded_total;
         (flows.remove_absent(&present, dp), before)
     };
-    // In chunks, so status, metrics and the other tasks get the lock in between.
+    // In chunks, so status, metrics and the other tasks get the lock in between; the TCP
+    // connections of each chunk are marked liberal before it is applied.
     for chunk in dump.chunks(APPLY_CHUNK) {
+        let marked = tcp_to_offload(&shared.lock().flows, chunk, &paths);
+        mark(shared, ct, &marked).await;
         {
             let mut s = shared.lock();
             let State { dp, flows, .. } = &mut *s;
@@ -212,11 +304,4 @@ pub async fn resync(
         .into_iter()
         .filter(|e| e.orig.proto == IPPROTO_TCP && s.flows.is_offloaded(&e.orig))
         .collect())
-}
-
-async fn liberal(shared: &Shared, ct: &mut CtNetlink, e: &CtEntry) {
-    if let Err(err) = ct.set_tcp_liberal(&e.orig, e.zone).await {
-        debug!(error = %err, "cannot mark TCP connection liberal");
-        shared.lock().ct.errors += 1;
-    }
 }

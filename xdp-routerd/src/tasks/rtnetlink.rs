@@ -14,12 +14,13 @@ use anyhow::anyhow;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{error, info, warn};
 
-use super::APPLY_CHUNK;
+use super::{APPLY_CHUNK, conntrack};
 use crate::{
     paths,
     state::{Shared, State},
     sync::{
         bridge::{self, BridgeRead, BridgeReads},
+        ctnetlink::CtNetlink,
         hooks, qdisc,
         routes::RouteLookup,
         rtnl::{self, RtEvent},
@@ -69,13 +70,21 @@ pub async fn run(
 
 /// Re-checks every offloaded and parked connection each time a revalidation is asked for:
 /// a snapshot (under the lock), its routes looked up (no lock), the answers applied in chunks.
-pub async fn revalidate(shared: Arc<Shared>, mut lookup: RouteLookup) -> anyhow::Result<()> {
+/// Parked TCP connections the new paths let through are marked "be liberal" through `ct`
+/// before their chunk is applied (see [`crate::flows::FlowManager::would_add`]).
+pub async fn revalidate(
+    shared: Arc<Shared>,
+    mut lookup: RouteLookup,
+    mut ct: CtNetlink,
+) -> anyhow::Result<()> {
     loop {
         shared.revalidation_requested().await;
         let snapshot = shared.lock().flows.snapshot();
         let resolved = paths::resolve(&mut lookup, &snapshot).await;
         let (mut removed, mut added) = (0, 0);
         for chunk in snapshot.chunks(APPLY_CHUNK) {
+            let parked = shared.lock().flows.parked_tcp_to_offload(chunk, &resolved);
+            conntrack::mark(&shared, &mut ct, &parked).await;
             let (r, a) = {
                 let mut s = shared.lock();
                 let State { dp, flows, .. } = &mut *s;

@@ -1,0 +1,798 @@
+//! `xdp-router-bench soak`: does any connection get lost while flows churn, routes flap and the
+//! fast path is toggled?
+//!
+//! On the benchmark's testbed with a home router's firewall (IPv4 MASQUERADE, FORWARD policy
+//! DROP with `ESTABLISHED,RELATED` and LAN → WAN accepted), for `--minutes` each, first with
+//! `xdp-routerd` running, then as the control with the kernel alone (no daemon at all: "fast
+//! path off" with the daemon running is not the kernel alone, it leaves offloaded connections
+//! marked liberal in conntrack):
+//! - short TCP connections from the LAN host to the WAN host, IPv4 and IPv6 alternating, at
+//!   `--rate` per second: each sends a request whose bytes are derived from its number, the
+//!   server checks them and echoes them, and closes; the client checks the echo. Failures are
+//!   told apart: reset, refused, timeout, data mismatch;
+//! - long iperf3 streams (IPv4 upload and IPv6 download, rate-limited, back to back);
+//! - a route flap every 10 s (a host route to the WAN host, IPv4 and IPv6, added or deleted:
+//!   the daemon sees a route change, the kernel's path stays the same);
+//! - the fast path switched off and, 2 s later, on again every 30 s (daemon run only).
+//!
+//! It reports connections ok and failed (by kind), the achieved connection rate, iperf3 streams
+//! completed, the daemon's RSS over time, and the flow entries left in the maps after the run
+//! against conntrack's established entries; it fails on any lost connection, any failed stream,
+//! or any leaked flow entry.
+
+use std::{
+    fmt::Write as _,
+    io::{ErrorKind, Read as _, Write as _},
+    net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream},
+    path::PathBuf,
+    process::{Child, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{
+    Opts,
+    netns::{Netns, enter_netns, pin_current_thread},
+    router::{self, Daemon},
+    run::{check_stop, prepare, stopped},
+    testbed::{GEN_CPU, Names, Testbed},
+};
+
+/// Options of `xdp-router-bench soak`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SoakArgs {
+    /// Minutes of each run (fast path, then the kernel-alone control).
+    #[arg(long, default_value_t = 10.0)]
+    minutes: f64,
+    /// Short connections started per second (IPv4 and IPv6 alternating).
+    #[arg(long, default_value_t = 600)]
+    rate: u32,
+    /// Skip the kernel-alone control run.
+    #[arg(long)]
+    no_control: bool,
+    /// Capture the short connections (TCP port 7000, 96-byte snaplen) on the LAN and WAN hosts
+    /// into `<out>/<run>-{lan,wan}.pcap`, to see which packet of a failed connection went
+    /// wrong (≈ 0.5 MB/s per side).
+    #[arg(long)]
+    capture: bool,
+}
+
+/// Port of the short-connection echo server on the WAN host.
+const ECHO_PORT: u16 = 7000;
+/// Ports of the two iperf3 servers on the WAN host.
+const IPERF_PORTS: [u16; 2] = [5211, 5212];
+/// Rate of each iperf3 stream: long-lived flows, not a CPU hog on a 2-core machine.
+const IPERF_RATE: &str = "100M";
+/// Seconds of each iperf3 stream (streams run back to back, across toggles and flaps).
+const IPERF_SECS: u64 = 20;
+/// Client threads opening the short connections.
+const WORKERS: usize = 48;
+/// Connect/read/write timeout of one short connection.
+const CONN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Interval of the route flaps.
+const FLAP_EVERY: Duration = Duration::from_secs(10);
+/// Interval of the fast-path toggles, and how long it stays off each time.
+const TOGGLE_EVERY: Duration = Duration::from_secs(30);
+const TOGGLE_OFF_FOR: Duration = Duration::from_secs(2);
+/// Interval of the daemon RSS samples.
+const RSS_EVERY: Duration = Duration::from_secs(10);
+/// Failures printed in full (the rest are only counted).
+const SHOWN_FAILURES: usize = 20;
+
+/// How a short connection failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failure {
+    Reset,
+    Refused,
+    Timeout,
+    Mismatch,
+    Other,
+}
+
+const FAILURE_KINDS: [(Failure, &str); 5] = [
+    (Failure::Reset, "reset"),
+    (Failure::Refused, "refused"),
+    (Failure::Timeout, "timeout"),
+    (Failure::Mismatch, "data mismatch"),
+    (Failure::Other, "other error"),
+];
+
+fn classify(e: &std::io::Error) -> Failure {
+    match e.kind() {
+        ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe => {
+            Failure::Reset
+        }
+        ErrorKind::ConnectionRefused => Failure::Refused,
+        ErrorKind::TimedOut | ErrorKind::WouldBlock => Failure::Timeout,
+        _ => Failure::Other,
+    }
+}
+
+/// Request of connection `n`: its number, then a length and content derived from it.
+fn request(n: u64) -> Vec<u8> {
+    let len = 16 + (n.wrapping_mul(7919) % 3000) as usize;
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(&n.to_be_bytes());
+    v.extend_from_slice(&(len as u64).to_be_bytes());
+    let mut x = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.push(x as u8);
+    }
+    v
+}
+
+/// Counters of one run's short connections.
+#[derive(Default)]
+struct Conns {
+    started: AtomicU64,
+    ok: AtomicU64,
+    failed: [AtomicU64; 5],
+    /// Server side: requests that arrived wrong, and connections the server saw reset.
+    server_mismatch: AtomicU64,
+    server_reset: AtomicU64,
+    server_other: AtomicU64,
+    shown: Mutex<Vec<String>>,
+}
+
+impl Conns {
+    fn fail(&self, kind: Failure, what: String) {
+        let i = FAILURE_KINDS
+            .iter()
+            .position(|(k, _)| *k == kind)
+            .unwrap_or(4);
+        self.failed[i].fetch_add(1, Ordering::Relaxed);
+        let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
+        if shown.len() < SHOWN_FAILURES {
+            shown.push(what);
+        }
+    }
+
+    fn failed_total(&self) -> u64 {
+        self.failed.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+}
+
+/// One short connection: connect, send the request, half-close, read the echo, compare.
+fn one_connection(n: u64, to: SocketAddr, conns: &Conns, t0: Instant) {
+    let req = request(n);
+    let mut local = None;
+    let res = (|| -> std::io::Result<Result<(), String>> {
+        let mut s = TcpStream::connect_timeout(&to, CONN_TIMEOUT)?;
+        local = s.local_addr().ok();
+        s.set_read_timeout(Some(CONN_TIMEOUT))?;
+        s.set_write_timeout(Some(CONN_TIMEOUT))?;
+        s.write_all(&req)?;
+        s.shutdown(Shutdown::Write)?;
+        let mut back = Vec::with_capacity(req.len());
+        s.read_to_end(&mut back)?;
+        Ok(if back == req {
+            Ok(())
+        } else {
+            Err(format!(
+                "echo of {} bytes differs (got {} bytes)",
+                req.len(),
+                back.len()
+            ))
+        })
+    })();
+    let at = t0.elapsed().as_secs_f64();
+    let who =
+        |local: Option<SocketAddr>| local.map_or_else(|| "(unbound)".to_owned(), |a| a.to_string());
+    match res {
+        Ok(Ok(())) => {
+            conns.ok.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Err(why)) => conns.fail(
+            Failure::Mismatch,
+            format!("t={at:.1}s #{n} {} -> {to}: {why}", who(local)),
+        ),
+        Err(e) => {
+            let kind = classify(&e);
+            conns.fail(kind, format!("t={at:.1}s #{n} {} -> {to}: {e}", who(local)));
+        }
+    }
+}
+
+/// Server side of one connection: read the whole request, check it, echo it, close.
+fn serve(mut s: TcpStream, conns: &Conns) {
+    let res = (|| -> std::io::Result<bool> {
+        s.set_read_timeout(Some(CONN_TIMEOUT))?;
+        s.set_write_timeout(Some(CONN_TIMEOUT))?;
+        let mut buf = Vec::with_capacity(4096);
+        s.read_to_end(&mut buf)?;
+        let n = buf
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_be_bytes);
+        let good = n.is_some_and(|n| buf == request(n));
+        s.write_all(&buf)?;
+        Ok(good)
+    })();
+    match res {
+        Ok(true) => {}
+        Ok(false) => {
+            conns.server_mismatch.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) if classify(&e) == Failure::Reset => {
+            conns.server_reset.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(_) => {
+            conns.server_other.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The echo servers on the WAN host (IPv4 and IPv6), one thread per connection.
+fn start_servers(wan: &Netns, conns: &Arc<Conns>, stop: &Arc<AtomicBool>) -> Result<()> {
+    for addr in ["10.0.2.2", "fd00:2::2"] {
+        let ip: IpAddr = addr.parse().context("server address")?;
+        let path = wan.path();
+        let (conns, stop) = (conns.clone(), stop.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let listener = (|| -> Result<TcpListener> {
+                enter_netns(&path)?;
+                pin_current_thread(GEN_CPU)?;
+                let l = TcpListener::bind(SocketAddr::new(ip, ECHO_PORT))
+                    .with_context(|| format!("binding the echo server to {ip}"))?;
+                l.set_nonblocking(true)?;
+                Ok(l)
+            })();
+            let listener = match listener {
+                Ok(l) => {
+                    let _ = tx.send(Ok(()));
+                    l
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            while !stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        let _ = s.set_nonblocking(false);
+                        let conns = conns.clone();
+                        // Threads spawned here inherit the namespace and the CPU pin.
+                        thread::spawn(move || serve(s, &conns));
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        thread::sleep(Duration::from_micros(500));
+                    }
+                    Err(_) => {
+                        conns.server_other.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+        rx.recv().context("echo server thread")??;
+    }
+    Ok(())
+}
+
+/// The connection generator: `WORKERS` threads in the LAN host, connection `n` due at
+/// `n / rate` seconds after the start (started late when every worker is busy: the achieved
+/// rate is what the report prints).
+fn start_clients(
+    lan: &Netns,
+    rate: u32,
+    until: Instant,
+    conns: &Arc<Conns>,
+) -> Vec<thread::JoinHandle<()>> {
+    let next = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let v4: SocketAddr = SocketAddr::new(IpAddr::from([10, 0, 2, 2]), ECHO_PORT);
+    let v6: SocketAddr = SocketAddr::new(IpAddr::from([0xfd00, 2, 0, 0, 0, 0, 0, 2u16]), ECHO_PORT);
+    (0..WORKERS)
+        .map(|_| {
+            let (path, conns, next) = (lan.path(), conns.clone(), next.clone());
+            thread::spawn(move || {
+                if enter_netns(&path).is_err() || pin_current_thread(GEN_CPU).is_err() {
+                    conns.fail(Failure::Other, "client thread setup failed".into());
+                    return;
+                }
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    let due = t0 + Duration::from_secs_f64(n as f64 / f64::from(rate));
+                    if due >= until || stopped() {
+                        return;
+                    }
+                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                        thread::sleep(wait);
+                    }
+                    conns.started.fetch_add(1, Ordering::Relaxed);
+                    one_connection(n, if n % 2 == 0 { v4 } else { v6 }, &conns, t0);
+                }
+            })
+        })
+        .collect()
+}
+
+/// iperf3 streams: one client loop per stream, back to back until `until`.
+struct Streams {
+    completed: AtomicU64,
+    failed: AtomicU64,
+    errors: Mutex<Vec<String>>,
+}
+
+fn start_streams(
+    lan: &Netns,
+    wan: &Netns,
+    until: Instant,
+    streams: &Arc<Streams>,
+) -> Result<(Vec<Child>, Vec<thread::JoinHandle<()>>)> {
+    let mut servers = Vec::new();
+    for port in IPERF_PORTS {
+        servers.push(
+            wan.command("iperf3")
+                .args(["-s", "-p", &port.to_string(), "-A", &GEN_CPU.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting iperf3 (install iperf3)")?,
+        );
+    }
+    thread::sleep(Duration::from_millis(300));
+    let clients = [
+        ("10.0.2.2", IPERF_PORTS[0], false),
+        ("fd00:2::2", IPERF_PORTS[1], true),
+    ];
+    let mut loops = Vec::new();
+    for (addr, port, reverse) in clients {
+        let lan_name = lan.name().to_owned();
+        let streams = streams.clone();
+        loops.push(thread::spawn(move || {
+            loop {
+                let left = until.saturating_duration_since(Instant::now()).as_secs();
+                if left < 2 || stopped() {
+                    return;
+                }
+                let secs = left.min(IPERF_SECS).to_string();
+                let mut c = std::process::Command::new("ip");
+                c.args(["netns", "exec", &lan_name, "iperf3", "-c", addr])
+                    .args(["-p", &port.to_string(), "-t", &secs, "-b", IPERF_RATE])
+                    .args(["-A", &GEN_CPU.to_string(), "-J"]);
+                if reverse {
+                    c.arg("-R");
+                }
+                let ok = match c.output() {
+                    Ok(out) if out.status.success() => Ok(()),
+                    Ok(out) => Err(String::from_utf8_lossy(&out.stdout)
+                        .lines()
+                        .find(|l| l.contains("\"error\""))
+                        .unwrap_or("(no error message)")
+                        .trim()
+                        .to_owned()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match ok {
+                    Ok(()) => streams.completed.fetch_add(1, Ordering::Relaxed),
+                    Err(e) => {
+                        streams
+                            .errors
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(format!("iperf3 -c {addr}: {e}"));
+                        streams.failed.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+            }
+        }));
+    }
+    Ok((servers, loops))
+}
+
+/// Resident set size of process `pid`, KiB.
+fn rss_kib(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Conntrack entries of the router by (family, state) that the fast path could carry
+/// (ESTABLISHED TCP, ASSURED UDP), and all entries.
+fn conntrack_counts(rtr: &Netns) -> Result<(u64, u64)> {
+    let out = rtr
+        .sh("conntrack -L 2>/dev/null")
+        .context("listing conntrack (install conntrack)")?;
+    let all = out.lines().count() as u64;
+    let offloadable = out
+        .lines()
+        .filter(|l| {
+            (l.starts_with("tcp") && l.contains(" ESTABLISHED "))
+                || (l.starts_with("udp") && l.contains("[ASSURED]"))
+        })
+        .count() as u64;
+    Ok((offloadable, all))
+}
+
+/// One run's result.
+struct RunResult {
+    label: &'static str,
+    secs: f64,
+    started: u64,
+    ok: u64,
+    failed: [u64; 5],
+    server: (u64, u64, u64),
+    shown: Vec<String>,
+    streams_ok: u64,
+    streams_failed: u64,
+    stream_errors: Vec<String>,
+    flaps: u64,
+    toggles: u64,
+    rss: Vec<(u64, u64)>,
+    flows_after: Option<(u64, u64)>,
+    ct_after: (u64, u64),
+    reasons: String,
+}
+
+impl RunResult {
+    fn lost(&self) -> u64 {
+        self.failed.iter().sum::<u64>() + self.server.0 + self.server.1
+    }
+
+    fn leaked(&self) -> u64 {
+        self.flows_after
+            .map_or(0, |(v4, v6)| (v4 + v6).saturating_sub(2 * self.ct_after.0))
+    }
+}
+
+/// One run on a fresh testbed: with the daemon (`daemon` = its binary) or the kernel alone.
+fn run_one(daemon_bin: Option<&PathBuf>, out: &std::path::Path, a: &SoakArgs) -> Result<RunResult> {
+    let label = if daemon_bin.is_some() {
+        "fast path (xdp-routerd)"
+    } else {
+        "kernel alone (no daemon)"
+    };
+    eprintln!("soak: {label}: {:.1} min at {}/s", a.minutes, a.rate);
+    let tb = Testbed::create(Names::bench())?;
+    let Names { rl, rw, .. } = tb.names.clone();
+    router::apply_home_router(&tb.rtr, &rl, &rw)?;
+    let daemon = match daemon_bin {
+        Some(bin) => Some(Daemon::start(
+            bin,
+            &tb.rtr,
+            &out.join("daemon"),
+            &rl,
+            &rw,
+            false,
+        )?),
+        None => None,
+    };
+    let mut captures = Vec::new();
+    if a.capture {
+        let tag = if daemon_bin.is_some() {
+            "fastpath"
+        } else {
+            "kernel"
+        };
+        for (ns, dev, side) in [(&tb.lan, "l0", "lan"), (&tb.wan, "w0", "wan")] {
+            let file = out.join(format!("{tag}-{side}.pcap"));
+            captures.push(
+                ns.command("tcpdump")
+                    .args(["-i", dev, "-s", "96", "-U", "-w"])
+                    .arg(&file)
+                    .args(["tcp", "port", &ECHO_PORT.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .context("starting tcpdump (install tcpdump)")?,
+            );
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
+    let conns = Arc::new(Conns::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    start_servers(&tb.wan, &conns, &stop)?;
+    let dur = Duration::from_secs_f64(a.minutes * 60.0);
+    let t0 = Instant::now();
+    let until = t0 + dur;
+    let streams = Arc::new(Streams {
+        completed: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
+        errors: Mutex::new(Vec::new()),
+    });
+    let (mut iperf_servers, stream_loops) = start_streams(&tb.lan, &tb.wan, until, &streams)?;
+    let clients = start_clients(&tb.lan, a.rate, until, &conns);
+
+    // The churn: route flaps, fast-path toggles, RSS samples, until the end.
+    let mut flaps = 0u64;
+    let mut toggles = 0u64;
+    let mut rss = Vec::new();
+    let (mut next_flap, mut next_toggle, mut next_rss) = (FLAP_EVERY, TOGGLE_EVERY, Duration::ZERO);
+    let mut back_on: Option<Duration> = None;
+    let mut host_route = false;
+    let mut err = None;
+    while t0.elapsed() < dur && err.is_none() {
+        if check_stop().is_err() {
+            err = Some(anyhow::anyhow!("interrupted"));
+            break;
+        }
+        let now = t0.elapsed();
+        let step = (|| -> Result<()> {
+            if now >= next_flap {
+                let op = if host_route { "del" } else { "add" };
+                tb.rtr.sh(&format!(
+                    "ip route {op} 10.0.2.2/32 dev {rw} && ip -6 route {op} fd00:2::2/128 dev {rw}"
+                ))?;
+                host_route = !host_route;
+                flaps += 1;
+                next_flap += FLAP_EVERY;
+            }
+            if let Some(d) = &daemon {
+                if now >= next_toggle {
+                    d.set_fastpath(false)?;
+                    back_on = Some(now + TOGGLE_OFF_FOR);
+                    next_toggle += TOGGLE_EVERY;
+                }
+                if back_on.is_some_and(|t| now >= t) {
+                    d.set_fastpath(true)?;
+                    back_on = None;
+                    toggles += 1;
+                }
+                if now >= next_rss {
+                    if let Some(kib) = rss_kib(d.pid()) {
+                        rss.push((now.as_secs(), kib));
+                    }
+                    next_rss += RSS_EVERY;
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = step {
+            err = Some(e);
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    if let Some(d) = &daemon
+        && back_on.is_some()
+    {
+        d.set_fastpath(true)?;
+        toggles += 1;
+    }
+    for c in clients {
+        let _ = c.join();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    for l in stream_loops {
+        let _ = l.join();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for s in &mut iperf_servers {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    for c in &mut captures {
+        // SIGTERM: tcpdump flushes and closes its file.
+        if let Ok(pid) = i32::try_from(c.id()) {
+            // SAFETY: kill(2) on our own unreaped child.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let _ = c.wait();
+    }
+    if let Some(e) = err {
+        return Err(e.context(format!("soak run {label}")));
+    }
+
+    // Flows left: every connection has ended, so no flow entry may remain beyond conntrack's
+    // established entries (the daemon gets a few seconds to see the last events).
+    let mut flows_after = None;
+    let mut ct_after = conntrack_counts(&tb.rtr)?;
+    let mut reasons = String::new();
+    if let Some(d) = &daemon {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let st = d.status()?;
+            ct_after = conntrack_counts(&tb.rtr)?;
+            flows_after = Some((st.flows_v4, st.flows_v6));
+            reasons = st.summary();
+            if st.flows_v4 + st.flows_v6 <= 2 * ct_after.0 || Instant::now() > deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(500));
+        }
+        if let Some(kib) = rss_kib(d.pid()) {
+            rss.push((secs as u64, kib));
+        }
+        if flows_after.is_some_and(|(v4, v6)| v4 + v6 > 2 * ct_after.0) {
+            // Leaked entries: keep what the daemon and conntrack say about them.
+            let flows = d.flows_text().unwrap_or_else(|e| format!("{e:#}"));
+            let ct = tb
+                .rtr
+                .sh("conntrack -L 2>&1")
+                .unwrap_or_else(|e| format!("{e:#}"));
+            let _ = std::fs::write(out.join("leaked-flows.txt"), &flows);
+            let _ = std::fs::write(out.join("conntrack-after.txt"), &ct);
+            eprintln!(
+                "soak: flow entries left after the run ({} and {} saved):\n{}",
+                out.join("leaked-flows.txt").display(),
+                out.join("conntrack-after.txt").display(),
+                flows.lines().take(12).collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+    if let Some(d) = daemon {
+        d.stop()?;
+    }
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let r = RunResult {
+        label,
+        secs,
+        started: load(&conns.started),
+        ok: load(&conns.ok),
+        failed: std::array::from_fn(|i| load(&conns.failed[i])),
+        server: (
+            load(&conns.server_mismatch),
+            load(&conns.server_reset),
+            load(&conns.server_other),
+        ),
+        shown: conns
+            .shown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone(),
+        streams_ok: load(&streams.completed),
+        streams_failed: load(&streams.failed),
+        stream_errors: streams
+            .errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone(),
+        flaps,
+        toggles,
+        rss,
+        flows_after,
+        ct_after,
+        reasons,
+    };
+    debug_assert_eq!(r.started, r.ok + conns.failed_total());
+    Ok(r)
+}
+
+/// Runs the soak (both runs unless `--no-control`), prints the report, and fails on any lost
+/// connection, failed stream or leaked flow.
+pub fn run(o: &Opts, a: &SoakArgs) -> Result<()> {
+    if a.minutes.is_nan() || a.minutes <= 0.0 || a.rate == 0 {
+        bail!("--minutes and --rate must be positive");
+    }
+    prepare()?;
+    let bin = router::locate_daemon(o.daemon.as_deref(), true)?;
+    let out = o.out.clone().unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/bench")
+            .join(format!("soak-{}", std::process::id()))
+    });
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let mut runs = vec![run_one(Some(&bin), &out, a)?];
+    if !a.no_control {
+        check_stop()?;
+        runs.push(run_one(None, &out, a)?);
+    }
+    let report = report(&runs, a);
+    print!("{report}");
+    let _ = std::fs::write(out.join("soak.md"), &report);
+    let bad: Vec<String> = runs
+        .iter()
+        .filter(|r| r.lost() > 0 || r.streams_failed > 0 || r.leaked() > 0)
+        .map(|r| r.label.to_owned())
+        .collect();
+    if !bad.is_empty() {
+        bail!(
+            "connections lost, streams failed or flows leaked in: {}",
+            bad.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn report(runs: &[RunResult], a: &SoakArgs) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\n## Soak: short TCP connections at {}/s requested (IPv4 + IPv6), 2 iperf3 streams \
+         at {IPERF_RATE}bit/s, route flap every {} s, fast path off/on every {} s; {:.1} min \
+         per run\n",
+        a.rate,
+        FLAP_EVERY.as_secs(),
+        TOGGLE_EVERY.as_secs(),
+        a.minutes
+    );
+    let _ = write!(s, "| | ");
+    for r in runs {
+        let _ = write!(s, "{} | ", r.label);
+    }
+    let _ = write!(s, "\n|---|");
+    for _ in runs {
+        let _ = write!(s, "---|");
+    }
+    s.push('\n');
+    let mut row = |name: &str, f: &dyn Fn(&RunResult) -> String| {
+        let _ = write!(s, "| {name} | ");
+        for r in runs {
+            let _ = write!(s, "{} | ", f(r));
+        }
+        s.push('\n');
+    };
+    row("connections started", &|r| r.started.to_string());
+    row("achieved rate, conn/s", &|r| {
+        format!("{:.0}", r.started as f64 / r.secs.max(1e-9))
+    });
+    row("connections ok", &|r| r.ok.to_string());
+    for (i, (_, name)) in FAILURE_KINDS.iter().enumerate() {
+        row(&format!("failed: {name}"), &|r| r.failed[i].to_string());
+    }
+    row("server saw: bad request / reset / other", &|r| {
+        format!("{} / {} / {}", r.server.0, r.server.1, r.server.2)
+    });
+    row("iperf3 streams completed / failed", &|r| {
+        format!("{} / {}", r.streams_ok, r.streams_failed)
+    });
+    row("route flaps / fast-path toggles", &|r| {
+        format!("{} / {}", r.flaps, r.toggles)
+    });
+    row("daemon RSS, MiB (every 10 s)", &|r| {
+        if r.rss.is_empty() {
+            "—".into()
+        } else {
+            r.rss
+                .iter()
+                .map(|(_, k)| format!("{:.1}", *k as f64 / 1024.0))
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+    });
+    row(
+        "flow entries left (v4 + v6) / conntrack established",
+        &|r| match r.flows_after {
+            Some((v4, v6)) => format!("{} / {}", v4 + v6, r.ct_after.0),
+            None => format!("— / {}", r.ct_after.0),
+        },
+    );
+    row("conntrack entries after the run (all states)", &|r| {
+        r.ct_after.1.to_string()
+    });
+    for r in runs {
+        if !r.reasons.is_empty() {
+            let _ = writeln!(s, "\n{}: datapath counters: {}", r.label, r.reasons);
+        }
+        for f in &r.shown {
+            let _ = writeln!(s, "{}: failed: {f}", r.label);
+        }
+        for e in &r.stream_errors {
+            let _ = writeln!(s, "{}: stream failed: {e}", r.label);
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_distinct_and_self_describing() {
+        let a = request(1);
+        let b = request(2);
+        assert_ne!(a, b);
+        assert_eq!(u64::from_be_bytes(a[..8].try_into().unwrap()), 1);
+        assert_eq!(
+            u64::from_be_bytes(a[8..16].try_into().unwrap()),
+            a.len() as u64
+        );
+        assert!((16..3016).contains(&request(12345).len()));
+    }
+}
