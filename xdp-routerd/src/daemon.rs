@@ -490,7 +490,9 @@ pub async fn run_with(
     let listener = control::bind(&socket)?;
     let _socket_guard = RemoveOnDrop(socket.clone());
 
-    let mut dp = Datapath::load(config.flow_capacity)?;
+    let (capacity, source) = config.flow_capacity();
+    info!(capacity, source = ?source, "flow map capacity (directions per family)");
+    let mut dp = Datapath::load(capacity)?;
     // Subscribe before reading qdiscs and dumping conntrack so nothing that happens in between
     // is lost.
     let rt_events = rtnl::subscribe().context("cannot subscribe to rtnetlink events")?;
@@ -788,7 +790,7 @@ async fn keepalive_loop(
                 error!(error = %e, "cannot update the checksum setting");
             }
             let State { dp, flows, .. } = &mut *s;
-            flows.active_since_last_pass(dp)
+            flows.active_since_last_pass(dp, monotonic_ns())
         };
         let mut refreshed = 0u64;
         let mut errors = 0u64;
@@ -800,7 +802,7 @@ async fn keepalive_loop(
             // TCP: re-mark it liberal in the same message. Packets the kernel saw since the
             // last pass (handshake stragglers, shaped egress) set MAXACK_SET again, and a stale
             // td_maxack would make conntrack ignore the connection's RST.
-            let mut update = CtUpdate::for_entry(&e).timeout(secs);
+            let mut update = CtUpdate::new(e.orig, e.zone).timeout(secs);
             if e.orig.proto == IPPROTO_TCP {
                 update = update.tcp_liberal();
             }
