@@ -5,6 +5,7 @@
 //! `xdp-router-bench quick`; `cargo xtask lab` runs `xdp-router-bench lab`. See
 //! docs/benchmarks.md.
 mod cpu;
+mod ctwrite;
 mod demo;
 mod lab;
 mod latency;
@@ -14,6 +15,7 @@ mod packet;
 mod report;
 mod router;
 mod run;
+mod scale;
 mod search;
 mod tcp;
 mod testbed;
@@ -44,6 +46,10 @@ enum Mode {
     /// The README's demo (< 1 min): a home router running `xdp-routerd` with the example config,
     /// 64-byte UDP and an iperf3 TCP transfer with the fast path off, then on, side by side.
     Lab(demo::LabArgs),
+    /// Internet-sized tables (≈ 15 min; `--small` ≈ 2 min, run by `cargo xtask test`): a full
+    /// BGP table in the FIB, a million conntrack entries at daemon start, fast-path rate with
+    /// the full table vs 10 routes. Fails when a check is missed.
+    Scale(scale::ScaleArgs),
 }
 
 /// Options of both modes (quick mode changes the defaults of the unset ones).
@@ -126,6 +132,13 @@ fn main() {
     if let Some(Mode::Lab(args)) = &cli.mode {
         if let Err(e) = demo::run(&cli.opts, args) {
             eprintln!("xdp-router-bench lab: error: {e:#}");
+            std::process::exit(if run::stopped() { 130 } else { 1 });
+        }
+        return;
+    }
+    if let Some(Mode::Scale(args)) = &cli.mode {
+        if let Err(e) = scale::run(&cli.opts, args) {
+            eprintln!("xdp-router-bench scale: error: {e:#}");
             std::process::exit(if run::stopped() { 130 } else { 1 });
         }
         return;

@@ -213,6 +213,8 @@ pub struct Status {
     pub flows_v4: u64,
     /// Offloaded IPv6 flow entries.
     pub flows_v6: u64,
+    /// Capacity of each flow map (directions).
+    pub capacity: u64,
     /// Packets per datapath reason, summed over interfaces.
     pub reasons: Vec<(String, u64)>,
 }
@@ -230,6 +232,7 @@ impl Status {
         let flows_v6 = v["flows"]["ipv6"]
             .as_u64()
             .context("status has no flows.ipv6")?;
+        let capacity = v["flows"]["capacity"].as_u64().unwrap_or(0);
         let mut reasons: Vec<(String, u64)> = Vec::new();
         for c in v["counters"].as_array().into_iter().flatten() {
             let (Some(reason), Some(packets)) = (c["reason"].as_str(), c["packets"].as_u64())
@@ -245,6 +248,7 @@ impl Status {
             fastpath,
             flows_v4,
             flows_v6,
+            capacity,
             reasons,
         })
     }
@@ -324,6 +328,18 @@ impl Daemon {
     /// `status`. It runs in its own process group: a Ctrl-C reaches the benchmark, which then
     /// stops the daemon in order (SIGTERM, detach) while tearing the testbed down.
     pub fn start_with_config(bin: &Path, rtr: &Netns, config: &Path, dir: &Path) -> Result<Daemon> {
+        Daemon::start_waiting(bin, rtr, config, dir, Duration::from_secs(15))
+    }
+
+    /// [`Daemon::start_with_config`], waiting up to `wait` for the first `status` answer (the
+    /// daemon answers once its conntrack resync is done: long with a million entries).
+    pub fn start_waiting(
+        bin: &Path,
+        rtr: &Netns,
+        config: &Path,
+        dir: &Path,
+        wait: Duration,
+    ) -> Result<Daemon> {
         use std::os::unix::process::CommandExt as _;
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let socket = dir.join("control.sock");
@@ -352,7 +368,7 @@ impl Daemon {
             socket,
             log,
         };
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + wait;
         loop {
             if let Some(st) = d.child.try_wait()? {
                 bail!(
@@ -364,13 +380,19 @@ impl Daemon {
                 Ok(_) => return Ok(d),
                 Err(e) if Instant::now() > deadline => {
                     bail!(
-                        "xdp-routerd does not answer `status` after 15 s ({e:#}); log: {}",
+                        "xdp-routerd does not answer `status` after {} s ({e:#}); log: {}",
+                        wait.as_secs(),
                         d.log_tail()
                     )
                 }
                 Err(_) => thread::sleep(Duration::from_millis(100)),
             }
         }
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     fn log_tail(&self) -> String {

@@ -1,5 +1,5 @@
 //! `cargo xtask test`: unit tests, the release daemon build, the privileged tests (as root, one
-//! thread) and the quick benchmark; then a summary. Exits non-zero when any step failed.
+//! thread), the quick benchmark and the small scale benchmark; then a summary. Exits non-zero when any step failed.
 
 use std::{fmt::Write as _, fs, path::PathBuf, time::Instant};
 
@@ -13,7 +13,7 @@ pub struct TestArgs {
     /// Skip the unprivileged unit tests.
     #[arg(long)]
     no_unit: bool,
-    /// Skip the quick benchmark.
+    /// Skip the quick and the small scale benchmarks.
     #[arg(long)]
     no_bench: bool,
     /// Extra arguments for the privileged test binaries, e.g. a test-name filter.
@@ -137,6 +137,21 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
                 workspace::BENCH_PACKAGE,
                 "--",
                 "quick",
+            ]);
+            cmd::run(&mut c)
+        }));
+        // Regression checks at 50 k routes and 50 k conntrack entries (≈ 1 min): offload time,
+        // keep-alive CPU with no traffic, daemon RSS, no flow left after conntrack -F.
+        steps.push(timed("scale benchmark (small)", || {
+            let mut c = cmd::cargo();
+            c.args([
+                "run",
+                "--release",
+                "-p",
+                workspace::BENCH_PACKAGE,
+                "--",
+                "scale",
+                "--small",
             ]);
             cmd::run(&mut c)
         }));
