@@ -4,8 +4,9 @@
 //!   into and withdrawn from the router's FIB while `xdp-routerd` runs: its CPU while routes
 //!   change, the time it takes to go quiet after the last change, its CPU when routes are quiet,
 //!   its peak RSS; and the fast path's packet rate with the full table against a 10-route table
-//!   (flat-out trials before, with and after the table, side by side in one run; the FIB cache
-//!   is off so that every packet takes a full `bpf_fib_lookup`).
+//!   (both loaded, as routing tables 100 and 101; an `ip rule` picks one, alternating round by
+//!   round in one run; the FIB cache is off so that every packet takes a full
+//!   `bpf_fib_lookup`).
 //! - Flows: 1,000,000 established conntrack entries created through ctnetlink before the
 //!   daemon starts: time until every one is offloaded, RSS, the kernel memory of the flow maps
 //!   (`memlock` of the daemon's map fds), the daemon's CPU with no traffic (keep-alive passes);
@@ -342,18 +343,57 @@ fn settle(pid: u32, limit: Duration) -> Result<Option<Duration>> {
     Ok(None)
 }
 
-/// Flat-out fast-path upload rate (64-byte IPv4 frames) with the current table.
-fn fastpath_pps(tb: &mut Testbed) -> Result<f64> {
+/// Routing table of the full table (and the testbed's WAN subnet).
+const FULL_TABLE: u32 = 100;
+/// Routing table of 10 routes (and the testbed's WAN subnet).
+const SMALL_TABLE: u32 = 101;
+
+/// Makes the router look up `table` first (`ip rule` at preference 100). The kernel and the
+/// fast path (whose `bpf_fib_lookup` goes through the rules) then both route by it.
+fn use_table(rtr: &Netns, table: u32) -> Result<()> {
+    rtr.sh(&format!(
+        "ip rule del pref 100 2>/dev/null; ip -6 rule del pref 100 2>/dev/null; \
+         ip rule add pref 100 lookup {table} && ip -6 rule add pref 100 lookup {table}"
+    ))?;
+    Ok(())
+}
+
+/// Flat-out fast-path upload rates (64-byte IPv4 frames) with the 10-route and the full table,
+/// interleaved round by round (the machine's load changes between rounds, not within one).
+fn compare_tables(tb: &mut Testbed, rounds: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     let spec = tb.spec(StreamPath::Upload, Family::Ipv4, 64, 64, false);
-    // A short warm-up first: the first packets of each flow after a pause take the kernel path
-    // until their direction is armed again, and the caches are cold.
-    tb.trial(StreamPath::Upload, &spec, None, Duration::from_millis(200))?;
-    let mut best: f64 = 0.0;
-    for _ in 0..3 {
-        let t = tb.trial(StreamPath::Upload, &spec, None, Duration::from_millis(500))?;
-        best = best.max(t.delivered_pps);
+    let (mut small, mut full) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Alternate which table goes first.
+        let order = if round % 2 == 0 {
+            [SMALL_TABLE, FULL_TABLE]
+        } else {
+            [FULL_TABLE, SMALL_TABLE]
+        };
+        for table in order {
+            run::check_stop()?;
+            use_table(&tb.rtr, table)?;
+            // A short warm-up first: caches are cold after the switch.
+            tb.trial(StreamPath::Upload, &spec, None, Duration::from_millis(100))?;
+            let t = tb.trial(StreamPath::Upload, &spec, None, Duration::from_millis(400))?;
+            if table == FULL_TABLE {
+                full.push(t.delivered_pps);
+            } else {
+                small.push(t.delivered_pps);
+            }
+        }
     }
-    Ok(best)
+    Ok((small, full))
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 #[expect(
@@ -377,13 +417,26 @@ fn routes_part(
     let daemon = Daemon::start_with_config(bin, &tb.rtr, &cfg, &dir)?;
     let pid = daemon.pid();
     run::prime(tb, Some(&daemon), Family::Ipv4, 64, false)?;
-    let pps_small_before = fastpath_pps(tb)?;
+    // Both tables hold the testbed's WAN subnet, so the benchmark stream is routed by either.
+    let rw = tb.names.rw.clone();
+    tb.rtr.sh(&format!(
+        "ip route add 10.0.2.0/24 dev {rw} table {FULL_TABLE} && \
+         ip -6 route add fd00:2::/64 dev {rw} table {FULL_TABLE} && \
+         ip route add 10.0.2.0/24 dev {rw} table {SMALL_TABLE} && \
+         ip -6 route add fd00:2::/64 dev {rw} table {SMALL_TABLE} && \
+         for i in 1 2 3 4 5 6 7 8 9; do \
+         ip route add 172.16.$i.0/24 via 10.0.2.2 table {SMALL_TABLE} || exit 1; done"
+    ))?;
+    use_table(&tb.rtr, SMALL_TABLE)?;
     let (t4, t6) = table(v4, v6);
     let base = sample(pid)?;
     let add = t4
         .iter()
-        .map(|p| format!("route add {p} via 10.0.2.2"))
-        .chain(t6.iter().map(|p| format!("route add {p} via fd00:2::2")));
+        .map(|p| format!("route add {p} via 10.0.2.2 table {FULL_TABLE}"))
+        .chain(
+            t6.iter()
+                .map(|p| format!("route add {p} via fd00:2::2 table {FULL_TABLE}")),
+        );
     let took = ip_batch(&tb.rtr, add)?;
     let after_add = sample(pid)?;
     let settled = settle(pid, Duration::from_secs(60))?;
@@ -427,11 +480,15 @@ fn routes_part(
         "< 1 %".into(),
         quiet_cpu < 1.0,
     );
-    let pps_full = fastpath_pps(tb)?;
+    let (pps_small, pps_full) = compare_tables(tb, if small { 3 } else { 6 })?;
+    use_table(&tb.rtr, SMALL_TABLE)?;
     let del = t4
         .iter()
-        .map(|p| format!("route del {p} via 10.0.2.2"))
-        .chain(t6.iter().map(|p| format!("route del {p} via fd00:2::2")));
+        .map(|p| format!("route del {p} via 10.0.2.2 table {FULL_TABLE}"))
+        .chain(
+            t6.iter()
+                .map(|p| format!("route del {p} via fd00:2::2 table {FULL_TABLE}")),
+        );
     let before_del = sample(pid)?;
     let took_del = ip_batch(&tb.rtr, del)?;
     let after_del = sample(pid)?;
@@ -457,24 +514,31 @@ fn routes_part(
             peak.hwm_kib as f64 / 1024.0
         ),
     );
-    let pps_small_after = fastpath_pps(tb)?;
-    let pps_small = (pps_small_before + pps_small_after) / 2.0;
-    let ratio = pps_full / pps_small.max(1.0);
+    let (m_small, m_full) = (median(&pps_small), median(&pps_full));
+    let ratio = m_full / m_small.max(1.0);
+    let kpps = |v: &[f64]| {
+        v.iter()
+            .map(|p| format!("{:.0}", p / 1e3))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     report.check(
-        "fast-path pps, full table / 10 routes (64 B IPv4, FIB cache off)",
+        "fast-path rate, full table / 10 routes (64 B IPv4 flat out, FIB cache off)",
         format!(
-            "{:.0} / {:.0} pps = {:.0} % (10-route runs before and after: {:.0}, {:.0})",
-            pps_full,
-            pps_small,
+            "median {:.0} / {:.0} Kpps = {:.0} % (rounds, Kpps: full {}; 10 routes {})",
+            m_full / 1e3,
+            m_small / 1e3,
             100.0 * ratio,
-            pps_small_before,
-            pps_small_after
+            kpps(&pps_full),
+            kpps(&pps_small)
         ),
         // The small table is not big enough to slow a lookup measurably; the bound there
         // only catches a broken fast path under the test suite's noise.
         if small { "≥ 50 %" } else { "≥ 80 %" }.into(),
         ratio >= if small { 0.5 } else { 0.8 },
     );
+    tb.rtr
+        .sh("ip rule del pref 100; ip -6 rule del pref 100; true")?;
     daemon.stop()
 }
 
@@ -599,7 +663,8 @@ fn flows_part(
     let pid = daemon.pid();
     let deadline = Duration::from_secs(if small { 120 } else { 600 });
     let offload_s = loop {
-        let st = daemon.status()?;
+        // An error is a busy daemon (see below): asked again.
+        let st = daemon.status().unwrap_or_default();
         if st.flows_v4 >= 2 * v4 && st.flows_v6 >= 2 * v6 {
             break Some(t0.elapsed());
         }
@@ -664,21 +729,22 @@ fn flows_part(
     let flushed = Instant::now();
     router::flush_conntrack(&tb.rtr)?;
     let leaked = loop {
-        let st = daemon.status()?;
-        let left = st.flows_v4 + st.flows_v6;
-        if left == 0 || flushed.elapsed() > Duration::from_secs(120) {
+        // The daemon may be too busy with a million DESTROY events to answer within the
+        // client's timeout: that is not a leak, ask again.
+        let left = daemon.status().ok().map(|st| st.flows_v4 + st.flows_v6);
+        if left == Some(0) || flushed.elapsed() > Duration::from_secs(300) {
             break left;
         }
         thread::sleep(Duration::from_millis(200));
     };
     report.check(
         "flow entries left after conntrack -F",
-        format!(
-            "{leaked} ({:.1} s to empty)",
-            flushed.elapsed().as_secs_f64()
-        ),
+        match leaked {
+            Some(n) => format!("{n} ({:.1} s to empty)", flushed.elapsed().as_secs_f64()),
+            None => "no status answer within 300 s".into(),
+        },
         "0".into(),
-        leaked == 0,
+        leaked == Some(0),
     );
     daemon.stop()
 }

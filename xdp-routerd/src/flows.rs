@@ -570,9 +570,19 @@ impl FlowManager {
             self.remove(k, table);
         }
         let n = dump.len();
+        // Sized once for the dump instead of doubling through it: each doubling leaves the
+        // previous table behind as freed heap the process keeps.
+        let v4 = dump.iter().filter(|e| e.orig.is_ipv4()).count();
+        self.conns_v4
+            .0
+            .reserve(v4.saturating_sub(self.conns_v4.0.len()));
+        self.conns_v6
+            .0
+            .reserve((n - v4).saturating_sub(self.conns_v6.0.len()));
         for e in dump {
             self.upsert(e, table, paths);
         }
+        release_freed_memory();
         (stale.len(), n)
     }
 
@@ -641,6 +651,18 @@ impl FlowManager {
             return Err(Skip::NatAddressGone);
         }
         Ok(Plan::new(orig, reply, ingress_orig, ingress_reply))
+    }
+}
+
+/// Hands the heap memory freed after a big dump (its entries, the manager's grown tables) back
+/// to the kernel. glibc keeps freed heap chunks below its (adaptive, up to 32 MiB) mmap
+/// threshold for reuse, so without this a resync of a million entries leaves the daemon's RSS
+/// at its peak for good.
+fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory; no pointer is involved.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
