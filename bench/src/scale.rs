@@ -376,6 +376,16 @@ fn compare_tables(tb: &mut Testbed, rounds: usize) -> Result<(Vec<f64>, Vec<f64>
             // A short warm-up first: caches are cold after the switch.
             tb.trial(StreamPath::Upload, &spec, None, Duration::from_millis(100))?;
             let t = tb.trial(StreamPath::Upload, &spec, None, Duration::from_millis(400))?;
+            // Packets the kernel forwarded did not take the fast path: such a round measures
+            // something else.
+            if t.kernel_forwarded * 20 > t.delivered {
+                bail!(
+                    "table {table}: the kernel forwarded {} of {} delivered frames (the fast \
+                     path should carry them all)",
+                    t.kernel_forwarded,
+                    t.delivered
+                );
+            }
             if table == FULL_TABLE {
                 full.push(t.delivered_pps);
             } else {
@@ -384,6 +394,16 @@ fn compare_tables(tb: &mut Testbed, rounds: usize) -> Result<(Vec<f64>, Vec<f64>
         }
     }
     Ok((small, full))
+}
+
+/// Whether the rounds agree well enough for their median to mean something: without the
+/// highest and the lowest, every round within 25 % of the median.
+fn steady(v: &[f64]) -> bool {
+    let m = median(v);
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let inner = v.get(1..v.len().saturating_sub(1)).unwrap_or(&[]);
+    m > 0.0 && inner.iter().all(|x| (x - m).abs() <= 0.25 * m)
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -522,24 +542,60 @@ fn routes_part(
             .collect::<Vec<_>>()
             .join(" ")
     };
-    report.check(
-        "fast-path rate, full table / 10 routes (64 B IPv4 flat out, FIB cache off)",
-        format!(
-            "median {:.0} / {:.0} Kpps = {:.0} % (rounds, Kpps: full {}; 10 routes {})",
-            m_full / 1e3,
-            m_small / 1e3,
-            100.0 * ratio,
-            kpps(&pps_full),
-            kpps(&pps_small)
-        ),
-        // The small table is not big enough to slow a lookup measurably; the bound there
-        // only catches a broken fast path under the test suite's noise.
-        if small { "≥ 50 %" } else { "≥ 80 %" }.into(),
-        ratio >= if small { 0.5 } else { 0.8 },
+    let name = "fast-path rate, full table / 10 routes (64 B IPv4 flat out, FIB cache off)";
+    let rounds = format!(
+        "rounds, Kpps: full {}; 10 routes {}",
+        kpps(&pps_full),
+        kpps(&pps_small)
     );
+    if !steady(&pps_full) || !steady(&pps_small) {
+        // A shared machine's load changed under the rounds: no ratio is printed then.
+        let value = format!("not measured: the rounds disagree (machine loaded?); {rounds}");
+        if small {
+            report.add(name, value);
+        } else {
+            report.check(name, value, "≥ 80 %".into(), false);
+        }
+    } else if small {
+        // 50 k routes do not slow a lookup measurably: the figure is shown, not checked.
+        report.add(
+            name,
+            format!(
+                "median {:.0} / {:.0} Kpps = {:.0} % ({rounds})",
+                m_full / 1e3,
+                m_small / 1e3,
+                100.0 * ratio
+            ),
+        );
+    } else {
+        report.check(
+            name,
+            format!(
+                "median {:.0} / {:.0} Kpps = {:.0} % ({rounds})",
+                m_full / 1e3,
+                m_small / 1e3,
+                100.0 * ratio
+            ),
+            "≥ 80 %".into(),
+            ratio >= 0.8,
+        );
+    }
     tb.rtr
         .sh("ip rule del pref 100; ip -6 rule del pref 100; true")?;
     daemon.stop()
+}
+
+/// `status`, asked again while the daemon is too busy to answer within the client's timeout
+/// (a million conntrack events take a while).
+fn status_patiently(daemon: &Daemon) -> Result<router::Status> {
+    let started = Instant::now();
+    loop {
+        match daemon.status() {
+            Ok(st) => return Ok(st),
+            Err(e) if started.elapsed() > Duration::from_secs(300) => return Err(e),
+            Err(_) => thread::sleep(Duration::from_millis(500)),
+        }
+    }
 }
 
 /// The `i`-th benchmark connection: LAN host → WAN host, masqueraded IPv4 or routed IPv6,
@@ -692,8 +748,16 @@ fn flows_part(
         format!("≤ {goal_s} s"),
         offload_s.is_some_and(|d| d.as_secs_f64() <= goal_s),
     );
-    // Let the start-up work (marking TCP connections liberal) finish before measuring quiet.
-    settle(pid, Duration::from_secs(300))?;
+    // Let the start-up work (marking every TCP connection liberal, one ctnetlink update each)
+    // finish before measuring the quiet daemon.
+    let busy = Instant::now();
+    let settled = settle(pid, Duration::from_secs(600))?;
+    report.add(
+        "start-up work done (daemon quiet) after offload",
+        settled.map_or("still busy after 600 s".into(), |_| {
+            format!("{:.1} s", busy.elapsed().as_secs_f64())
+        }),
+    );
     let idle_cpu = cpu_over(pid, quiet)?;
     let mem = sample(pid)?;
     let maps = map_memlock(pid)?;
@@ -715,7 +779,7 @@ fn flows_part(
         format!("< {rss_goal} MiB"),
         rss_mib < rss_goal,
     );
-    let capacity = daemon.status()?.capacity;
+    let capacity = status_patiently(&daemon)?.capacity;
     report.add(
         "BPF map memory (memlock of the daemon's maps)",
         format!(
