@@ -331,13 +331,21 @@ fn ip_batch(ns: &Netns, lines: impl Iterator<Item = String>) -> Result<Duration>
     Ok(started.elapsed())
 }
 
-/// Waits until `pid` used less than 1 % of a core over 1 s; returns the time that took.
+/// Waits until `pid` used less than 1 % of a core over 3 s in a row (a process starved by a
+/// loaded machine can look quiet for a second); returns the time until that quiet stretch
+/// began.
 fn settle(pid: u32, limit: Duration) -> Result<Option<Duration>> {
     let started = Instant::now();
+    let window = Duration::from_millis(500);
+    let mut quiet = 0u32;
     while started.elapsed() < limit {
-        let window = Duration::from_millis(500);
-        if cpu_over(pid, window)? < 1.0 && cpu_over(pid, window)? < 1.0 {
-            return Ok(Some(started.elapsed().saturating_sub(2 * window)));
+        if cpu_over(pid, window)? < 1.0 {
+            quiet += 1;
+            if quiet == 6 {
+                return Ok(Some(started.elapsed().saturating_sub(window * 6)));
+            }
+        } else {
+            quiet = 0;
         }
     }
     Ok(None)
