@@ -429,6 +429,17 @@ impl Daemon {
         Status::parse(&self.cli(&["status", "--json"])?)
     }
 
+    /// `xdp-routerd status --json`, all of it.
+    pub fn status_json(&self) -> Result<serde_json::Value> {
+        serde_json::from_str(&self.cli(&["status", "--json"])?)
+            .context("xdp-routerd status --json is not JSON")
+    }
+
+    /// The daemon's log so far.
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// `xdp-routerd fastpath on|off`, then checks that `status` agrees.
     pub fn set_fastpath(&self, on: bool) -> Result<()> {
         self.cli(&["fastpath", if on { "on" } else { "off" }])?;
