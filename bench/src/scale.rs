@@ -549,9 +549,12 @@ fn routes_part(
     let (m_small, m_full) = (median(&pps_small), median(&pps_full));
     // Each round's two trials ran back to back: their ratio cancels the machine's drift
     // between rounds.
+    // A round in which either trial ran below half its table's median was disturbed (on a
+    // shared VM the generator is sometimes starved for a whole trial): it is left out.
     let ratios: Vec<f64> = pps_full
         .iter()
         .zip(&pps_small)
+        .filter(|(f, s)| **f >= m_full / 2.0 && **s >= m_small / 2.0)
         .map(|(f, s)| f / s.max(1.0))
         .collect();
     let ratio = median(&ratios);
@@ -567,10 +570,11 @@ fn routes_part(
         kpps(&pps_full),
         kpps(&pps_small)
     );
-    if !steady(&ratios) {
+    if ratios.len() * 2 < pps_full.len() || !steady(&ratios) {
         // A shared machine's load changed under the rounds: no ratio is printed then.
         let value = format!(
-            "not measured: the rounds' ratios disagree by more than 25 % (machine loaded?); {rounds}"
+            "not measured: the rounds' ratios disagree by more than 25 % or half the rounds \
+             were disturbed (machine loaded?); {rounds}"
         );
         if small {
             report.add(name, value);
@@ -582,8 +586,9 @@ fn routes_part(
         report.add(
             name,
             format!(
-                "{:.0} % (median of the rounds' ratios; medians {:.0} / {:.0} Kpps; {rounds})",
+                "{:.0} % (median of {} rounds' ratios; medians {:.0} / {:.0} Kpps; {rounds})",
                 100.0 * ratio,
+                ratios.len(),
                 m_full / 1e3,
                 m_small / 1e3
             ),
@@ -592,8 +597,9 @@ fn routes_part(
         report.check(
             name,
             format!(
-                "{:.0} % (median of the rounds' ratios; medians {:.0} / {:.0} Kpps; {rounds})",
+                "{:.0} % (median of {} rounds' ratios; medians {:.0} / {:.0} Kpps; {rounds})",
                 100.0 * ratio,
+                ratios.len(),
                 m_full / 1e3,
                 m_small / 1e3
             ),
