@@ -5,6 +5,7 @@
 //! `xdp-router-bench quick`; `cargo xtask lab` runs `xdp-router-bench lab`. See
 //! docs/benchmarks.md.
 mod cpu;
+mod ctnl;
 mod ctwrite;
 mod demo;
 mod lab;
@@ -13,6 +14,7 @@ mod napi;
 mod netns;
 mod packet;
 mod report;
+mod responsive;
 mod router;
 mod run;
 mod scale;
@@ -50,6 +52,10 @@ enum Mode {
     /// BGP table in the FIB, a million conntrack entries at daemon start, fast-path rate with
     /// the full table vs 10 routes. Fails when a check is missed.
     Scale(scale::ScaleArgs),
+    /// Responsiveness (≈ 2 min per build): `/metrics` and `xdp-routerd status` latency with
+    /// 100,000 connections in conntrack while 100,000 routes flap and connections come and go;
+    /// `--baseline BIN` measures another build first, side by side.
+    Responsive(responsive::ResponsiveArgs),
 }
 
 /// Options of both modes (quick mode changes the defaults of the unset ones).
@@ -139,6 +145,13 @@ fn main() {
     if let Some(Mode::Scale(args)) = &cli.mode {
         if let Err(e) = scale::run(&cli.opts, args) {
             eprintln!("xdp-router-bench scale: error: {e:#}");
+            std::process::exit(if run::stopped() { 130 } else { 1 });
+        }
+        return;
+    }
+    if let Some(Mode::Responsive(args)) = &cli.mode {
+        if let Err(e) = responsive::run(&cli.opts, args) {
+            eprintln!("xdp-router-bench responsive: error: {e:#}");
             std::process::exit(if run::stopped() { 130 } else { 1 });
         }
         return;

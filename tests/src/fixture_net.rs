@@ -25,10 +25,9 @@ use aya::{
     programs::{TestRun, TestRunOptions, Xdp},
 };
 use xdp_router_common::{
-    Counter, FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FibCache, FlowCounters,
-    FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, GLOBAL_FIB_FLAGS, IFACE_F_LAN, IFACE_F_WAN, IfaceInfo,
-    MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, PROG_NAME,
-    SETTINGS_F_FIB_MARK, Settings,
+    Counter, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
+    GLOBAL_FIB_FLAGS, IfaceInfo, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS,
+    MAP_TX_PORTS, PROG_NAME, SETTINGS_F_FIB_MARK, Settings,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -205,13 +204,7 @@ pub fn flow(
         Transport::Tcp(_) => 6,
         Transport::Udp => 17,
     };
-    let mut flags = if reply { FLOW_F_REPLY } else { 0 };
-    if (new_src, new_sport) != (pkt.src, pkt.sport) {
-        flags |= FLOW_F_REWRITE_SRC;
-    }
-    if (new_dst, new_dport) != (pkt.dst, pkt.dport) {
-        flags |= FLOW_F_REWRITE_DST;
-    }
+    let flags = if reply { FLOW_F_REPLY } else { 0 };
     let (sport, dport) = (raw_port(pkt.sport), raw_port(pkt.dport));
     let (nsport, ndport) = (raw_port(new_sport), raw_port(new_dport));
     match pkt.src {
@@ -366,7 +359,7 @@ impl Setup {
                     bed.lan,
                     IfaceInfo {
                         slot: LAN_SLOT,
-                        flags: IFACE_F_LAN,
+                        flags: 0,
                         mac: LAN_MAC,
                         _pad: [0; 2],
                     },
@@ -375,7 +368,7 @@ impl Setup {
                     bed.wan,
                     IfaceInfo {
                         slot: WAN_SLOT,
-                        flags: IFACE_F_WAN,
+                        flags: 0,
                         mac: WAN_MAC,
                         _pad: [0; 2],
                     },
@@ -384,7 +377,7 @@ impl Setup {
                     bed.mtu,
                     IfaceInfo {
                         slot: MTU_SLOT,
-                        flags: IFACE_F_WAN,
+                        flags: 0,
                         mac: MTU_MAC,
                         _pad: [0; 2],
                     },

@@ -279,7 +279,7 @@ fn unix_now() -> f64 {
 fn counter(st: &Status, iface: &str, reason: &str) -> (u64, u64) {
     st.counters
         .iter()
-        .find(|c| c.interface == iface && c.reason == reason)
+        .find(|c| c.interface == iface && c.reason.name() == reason)
         .map(|c| (c.packets, c.bytes))
         .unwrap_or_else(|| panic!("no counter row ({iface}, {reason})"))
 }

@@ -108,10 +108,6 @@ const _: () = assert!(core::mem::size_of::<FlowKeyV6>() == 44);
 
 /// `FlowV4::flags` / `FlowV6::flags`: this entry is the reply direction of its connection.
 pub const FLOW_F_REPLY: u32 = 1 << 0;
-/// The source address or port is rewritten (SNAT, or the reverse of a DNAT on replies).
-pub const FLOW_F_REWRITE_SRC: u32 = 1 << 1;
-/// The destination address or port is rewritten (DNAT, or the reverse of an SNAT on replies).
-pub const FLOW_F_REWRITE_DST: u32 = 1 << 2;
 
 /// Traffic counters of one flow direction, updated atomically by the datapath.
 #[repr(C)]
@@ -272,11 +268,7 @@ pub struct FibCache {
 }
 const _: () = assert!(core::mem::size_of::<FibCache>() == 40);
 
-/// `IfaceInfo::flags`: the interface faces the LAN.
-pub const IFACE_F_LAN: u32 = 1 << 0;
-/// The interface faces the WAN.
-pub const IFACE_F_WAN: u32 = 1 << 1;
-/// Egress on this interface is shaped by a qdisc: the fast path must not bypass it, so packets
+/// `IfaceInfo::flags`: egress on this interface is shaped by a qdisc: the fast path must not bypass it, so packets
 /// routed out of it go to the kernel (`Reason::PassEgressShaped`).
 pub const IFACE_F_SHAPED: u32 = 1 << 2;
 /// Packets arriving on this interface pass hooks that run after XDP (an nftables `netdev`

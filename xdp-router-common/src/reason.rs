@@ -144,6 +144,11 @@ impl Reason {
         matches!(self, Reason::ForwardedOriginal | Reason::ForwardedReply)
     }
 
+    /// The reason called `name` (see [`Reason::name`]), if any.
+    pub fn from_name(name: &str) -> Option<Reason> {
+        Self::ALL.into_iter().find(|r| r.name() == name)
+    }
+
     /// The reason with this discriminant, if any.
     pub const fn from_u32(v: u32) -> Option<Reason> {
         if v < Self::COUNT {
@@ -151,6 +156,38 @@ impl Reason {
         } else {
             None
         }
+    }
+}
+
+impl core::fmt::Display for Reason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Serialized as its stable name (`"no_flow"`), the same string metrics use as a label.
+#[cfg(feature = "user")]
+impl serde::Serialize for Reason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+#[cfg(feature = "user")]
+impl<'de> serde::Deserialize<'de> for Reason {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = Reason;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str("a reason name such as \"no_flow\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<Reason, E> {
+                Reason::from_name(name)
+                    .ok_or_else(|| E::custom(format_args!("unknown reason {name:?}")))
+            }
+        }
+        d.deserialize_str(Name)
     }
 }
 
@@ -163,6 +200,7 @@ mod tests {
         for (i, r) in Reason::ALL.iter().enumerate() {
             assert_eq!(*r as usize, i);
             assert_eq!(Reason::from_u32(i as u32), Some(*r));
+            assert_eq!(Reason::from_name(r.name()), Some(*r));
             for other in &Reason::ALL[..i] {
                 assert_ne!(r.name(), other.name());
             }

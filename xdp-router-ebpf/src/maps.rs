@@ -69,8 +69,10 @@ pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(STATS_ENT
 #[map]
 pub static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);
 
-/// Extra `bpf_fib_lookup` flags (`GLOBAL_FIB_FLAGS`), fixed at load time by the daemon; 0 = a
-/// full lookup through the FIB rules. Read with [`fib_flags`].
+/// Extra `bpf_fib_lookup` flags (`GLOBAL_FIB_FLAGS`), fixed at load time by the loader
+/// (`EbpfLoader::override_global`). The daemon leaves it 0: a full lookup through the FIB rules,
+/// as the kernel routes; the fixtures load `FIB_LOOKUP_DIRECT` to test that flag. Read with
+/// [`fib_flags`].
 #[unsafe(no_mangle)]
 static FIB_FLAGS: u32 = 0;
 

@@ -295,7 +295,8 @@ impl Config {
             .collect()
     }
 
-    /// Checks what serde cannot: at least one LAN and one WAN... see the messages.
+    /// Checks what serde cannot: at least one interface, valid and unique names, at most
+    /// `MAX_IFACE_SLOTS - 1` interfaces, and the capacities' and intervals' ranges.
     fn validate(&self) -> Result<(), String> {
         if self.interfaces.is_empty() {
             return Err("no [[interface]] configured: list the LAN and WAN interfaces".into());

@@ -50,11 +50,6 @@ impl AttachMode {
     }
 }
 
-struct Attachment {
-    link: XdpLinkId,
-    mode: AttachMode,
-}
-
 /// The loaded object, its attachments and typed map handles.
 pub struct Datapath {
     ebpf: Ebpf,
@@ -68,7 +63,8 @@ pub struct Datapath {
     current: Settings,
     /// Successful [`Datapath::invalidate_fib_cache`] calls.
     fib_invalidations: u64,
-    attached: BTreeMap<u32, Attachment>,
+    /// XDP links, by ifindex.
+    attached: BTreeMap<u32, XdpLinkId>,
     flow_capacity: u32,
     arm_v4: HashMap<MapData, ArmKeyV4, FlowKeyV4>,
     arm_v6: HashMap<MapData, ArmKeyV6, FlowKeyV6>,
@@ -269,8 +265,7 @@ impl Datapath {
                 }
             },
         };
-        self.attached
-            .insert(ifindex, Attachment { link, mode: got });
+        self.attached.insert(ifindex, link);
         // Fail-open relies on every attachment being a bpf_link owned by this process, which the
         // kernel removes when the process goes away. aya falls back to a netlink attach when
         // bpf_link_create() answers EINVAL (kernels before 5.9); such an attachment would
@@ -329,10 +324,10 @@ impl Datapath {
         {
             let _ = prog.detach(link);
         }
-        if let Some(a) = self.attached.remove(&ifindex)
+        if let Some(link) = self.attached.remove(&ifindex)
             && let Ok(prog) = self.program()
         {
-            let _ = prog.detach(a.link);
+            let _ = prog.detach(link);
         }
         let _ = self.ifaces.remove(&ifindex);
         let _ = self.tx_ports.remove(ifindex);
@@ -386,11 +381,6 @@ impl Datapath {
         self.ifaces
             .insert(ifindex, info, BPF_EXIST)
             .with_context(|| format!("cannot update ifindex {ifindex} in {MAP_IFACES}"))
-    }
-
-    /// Attach mode of `ifindex`, if attached.
-    pub fn attach_mode(&self, ifindex: u32) -> Option<AttachMode> {
-        self.attached.get(&ifindex).map(|a| a.mode)
     }
 
     fn write_settings(&mut self) -> anyhow::Result<()> {

@@ -15,8 +15,7 @@ use tracing::warn;
 
 use aya::maps::MapError;
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, FLOW_F_REPLY, FLOW_F_REWRITE_DST, FLOW_F_REWRITE_SRC, FibCache,
-    FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
+    ArmKeyV4, ArmKeyV6, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -84,6 +83,41 @@ impl Skip {
             Skip::TableFull => "flow_table_full",
             Skip::MapError => "map_error",
         }
+    }
+
+    /// Every reason.
+    pub const ALL: [Skip; 5] = [
+        Skip::NotEstablished,
+        Skip::PathNotManaged,
+        Skip::NatAddressGone,
+        Skip::TableFull,
+        Skip::MapError,
+    ];
+
+    /// The reason called `name`, if any.
+    pub fn from_name(name: &str) -> Option<Skip> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Serialized as its stable name (the `reason` label of `connections_skipped`).
+impl serde::Serialize for Skip {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Skip {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Skip::from_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown skip reason {name:?}")))
     }
 }
 
@@ -318,7 +352,7 @@ pub struct ManagerStats {
     /// Connections taken back from the fast path since start.
     pub removed_total: u64,
     /// Connections considered but not offloaded, by reason.
-    pub skipped: BTreeMap<&'static str, u64>,
+    pub skipped: BTreeMap<Skip, u64>,
 }
 
 /// Keeps the flow maps equal to "the offloadable subset of conntrack".
@@ -378,6 +412,11 @@ impl FlowManager {
     /// Name of a managed interface.
     pub fn iface_name(&self, ifindex: u32) -> Option<&str> {
         self.managed.get(&ifindex).map(String::as_str)
+    }
+
+    /// Whether the connection with this original tuple is offloaded.
+    pub fn is_offloaded(&self, orig: &CtTuple) -> bool {
+        self.get(orig).is_some()
     }
 
     /// Number of offloaded connections.
@@ -445,7 +484,7 @@ impl FlowManager {
             Ok(plan) => plan,
             Err(skip) => {
                 self.remove(&entry.orig, table);
-                *self.stats.skipped.entry(skip.name()).or_default() += 1;
+                *self.stats.skipped.entry(skip).or_default() += 1;
                 self.park(entry, skip);
                 return Upsert::Skipped(skip);
             }
@@ -470,7 +509,7 @@ impl FlowManager {
         }
         self.remove(&entry.orig, table);
         if let Err(skip) = plan.write(table) {
-            *self.stats.skipped.entry(skip.name()).or_default() += 1;
+            *self.stats.skipped.entry(skip).or_default() += 1;
             if skip == Skip::TableFull
                 && let Some(n) = self.full_log.note(Instant::now())
             {
@@ -526,24 +565,39 @@ impl FlowManager {
         true
     }
 
-    /// Re-checks every offloaded and parked connection against the current routes, addresses
-    /// and managed interfaces (after an rtnetlink change): moved paths are rewritten, broken
-    /// ones removed, parked ones whose path works again offloaded. Returns `(removed, added)`.
+    /// Every offloaded and parked connection as last seen: what a revalidation re-checks (its
+    /// routes are looked up before [`revalidate`](Self::revalidate) applies the answers).
+    pub fn snapshot(&self) -> Vec<CtEntry> {
+        self.stored()
+            .map(|(orig, s)| s.entry(orig))
+            .chain(self.parked.values().cloned())
+            .collect()
+    }
+
+    /// Re-checks the connections of a [`snapshot`](Self::snapshot) against the current routes,
+    /// addresses and managed interfaces (after an rtnetlink change): moved paths are rewritten,
+    /// broken ones removed, parked ones whose path works again offloaded. Entries that changed
+    /// or went away since the snapshot are left alone (their own event handled them). Returns
+    /// `(removed, added)`.
     pub fn revalidate(
         &mut self,
+        snapshot: impl IntoIterator<Item = CtEntry>,
         table: &mut impl FlowTable,
         paths: &impl PathOracle,
     ) -> (usize, usize) {
-        let entries: Vec<CtEntry> = self.stored().map(|(orig, s)| s.entry(orig)).collect();
-        let removed = entries
-            .into_iter()
-            .filter(|e| matches!(self.upsert(e.clone(), table, paths), Upsert::Skipped(_)))
-            .count();
-        let parked: Vec<CtEntry> = self.parked.values().cloned().collect();
-        let added = parked
-            .into_iter()
-            .filter(|e| self.upsert(e.clone(), table, paths) == Upsert::Added)
-            .count();
+        let (mut removed, mut added) = (0, 0);
+        for e in snapshot {
+            let offloaded = match (self.get(&e.orig), self.parked.get(&e.orig)) {
+                (Some(c), _) if c.entry(e.orig) == e => true,
+                (None, Some(p)) if *p == e => false,
+                _ => continue,
+            };
+            match self.upsert(e, table, paths) {
+                Upsert::Skipped(_) if offloaded => removed += 1,
+                Upsert::Added if !offloaded => added += 1,
+                _ => {}
+            }
+        }
         (removed, added)
     }
 
@@ -555,35 +609,79 @@ impl FlowManager {
         table: &mut impl FlowTable,
         paths: &impl PathOracle,
     ) -> (usize, usize) {
-        let mut stale = Vec::new();
         // At start nothing is known yet: no set of a million tuples to build.
-        if !self.is_empty() || !self.parked.is_empty() {
-            let present: HashSet<CtTuple> = dump.iter().map(|e| e.orig).collect();
-            stale = self
-                .stored()
-                .map(|(orig, _)| orig)
-                .filter(|k| !present.contains(k))
-                .collect();
-            self.parked.retain(|k, _| present.contains(k));
-        }
-        for k in &stale {
-            self.remove(k, table);
-        }
+        let removed = match self.tuples_to_check(&dump) {
+            Some(present) => self.remove_absent(&present, table),
+            None => 0,
+        };
         let n = dump.len();
-        // Sized once for the dump instead of doubling through it: each doubling leaves the
-        // previous table behind as freed heap the process keeps.
+        self.reserve_for(&dump);
+        for e in dump {
+            self.upsert(e, table, paths);
+        }
+        release_freed_memory();
+        (removed, n)
+    }
+
+    /// The original tuples of `dump` for [`remove_absent`](Self::remove_absent), or `None`
+    /// when nothing is offloaded or parked (at start: no set of a million tuples to build).
+    pub fn tuples_to_check(&self, dump: &[CtEntry]) -> Option<HashSet<CtTuple>> {
+        (!self.is_empty() || !self.parked.is_empty()).then(|| dump.iter().map(|e| e.orig).collect())
+    }
+
+    /// Sizes the connection tables once for the entries of a dump about to be applied, instead
+    /// of doubling through it: each doubling leaves the previous table behind as freed heap
+    /// the process keeps.
+    pub fn reserve_for(&mut self, dump: &[CtEntry]) {
         let v4 = dump.iter().filter(|e| e.orig.is_ipv4()).count();
         self.conns_v4
             .0
             .reserve(v4.saturating_sub(self.conns_v4.0.len()));
         self.conns_v6
             .0
-            .reserve((n - v4).saturating_sub(self.conns_v6.0.len()));
-        for e in dump {
-            self.upsert(e, table, paths);
+            .reserve((dump.len() - v4).saturating_sub(self.conns_v6.0.len()));
+    }
+
+    /// Whether `entry` is already applied as it is: offloaded with the same tuples, status,
+    /// mark and zone (conntrack still allowing it), or parked with the same tuples, status,
+    /// state, mark and zone (only its timeout may differ). A resync skips those: their paths
+    /// are re-checked by the revalidation that follows every routing change.
+    pub fn is_current(&self, entry: &CtEntry) -> bool {
+        if let Some(s) = self.get(&entry.orig) {
+            return s.reply == entry.reply
+                && s.status == entry.status.bits()
+                && s.mark == entry.mark
+                && s.zone == entry.zone
+                && entry.offload_decision().is_ok();
         }
-        release_freed_memory();
-        (stale.len(), n)
+        self.parked.get(&entry.orig).is_some_and(|known| {
+            known.reply == entry.reply
+                && known.status == entry.status
+                && known.tcp_state == entry.tcp_state
+                && known.tcp_flags == entry.tcp_flags
+                && known.mark == entry.mark
+                && known.zone == entry.zone
+                && known.has_helper == entry.has_helper
+        })
+    }
+
+    /// The first half of [`resync`](Self::resync): forgets every connection a fresh dump no
+    /// longer has (`present`: the dump's original tuples). Returns how many were offloaded.
+    pub fn remove_absent(
+        &mut self,
+        present: &HashSet<CtTuple>,
+        table: &mut impl FlowTable,
+    ) -> usize {
+        let stale: Vec<CtTuple> = self
+            .stored()
+            .map(|(orig, _)| orig)
+            .filter(|k| !present.contains(k))
+            .collect();
+        for k in &stale {
+            self.remove(k, table);
+        }
+        self.parked.retain(|k, _| present.contains(k));
+        stale.len()
     }
 
     /// Connections that carried fast-path traffic since the previous call (their conntrack
@@ -627,11 +725,6 @@ impl FlowManager {
         v4.chain(v6).collect()
     }
 
-    /// Packets/bytes/last-seen of one direction.
-    pub fn counters(&self, table: &impl FlowTable, key: &DirKey) -> Option<FlowCounters> {
-        counters(table, key)
-    }
-
     fn plan(&self, entry: &CtEntry, paths: &impl PathOracle) -> Result<Plan, Skip> {
         entry.offload_decision().map_err(|_| Skip::NotEstablished)?;
         let (orig, reply) = (&entry.orig, &entry.reply);
@@ -658,7 +751,7 @@ impl FlowManager {
 /// to the kernel. glibc keeps freed heap chunks below its (adaptive, up to 32 MiB) mmap
 /// threshold for reuse, so without this a resync of a million entries leaves the daemon's RSS
 /// at its peak for good.
-fn release_freed_memory() {
+pub fn release_freed_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases free memory; no pointer is involved.
     unsafe {
@@ -679,13 +772,6 @@ fn remove_entries(table: &mut impl FlowTable, keys: &[DirKey; 2], arms: &[ArmKey
             DirKey::V4(k) => table.remove_v4(k),
             DirKey::V6(k) => table.remove_v6(k),
         }
-    }
-}
-
-fn counters(table: &impl FlowTable, key: &DirKey) -> Option<FlowCounters> {
-    match key {
-        DirKey::V4(k) => table.get_v4(k).map(|v| v.counters),
-        DirKey::V6(k) => table.get_v6(k).map(|v| v.counters),
     }
 }
 
@@ -824,14 +910,7 @@ pub fn raw_v6(a: IpAddr) -> [u32; 4] {
 }
 
 fn flags(d: &Dir<'_>) -> u32 {
-    let mut f = if d.reply { FLOW_F_REPLY } else { 0 };
-    if d.to_src != d.from.src || d.to_sport != d.from.sport {
-        f |= FLOW_F_REWRITE_SRC;
-    }
-    if d.to_dst != d.from.dst || d.to_dport != d.from.dport {
-        f |= FLOW_F_REWRITE_DST;
-    }
-    f
+    if d.reply { FLOW_F_REPLY } else { 0 }
 }
 
 fn v4_entry(d: &Dir<'_>) -> (FlowKeyV4, FlowV4, ArmKeyV4) {
@@ -933,5 +1012,7 @@ fn v6_entry(d: &Dir<'_>) -> (FlowKeyV6, FlowV6, ArmKeyV6) {
     (key, value, arm)
 }
 
+#[cfg(test)]
+pub(crate) mod fake;
 #[cfg(test)]
 mod tests;

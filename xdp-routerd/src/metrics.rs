@@ -28,6 +28,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 use tracing::{debug, info, warn};
+use xdp_router_common::Reason;
 
 use crate::{daemon::StatusSource, status::Status};
 
@@ -119,7 +120,11 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
         .counters
         .iter()
         .filter_map(|c| {
-            let direction = c.reason.strip_prefix("forwarded_")?;
+            let direction = match c.reason {
+                Reason::ForwardedOriginal => "original",
+                Reason::ForwardedReply => "reply",
+                _ => return None,
+            };
             Some((c, direction))
         })
         .collect();
@@ -156,7 +161,7 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
     let fallback: Vec<_> = s
         .counters
         .iter()
-        .filter(|c| !c.reason.starts_with("forwarded_"))
+        .filter(|c| !c.reason.is_forwarded())
         .collect();
     counters(
         enc,
@@ -167,7 +172,7 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
             (
                 vec![
                     ("interface", c.interface.clone()),
-                    ("reason", c.reason.clone()),
+                    ("reason", c.reason.name().to_string()),
                 ],
                 c.packets,
             )
@@ -182,7 +187,7 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
             (
                 vec![
                     ("interface", c.interface.clone()),
-                    ("reason", c.reason.clone()),
+                    ("reason", c.reason.name().to_string()),
                 ],
                 c.bytes,
             )
@@ -269,7 +274,7 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
         None,
         ct.skipped
             .iter()
-            .map(|(r, n)| (vec![("reason", r.clone())], *n)),
+            .map(|(r, n)| (vec![("reason", r.name().to_string())], *n)),
     )?;
     counters(
         enc,
@@ -286,6 +291,13 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
         "Conntrack sync errors: failed dumps, timeout refreshes, socket errors.",
         None,
         [(vec![], ct.errors)],
+    )?;
+    counters(
+        enc,
+        "conntrack_decode_errors",
+        "Conntrack event messages that could not be decoded and were skipped (their connections stay in the kernel).",
+        None,
+        [(vec![], ct.decode_errors)],
     )?;
     counters(
         enc,
@@ -489,7 +501,7 @@ mod tests {
                 let n = r as u64 + 1;
                 counters.push(CounterRow {
                     interface: iface.into(),
-                    reason: r.name().into(),
+                    reason: r,
                     packets: n * if iface == "lan0" { 10 } else { 100 },
                     bytes: n * 1000,
                 });
@@ -538,7 +550,8 @@ mod tests {
                 removed_total: 5,
                 refreshes: 77,
                 errors: 1,
-                skipped: BTreeMap::from([("not_tcp_udp".into(), 3)]),
+                decode_errors: 2,
+                skipped: BTreeMap::from([(crate::flows::Skip::NotEstablished, 3)]),
                 last_resync_ms: 1250,
             },
             fib_cache: FibCacheStatus {
@@ -639,7 +652,7 @@ mod tests {
         assert_eq!(
             value(
                 &t,
-                r#"xdp_router_connections_skipped_total{reason="not_tcp_udp"}"#
+                r#"xdp_router_connections_skipped_total{reason="not_established"}"#
             ),
             3.0
         );
@@ -648,6 +661,7 @@ mod tests {
             12.0
         );
         assert_eq!(value(&t, "xdp_router_conntrack_sync_errors_total"), 1.0);
+        assert_eq!(value(&t, "xdp_router_conntrack_decode_errors_total"), 2.0);
         assert_eq!(value(&t, "xdp_router_conntrack_resyncs_total"), 2.0);
         assert_eq!(
             value(&t, "xdp_router_conntrack_last_resync_duration_seconds"),

@@ -9,6 +9,9 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
+use xdp_router_common::Reason;
+
+use crate::flows::Skip;
 
 /// `status --json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -98,7 +101,7 @@ pub struct FlowCounts {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CounterRow {
     pub interface: String,
-    pub reason: String,
+    pub reason: Reason,
     pub packets: u64,
     pub bytes: u64,
 }
@@ -124,8 +127,12 @@ pub struct ConntrackStatus {
     pub refreshes: u64,
     /// ctnetlink errors (failed dumps, refreshes, socket errors).
     pub errors: u64,
+    /// Conntrack event messages that could not be decoded (skipped; their connections stay
+    /// in the kernel).
+    #[serde(default)]
+    pub decode_errors: u64,
     /// Connections considered but not offloaded, by reason.
-    pub skipped: BTreeMap<String, u64>,
+    pub skipped: BTreeMap<Skip, u64>,
     /// Duration of the last full resync, in milliseconds.
     pub last_resync_ms: u64,
 }
@@ -283,7 +290,7 @@ impl Flows {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatsRow {
     pub interface: String,
-    pub reason: String,
+    pub reason: Reason,
     /// True for the reasons that mean "forwarded by the fast path"; the others are fallbacks
     /// (packets handed to the kernel).
     pub forwarded: bool,
@@ -303,12 +310,6 @@ pub struct StatsRow {
     pub bits_per_second: Option<f64>,
 }
 
-fn is_forwarded_reason(name: &str) -> bool {
-    xdp_router_common::Reason::ALL
-        .iter()
-        .any(|r| r.is_forwarded() && r.name() == name)
-}
-
 impl Status {
     /// The counter rows for `stats`, in interface then reason order. With `prev` (an earlier
     /// snapshot and the seconds between the two) each row also carries its delta and rates. A
@@ -319,8 +320,8 @@ impl Status {
             .map(|c| {
                 let mut row = StatsRow {
                     interface: c.interface.clone(),
-                    reason: c.reason.clone(),
-                    forwarded: is_forwarded_reason(&c.reason),
+                    reason: c.reason,
+                    forwarded: c.reason.is_forwarded(),
                     packets: c.packets,
                     bytes: c.bytes,
                     delta_packets: None,
@@ -382,9 +383,9 @@ pub fn render_stats(rows: &[StatsRow], zeros: bool) -> String {
             .chain(mine.iter().filter(|r| !r.forwarded));
         for r in ordered.filter(|r| zeros || r.packets != 0) {
             let label = if r.forwarded {
-                r.reason.clone()
+                r.reason.name().to_string()
             } else {
-                format!("pass:{}", r.reason)
+                format!("pass:{}", r.reason.name())
             };
             if watch {
                 let _ = writeln!(
@@ -550,7 +551,7 @@ mod tests {
                 .iter()
                 .map(|&(i, r, p, b)| CounterRow {
                     interface: i.into(),
-                    reason: r.into(),
+                    reason: Reason::from_name(r).unwrap(),
                     packets: p,
                     bytes: b,
                 })
@@ -559,6 +560,22 @@ mod tests {
             fib_cache: FibCacheStatus::default(),
             ruleset: RulesetStatus::default(),
         }
+    }
+
+    #[test]
+    fn reasons_travel_as_their_stable_names_in_json() {
+        let mut st = status(&[("wan0", "no_flow", 3, 180)]);
+        st.conntrack.skipped.insert(Skip::PathNotManaged, 2);
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(json["counters"][0]["reason"], "no_flow");
+        assert_eq!(json["conntrack"]["skipped"]["path_not_managed"], 2);
+        let back: Status = serde_json::from_value(json).unwrap();
+        assert_eq!(back.counters[0].reason, Reason::PassNoFlow);
+        assert_eq!(back.conntrack.skipped[&Skip::PathNotManaged], 2);
+        // A name no reason has is an error, not a silent default.
+        let bad =
+            serde_json::json!({"interface": "wan0", "reason": "nope", "packets": 0, "bytes": 0});
+        assert!(serde_json::from_value::<CounterRow>(bad).is_err());
     }
 
     #[test]

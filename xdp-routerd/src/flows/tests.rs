@@ -1,7 +1,7 @@
 //! FlowManager against in-memory fakes of the maps and the routing.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashSet},
     net::{IpAddr, Ipv4Addr},
 };
 
@@ -10,105 +10,7 @@ use xdp_router_common::checksum;
 use super::*;
 use crate::sync::conntrack::CtStatus;
 
-#[derive(Default)]
-struct FakeTable {
-    v4: HashMap<FlowKeyV4, FlowV4>,
-    v6: HashMap<FlowKeyV6, FlowV6>,
-    arm_v4: HashMap<ArmKeyV4, FlowKeyV4>,
-    arm_v6: HashMap<ArmKeyV6, FlowKeyV6>,
-    capacity: usize,
-    active_since_ns: u64,
-    active_v4: HashSet<FlowKeyV4>,
-    active_v6: HashSet<FlowKeyV6>,
-}
-
-impl FakeTable {
-    /// What the datapath does with the counters and the active record when it forwards a
-    /// packet of the IPv4 direction `key` at `now` (xdp-router-ebpf `first_in_pass`).
-    fn forward_v4(&mut self, key: &FlowKeyV4, now: u64) {
-        let v = self.v4.get_mut(key).expect("offloaded direction");
-        if v.counters.last_seen_ns < self.active_since_ns {
-            let conn = if v.flags & FLOW_F_REPLY == 0 {
-                FlowKeyV4 {
-                    ifindex: 0,
-                    src_be: key.src_be,
-                    dst_be: key.dst_be,
-                    sport_be: key.sport_be,
-                    dport_be: key.dport_be,
-                    proto: key.proto,
-                    _pad: [0; 3],
-                }
-            } else {
-                FlowKeyV4 {
-                    ifindex: 0,
-                    src_be: v.new_dst_be,
-                    dst_be: v.new_src_be,
-                    sport_be: v.new_dport_be,
-                    dport_be: v.new_sport_be,
-                    proto: key.proto,
-                    _pad: [0; 3],
-                }
-            };
-            self.active_v4.insert(conn);
-        }
-        v.counters.last_seen_ns = now;
-        v.counters.packets += 1;
-    }
-}
-
-fn full_error() -> MapError {
-    MapError::SyscallError(aya::sys::SyscallError {
-        call: "bpf_map_update_elem",
-        io_error: std::io::Error::from_raw_os_error(libc::E2BIG),
-    })
-}
-
-impl FlowTable for FakeTable {
-    fn insert_v4(&mut self, key: &FlowKeyV4, value: &FlowV4) -> Result<(), MapError> {
-        if self.capacity != 0 && self.v4.len() >= self.capacity && !self.v4.contains_key(key) {
-            return Err(full_error());
-        }
-        self.v4.insert(*key, *value);
-        Ok(())
-    }
-    fn insert_v6(&mut self, key: &FlowKeyV6, value: &FlowV6) -> Result<(), MapError> {
-        self.v6.insert(*key, *value);
-        Ok(())
-    }
-    fn remove_v4(&mut self, key: &FlowKeyV4) {
-        self.v4.remove(key);
-    }
-    fn remove_v6(&mut self, key: &FlowKeyV6) {
-        self.v6.remove(key);
-    }
-    fn get_v4(&self, key: &FlowKeyV4) -> Option<FlowV4> {
-        self.v4.get(key).copied()
-    }
-    fn get_v6(&self, key: &FlowKeyV6) -> Option<FlowV6> {
-        self.v6.get(key).copied()
-    }
-    fn insert_arm_v4(&mut self, arm: &ArmKeyV4, flow: &FlowKeyV4) -> Result<(), MapError> {
-        self.arm_v4.insert(*arm, *flow);
-        Ok(())
-    }
-    fn insert_arm_v6(&mut self, arm: &ArmKeyV6, flow: &FlowKeyV6) -> Result<(), MapError> {
-        self.arm_v6.insert(*arm, *flow);
-        Ok(())
-    }
-    fn remove_arm_v4(&mut self, arm: &ArmKeyV4) {
-        self.arm_v4.remove(arm);
-    }
-    fn remove_arm_v6(&mut self, arm: &ArmKeyV6) {
-        self.arm_v6.remove(arm);
-    }
-    fn take_active(&mut self, now_ns: u64) -> (Vec<FlowKeyV4>, Vec<FlowKeyV6>) {
-        self.active_since_ns = now_ns;
-        (
-            self.active_v4.drain().collect(),
-            self.active_v6.drain().collect(),
-        )
-    }
-}
+use super::fake::FakeTable;
 
 /// LAN 10.0.1.0/24 and fd00:1::/64 on ifindex 3, everything else via WAN ifindex 2.
 struct FakePaths {
@@ -204,7 +106,7 @@ fn snat_connection_gets_both_directions_with_correct_rewrite() {
     assert_eq!(v.new_sport_be, 61000u16.to_be());
     assert_eq!(v.new_dst_be, ip("198.51.100.7"));
     assert_eq!(v.new_dport_be, 443u16.to_be());
-    assert_eq!(v.flags, FLOW_F_REWRITE_SRC);
+    assert_eq!(v.flags, 0);
 
     let reply_key = FlowKeyV4 {
         ifindex: 2,
@@ -218,7 +120,7 @@ fn snat_connection_gets_both_directions_with_correct_rewrite() {
     let r = t.v4[&reply_key];
     assert_eq!(r.new_dst_be, ip("10.0.1.2"));
     assert_eq!(r.new_dport_be, 40000u16.to_be());
-    assert_eq!(r.flags, FLOW_F_REPLY | FLOW_F_REWRITE_DST);
+    assert_eq!(r.flags, FLOW_F_REPLY);
 
     // Applying both diffs in turn is the identity (the reply undoes the original's rewrite).
     assert_eq!(
@@ -323,8 +225,12 @@ fn routed_ipv6_has_no_rewrite() {
     assert_eq!(m.upsert(e, &mut t, &paths()), Upsert::Added);
     assert_eq!(t.v6.len(), 2);
     assert_eq!(m.directions(), (0, 2));
-    for v in t.v6.values() {
-        assert_eq!(v.flags & (FLOW_F_REWRITE_SRC | FLOW_F_REWRITE_DST), 0);
+    for (k, v) in &t.v6 {
+        // Nothing rewritten: the new tuple is the packet's own.
+        assert_eq!(
+            (v.new_src_be, v.new_dst_be, v.new_sport_be, v.new_dport_be),
+            (k.src_be, k.dst_be, k.sport_be, k.dport_be)
+        );
         assert_eq!(checksum::apply(0x4321, v.l4_csum_diff), 0x4321);
     }
 }
@@ -384,11 +290,11 @@ fn unmanaged_or_local_endpoints_are_not_offloaded() {
 fn route_change_revalidation_takes_flows_back() {
     let (mut m, mut t) = (manager(), FakeTable::default());
     m.upsert(snat_tcp(), &mut t, &paths());
-    assert_eq!(m.revalidate(&mut t, &paths()), (0, 0));
+    assert_eq!(m.revalidate(m.snapshot(), &mut t, &paths()), (0, 0));
     assert_eq!(t.v4.len(), 2);
     // The default route now points out of an unmanaged interface.
     assert_eq!(
-        m.revalidate(&mut t, &FakePaths { wan: 9, ..paths() }),
+        m.revalidate(m.snapshot(), &mut t, &FakePaths { wan: 9, ..paths() }),
         (1, 0)
     );
     assert!(t.v4.is_empty());
@@ -399,13 +305,13 @@ fn route_restored_brings_the_connection_back() {
     let (mut m, mut t) = (manager(), FakeTable::default());
     m.upsert(snat_tcp(), &mut t, &paths());
     let broken = FakePaths { wan: 9, ..paths() };
-    assert_eq!(m.revalidate(&mut t, &broken), (1, 0));
+    assert_eq!(m.revalidate(m.snapshot(), &mut t, &broken), (1, 0));
     assert_eq!(m.parked_len(), 1);
     // Another routing change that does not help: still parked.
-    assert_eq!(m.revalidate(&mut t, &broken), (0, 0));
+    assert_eq!(m.revalidate(m.snapshot(), &mut t, &broken), (0, 0));
     assert!(t.v4.is_empty());
     // The route is back: offloaded again without any conntrack event.
-    assert_eq!(m.revalidate(&mut t, &paths()), (0, 1));
+    assert_eq!(m.revalidate(m.snapshot(), &mut t, &paths()), (0, 1));
     assert_eq!(t.v4.len(), 2);
     assert_eq!(m.parked_len(), 0);
 }
@@ -428,7 +334,7 @@ fn destroyed_or_closing_connections_are_not_parked() {
     m.upsert(snat_tcp(), &mut t, &FakePaths { wan: 9, ..paths() });
     assert!(!m.forget(&snat_tcp().orig, &mut t));
     assert_eq!(m.parked_len(), 0);
-    assert_eq!(m.revalidate(&mut t, &paths()), (0, 0));
+    assert_eq!(m.revalidate(m.snapshot(), &mut t, &paths()), (0, 0));
     assert!(t.v4.is_empty());
 }
 
@@ -438,7 +344,7 @@ fn masquerade_address_removed_takes_flows_back() {
     m.upsert(snat_tcp(), &mut t, &paths());
     let mut p = paths();
     p.local.remove(&"203.0.113.1".parse().unwrap());
-    assert_eq!(m.revalidate(&mut t, &p), (1, 0));
+    assert_eq!(m.revalidate(m.snapshot(), &mut t, &p), (1, 0));
     assert!(t.v4.is_empty());
 }
 
@@ -472,7 +378,7 @@ fn full_table_leaves_connection_in_kernel_without_half_entries() {
         Upsert::Skipped(Skip::TableFull)
     );
     assert!(t.v4.is_empty());
-    assert_eq!(m.stats().skipped.get("flow_table_full"), Some(&1));
+    assert_eq!(m.stats().skipped.get(&Skip::TableFull), Some(&1));
 }
 
 #[test]
@@ -563,4 +469,44 @@ fn full_table_is_reported_once_per_interval() {
         "then the ones since, together"
     );
     assert_eq!(log.note(t0 + TABLE_FULL_LOG_INTERVAL * 2), Some(1));
+}
+
+#[test]
+fn revalidation_leaves_entries_that_changed_since_the_snapshot_alone() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    m.upsert(snat_tcp(), &mut t, &paths());
+    let snapshot = m.snapshot();
+    // Destroyed while its routes were being looked up: not brought back.
+    m.forget(&snat_tcp().orig, &mut t);
+    assert_eq!(m.revalidate(snapshot.clone(), &mut t, &paths()), (0, 0));
+    assert!(t.v4.is_empty());
+    // Updated meanwhile (new mark): its own event was applied with fresh answers.
+    let mut marked = snat_tcp();
+    marked.mark = 3;
+    m.upsert(marked, &mut t, &paths());
+    let broken = FakePaths { wan: 9, ..paths() };
+    assert_eq!(m.revalidate(snapshot, &mut t, &broken), (0, 0));
+    assert_eq!(t.v4.len(), 2);
+}
+
+#[test]
+fn an_entry_is_current_until_anything_but_its_timeout_changes() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    let e = snat_tcp();
+    assert!(!m.is_current(&e));
+    m.upsert(e.clone(), &mut t, &paths());
+    assert!(m.is_current(&e));
+    assert!(m.is_current(&CtEntry {
+        timeout: Some(7),
+        ..e.clone()
+    }));
+    assert!(!m.is_current(&CtEntry {
+        mark: 9,
+        ..e.clone()
+    }));
+    // Parked entries count too (a resync need not look their routes up again).
+    let broken = FakePaths { wan: 9, ..paths() };
+    m.revalidate(m.snapshot(), &mut t, &broken);
+    assert_eq!(m.parked_len(), 1);
+    assert!(m.is_current(&e));
 }

@@ -26,14 +26,14 @@ use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterProtoFamily,
     conntrack::{ConntrackAttribute, ConntrackMessage, ProtoInfo, ProtoInfoTCP, TCPFlags},
 };
-use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
-use tokio::io::unix::AsyncFd;
+use netlink_sys::protocols::NETLINK_NETFILTER;
 use tracing::warn;
 
 use super::conntrack::{
     CTA_ZONE, CtEntry, CtEvent, CtParseError, CtTuple, IPPROTO_TCP, TCP_FLAG_BE_LIBERAL,
     TCP_FLAG_MAXACK_SET, entry_from_message, event_from_message,
 };
+use super::nlsocket::{AsyncNetlink, setsockopt_int};
 
 /// `NFNLGRP_CONNTRACK_NEW` (`uapi/linux/netfilter/nfnetlink.h`).
 pub const NFNLGRP_CONNTRACK_NEW: u32 = 1;
@@ -133,75 +133,11 @@ impl CtNetlinkError {
     }
 }
 
-/// A nonblocking `NETLINK_NETFILTER` socket registered with tokio.
-struct NlSocket {
-    fd: AsyncFd<Socket>,
-    port: u32,
-}
+/// The ctnetlink flavour of the shared async netlink socket.
+type NlSocket = AsyncNetlink;
 
-impl NlSocket {
-    fn open(op: &'static str) -> Result<Self, CtNetlinkError> {
-        let err = |e| CtNetlinkError::from_io(op, e);
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(err(io::Error::other(
-                "must be called inside a tokio runtime",
-            )));
-        }
-        let mut sock = Socket::new(NETLINK_NETFILTER).map_err(err)?;
-        let addr = sock.bind_auto().map_err(err)?;
-        sock.set_non_blocking(true).map_err(err)?;
-        // SAFETY: `Socket` owns its fd (closed only on drop) and always returns that same fd.
-        let fd = unsafe { AsyncFd::register(sock) }.map_err(|e| err(e.into()))?;
-        Ok(NlSocket {
-            fd,
-            port: addr.port_number(),
-        })
-    }
-
-    async fn send(&self, buf: &[u8]) -> io::Result<()> {
-        loop {
-            let mut guard = self.fd.writable().await?;
-            match guard.try_io(|s| s.get_ref().send(buf, 0)) {
-                Ok(Ok(n)) if n == buf.len() => return Ok(()),
-                Ok(Ok(n)) => {
-                    return Err(io::Error::other(format!(
-                        "short netlink send: {n} of {} bytes",
-                        buf.len()
-                    )));
-                }
-                Ok(Err(e)) => return Err(e),
-                Err(_would_block) => continue,
-            }
-        }
-    }
-
-    /// Waits for one datagram. Returns its length; errors when it did not fit `buf`.
-    async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            let mut guard = self.fd.readable().await?;
-            match guard.try_io(|s| recv_datagram(s.get_ref(), buf)) {
-                Ok(result) => return result,
-                Err(_would_block) => continue,
-            }
-        }
-    }
-
-    /// Reads one datagram if one is queued (`WouldBlock` otherwise).
-    fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        recv_datagram(self.fd.get_ref(), buf)
-    }
-}
-
-fn recv_datagram(sock: &Socket, buf: &mut [u8]) -> io::Result<usize> {
-    // MSG_TRUNC makes recv return the datagram's real length, so truncation is detectable.
-    let n = sock.recv(&mut &mut buf[..], libc::MSG_TRUNC)?;
-    if n > buf.len() {
-        return Err(io::Error::other(format!(
-            "netlink datagram of {n} bytes truncated to {}",
-            buf.len()
-        )));
-    }
-    Ok(n)
+fn open_socket(op: &'static str) -> Result<NlSocket, CtNetlinkError> {
+    AsyncNetlink::open(NETLINK_NETFILTER).map_err(|e| CtNetlinkError::from_io(op, e))
 }
 
 /// Splits a netlink datagram into its messages (each slice is one whole message, header
@@ -249,8 +185,8 @@ impl CtSubscription {
     /// which the kernel caps at `net.core.rmem_max`).
     pub fn with_rcvbuf(bytes: usize) -> Result<Self, CtNetlinkError> {
         const OP: &str = "subscribe to conntrack events";
-        let sock = NlSocket::open(OP)?;
-        let s = sock.fd.get_ref();
+        let sock = open_socket(OP)?;
+        let s = sock.socket();
         let size = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
         if setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, size).is_err() {
             // Without CAP_NET_ADMIN in the initial user namespace: the capped variant.
@@ -320,6 +256,25 @@ impl CtSubscription {
         Ok(events)
     }
 
+    /// Discards every queued event (after an [`CtNetlinkError::Overrun`], before the resync's
+    /// dump, which covers them). Needed: after reporting ENOBUFS once, the kernel drops every
+    /// further event for this socket, silently, until its receive queue has been emptied
+    /// (`NETLINK_S_CONGESTED`, cleared in `netlink_rcv_wake`). Returns the datagrams dropped.
+    pub fn discard_queued(&mut self) -> usize {
+        let mut n = 0;
+        loop {
+            match self.sock.try_recv(&mut self.buf) {
+                Ok(_) => n += 1,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return n,
+                // Another overrun report or an error: keep draining until empty.
+                Err(_) => n += 1,
+            }
+            if n > 1_000_000 {
+                return n;
+            }
+        }
+    }
+
     fn collect(&mut self, len: usize, events: &mut Vec<CtEvent>) {
         let Some(datagram) = self.buf.get(..len) else {
             return;
@@ -356,24 +311,6 @@ fn recv_error(op: &'static str, e: io::Error) -> CtNetlinkError {
         CtNetlinkError::Overrun
     } else {
         CtNetlinkError::from_io(op, e)
-    }
-}
-
-fn setsockopt_int(fd: i32, level: i32, name: i32, value: libc::c_int) -> io::Result<()> {
-    // SAFETY: `value` lives across the call and its size is passed along.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&raw const value).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
     }
 }
 
@@ -514,7 +451,7 @@ impl CtNetlink {
     /// Opens the request socket.
     pub fn new() -> Result<Self, CtNetlinkError> {
         Ok(CtNetlink {
-            sock: NlSocket::open("open ctnetlink socket")?,
+            sock: open_socket("open ctnetlink socket")?,
             seq: 0,
             buf: vec![0; RECV_BUF],
             in_flight: false,
@@ -523,7 +460,7 @@ impl CtNetlink {
 
     /// The socket's netlink port id (events caused by this socket's updates carry it).
     pub fn port_id(&self) -> u32 {
-        self.sock.port
+        self.sock.port()
     }
 
     /// All conntrack entries, IPv4 and IPv6. Entries that do not decode are skipped with a

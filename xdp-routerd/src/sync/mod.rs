@@ -3,7 +3,9 @@ pub mod conntrack;
 pub mod ctnetlink;
 pub mod hooks;
 pub mod nftables;
+pub mod nlsocket;
 pub mod qdisc;
+pub mod routes;
 pub mod rtnl;
 
 /// The whole messages (header included) of one netlink datagram, in order; stops at the first

@@ -277,6 +277,23 @@ fn decode_error(e: &DecodeError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e.to_string())
 }
 
+/// Reads every qdisc of the namespace (on a blocking thread); a few attempts, since a failed
+/// read leaves `auto` interfaces marked shaped.
+pub async fn read_all() -> std::io::Result<Vec<Qdisc>> {
+    let mut last = None;
+    for attempt in 0..3 {
+        if attempt > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        match tokio::task::spawn_blocking(dump).await {
+            Ok(Ok(q)) => return Ok(q),
+            Ok(Err(e)) => last = Some(e),
+            Err(e) => last = Some(std::io::Error::other(e.to_string())),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("qdisc dump failed")))
+}
+
 /// Every qdisc of every interface of the caller's network namespace (`tc qdisc show`,
 /// including the invisible default children of multiqueue and classful qdiscs). Blocking.
 pub fn dump() -> io::Result<Vec<Qdisc>> {

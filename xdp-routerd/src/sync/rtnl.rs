@@ -2,177 +2,16 @@
 //!
 //! The datapath itself asks the live kernel FIB (`bpf_fib_lookup`) and neighbour table for every
 //! packet, so routes and neighbours are not copied into maps. What the daemon needs from
-//! rtnetlink is (1) route queries (`ip route get`) to decide whether a connection's endpoints sit
-//! behind managed interfaces, and (2) change notifications: a link that appears or disappears,
+//! rtnetlink is (1) route queries (`ip route get`, see [`super::routes`]) to decide whether a
+//! connection's endpoints sit behind managed interfaces, and (2) change notifications: a link that appears or disappears,
 //! or an address or route change that may invalidate an offloaded flow's NAT or path.
 
-use std::{
-    io,
-    net::IpAddr,
-    sync::{
-        Mutex,
-        atomic::{AtomicU32, Ordering},
-    },
-};
+use std::io;
 
-use netlink_packet_core::{NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
-use netlink_packet_route::{
-    AddressFamily, RouteNetlinkMessage,
-    link::LinkAttribute,
-    route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteType},
-};
+use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::{RouteNetlinkMessage, link::LinkAttribute};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use tokio::sync::mpsc;
-
-use crate::flows::PathOracle;
-
-/// What a route query found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RouteInfo {
-    /// Route type (unicast, local, blackhole, ...).
-    pub kind: RouteType,
-    /// Output interface, if any.
-    pub oif: Option<u32>,
-}
-
-/// `ip route get` over a private rtnetlink socket.
-pub struct RouteLookup {
-    sock: Mutex<Socket>,
-    seq: AtomicU32,
-}
-
-impl RouteLookup {
-    /// Opens the socket (in the caller's network namespace).
-    pub fn new() -> io::Result<RouteLookup> {
-        let mut sock = Socket::new(NETLINK_ROUTE)?;
-        sock.bind_auto()?;
-        sock.connect(&SocketAddr::new(0, 0))?;
-        Ok(RouteLookup {
-            sock: Mutex::new(sock),
-            seq: AtomicU32::new(1),
-        })
-    }
-
-    /// The route the kernel would use to reach `dst`; `None` when it has none (unreachable,
-    /// blackhole and prohibit routes make the kernel answer with an error).
-    pub fn get(&self, dst: IpAddr) -> io::Result<Option<RouteInfo>> {
-        self.get_from(dst, None)
-    }
-
-    /// `ip route get DST from SRC iif IIF mark MARK` (`from`: source, ingress interface and
-    /// mark): the route of a packet the kernel forwards, FIB rules included.
-    pub fn get_from(
-        &self,
-        dst: IpAddr,
-        from: Option<(IpAddr, u32, u32)>,
-    ) -> io::Result<Option<RouteInfo>> {
-        let mut header = RouteHeader::default();
-        let (family, len) = match dst {
-            IpAddr::V4(_) => (AddressFamily::Inet, 32),
-            IpAddr::V6(_) => (AddressFamily::Inet6, 128),
-        };
-        header.address_family = family;
-        header.destination_prefix_length = len;
-        let mut msg = RouteMessage::default();
-        msg.header = header;
-        msg.attributes
-            .push(RouteAttribute::Destination(RouteAddress::from(dst)));
-        if let Some((src, iif, mark)) = from {
-            msg.header.source_prefix_length = len;
-            msg.attributes
-                .push(RouteAttribute::Source(RouteAddress::from(src)));
-            msg.attributes.push(RouteAttribute::Iif(iif));
-            if mark != 0 {
-                msg.attributes.push(RouteAttribute::Mark(mark));
-            }
-        }
-
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let mut nl_header = NetlinkHeader::default();
-        nl_header.flags = NLM_F_REQUEST;
-        nl_header.sequence_number = seq;
-        let mut req = NetlinkMessage::new(
-            nl_header,
-            NetlinkPayload::from(RouteNetlinkMessage::GetRoute(msg)),
-        );
-        req.finalize();
-        let mut buf = vec![0; req.buffer_len()];
-        req.serialize(&mut buf);
-
-        let sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
-        sock.send(&buf, 0)?;
-        loop {
-            let (data, _) = sock.recv_from_full()?;
-            let mut offset = 0;
-            while offset < data.len() {
-                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..])
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-                let len = msg.header.length as usize;
-                if msg.header.sequence_number == seq {
-                    return Ok(match msg.payload {
-                        NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(r)) => {
-                            Some(route_info(&r))
-                        }
-                        // ENETUNREACH, EINVAL (blackhole), EACCES (prohibit), ...
-                        NetlinkPayload::Error(_) => None,
-                        _ => None,
-                    });
-                }
-                if len == 0 {
-                    break;
-                }
-                offset += len;
-            }
-        }
-    }
-}
-
-fn route_info(r: &RouteMessage) -> RouteInfo {
-    let oif = r.attributes.iter().find_map(|a| match a {
-        RouteAttribute::Oif(i) => Some(*i),
-        _ => None,
-    });
-    RouteInfo {
-        kind: r.header.kind,
-        oif,
-    }
-}
-
-impl PathOracle for RouteLookup {
-    fn ingress_for(&self, addr: IpAddr) -> Option<u32> {
-        match self.get(addr) {
-            Ok(Some(RouteInfo {
-                kind: RouteType::Unicast,
-                oif,
-            })) => oif,
-            _ => None,
-        }
-    }
-
-    fn forward_egress(&self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32> {
-        match self.get_from(dst, Some((src, iif, mark))) {
-            Ok(Some(RouteInfo {
-                kind: RouteType::Unicast,
-                oif,
-            })) => oif,
-            // Local, blackhole, unreachable...: the kernel would not forward it.
-            Ok(Some(_)) => None,
-            // The input-route query itself failed (e.g. the source fails rp_filter): judge by
-            // the plain route to `dst`.
-            Ok(None) | Err(_) => self.ingress_for(dst),
-        }
-    }
-
-    fn is_local(&self, addr: IpAddr) -> bool {
-        matches!(
-            self.get(addr),
-            Ok(Some(RouteInfo {
-                kind: RouteType::Local,
-                ..
-            }))
-        )
-    }
-}
 
 /// A change the daemon reacts to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -363,7 +202,7 @@ pub fn ifindex(name: &str) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use netlink_packet_route::link::LinkMessage;
+    use netlink_packet_route::{link::LinkMessage, route::RouteMessage};
 
     use super::*;
 
@@ -501,32 +340,5 @@ mod tests {
         );
         // Classes and filters change no qdisc kind.
         assert_eq!(translate(&RouteNetlinkMessage::NewTrafficClass(q)), None);
-    }
-
-    #[test]
-    fn route_reply_round_trips_to_route_info() {
-        // RTM_NEWROUTE reply to `ip route get 10.0.2.2`: unicast via oif 4.
-        let mut r = RouteMessage::default();
-        r.header.address_family = AddressFamily::Inet;
-        r.header.kind = RouteType::Unicast;
-        r.attributes.push(RouteAttribute::Oif(4));
-        let mut m = NetlinkMessage::new(
-            NetlinkHeader::default(),
-            NetlinkPayload::from(RouteNetlinkMessage::NewRoute(r)),
-        );
-        m.finalize();
-        let mut buf = vec![0; m.buffer_len()];
-        m.serialize(&mut buf);
-        let back = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf).unwrap();
-        let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(r)) = back.payload else {
-            panic!("not a route");
-        };
-        assert_eq!(
-            route_info(&r),
-            RouteInfo {
-                kind: RouteType::Unicast,
-                oif: Some(4)
-            }
-        );
     }
 }

@@ -1,0 +1,146 @@
+//! Start-up, in the order that loses nothing: check what a user can get wrong, load the
+//! datapath, subscribe to every notification source, learn the interfaces' qdiscs and hooks,
+//! attach, then offload what conntrack already has.
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::{Context as _, anyhow, bail};
+use tokio::{net::UnixListener, sync::mpsc::UnboundedReceiver};
+
+use crate::{
+    config::Config,
+    control,
+    datapath::Datapath,
+    state::{Shared, State},
+    sync::{
+        conntrack::CtEntry,
+        ctnetlink::{CtNetlink, CtSubscription, conntrack_checksum},
+        hooks,
+        nftables::{self, RulesetEvent},
+        qdisc,
+        routes::RouteLookup,
+        rtnl::{self, RtEvent},
+    },
+    tasks::{self, conntrack::ct_err},
+};
+
+/// Everything the tasks start with.
+pub struct Started {
+    pub shared: Arc<Shared>,
+    pub listener: UnixListener,
+    pub socket_guard: RemoveOnDrop,
+    pub rt_events: UnboundedReceiver<RtEvent>,
+    pub ruleset_events: UnboundedReceiver<RulesetEvent>,
+    /// Route lookups for conntrack events and for revalidation (one socket each).
+    pub ct_lookup: RouteLookup,
+    pub revalidate_lookup: RouteLookup,
+    pub ct_events: CtSubscription,
+    pub ct_requests: CtNetlink,
+    /// Marks offloaded TCP connections "be liberal" ([`tasks::conntrack::mark_liberal`]).
+    pub ct_marker: CtNetlink,
+    /// TCP connections the initial resync offloaded, to be marked.
+    pub to_mark: Vec<CtEntry>,
+    pub keepalive: CtNetlink,
+}
+
+/// Checks, loads, subscribes, attaches and offloads the existing connections.
+pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> {
+    // Everything a user can get wrong is checked before anything is attached.
+    let mut ifindexes = Vec::new();
+    for cfg in &config.interfaces {
+        ifindexes.push(
+            rtnl::ifindex(&cfg.name).ok_or_else(|| {
+                anyhow!("interface {} (from the config) does not exist", cfg.name)
+            })?,
+        );
+    }
+    check_privileges()?;
+    let listener = control::bind(&socket)?;
+    let socket_guard = RemoveOnDrop(socket);
+
+    let (capacity, source) = config.flow_capacity();
+    tracing::info!(capacity, source = ?source, "flow map capacity (directions per family)");
+    let mut dp = Datapath::load(capacity)?;
+    // Subscribe before reading qdiscs and dumping conntrack so nothing that happens in between
+    // is lost.
+    let rt_events = rtnl::subscribe().context("cannot subscribe to rtnetlink events")?;
+    // Firewall changes: subscribed before anything is offloaded, so no commit is missed.
+    let ruleset_events =
+        nftables::subscribe().context("cannot subscribe to nftables notifications")?;
+    // Flows may keep FIB answers only while the notifications that invalidate them are heard.
+    dp.set_fib_cache(Duration::from_millis(config.fib_cache_ms))?;
+    // TCP/UDP checksums are verified in XDP exactly while conntrack verifies them.
+    dp.set_verify_l4_checksum(conntrack_checksum())?;
+    let mut state = State::new(dp, &config.interfaces, &ifindexes, config.xdp_mode);
+    // Know which egresses are shaped and which interfaces carry hooks XDP would jump over,
+    // before the first packet is forwarded.
+    state.apply_qdiscs(qdisc::read_all().await);
+    state.apply_hooks(&hooks::read(&state.iface_names()).await);
+    let macs: Vec<Option<[u8; 6]>> = config
+        .interfaces
+        .iter()
+        .map(|c| rtnl::hw_addr(&c.name))
+        .collect();
+    state.attach_all(&macs)?;
+    let shared = Arc::new(Shared::new(state));
+
+    let mut ct_lookup = RouteLookup::new().context("cannot open an rtnetlink socket")?;
+    let revalidate_lookup = RouteLookup::new().context("cannot open an rtnetlink socket")?;
+    let mut ct_requests = CtNetlink::new().map_err(ct_err)?;
+    let mut ct_events = CtSubscription::new().map_err(ct_err)?;
+    let keepalive = CtNetlink::new().map_err(ct_err)?;
+    let ct_marker = CtNetlink::new().map_err(ct_err)?;
+    // Our own timeout refreshes and liberal-flag updates come back as UPDATE events that carry
+    // nothing new.
+    ct_events.ignore_events_from(keepalive.port_id());
+    ct_events.ignore_events_from(ct_requests.port_id());
+    ct_events.ignore_events_from(ct_marker.port_id());
+    let to_mark = tasks::conntrack::resync(&shared, &mut ct_lookup, &mut ct_requests).await?;
+    Ok(Started {
+        shared,
+        listener,
+        socket_guard,
+        rt_events,
+        ruleset_events,
+        ct_lookup,
+        revalidate_lookup,
+        ct_events,
+        ct_requests,
+        ct_marker,
+        to_mark,
+        keepalive,
+    })
+}
+
+fn check_privileges() -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Capabilities may still be enough (systemd AmbientCapabilities); loading will tell.
+        let caps = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let eff = caps
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0);
+        const CAP_NET_ADMIN: u64 = 12;
+        const CAP_PERFMON: u64 = 38;
+        const CAP_BPF: u64 = 39;
+        // Without CAP_PERFMON the verifier rejects the program's packet pointer arithmetic.
+        let need = (1 << CAP_NET_ADMIN) | (1 << CAP_BPF) | (1 << CAP_PERFMON);
+        if eff & need != need {
+            bail!(
+                "xdp-routerd needs root or the capabilities CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Removes the control socket's path when dropped.
+pub struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}

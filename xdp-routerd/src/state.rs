@@ -1,0 +1,575 @@
+//! The state the daemon's tasks share, and the only place it changes.
+//!
+//! [`Shared`] holds the [`State`] behind a mutex that is only ever taken for map writes already
+//! planned outside it and for status reads: no netlink round trip, qdisc or hooks read, or
+//! ctnetlink request happens while it is held (the tasks in [`crate::tasks`] do their I/O first,
+//! then call one of the methods here). Route answers for flow changes come from
+//! [`crate::paths::resolve`], looked up before the lock is taken.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use parking_lot::{FairMutex, FairMutexGuard};
+
+use tokio::sync::Notify;
+use tracing::{debug, error, info, warn};
+use xdp_router_common::{
+    FLOW_F_REPLY, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_SHAPED, Reason,
+};
+
+use crate::{
+    config::{InterfaceConfig, Shaped, XdpModeConfig},
+    datapath::{AttachMode, Datapath},
+    flows::{DirKey, FlowManager, FlowTable},
+    status::{ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, Status},
+    sync::{
+        hooks::Hooks,
+        qdisc::{self, Egress, Qdisc},
+    },
+};
+
+/// What [`State`] needs from the datapath besides the flow maps: the managed interfaces'
+/// attachments and `IFACES` entries. Implemented by [`Datapath`]; unit tests use a fake.
+pub trait Ports: FlowTable {
+    /// Registers and attaches to `ifindex`; returns the mode it got.
+    fn attach(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        mac: [u8; 6],
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode>;
+    /// Detaches from `ifindex` and forgets it.
+    fn detach(&mut self, ifindex: u32);
+    /// Rewrites the flags of a registered interface.
+    fn set_iface_flags(&mut self, ifindex: u32, slot: u32, flags: u32) -> anyhow::Result<()>;
+    /// Rewrites the MAC address of a registered interface; returns whether it changed.
+    fn set_iface_mac(&mut self, ifindex: u32, mac: [u8; 6]) -> anyhow::Result<bool>;
+}
+
+impl Ports for Datapath {
+    fn attach(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        mac: [u8; 6],
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        Datapath::attach(self, name, ifindex, slot, flags, mac, mode)
+    }
+    fn detach(&mut self, ifindex: u32) {
+        Datapath::detach(self, ifindex)
+    }
+    fn set_iface_flags(&mut self, ifindex: u32, slot: u32, flags: u32) -> anyhow::Result<()> {
+        Datapath::set_iface_flags(self, ifindex, slot, flags)
+    }
+    fn set_iface_mac(&mut self, ifindex: u32, mac: [u8; 6]) -> anyhow::Result<bool> {
+        Datapath::set_iface_mac(self, ifindex, mac)
+    }
+}
+
+/// A managed interface as configured, and what it currently is in the kernel.
+pub struct Managed {
+    pub cfg: InterfaceConfig,
+    pub slot: u32,
+    pub ifindex: Option<u32>,
+    pub mode: Option<AttachMode>,
+    /// Its egress qdiscs as last read; `None` until read (or when the last read failed).
+    pub egress: Option<Egress>,
+    /// nftables netdev chains / tc filters found on it (see [`crate::sync::hooks`]).
+    pub hooks: Hooks,
+}
+
+/// `shaped_by` while `shaped = "auto"` and the qdiscs are not known yet: in doubt the fast
+/// path does not send out of the interface.
+const SHAPED_UNKNOWN: &str = "unknown qdiscs";
+
+impl Managed {
+    /// Why the fast path must not send out of this interface (`config`, the shaping qdisc's
+    /// kind, or [`SHAPED_UNKNOWN`]); `None` when it may.
+    pub fn shaped_by(&self) -> Option<String> {
+        match self.cfg.shaped {
+            Shaped::Always => Some("config".into()),
+            Shaped::Never => None,
+            Shaped::Auto => match &self.egress {
+                Some(e) => e.shaper.clone(),
+                None => Some(SHAPED_UNKNOWN.into()),
+            },
+        }
+    }
+
+    /// The `IFACE_F_*` flags the datapath gets for it.
+    pub fn flags(&self) -> u32 {
+        let hooks = if self.cfg.bypass_hooks {
+            Hooks::default()
+        } else {
+            self.hooks
+        };
+        let mut flags = 0;
+        if self.shaped_by().is_some() {
+            flags |= IFACE_F_SHAPED;
+        }
+        if hooks.ingress {
+            flags |= IFACE_F_INGRESS_HOOK;
+        }
+        if hooks.egress {
+            flags |= IFACE_F_EGRESS_HOOK;
+        }
+        flags
+    }
+
+    /// Records freshly read hooks and logs what changes for the fast path. Returns whether
+    /// they changed.
+    fn set_hooks(&mut self, hooks: Hooks) -> bool {
+        if hooks == self.hooks {
+            return false;
+        }
+        self.hooks = hooks;
+        let name = &self.cfg.name;
+        if self.cfg.bypass_hooks {
+            info!(interface = %name, ?hooks, "{name}: netdev chains / tc filters changed; bypass_hooks = true: the fast path jumps over them");
+        } else {
+            info!(
+                interface = %name,
+                ingress = hooks.ingress,
+                egress = hooks.egress,
+                "{name}: netdev chains / tc filters: packets that would pass them stay in the kernel"
+            );
+        }
+        true
+    }
+
+    /// Records freshly read egress qdiscs (`None`: the read failed) and logs what changes for
+    /// the fast path. Returns whether the datapath flags changed.
+    fn set_egress(&mut self, egress: Option<Egress>) -> bool {
+        let name = &self.cfg.name;
+        let before = self.shaped_by();
+        let shaper_before = self.egress.as_ref().and_then(|e| e.shaper.clone());
+        self.egress = egress;
+        let after = self.shaped_by();
+        if self.cfg.shaped == Shaped::Never {
+            let shaper = self.egress.as_ref().and_then(|e| e.shaper.clone());
+            if let Some(kind) = shaper.as_deref()
+                && shaper != shaper_before
+            {
+                warn!(
+                    interface = %name,
+                    qdisc = kind,
+                    "{name}: egress shaped by {kind}, but the config says shaped = false: the fast path bypasses it"
+                );
+            }
+        }
+        if before == after {
+            return false;
+        }
+        match (before.as_deref(), after.as_deref()) {
+            (_, Some(SHAPED_UNKNOWN)) => warn!(
+                interface = %name,
+                "{name}: cannot read its qdiscs: fast path will not send out of it until they are known"
+            ),
+            (_, Some(kind)) => info!(
+                interface = %name,
+                qdisc = kind,
+                "{name}: egress shaped by {kind}: fast path will not send out of it"
+            ),
+            // Not shaped at start: nothing to say.
+            (Some(SHAPED_UNKNOWN), None) => debug!(interface = %name, "egress not shaped"),
+            (_, None) => {
+                let root = self
+                    .egress
+                    .as_ref()
+                    .and_then(|e| e.root.as_deref())
+                    .unwrap_or("none");
+                info!(
+                    interface = %name,
+                    qdisc = root,
+                    "{name}: egress no longer shaped (root qdisc {root}): fast path sends out of it again"
+                )
+            }
+        }
+        true
+    }
+}
+
+/// What the tasks share: the state, and what tells a task that route answers it looked up
+/// may be stale.
+pub struct Shared {
+    state: FairMutex<State>,
+    /// Bumped (before anything else) when an rtnetlink notification that can change a route
+    /// answer arrives: a task that looked routes up compares it before and after.
+    paths_generation: AtomicU64,
+    /// Asks the rtnetlink task for a revalidation (a batch was applied with route answers
+    /// that were stale by then).
+    revalidate: Notify,
+}
+
+impl Shared {
+    /// Wraps the state built at start-up.
+    pub fn new(state: State) -> Shared {
+        Shared {
+            state: FairMutex::new(state),
+            paths_generation: AtomicU64::new(0),
+            revalidate: Notify::new(),
+        }
+    }
+
+    /// Locks the state (for planned map writes or a status read only). Fair: a task that
+    /// applies a table in chunks lets every waiting request in between two chunks.
+    pub fn lock(&self) -> FairMutexGuard<'_, State> {
+        self.state.lock()
+    }
+
+    /// The current route generation (see [`Shared::paths_changed`]).
+    pub fn paths_generation(&self) -> u64 {
+        self.paths_generation.load(Ordering::Acquire)
+    }
+
+    /// Routes, addresses or links may have changed: answers looked up before are stale.
+    pub fn paths_changed(&self) {
+        self.paths_generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Asks for a revalidation of every flow against fresh route answers.
+    pub fn request_revalidation(&self) {
+        self.revalidate.notify_one();
+    }
+
+    /// Resolves when a revalidation was asked for.
+    pub async fn revalidation_requested(&self) {
+        self.revalidate.notified().await
+    }
+}
+
+/// Everything the tasks share: the datapath, the flow manager (the one place conntrack entries
+/// become flows), the managed interfaces, and conntrack sync counters.
+pub struct State<D = Datapath> {
+    pub dp: D,
+    pub flows: FlowManager,
+    pub ifaces: Vec<Managed>,
+    pub ct: ConntrackStatus,
+    pub xdp_mode: XdpModeConfig,
+}
+
+fn fmt_mac(m: [u8; 6]) -> String {
+    m.map(|b| format!("{b:02x}")).join(":")
+}
+
+impl<D: Ports> State<D> {
+    /// The state for the configured interfaces (found under `ifindexes`, in config order),
+    /// nothing attached yet.
+    pub fn new(
+        dp: D,
+        interfaces: &[InterfaceConfig],
+        ifindexes: &[u32],
+        xdp_mode: XdpModeConfig,
+    ) -> State<D> {
+        let ifaces = interfaces
+            .iter()
+            .zip(ifindexes)
+            .enumerate()
+            .map(|(i, (cfg, ifindex))| Managed {
+                cfg: cfg.clone(),
+                slot: i as u32 + 1,
+                ifindex: Some(*ifindex),
+                mode: None,
+                egress: None,
+                hooks: Hooks::default(),
+            })
+            .collect();
+        State {
+            dp,
+            flows: FlowManager::new(),
+            ifaces,
+            ct: ConntrackStatus::default(),
+            xdp_mode,
+        }
+    }
+
+    /// Attaches to every present interface (start-up: its qdiscs and hooks are known by now).
+    /// `macs` holds each one's MAC address, in config order.
+    pub fn attach_all(&mut self, macs: &[Option<[u8; 6]>]) -> anyhow::Result<()> {
+        for (m, mac) in self.ifaces.iter_mut().zip(macs) {
+            let Some(ifindex) = m.ifindex else {
+                continue;
+            };
+            let mac = mac_or_zero(&m.cfg.name, *mac);
+            m.mode = Some(self.dp.attach(
+                &m.cfg.name,
+                ifindex,
+                m.slot,
+                m.flags(),
+                mac,
+                self.xdp_mode,
+            )?);
+        }
+        let managed = self.managed_map();
+        self.flows.set_managed(managed);
+        Ok(())
+    }
+
+    fn managed_map(&self) -> BTreeMap<u32, String> {
+        self.ifaces
+            .iter()
+            .filter(|m| m.mode.is_some())
+            .filter_map(|m| m.ifindex.map(|i| (i, m.cfg.name.clone())))
+            .collect()
+    }
+
+    /// The configured interface names, in config order.
+    pub fn iface_names(&self) -> Vec<String> {
+        self.ifaces.iter().map(|m| m.cfg.name.clone()).collect()
+    }
+
+    /// Attaches to a managed interface that (re)appeared under `ifindex`, or follows a change
+    /// of its MAC address (`mac`: from the link notification or read by the caller). Returns
+    /// whether it is a new device.
+    pub fn link_up(&mut self, ifindex: u32, name: &str, mac: Option<[u8; 6]>) -> bool {
+        let xdp_mode = self.xdp_mode;
+        let Some(m) = self.ifaces.iter_mut().find(|m| m.cfg.name == name) else {
+            return false;
+        };
+        if m.ifindex == Some(ifindex) && m.mode.is_some() {
+            if let Some(mac) = mac {
+                match self.dp.set_iface_mac(ifindex, mac) {
+                    Ok(true) => info!(interface = name, mac = %fmt_mac(mac), "MAC address changed"),
+                    Ok(false) => {}
+                    Err(e) => {
+                        error!(interface = name, error = %format!("{e:#}"), "cannot update the MAC address")
+                    }
+                }
+            }
+            return false;
+        }
+        if let Some(old) = m.ifindex.take() {
+            self.dp.detach(old);
+        }
+        // A new device: its qdiscs are read right after this (the caller's job); until then
+        // `auto` counts it as shaped.
+        m.egress = None;
+        m.mode = None;
+        m.ifindex = Some(ifindex);
+        let mac = mac_or_zero(name, mac);
+        match self
+            .dp
+            .attach(name, ifindex, m.slot, m.flags(), mac, xdp_mode)
+        {
+            Ok(mode) => m.mode = Some(mode),
+            Err(e) => error!(interface = name, error = %format!("{e:#}"), "cannot attach"),
+        }
+        let managed = self.managed_map();
+        self.flows.set_managed(managed);
+        true
+    }
+
+    /// A managed interface disappeared: detach, and its flows no longer have a path. Returns
+    /// whether it was one of ours.
+    pub fn link_gone(&mut self, ifindex: u32) -> bool {
+        let Some(m) = self.ifaces.iter_mut().find(|m| m.ifindex == Some(ifindex)) else {
+            return false;
+        };
+        warn!(interface = %m.cfg.name, ifindex, "managed interface disappeared; its flows go back to the kernel");
+        m.ifindex = None;
+        m.mode = None;
+        self.dp.detach(ifindex);
+        let managed = self.managed_map();
+        self.flows.set_managed(managed);
+        true
+    }
+
+    /// The ifindex a managed interface has now, if it is present.
+    pub fn ifindex_of(&self, name: &str) -> Option<u32> {
+        self.ifaces
+            .iter()
+            .find(|m| m.cfg.name == name)
+            .and_then(|m| m.ifindex)
+    }
+
+    /// Applies a fresh qdisc read to every present managed interface and updates the flags of
+    /// those whose shaping changed (start-up and every qdisc change: the one qdisc path).
+    pub fn apply_qdiscs(&mut self, qdiscs: std::io::Result<Vec<Qdisc>>) {
+        let by_ifindex = match qdiscs {
+            Ok(q) => Some(qdisc::egress_by_ifindex(&q)),
+            Err(e) => {
+                error!(error = %e, "cannot read qdiscs (RTM_GETQDISC)");
+                None
+            }
+        };
+        for m in &mut self.ifaces {
+            let Some(ifindex) = m.ifindex else {
+                continue;
+            };
+            let egress = by_ifindex
+                .as_ref()
+                .map(|b| b.get(&ifindex).cloned().unwrap_or_default());
+            if m.set_egress(egress) && m.mode.is_some() {
+                let flags = m.flags();
+                if let Err(e) = self.dp.set_iface_flags(ifindex, m.slot, flags) {
+                    error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
+                }
+            }
+        }
+    }
+
+    /// Applies freshly read hooks (by interface name) and updates the flags of the interfaces
+    /// whose hooks changed.
+    pub fn apply_hooks(&mut self, found: &BTreeMap<String, Hooks>) {
+        for m in &mut self.ifaces {
+            let h = found.get(&m.cfg.name).copied().unwrap_or_default();
+            if m.set_hooks(h)
+                && let (Some(ifindex), Some(_)) = (m.ifindex, m.mode)
+                && let Err(e) = self.dp.set_iface_flags(ifindex, m.slot, m.flags())
+            {
+                error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
+            }
+        }
+    }
+}
+
+/// The MAC address frames must be sent to for the fast path to forward them. An interface
+/// without an Ethernet address gets all zeros, which no frame carries: everything it receives
+/// goes to the kernel.
+fn mac_or_zero(name: &str, mac: Option<[u8; 6]>) -> [u8; 6] {
+    mac.unwrap_or_else(|| {
+        warn!(
+            interface = name,
+            "no Ethernet address: the fast path forwards nothing it receives"
+        );
+        [0; 6]
+    })
+}
+
+impl State<Datapath> {
+    /// What `xdp-routerd status` and `/metrics` show (a few map reads).
+    pub fn status(&self) -> anyhow::Result<Status> {
+        let mut counters = Vec::new();
+        for m in &self.ifaces {
+            for r in Reason::ALL {
+                let c = self.dp.counter(m.slot, r)?;
+                counters.push(CounterRow {
+                    interface: m.cfg.name.clone(),
+                    reason: r,
+                    packets: c.packets,
+                    bytes: c.bytes,
+                });
+            }
+        }
+        let (v4_dirs, v6_dirs) = self.flows.directions();
+        let mut ct = self.ct.clone();
+        let fs = self.flows.stats();
+        ct.offloaded = self.flows.len() as u64;
+        ct.offloaded_total = fs.offloaded_total;
+        ct.removed_total = fs.removed_total;
+        ct.skipped = fs.skipped.clone();
+        Ok(Status {
+            fastpath: self.dp.fastpath()?,
+            interfaces: self
+                .ifaces
+                .iter()
+                .map(|m| IfaceStatus {
+                    name: m.cfg.name.clone(),
+                    ifindex: m.ifindex.unwrap_or(0),
+                    role: m.cfg.role.to_string(),
+                    attach_mode: m.mode.map(AttachMode::as_str).unwrap_or("detached").into(),
+                    shaped: m.shaped_by().is_some(),
+                    shaped_config: m.cfg.shaped.to_string(),
+                    shaped_by: m.shaped_by(),
+                    egress_qdisc: m.egress.as_ref().and_then(|e| e.root.clone()),
+                })
+                .collect(),
+            flows: FlowCounts {
+                ipv4: v4_dirs,
+                ipv6: v6_dirs,
+                capacity: self.dp.flow_capacity(),
+            },
+            counters,
+            conntrack: ct,
+            fib_cache: self.dp.fib_cache_status(),
+            ruleset: self.dp.ruleset_status(),
+        })
+    }
+
+    /// What `xdp-routerd flows` shows.
+    pub fn flows(&self) -> Flows {
+        let now = monotonic_ns();
+        let name = |i: u32| self.flows.iface_name(i).unwrap_or("?").to_string();
+        let proto = |p: u8| match p {
+            6 => "tcp".to_string(),
+            17 => "udp".to_string(),
+            p => p.to_string(),
+        };
+        let ep = |a: IpAddr, port: u16| match a {
+            IpAddr::V4(a) => format!("{a}:{port}"),
+            IpAddr::V6(a) => format!("[{a}]:{port}"),
+        };
+        let mut rows = Vec::new();
+        for conn in self.flows.conns() {
+            let e = &conn.entry;
+            for (i, key) in conn.keys.iter().enumerate() {
+                let (from, to_src, to_sport, to_dst, to_dport) = if i == 0 {
+                    (
+                        &e.orig,
+                        e.reply.dst,
+                        e.reply.dport,
+                        e.reply.src,
+                        e.reply.sport,
+                    )
+                } else {
+                    (&e.reply, e.orig.dst, e.orig.dport, e.orig.src, e.orig.sport)
+                };
+                let (ifindex, family, counters, flags) = match key {
+                    DirKey::V4(k) => {
+                        let v = self.dp.get_v4(k);
+                        (k.ifindex, "ipv4", v.map(|v| v.counters), v.map(|v| v.flags))
+                    }
+                    DirKey::V6(k) => {
+                        let v = self.dp.get_v6(k);
+                        (k.ifindex, "ipv6", v.map(|v| v.counters), v.map(|v| v.flags))
+                    }
+                };
+                let c = counters.unwrap_or_default();
+                rows.push(FlowRow {
+                    family: family.into(),
+                    ingress: name(ifindex),
+                    proto: proto(from.proto),
+                    src: ep(from.src, from.sport),
+                    dst: ep(from.dst, from.dport),
+                    new_src: ep(to_src, to_sport),
+                    new_dst: ep(to_dst, to_dport),
+                    direction: if flags.unwrap_or(0) & FLOW_F_REPLY != 0 {
+                        "reply"
+                    } else {
+                        "original"
+                    }
+                    .into(),
+                    packets: c.packets,
+                    bytes: c.bytes,
+                    idle_ms: (c.last_seen_ns != 0)
+                        .then(|| now.saturating_sub(c.last_seen_ns) / 1_000_000),
+                });
+            }
+        }
+        Flows { flows: rows }
+    }
+}
+
+/// CLOCK_MONOTONIC_COARSE in ns, the clock of `bpf_ktime_get_coarse_ns()` that the datapath
+/// stamps `last_seen_ns` with.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,73 @@
+//! Keep-alive: the kernel sees no packet of a connection the fast path carries, so its conntrack
+//! timeout is refreshed (over ctnetlink, no lock held) for every connection that carried traffic
+//! since the previous pass; TCP ones are re-marked "be liberal" in the same message.
+
+use std::{sync::Arc, time::Duration};
+
+use tracing::{debug, error, warn};
+
+use crate::{
+    state::{Shared, State, monotonic_ns},
+    sync::{
+        conntrack::IPPROTO_TCP,
+        ctnetlink::{CtNetlink, CtUpdate, KernelTimeouts, conntrack_checksum},
+    },
+};
+
+/// Refreshes every `interval`, forever.
+pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> anyhow::Result<()> {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // Re-read every pass: an administrator may change the sysctls at any time.
+        let timeouts = match KernelTimeouts::read() {
+            Ok(t) => t,
+            Err(e) => {
+                warn!(error = %e, "cannot read conntrack timeouts; keep-alive skipped");
+                continue;
+            }
+        };
+        // Also re-read every pass (a /proc read): whether conntrack verifies checksums.
+        let verify = conntrack_checksum();
+        let active = {
+            let mut s = shared.lock();
+            if let Err(e) = s.dp.set_verify_l4_checksum(verify) {
+                error!(error = %e, "cannot update the checksum setting");
+            }
+            let State { dp, flows, .. } = &mut *s;
+            flows.active_since_last_pass(dp, monotonic_ns())
+        };
+        let mut refreshed = 0u64;
+        let mut errors = 0u64;
+        let mut gone = Vec::new();
+        for e in active {
+            let Some(secs) = timeouts.for_proto(e.orig.proto) else {
+                continue;
+            };
+            // TCP: re-mark it liberal in the same message. Packets the kernel saw since the
+            // last pass (handshake stragglers, shaped egress) set MAXACK_SET again, and a stale
+            // td_maxack would make conntrack ignore the connection's RST.
+            let mut update = CtUpdate::new(e.orig, e.zone).timeout(secs);
+            if e.orig.proto == IPPROTO_TCP {
+                update = update.tcp_liberal();
+            }
+            match ct.update(&update).await {
+                Ok(true) => refreshed += 1,
+                Ok(false) => gone.push(e),
+                Err(err) => {
+                    debug!(error = %err, "conntrack refresh failed");
+                    errors += 1;
+                }
+            }
+        }
+        let mut s = shared.lock();
+        s.ct.refreshes += refreshed;
+        s.ct.errors += errors;
+        let State { dp, flows, .. } = &mut *s;
+        for e in gone {
+            // Conntrack no longer has it (we missed the DESTROY): take it back.
+            flows.forget(&e.orig, dp);
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! rtnetlink notifications: managed links come and go (attach, detach, MAC changes), their
+//! qdiscs and hooks change (`shaped = "auto"`, netdev chains), and routes, addresses or rules
+//! change (cached FIB answers are dropped; offloaded flows are revalidated).
+//!
+//! Two loops: [`run`] follows the notifications and never waits on route lookups, so the FIB
+//! cache is invalidated as soon as a change arrives; [`revalidate`] re-checks every flow
+//! against fresh route answers whenever asked (requests made while a pass runs coalesce into
+//! one more pass, which a route flap of thousands of messages needs).
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use anyhow::anyhow;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tracing::{error, info, warn};
+
+use super::APPLY_CHUNK;
+use crate::{
+    paths,
+    state::{Shared, State},
+    sync::{
+        hooks, qdisc,
+        routes::RouteLookup,
+        rtnl::{self, RtEvent},
+    },
+};
+
+/// How long a burst of notifications is collected before it is applied.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// Follows rtnetlink notifications until the event socket closes.
+pub async fn run(
+    shared: Arc<Shared>,
+    mut events: UnboundedReceiver<RtEvent>,
+) -> anyhow::Result<()> {
+    while let Some(first) = events.recv().await {
+        // Route answers looked up from now on may differ from those looked up before.
+        shared.paths_changed();
+        // The datapath's cached FIB answers go first, before the debounce: the next packet of
+        // every flow asks the kernel's FIB again.
+        invalidate_fib_cache(&shared);
+        // Debounce: a route change usually comes as a burst of messages.
+        let mut batch = vec![first];
+        tokio::time::sleep(DEBOUNCE).await;
+        while let Ok(ev) = events.try_recv() {
+            batch.push(ev);
+        }
+        if batch.len() > 1 {
+            // Answers cached while the burst was being applied may be half-old.
+            shared.paths_changed();
+            invalidate_fib_cache(&shared);
+        }
+        let links = read_links(&shared, &batch);
+        let (revalidate, reread_qdiscs) = apply_rt_events(&mut shared.lock(), batch, &links);
+        if revalidate {
+            shared.request_revalidation();
+        }
+        if reread_qdiscs {
+            let qdiscs = qdisc::read_all().await;
+            shared.lock().apply_qdiscs(qdiscs);
+            refresh_hooks(&shared).await;
+        }
+    }
+    Err(anyhow!("rtnetlink event socket closed"))
+}
+
+/// Re-checks every offloaded and parked connection each time a revalidation is asked for:
+/// a snapshot (under the lock), its routes looked up (no lock), the answers applied in chunks.
+pub async fn revalidate(shared: Arc<Shared>, mut lookup: RouteLookup) -> anyhow::Result<()> {
+    loop {
+        shared.revalidation_requested().await;
+        let snapshot = shared.lock().flows.snapshot();
+        let resolved = paths::resolve(&mut lookup, &snapshot).await;
+        let (mut removed, mut added) = (0, 0);
+        for chunk in snapshot.chunks(APPLY_CHUNK) {
+            let (r, a) = {
+                let mut s = shared.lock();
+                let State { dp, flows, .. } = &mut *s;
+                flows.revalidate(chunk.iter().cloned(), dp, &resolved)
+            };
+            removed += r;
+            added += a;
+            // Let status, metrics and the other tasks in between chunks.
+            tokio::task::yield_now().await;
+        }
+        if removed > 0 {
+            info!(
+                removed,
+                "routing or address change: flows handed back to the kernel"
+            );
+        }
+        if added > 0 {
+            info!(
+                added,
+                "routing or address change: connections offloaded again"
+            );
+        }
+    }
+}
+
+/// What the kernel says about the links a batch touches, read before the lock is taken:
+/// for each managed interface named in the batch (all of them after an overrun), its current
+/// ifindex (`None`: gone) and MAC address.
+type LinkReads = BTreeMap<String, (Option<u32>, Option<[u8; 6]>)>;
+
+fn read_links(shared: &Shared, batch: &[RtEvent]) -> LinkReads {
+    let names = shared.lock().iface_names();
+    let overrun = batch.iter().any(|e| matches!(e, RtEvent::Overrun));
+    names
+        .into_iter()
+        .filter(|n| {
+            overrun
+                || batch
+                    .iter()
+                    .any(|e| matches!(e, RtEvent::LinkUp { name, mac: None, .. } if name == n))
+        })
+        .map(|n| {
+            let read = (rtnl::ifindex(&n), rtnl::hw_addr(&n));
+            (n, read)
+        })
+        .collect()
+}
+
+/// Applies a batch of rtnetlink events with the links already read; returns whether flows
+/// must be revalidated and whether the qdiscs must be read again.
+pub fn apply_rt_events<D: crate::state::Ports>(
+    s: &mut State<D>,
+    batch: Vec<RtEvent>,
+    links: &LinkReads,
+) -> (bool, bool) {
+    let mut revalidate = false;
+    let mut reread_qdiscs = false;
+    for ev in batch {
+        match ev {
+            RtEvent::LinkUp { ifindex, name, mac } => {
+                let mac = mac.or_else(|| links.get(&name).and_then(|l| l.1));
+                let new_device = s.link_up(ifindex, &name, mac);
+                revalidate |= new_device;
+                reread_qdiscs |= new_device;
+            }
+            RtEvent::LinkGone { ifindex, .. } => revalidate |= s.link_gone(ifindex),
+            RtEvent::PathsChanged => revalidate = true,
+            // Only cached FIB answers depend on these (dropped already).
+            RtEvent::FibChanged => {}
+            RtEvent::QdiscChanged { ifindex } => {
+                reread_qdiscs |= s.ifaces.iter().any(|m| m.ifindex == Some(ifindex));
+            }
+            RtEvent::Overrun => {
+                reread_qdiscs = true;
+                warn!("rtnetlink overrun: re-reading links and revalidating flows");
+                for name in s.iface_names() {
+                    match links.get(&name) {
+                        Some((Some(i), mac)) => {
+                            s.link_up(*i, &name, *mac);
+                        }
+                        _ => {
+                            if let Some(i) = s.ifindex_of(&name) {
+                                s.link_gone(i);
+                            }
+                        }
+                    }
+                }
+                revalidate = true;
+            }
+        }
+    }
+    (revalidate, reread_qdiscs)
+}
+
+/// Re-reads the hooks on every managed interface (no lock held while reading) and updates the
+/// flags of those whose hooks changed.
+pub async fn refresh_hooks(shared: &Shared) {
+    let names = shared.lock().iface_names();
+    let found = hooks::read(&names).await;
+    shared.lock().apply_hooks(&found);
+}
+
+/// Drops every cached FIB answer in the datapath (see
+/// [`crate::datapath::Datapath::invalidate_fib_cache`]).
+fn invalidate_fib_cache(shared: &Shared) {
+    if let Err(e) = shared.lock().dp.invalidate_fib_cache() {
+        error!(error = %e, "cannot invalidate the FIB cache");
+    }
+}

@@ -1,0 +1,42 @@
+//! Firewall changes (nftables commits, lost notifications, iptables-legacy changes) bump the
+//! ruleset generation: every flow direction is disarmed until the kernel forwards it again.
+
+use std::sync::Arc;
+
+use anyhow::anyhow;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tracing::{debug, error};
+
+use crate::{state::Shared, sync::nftables::RulesetEvent};
+
+/// Follows both sources until one of them ends.
+pub async fn run(
+    shared: Arc<Shared>,
+    mut nft: UnboundedReceiver<RulesetEvent>,
+    mut legacy: UnboundedReceiver<RulesetEvent>,
+) -> anyhow::Result<()> {
+    loop {
+        let first = tokio::select! {
+            ev = nft.recv() => ev.ok_or_else(|| anyhow!("nftables event socket closed"))?,
+            ev = legacy.recv() => ev.ok_or_else(|| anyhow!("iptables-legacy poller ended"))?,
+        };
+        // One bump covers everything queued: a single map write disarms every flow.
+        let mut events = vec![first];
+        while let Ok(ev) = nft.try_recv() {
+            events.push(ev);
+        }
+        {
+            let mut s = shared.lock();
+            match s.dp.bump_ruleset_generation() {
+                Ok(()) => debug!(
+                    ?events,
+                    generation = s.dp.ruleset_status().generation,
+                    "firewall ruleset changed: every flow goes through the kernel's rules again"
+                ),
+                Err(e) => error!(error = %format!("{e:#}"), "cannot bump the ruleset generation"),
+            }
+        }
+        // A netdev chain may have come or gone with the commit.
+        super::rtnetlink::refresh_hooks(&shared).await;
+    }
+}
