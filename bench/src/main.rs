@@ -6,7 +6,6 @@
 //! docs/benchmarks.md.
 mod cpu;
 mod ctnl;
-mod ctwrite;
 mod demo;
 mod lab;
 mod latency;

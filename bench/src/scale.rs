@@ -33,7 +33,7 @@ use clap::Args;
 
 use crate::{
     Opts,
-    ctwrite::{self, Conn, TCP, Tuple5, UDP},
+    ctnl::{self, Conn, TCP, Tuple5, UDP},
     netns::Netns,
     packet::Family,
     router::{self, Daemon, Scenario},
@@ -619,7 +619,7 @@ fn capacity_part(tb: &Testbed, bin: &Path, out: &Path, n: u32, report: &mut Repo
     const CAPACITY: u64 = 1024;
     let dir = out.join("capacity");
     fs::create_dir_all(&dir)?;
-    let created = tb.rtr.enter(|| ctwrite::create((0..n).map(conn)))?;
+    let created = tb.rtr.enter(|| ctnl::create((0..n).map(conn)))?;
     if created.failed > 0 {
         bail!("ctnetlink refused {} of {n} entries", created.failed);
     }
@@ -761,7 +761,7 @@ fn flows_part(
     fs::create_dir_all(&dir)?;
     let _max = ConntrackMax::at_least(u64::from(n) + u64::from(n) / 4)?;
     let started = Instant::now();
-    let created = tb.rtr.enter(|| ctwrite::create((0..n).map(conn)))?;
+    let created = tb.rtr.enter(|| ctnl::create((0..n).map(conn)))?;
     if created.failed > 0 {
         bail!(
             "ctnetlink refused {} of {n} entries (first error: {})",
