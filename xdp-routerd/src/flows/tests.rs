@@ -504,6 +504,11 @@ fn an_entry_is_current_until_anything_but_its_timeout_changes() {
         mark: 9,
         ..e.clone()
     }));
+    // Only the TCP state differs from what an offloaded connection keeps: no longer current.
+    assert!(!m.is_current(&CtEntry {
+        tcp_state: Some(tcp_state::FIN_WAIT),
+        ..e.clone()
+    }));
     // Parked entries count too (a resync need not look their routes up again).
     let broken = FakePaths { wan: 9, ..paths() };
     m.revalidate(m.snapshot(), &mut t, &broken);
