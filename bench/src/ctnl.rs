@@ -1,300 +1,312 @@
-//! Conntrack entries for benchmarks, without real sockets: created in bulk with the
-//! `conntrack` tool (`conntrack -R`, one process per batch), deleted over a raw ctnetlink
-//! socket (`conntrack -D` scans the whole table per entry: 2,000 deletions took 33 s).
+//! Conntrack entries for benchmarks, without real sockets: created and deleted in bulk over
+//! ctnetlink (`IPCTNL_MSG_CT_NEW` with `NLM_F_CREATE`, `IPCTNL_MSG_CT_DELETE`), many per
+//! datagram, so `bench scale` fills the router's table with a million entries in seconds and
+//! `bench responsive` churns thousands per second (`conntrack -D` scans the whole table per
+//! entry: 2,000 deletions took 33 s).
 
-use std::{fmt::Write as _, io::Write as _, net::Ipv4Addr, process::Stdio};
+use std::net::{IpAddr, Ipv4Addr};
 
 use anyhow::{Context as _, Result, bail};
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader,
+    NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_netfilter::{
+    NetfilterHeader, NetfilterMessage, NetfilterProtoFamily as ProtoFamily,
+    conntrack::{
+        ConntrackAttribute, ConntrackMessage, IPTuple, ProtoInfo, ProtoInfoTCP, ProtoTuple, Status,
+        Tuple,
+    },
+};
+use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
-use crate::netns::Netns;
+/// IANA protocol numbers.
+pub const TCP: u8 = 6;
+pub const UDP: u8 = 17;
 
-/// One established, assured TCP connection from a LAN host to a remote host, masqueraded to
-/// `nat`: what a router's conntrack holds for a live connection.
-#[derive(Debug, Clone, Copy)]
-pub struct Conn {
-    pub src: Ipv4Addr,
+/// `IPS_SEEN_REPLY | IPS_ASSURED | IPS_CONFIRMED`: what an established connection's status
+/// shows. CONFIRMED must be there: ctnetlink confirms a created entry before it applies
+/// `CTA_STATUS`, and answers EBUSY to a status that would clear it
+/// (`nf_ct_change_status_common`).
+const ESTABLISHED_STATUS: u32 = (1 << 1) | (1 << 2) | (1 << 3);
+/// `TCP_CONNTRACK_ESTABLISHED`.
+const TCP_ESTABLISHED: u8 = 3;
+/// Messages per datagram (each answered by an ACK before the next datagram is sent).
+const PER_DATAGRAM: usize = 128;
+
+/// One direction of a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuple5 {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub proto: u8,
     pub sport: u16,
-    pub dst: Ipv4Addr,
     pub dport: u16,
-    pub nat: Ipv4Addr,
+}
+
+impl Tuple5 {
+    fn attributes(&self) -> Vec<Tuple> {
+        vec![
+            Tuple::Ip(vec![
+                IPTuple::SourceAddress(self.src),
+                IPTuple::DestinationAddress(self.dst),
+            ]),
+            Tuple::Proto(vec![
+                ProtoTuple::Protocol(self.proto.into()),
+                ProtoTuple::SourcePort(self.sport),
+                ProtoTuple::DestinationPort(self.dport),
+            ]),
+        ]
+    }
+}
+
+/// An established (TCP) or assured two-way (UDP) connection to create.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conn {
+    pub orig: Tuple5,
+    pub reply: Tuple5,
+    /// Conntrack timeout, seconds.
+    pub timeout: u32,
 }
 
 impl Conn {
-    /// The `conntrack -R` line that creates it (600 s timeout).
-    fn insert_line(&self) -> String {
-        let Conn {
-            src,
-            sport,
-            dst,
-            dport,
-            nat,
-        } = self;
-        format!(
-            "-I -p tcp -s {src} -d {dst} --sport {sport} --dport {dport} --state ESTABLISHED \
-             -u SEEN_REPLY,ASSURED -t 600 -r {dst} -q {nat} --reply-port-src {dport} \
-             --reply-port-dst {sport}\n"
-        )
+    /// An established TCP connection from a LAN host to a remote host, masqueraded to `nat`
+    /// (ports kept): what a router's conntrack holds for a live connection. 600 s timeout.
+    pub fn masqueraded_tcp(
+        src: Ipv4Addr,
+        sport: u16,
+        dst: Ipv4Addr,
+        dport: u16,
+        nat: Ipv4Addr,
+    ) -> Conn {
+        Conn {
+            orig: Tuple5 {
+                src: src.into(),
+                dst: dst.into(),
+                proto: TCP,
+                sport,
+                dport,
+            },
+            reply: Tuple5 {
+                src: dst.into(),
+                dst: nat.into(),
+                proto: TCP,
+                sport: dport,
+                dport: sport,
+            },
+            timeout: 600,
+        }
     }
 }
 
-/// Creates `conns` in the conntrack table of `ns` (`conntrack -R -`).
-pub fn insert(ns: &Netns, conns: &[Conn]) -> Result<()> {
-    let mut lines = String::with_capacity(conns.len() * 200);
-    for c in conns {
-        lines.push_str(&c.insert_line());
-    }
-    let mut child = ns
-        .command("conntrack")
-        .args(["-R", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running conntrack -R")?;
-    child
-        .stdin
-        .take()
-        .context("conntrack stdin")?
-        .write_all(lines.as_bytes())
-        .context("writing to conntrack -R")?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "conntrack -R: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+/// What a request does with a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Create,
+    /// By its original tuple.
+    Delete,
 }
 
-/// A raw `NETLINK_NETFILTER` socket that deletes conntrack entries by their original tuple.
-/// Must be opened on a thread inside the namespace whose table it edits.
-pub struct Deleter {
-    fd: i32,
+fn encode(conn: &Conn, op: Op, seq: u32, out: &mut Vec<u8>) {
+    if op == Op::Delete {
+        let attrs = vec![ConntrackAttribute::CtaTupleOrig(conn.orig.attributes())];
+        return serialize(conn, ConntrackMessage::Delete(attrs), 0, seq, out);
+    }
+    let mut attrs = vec![
+        ConntrackAttribute::CtaTupleOrig(conn.orig.attributes()),
+        ConntrackAttribute::CtaTupleReply(conn.reply.attributes()),
+        ConntrackAttribute::CtaStatus(Status::from_bits_retain(ESTABLISHED_STATUS)),
+        ConntrackAttribute::CtaTimeout(conn.timeout),
+    ];
+    if conn.orig.proto == TCP {
+        attrs.push(ConntrackAttribute::CtaProtoInfo(vec![ProtoInfo::TCP(
+            vec![ProtoInfoTCP::State(TCP_ESTABLISHED)],
+        )]));
+    }
+    serialize(
+        conn,
+        ConntrackMessage::New(attrs),
+        NLM_F_CREATE | NLM_F_EXCL,
+        seq,
+        out,
+    );
+}
+
+/// Appends one acknowledged request about `conn` to `out`.
+fn serialize(conn: &Conn, msg: ConntrackMessage, flags: u16, seq: u32, out: &mut Vec<u8>) {
+    let family = if conn.orig.src.is_ipv6() {
+        ProtoFamily::IPv6
+    } else {
+        ProtoFamily::IPv4
+    };
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+    header.sequence_number = seq;
+    let mut packet = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(NetfilterMessage::new(
+            NetfilterHeader::new(family, 0, 0),
+            msg,
+        )),
+    );
+    packet.finalize();
+    let start = out.len();
+    out.resize(start + packet.buffer_len(), 0);
+    packet.serialize(&mut out[start..]);
+}
+
+/// What [`Writer::create`] or [`Writer::delete`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Created {
+    /// Requests the kernel carried out.
+    pub created: u64,
+    /// Rejected by the kernel (EEXIST, ENOENT, table full, ...); `first_error` tells which.
+    pub failed: u64,
+    pub first_error: Option<i32>,
+}
+
+/// `NFNLGRP_CONNTRACK_DESTROY`.
+const GROUP_DESTROY: u32 = 3;
+
+/// A ctnetlink socket in the network namespace of the thread that opened it.
+///
+/// It listens to conntrack's DESTROY group: with `nf_conntrack_events` = 2 (the default) the
+/// kernel gives an entry its event extension only when some ctnetlink listener exists at its
+/// creation, and an entry without it never reports its destruction. So the entries are like
+/// those of a router on which xdp-routerd (or conntrackd) already listened, e.g. before a
+/// daemon restart. (The events it receives are skipped.)
+pub struct Writer {
+    sock: Socket,
     seq: u32,
+    tx: Vec<u8>,
+    rx: Vec<u8>,
 }
 
-/// `NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_DELETE`.
-const CT_DELETE: u16 = (1 << 8) | 2;
-const NLA_F_NESTED: u16 = 0x8000;
-const CTA_TUPLE_ORIG: u16 = 1;
-const CTA_TUPLE_IP: u16 = 1;
-const CTA_TUPLE_PROTO: u16 = 2;
-const CTA_IP_V4_SRC: u16 = 1;
-const CTA_IP_V4_DST: u16 = 2;
-const CTA_PROTO_NUM: u16 = 1;
-const CTA_PROTO_SRC_PORT: u16 = 2;
-const CTA_PROTO_DST_PORT: u16 = 3;
-
-impl Deleter {
+impl Writer {
     /// Opens the socket in the calling thread's network namespace.
-    pub fn open() -> Result<Deleter> {
-        // SAFETY: plain socket call.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_NETFILTER,
-            )
-        };
-        if fd < 0 {
-            bail!("ctnetlink socket: {}", std::io::Error::last_os_error());
-        }
-        Ok(Deleter { fd, seq: 1 })
+    pub fn open() -> Result<Writer> {
+        let mut sock = Socket::new(NETLINK_NETFILTER).context("opening a ctnetlink socket")?;
+        sock.bind_auto().context("binding the ctnetlink socket")?;
+        sock.add_membership(GROUP_DESTROY)
+            .context("joining the conntrack DESTROY group")?;
+        Ok(Writer {
+            sock,
+            seq: 0,
+            tx: Vec::with_capacity(PER_DATAGRAM * 160),
+            rx: vec![0u8; 64 << 10],
+        })
     }
 
-    /// Deletes `conns` (a few datagrams of requests without acks). Returns how many the kernel
-    /// refused (an entry already gone, for instance).
-    pub fn delete(&mut self, conns: &[Conn]) -> Result<usize> {
-        let mut failed = 0;
-        for chunk in conns.chunks(256) {
-            let mut buf = Vec::with_capacity(chunk.len() * 80);
-            for c in chunk {
+    /// Creates `conns`.
+    pub fn create(&mut self, conns: impl IntoIterator<Item = Conn>) -> Result<Created> {
+        self.run(Op::Create, conns)
+    }
+
+    /// Deletes `conns` (by their original tuples).
+    pub fn delete(&mut self, conns: impl IntoIterator<Item = Conn>) -> Result<Created> {
+        self.run(Op::Delete, conns)
+    }
+
+    fn run(&mut self, op: Op, conns: impl IntoIterator<Item = Conn>) -> Result<Created> {
+        let mut done = Created::default();
+        let mut conns = conns.into_iter().peekable();
+        while conns.peek().is_some() {
+            self.tx.clear();
+            let first = self.seq.wrapping_add(1);
+            let mut pending = 0usize;
+            for c in conns.by_ref().take(PER_DATAGRAM) {
                 self.seq = self.seq.wrapping_add(1);
-                buf.extend_from_slice(&delete_message(c, self.seq));
+                encode(&c, op, self.seq, &mut self.tx);
+                pending += 1;
             }
-            // SAFETY: sockaddr_nl is plain old data; all zero is valid (the kernel, no groups).
-            let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-            addr.nl_family = libc::AF_NETLINK as u16;
-            // SAFETY: buf and addr are valid for the lengths passed.
-            let rc = unsafe {
-                libc::sendto(
-                    self.fd,
-                    buf.as_ptr().cast(),
-                    buf.len(),
-                    0,
-                    (&raw const addr).cast(),
-                    size_of::<libc::sockaddr_nl>() as u32,
-                )
-            };
-            if rc < 0 {
-                bail!("ctnetlink delete: {}", std::io::Error::last_os_error());
+            let n = self
+                .sock
+                .send(&self.tx, 0)
+                .context("sending to ctnetlink")?;
+            if n != self.tx.len() {
+                bail!("short ctnetlink send: {n} of {} bytes", self.tx.len());
             }
-            failed += self.drain_errors();
-        }
-        Ok(failed)
-    }
-
-    /// Reads the error replies queued so far (only failures are answered without NLM_F_ACK).
-    fn drain_errors(&self) -> usize {
-        let mut n = 0;
-        let mut buf = vec![0u8; 65536];
-        loop {
-            // SAFETY: buf is valid for its length.
-            let got = unsafe {
-                libc::recv(
-                    self.fd,
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if got <= 0 {
-                return n;
-            }
-            let mut off = 0usize;
-            let got = got as usize;
-            while off + 16 <= got {
-                let len = u32::from_ne_bytes([buf[off], buf[off + 1], buf[off + 2], buf[off + 3]])
-                    as usize;
-                let kind = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
-                // NLMSG_ERROR with a non-zero error code.
-                if kind == 2
-                    && off + 20 <= got
-                    && i32::from_ne_bytes([
-                        buf[off + 16],
-                        buf[off + 17],
-                        buf[off + 18],
-                        buf[off + 19],
-                    ]) != 0
-                {
-                    n += 1;
+            // One ACK (an NLMSG_ERROR, code 0 on success) per request.
+            while pending > 0 {
+                let n = self
+                    .sock
+                    .recv(&mut &mut self.rx[..], 0)
+                    .context("reading ctnetlink ACKs")?;
+                let mut off = 0;
+                while off + 16 <= n {
+                    let msg = NetlinkBuffer::new_checked(&self.rx[off..n])
+                        .context("malformed ctnetlink answer")?;
+                    let len = msg.length() as usize;
+                    if len < 16 {
+                        bail!("malformed ctnetlink answer (length {len})");
+                    }
+                    // NLMSG_ERROR = 2 answering one of this datagram's requests (DESTROY
+                    // events have sequence number 0); its payload starts with the errno.
+                    let seq = msg.sequence_number();
+                    if msg.message_type() == 2 && seq.wrapping_sub(first) < PER_DATAGRAM as u32 {
+                        let p = msg.payload();
+                        let code = i32::from_ne_bytes([p[0], p[1], p[2], p[3]]);
+                        if code == 0 {
+                            done.created += 1;
+                        } else {
+                            done.failed += 1;
+                            done.first_error.get_or_insert(-code);
+                        }
+                        pending = pending.saturating_sub(1);
+                    }
+                    off += (len + 3) & !3;
                 }
-                if len < 16 {
-                    break;
-                }
-                off += len.next_multiple_of(4);
             }
         }
+        Ok(done)
     }
 }
 
-impl Drop for Deleter {
-    fn drop(&mut self) {
-        // SAFETY: the fd is ours.
-        unsafe { libc::close(self.fd) };
-    }
-}
-
-fn attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
-    let len = 4 + payload.len();
-    buf.extend_from_slice(&(len as u16).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(payload);
-    buf.resize(buf.len().next_multiple_of(4), 0);
-}
-
-/// One IPCTNL_MSG_CT_DELETE request for the original tuple of `c` (pure).
-fn delete_message(c: &Conn, seq: u32) -> Vec<u8> {
-    let mut ip = Vec::new();
-    attr(&mut ip, CTA_IP_V4_SRC, &c.src.octets());
-    attr(&mut ip, CTA_IP_V4_DST, &c.dst.octets());
-    let mut proto = Vec::new();
-    attr(&mut proto, CTA_PROTO_NUM, &[libc::IPPROTO_TCP as u8]);
-    attr(&mut proto, CTA_PROTO_SRC_PORT, &c.sport.to_be_bytes());
-    attr(&mut proto, CTA_PROTO_DST_PORT, &c.dport.to_be_bytes());
-    let mut tuple = Vec::new();
-    attr(&mut tuple, CTA_TUPLE_IP | NLA_F_NESTED, &ip);
-    attr(&mut tuple, CTA_TUPLE_PROTO | NLA_F_NESTED, &proto);
-    let mut body = vec![libc::AF_INET as u8, 0, 0, 0];
-    attr(&mut body, CTA_TUPLE_ORIG | NLA_F_NESTED, &tuple);
-    let mut msg = Vec::with_capacity(16 + body.len());
-    msg.extend_from_slice(&((16 + body.len()) as u32).to_ne_bytes());
-    msg.extend_from_slice(&CT_DELETE.to_ne_bytes());
-    msg.extend_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
-    msg.extend_from_slice(&seq.to_ne_bytes());
-    msg.extend_from_slice(&0u32.to_ne_bytes());
-    msg.extend_from_slice(&body);
-    msg
-}
-
-/// `ip -batch` lines adding (`add`) or deleting routes to `n` /32 destinations from
-/// 172.16.0.0 on, via `gw`.
-pub fn route_batch(verb: &str, n: u32, gw: Ipv4Addr) -> String {
-    let mut s = String::with_capacity(n as usize * 48);
-    for i in 0..n {
-        let dst = Ipv4Addr::from(u32::from(Ipv4Addr::new(172, 16, 0, 0)) + i);
-        let _ = writeln!(s, "route {verb} {dst}/32 via {gw}");
-    }
-    s
-}
-
-/// Runs `ip -batch -` in `ns` with `script` on stdin.
-pub fn ip_batch(ns: &Netns, script: &str) -> Result<()> {
-    let mut child = ns
-        .command("ip")
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running ip -batch")?;
-    child
-        .stdin
-        .take()
-        .context("ip stdin")?
-        .write_all(script.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "ip -batch: {}",
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .next()
-                .unwrap_or("")
-        );
-    }
-    Ok(())
+/// Creates `conns` in the calling thread's network namespace's conntrack table.
+pub fn create(conns: impl IntoIterator<Item = Conn>) -> Result<Created> {
+    Writer::open()?.create(conns)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn delete_message_is_one_well_formed_netlink_message() {
-        let c = Conn {
-            src: Ipv4Addr::new(10, 0, 1, 2),
-            sport: 40000,
-            dst: Ipv4Addr::new(198, 51, 100, 7),
-            dport: 443,
-            nat: Ipv4Addr::new(203, 0, 113, 1),
-        };
-        let m = delete_message(&c, 7);
-        assert_eq!(
-            u32::from_ne_bytes([m[0], m[1], m[2], m[3]]) as usize,
-            m.len()
-        );
-        assert_eq!(m.len() % 4, 0);
-        assert_eq!(u16::from_ne_bytes([m[4], m[5]]), CT_DELETE);
-        // The ports are in network byte order inside the nested proto tuple.
-        let port = 40000u16.to_be_bytes();
-        assert!(m.windows(2).any(|w| w == port));
-        assert!(m.windows(4).any(|w| w == [10, 0, 1, 2]));
+    fn conn() -> Conn {
+        Conn::masqueraded_tcp(
+            Ipv4Addr::new(10, 0, 1, 2),
+            40000,
+            Ipv4Addr::new(198, 51, 100, 7),
+            443,
+            Ipv4Addr::new(203, 0, 113, 1),
+        )
     }
 
     #[test]
-    fn insert_lines_carry_the_nat_reply_tuple() {
-        let c = Conn {
-            src: Ipv4Addr::new(10, 0, 1, 2),
-            sport: 40000,
-            dst: Ipv4Addr::new(198, 51, 100, 7),
-            dport: 443,
-            nat: Ipv4Addr::new(203, 0, 113, 1),
-        };
-        let l = c.insert_line();
-        assert!(l.contains(
-            "-r 198.51.100.7 -q 203.0.113.1 --reply-port-src 443 --reply-port-dst 40000"
-        ));
+    fn masqueraded_reply_comes_back_to_the_nat_address() {
+        let c = conn();
+        assert_eq!(c.reply.src, c.orig.dst);
+        assert_eq!(c.reply.dst, IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1)));
+        assert_eq!((c.reply.sport, c.reply.dport), (443, 40000));
+    }
+
+    #[test]
+    fn requests_are_whole_netlink_messages_back_to_back() {
+        let mut buf = Vec::new();
+        encode(&conn(), Op::Create, 1, &mut buf);
+        let create_len = buf.len();
+        encode(&conn(), Op::Delete, 2, &mut buf);
+        let create = NetlinkBuffer::new_checked(&buf[..]).unwrap();
+        assert_eq!(create.length() as usize, create_len);
+        // NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_NEW, then DELETE.
+        assert_eq!(create.message_type(), 1 << 8);
+        let delete = NetlinkBuffer::new_checked(&buf[create_len..]).unwrap();
+        assert_eq!(delete.message_type(), (1 << 8) | 2);
+        assert_eq!(delete.sequence_number(), 2);
+        assert_eq!(create_len + delete.length() as usize, buf.len());
+        // The delete names the original tuple only: 10.0.1.2:40000, no NAT address.
+        let d = delete.payload();
+        assert!(d.windows(4).any(|w| w == [10, 0, 1, 2]));
+        assert!(d.windows(2).any(|w| w == 40000u16.to_be_bytes()));
+        assert!(!d.windows(4).any(|w| w == [203, 0, 113, 1]));
     }
 }

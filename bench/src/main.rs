@@ -16,6 +16,7 @@ mod report;
 mod responsive;
 mod router;
 mod run;
+mod scale;
 mod search;
 mod soak;
 mod tcp;
@@ -51,6 +52,10 @@ enum Mode {
     /// iperf3 streams, route flaps and fast-path toggles, with the fast path and, as the
     /// control, the kernel alone; fails on any lost connection or leaked flow.
     Soak(soak::SoakArgs),
+    /// Internet-sized tables (≈ 15 min; `--small` ≈ 2 min, run by `cargo xtask test`): a full
+    /// BGP table in the FIB, a million conntrack entries at daemon start, fast-path rate with
+    /// the full table vs 10 routes. Fails when a check is missed.
+    Scale(scale::ScaleArgs),
     /// Responsiveness (≈ 2 min per build): `/metrics` and `xdp-routerd status` latency with
     /// 100,000 connections in conntrack while 100,000 routes flap and connections come and go;
     /// `--baseline BIN` measures another build first, side by side.
@@ -144,6 +149,13 @@ fn main() {
     if let Some(Mode::Soak(args)) = &cli.mode {
         if let Err(e) = soak::run(&cli.opts, args) {
             eprintln!("xdp-router-bench soak: error: {e:#}");
+            std::process::exit(if run::stopped() { 130 } else { 1 });
+        }
+        return;
+    }
+    if let Some(Mode::Scale(args)) = &cli.mode {
+        if let Err(e) = scale::run(&cli.opts, args) {
+            eprintln!("xdp-router-bench scale: error: {e:#}");
             std::process::exit(if run::stopped() { 130 } else { 1 });
         }
         return;

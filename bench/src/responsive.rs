@@ -17,6 +17,7 @@ use std::{
     net::{Ipv4Addr, TcpStream},
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
+    process::Stdio,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -30,7 +31,7 @@ use clap::Args;
 
 use crate::{
     Opts,
-    ctnl::{self, Conn, Deleter},
+    ctnl::{self, Conn, Writer},
     netns::{self, Netns},
     router::{self, Daemon},
 };
@@ -163,7 +164,7 @@ fn measure(bin: &Path, a: &ResponsiveArgs, dir: &Path) -> Result<Measured> {
     let mut m = Measured::default();
 
     // Idle: a hundred connections, nothing changing.
-    ctnl::insert(&rtr, &conns(0, 100, 1))?;
+    insert(&rtr, conns(0, 100, 1))?;
     let idle = Duration::from_secs((a.secs / 4).max(3));
     let socket = dir.join("control.sock");
     m.idle = timed(&rtr, &socket, idle)?;
@@ -172,9 +173,7 @@ fn measure(bin: &Path, a: &ResponsiveArgs, dir: &Path) -> Result<Measured> {
     // Loaded: create the connections and wait (bounded) until the daemon offloaded them.
     eprintln!("creating {} connections", a.conns);
     let started = Instant::now();
-    for chunk in conns(100, a.conns, 1).chunks(20_000) {
-        ctnl::insert(&rtr, chunk)?;
-    }
+    insert(&rtr, conns(100, a.conns, 1))?;
     let total = u64::from(a.conns) + 100;
     m.total = total;
     let want = total * 99 / 100;
@@ -241,25 +240,19 @@ fn conns(first: u32, n: u32, spread: u8) -> Vec<Conn> {
             } else {
                 Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i % 60_000)
             };
-            Conn {
-                src,
-                sport,
-                dst,
-                dport: 443,
-                nat: NAT,
-            }
+            Conn::masqueraded_tcp(src, sport, dst, 443, NAT)
         })
         .collect()
 }
 
 /// Adds then deletes `n` routes, over and over, until `stop`; counts route changes.
 fn flap_routes(rtr: &Netns, n: u32, stop: &AtomicBool, changes: &AtomicU64) -> Result<()> {
-    let add = ctnl::route_batch("add", n, WAN_GW);
-    let del = ctnl::route_batch("del", n, WAN_GW);
+    let add = route_batch("add", n, WAN_GW);
+    let del = route_batch("del", n, WAN_GW);
     while !stop.load(Ordering::Relaxed) {
-        ctnl::ip_batch(rtr, &add)?;
+        ip_batch(rtr, &add)?;
         changes.fetch_add(u64::from(n), Ordering::Relaxed);
-        ctnl::ip_batch(rtr, &del)?;
+        ip_batch(rtr, &del)?;
         changes.fetch_add(u64::from(n), Ordering::Relaxed);
     }
     Ok(())
@@ -272,26 +265,22 @@ fn churn_conns(rtr: &Netns, per_sec: u32, stop: &AtomicBool, changes: &AtomicU64
     thread::scope(|s| {
         s.spawn(|| -> Result<()> {
             netns::enter_netns(&path)?;
-            let mut deleter = Deleter::open()?;
+            let mut writer = Writer::open()?;
             let mut previous: Vec<Conn> = Vec::new();
             let mut next = 0u32;
             while !stop.load(Ordering::Relaxed) {
                 let tick = Instant::now();
                 let batch = conns(next, per_sec, 2);
                 next = next.wrapping_add(per_sec) % 10_000_000;
-                ctnl::insert(rtr, &batch)?;
-                changes.fetch_add(u64::from(per_sec), Ordering::Relaxed);
-                let failed = deleter.delete(&previous)?;
-                changes.fetch_add(
-                    (previous.len() - failed.min(previous.len())) as u64,
-                    Ordering::Relaxed,
-                );
+                let created = writer.create(batch.iter().copied())?;
+                let deleted = writer.delete(previous.iter().copied())?;
+                changes.fetch_add(created.created + deleted.created, Ordering::Relaxed);
                 previous = batch;
                 if let Some(rest) = Duration::from_secs(1).checked_sub(tick.elapsed()) {
                     thread::sleep(rest);
                 }
             }
-            deleter.delete(&previous)?;
+            writer.delete(previous)?;
             Ok(())
         })
         .join()
@@ -435,4 +424,57 @@ fn render(a: &ResponsiveArgs, results: &[(&str, PathBuf, Measured)]) -> String {
         let _ = writeln!(s, "\n{label}: `{}`", bin.display());
     }
     s
+}
+
+/// Creates `conns` in the conntrack table of `ns` (all of them, or an error).
+fn insert(ns: &Netns, conns: Vec<Conn>) -> Result<()> {
+    let n = conns.len();
+    let done = ns.enter(|| ctnl::create(conns))?;
+    if done.failed > 0 {
+        bail!(
+            "ctnetlink refused {} of {n} entries (first error: {})",
+            done.failed,
+            std::io::Error::from_raw_os_error(done.first_error.unwrap_or(0))
+        );
+    }
+    Ok(())
+}
+
+/// `ip -batch` lines adding (`add`) or deleting routes to `n` /32 destinations from
+/// 172.16.0.0 on, via `gw`.
+fn route_batch(verb: &str, n: u32, gw: Ipv4Addr) -> String {
+    let mut s = String::with_capacity(n as usize * 48);
+    for i in 0..n {
+        let dst = Ipv4Addr::from(u32::from(Ipv4Addr::new(172, 16, 0, 0)) + i);
+        let _ = writeln!(s, "route {verb} {dst}/32 via {gw}");
+    }
+    s
+}
+
+/// Runs `ip -batch -` in `ns` with `script` on stdin.
+fn ip_batch(ns: &Netns, script: &str) -> Result<()> {
+    let mut child = ns
+        .command("ip")
+        .args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running ip -batch")?;
+    child
+        .stdin
+        .take()
+        .context("ip stdin")?
+        .write_all(script.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "ip -batch: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .next()
+                .unwrap_or("")
+        );
+    }
+    Ok(())
 }

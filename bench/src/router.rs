@@ -269,6 +269,8 @@ pub struct Status {
     pub flows_v4: u64,
     /// Offloaded IPv6 flow entries.
     pub flows_v6: u64,
+    /// Capacity of each flow map (directions).
+    pub capacity: u64,
     /// Packets per datapath reason, summed over interfaces.
     pub reasons: Vec<(String, u64)>,
 }
@@ -286,6 +288,7 @@ impl Status {
         let flows_v6 = v["flows"]["ipv6"]
             .as_u64()
             .context("status has no flows.ipv6")?;
+        let capacity = v["flows"]["capacity"].as_u64().unwrap_or(0);
         let mut reasons: Vec<(String, u64)> = Vec::new();
         for c in v["counters"].as_array().into_iter().flatten() {
             let (Some(reason), Some(packets)) = (c["reason"].as_str(), c["packets"].as_u64())
@@ -301,6 +304,7 @@ impl Status {
             fastpath,
             flows_v4,
             flows_v6,
+            capacity,
             reasons,
         })
     }
@@ -380,6 +384,18 @@ impl Daemon {
     /// `status`. It runs in its own process group: a Ctrl-C reaches the benchmark, which then
     /// stops the daemon in order (SIGTERM, detach) while tearing the testbed down.
     pub fn start_with_config(bin: &Path, rtr: &Netns, config: &Path, dir: &Path) -> Result<Daemon> {
+        Daemon::start_waiting(bin, rtr, config, dir, Duration::from_secs(15))
+    }
+
+    /// [`Daemon::start_with_config`], waiting up to `wait` for the first `status` answer (the
+    /// daemon answers once its conntrack resync is done: long with a million entries).
+    pub fn start_waiting(
+        bin: &Path,
+        rtr: &Netns,
+        config: &Path,
+        dir: &Path,
+        wait: Duration,
+    ) -> Result<Daemon> {
         use std::os::unix::process::CommandExt as _;
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let socket = dir.join("control.sock");
@@ -408,7 +424,7 @@ impl Daemon {
             socket,
             log,
         };
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + wait;
         loop {
             if let Some(st) = d.child.try_wait()? {
                 bail!(
@@ -420,7 +436,8 @@ impl Daemon {
                 Ok(_) => return Ok(d),
                 Err(e) if Instant::now() > deadline => {
                     bail!(
-                        "xdp-routerd does not answer `status` after 15 s ({e:#}); log: {}",
+                        "xdp-routerd does not answer `status` after {} s ({e:#}); log: {}",
+                        wait.as_secs(),
                         d.log_tail()
                     )
                 }
@@ -471,6 +488,17 @@ impl Daemon {
     /// `xdp-routerd status --json`.
     pub fn status(&self) -> Result<Status> {
         Status::parse(&self.cli(&["status", "--json"])?)
+    }
+
+    /// `xdp-routerd status --json`, all of it.
+    pub fn status_json(&self) -> Result<serde_json::Value> {
+        serde_json::from_str(&self.cli(&["status", "--json"])?)
+            .context("xdp-routerd status --json is not JSON")
+    }
+
+    /// The daemon's log so far.
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// `xdp-routerd fastpath on|off`, then checks that `status` agrees.

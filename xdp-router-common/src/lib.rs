@@ -29,6 +29,11 @@ pub const MAP_BRIDGE_FDB: &str = "BRIDGE_FDB";
 
 /// Capacity of [`MAP_BRIDGE_FDB`] (MAC addresses behind all managed bridges).
 pub const FDB_CAPACITY: u32 = 8192;
+/// Connections active in the current keep-alive pass (see [`Settings::active_since_ns`]):
+/// keyed by the [`FlowKeyV4`] / [`FlowKeyV6`] of the connection's original direction with
+/// `ifindex` 0 (its conntrack original tuple); the value (`u8`) is unused.
+pub const MAP_ACTIVE_V4: &str = "ACTIVE_V4";
+pub const MAP_ACTIVE_V6: &str = "ACTIVE_V6";
 
 /// Name of the TC egress program that arms flow directions the kernel itself forwarded (see
 /// [`FlowV4::armed_generation`]).
@@ -368,8 +373,14 @@ pub struct Settings {
     /// conntrack does while `net.netfilter.nf_conntrack_checksum` is 1 (the daemon mirrors it).
     pub verify_l4_checksum: u32,
     pub _pad: u32,
+    /// Start of the current keep-alive pass, in `bpf_ktime_get_coarse_ns()` time; 0 = record
+    /// nothing. The fast path records a connection in [`MAP_ACTIVE_V4`] / [`MAP_ACTIVE_V6`]
+    /// when it forwards a packet of one of its directions whose `last_seen_ns` is older than
+    /// this (the direction's first packet in the pass), so the daemon refreshes the conntrack
+    /// timeouts of the connections that carried traffic without reading every flow entry.
+    pub active_since_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<Settings>() == 32);
+const _: () = assert!(core::mem::size_of::<Settings>() == 40);
 
 /// `Settings::flags`: `bpf_fib_lookup` honours `BPF_FIB_LOOKUP_MARK` (Linux 6.10). Without
 /// it a direction the kernel forwarded with a non-zero mark is never armed.

@@ -29,7 +29,9 @@ use xdp_router_common::{
 };
 
 use crate::{
-    maps::{BRIDGE_FDB, FLOWS_V4, FLOWS_V6, IFACES, SETTINGS, TX_PORTS, fib_flags},
+    maps::{
+        ACTIVE_V4, ACTIVE_V6, BRIDGE_FDB, FLOWS_V4, FLOWS_V6, IFACES, SETTINGS, TX_PORTS, fib_flags,
+    },
     parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, ptr_at_mut},
     rewrite::{self, L4, NextHop},
     verify,
@@ -65,6 +67,7 @@ pub fn try_forward(
         max_age_ns: settings.fib_cache_ns,
         ruleset_generation: settings.ruleset_generation,
         fib_mark: settings.flags & SETTINGS_F_FIB_MARK != 0,
+        active_since_ns: settings.active_since_ns,
     };
     if settings.fastpath_enabled == 0 {
         return Err(Reason::PassDisabled);
@@ -314,6 +317,8 @@ pub struct FibCachePolicy {
     ruleset_generation: u32,
     /// `bpf_fib_lookup` takes a mark (`SETTINGS_F_FIB_MARK`).
     fib_mark: bool,
+    /// `Settings::active_since_ns`: start of the daemon's keep-alive pass (see [`first_in_pass`]).
+    active_since_ns: u64,
 }
 
 impl FibCachePolicy {
@@ -585,6 +590,18 @@ fn redirect_to(egress: u32, dmac: [u8; 6]) -> Result<u32, Reason> {
         .map_err(|_| Reason::PassEgressNotManaged)
 }
 
+/// Whether this is the flow direction's first forwarded packet since the daemon's keep-alive
+/// pass started (`Settings::active_since_ns`): its connection is then recorded in the active
+/// map, once per direction and pass, so the daemon's pass costs what the active connections
+/// cost, not the table. Read before [`finish`] stamps `last_seen_ns`.
+#[inline(always)]
+fn first_in_pass(counters: *mut FlowCounters, policy: &FibCachePolicy) -> bool {
+    // SAFETY: `counters` points into a live flow map value; another CPU may write it
+    // concurrently, so the read is volatile (a torn or stale value only adds one insert).
+    let last = unsafe { addr_of_mut!((*counters).last_seen_ns).read_volatile() };
+    last < policy.active_since_ns
+}
+
 /// Counts the packet on its flow; `action` is what the redirect set-up returned.
 #[inline(always)]
 fn finish(counters: *mut FlowCounters, flags: u32, bytes: u64, action: u32, now: u64) -> Forwarded {
@@ -656,9 +673,9 @@ fn try_forward_v4(
     let ports = l4_ports(ctx, fields.proto, IPV4_HLEN, l4_len)?;
     let (sport, dport) = (ports.sport, ports.dport);
 
-    let key = key_v4(ifindex, src, dst, sport, dport, fields.proto);
+    let mut key = key_v4(ifindex, src, dst, sport, dport, fields.proto);
     // Not offloaded (yet): new, unconfirmed, or not eligible per the daemon's policy.
-    let Some(flow) = FLOWS_V4.get_ptr_mut(key) else {
+    let Some(flow) = FLOWS_V4.get_ptr_mut(&key) else {
         return Err(Reason::PassNoFlow);
     };
     // SAFETY: map value pointer from the kernel; the daemon rewrites whole entries only via
@@ -729,6 +746,22 @@ fn try_forward_v4(
     rewrite::rewrite_v4(eth, ip, l4, &nat, &hop);
     // SAFETY: `flow` is a live map value pointer.
     let counters = unsafe { addr_of_mut!((*flow).counters) };
+    if first_in_pass(counters, cache) {
+        // The connection by its original tuple: this direction's key, or for the reply
+        // direction, the tuple it is rewritten to, swapped.
+        // The connection by its original tuple (the flow key without the ingress): this
+        // direction's key, or for the reply direction the tuple it is rewritten to, swapped.
+        // Built in the lookup key's stack slot: the program's stack is nearly full.
+        key.ifindex = 0;
+        if flags & FLOW_F_REPLY != 0 {
+            key.src_be = nat.dst_be;
+            key.dst_be = nat.src_be;
+            key.sport_be = nat.dport_be;
+            key.dport_be = nat.sport_be;
+        }
+        // A failed insert (out of memory) only delays the conntrack refresh to a later pass.
+        let _ = ACTIVE_V4.insert(&key, &0, 0);
+    }
     Ok(finish(counters, flags, frame_len(ctx) as u64, action, now))
 }
 
@@ -761,9 +794,9 @@ fn try_forward_v6(
     let ports = l4_ports(ctx, fields.next_header, IPV6_HLEN, l4_len)?;
     let (sport, dport) = (ports.sport, ports.dport);
 
-    let key = key_v6(ifindex, src, dst, sport, dport, fields.next_header);
+    let mut key = key_v6(ifindex, src, dst, sport, dport, fields.next_header);
     // Not offloaded (yet): new, unconfirmed, or not eligible per the daemon's policy.
-    let Some(flow) = FLOWS_V6.get_ptr_mut(key) else {
+    let Some(flow) = FLOWS_V6.get_ptr_mut(&key) else {
         return Err(Reason::PassNoFlow);
     };
     // SAFETY: map value pointer from the kernel (see try_forward_v4).
@@ -829,5 +862,21 @@ fn try_forward_v6(
     rewrite::rewrite_v6(eth, ip, l4, &nat, &hop);
     // SAFETY: `flow` is a live map value pointer.
     let counters = unsafe { addr_of_mut!((*flow).counters) };
+    if first_in_pass(counters, cache) {
+        // The connection by its original tuple: this direction's key, or for the reply
+        // direction, the tuple it is rewritten to, swapped.
+        // The connection by its original tuple (the flow key without the ingress): this
+        // direction's key, or for the reply direction the tuple it is rewritten to, swapped.
+        // Built in the lookup key's stack slot: the program's stack is nearly full.
+        key.ifindex = 0;
+        if flags & FLOW_F_REPLY != 0 {
+            key.src_be = nat.dst_be;
+            key.dst_be = nat.src_be;
+            key.sport_be = nat.dport_be;
+            key.dport_be = nat.sport_be;
+        }
+        // A failed insert (out of memory) only delays the conntrack refresh to a later pass.
+        let _ = ACTIVE_V6.insert(&key, &0, 0);
+    }
     Ok(finish(counters, flags, frame_len(ctx) as u64, action, now))
 }

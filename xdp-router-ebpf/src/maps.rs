@@ -34,6 +34,23 @@ pub static ARM_V4: HashMap<ArmKeyV4, FlowKeyV4> =
 pub static ARM_V6: HashMap<ArmKeyV6, FlowKeyV6> =
     HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, 0);
 
+/// `BPF_F_NO_PREALLOC`: entries are allocated on insert. The active maps hold only the
+/// connections that carried traffic in one keep-alive pass, a small part of their capacity.
+const BPF_F_NO_PREALLOC: u32 = 1;
+
+/// IPv4 connections (by original direction key, ifindex 0) the fast path forwarded a packet of since the start of
+/// the current keep-alive pass (`Settings::active_since_ns`); the daemon drains it every pass
+/// and refreshes their conntrack timeouts. Sized like the flow maps at load time, so it never
+/// fills: a connection has two entries in `FLOWS_V4` and one here.
+#[map]
+pub static ACTIVE_V4: HashMap<FlowKeyV4, u8> =
+    HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, BPF_F_NO_PREALLOC);
+
+/// IPv6 counterpart of [`ACTIVE_V4`].
+#[map]
+pub static ACTIVE_V6: HashMap<FlowKeyV6, u8> =
+    HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, BPF_F_NO_PREALLOC);
+
 /// Managed interfaces by ifindex: stats slot and `IFACE_F_*` flags. A packet is forwarded only
 /// to an egress interface listed here.
 #[map]

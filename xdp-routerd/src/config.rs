@@ -28,9 +28,11 @@ pub struct Config {
     /// How the XDP program is attached.
     #[serde(default)]
     pub xdp_mode: XdpModeConfig,
-    /// Capacity of each flow map (one per address family), in flow directions.
-    #[serde(default = "default_flow_capacity")]
-    pub flow_capacity: u32,
+    /// Capacity of each flow map (one per address family), in flow directions (two per
+    /// connection). Unset: sized from the kernel's `nf_conntrack_max` (see
+    /// [`Config::flow_capacity`]).
+    #[serde(default)]
+    pub flow_capacity: Option<u32>,
     /// How often the conntrack timeouts of flows that carried fast-path traffic are refreshed.
     #[serde(default = "default_keepalive_interval_ms")]
     pub keepalive_interval_ms: u64,
@@ -160,8 +162,30 @@ pub enum XdpModeConfig {
 fn default_control_socket() -> PathBuf {
     PathBuf::from(DEFAULT_CONTROL_SOCKET)
 }
-fn default_flow_capacity() -> u32 {
-    xdp_router_common::DEFAULT_FLOW_CAPACITY
+/// Largest flow map capacity the automatic sizing picks (per family, in directions): 4 Mi
+/// directions, two million connections. The maps are preallocated (≈ 300 B of kernel memory per
+/// IPv4 direction with its arming index), so a larger table must be asked for explicitly.
+pub const MAX_AUTO_FLOW_CAPACITY: u32 = 1 << 22;
+
+/// Where [`Config::flow_capacity`] took its value from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapacitySource {
+    /// `flow_capacity` in the config file.
+    Config,
+    /// Two directions per connection the kernel may track (`nf_conntrack_max`).
+    ConntrackMax(u32),
+    /// `nf_conntrack_max` could not be read (conntrack not loaded yet): the built-in default.
+    Default,
+}
+
+/// The flow map capacity that holds every connection of a conntrack table of `conntrack_max`
+/// entries (two directions each, all of one family in the worst case), bounded by
+/// [`xdp_router_common::DEFAULT_FLOW_CAPACITY`] below and [`MAX_AUTO_FLOW_CAPACITY`] above.
+pub fn capacity_for_conntrack_max(conntrack_max: u32) -> u32 {
+    conntrack_max.saturating_mul(2).clamp(
+        xdp_router_common::DEFAULT_FLOW_CAPACITY,
+        MAX_AUTO_FLOW_CAPACITY,
+    )
 }
 fn default_keepalive_interval_ms() -> u64 {
     2000
@@ -209,6 +233,33 @@ mod listen_addr {
 pub struct ConfigError(pub String);
 
 impl Config {
+    /// The capacity of each flow map: `flow_capacity` when set, else sized from the kernel's
+    /// `nf_conntrack_max` ([`capacity_for_conntrack_max`]) so that every connection the kernel
+    /// may track can be offloaded.
+    pub fn flow_capacity(&self) -> (u32, CapacitySource) {
+        self.flow_capacity_from(Path::new("/proc/sys/net/netfilter/nf_conntrack_max"))
+    }
+
+    /// [`Config::flow_capacity`] with `nf_conntrack_max` read from `path`.
+    pub fn flow_capacity_from(&self, path: &Path) -> (u32, CapacitySource) {
+        if let Some(c) = self.flow_capacity {
+            return (c, CapacitySource::Config);
+        }
+        match std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            Some(max) => (
+                capacity_for_conntrack_max(max),
+                CapacitySource::ConntrackMax(max),
+            ),
+            None => (
+                xdp_router_common::DEFAULT_FLOW_CAPACITY,
+                CapacitySource::Default,
+            ),
+        }
+    }
+
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
@@ -265,11 +316,10 @@ impl Config {
                 xdp_router_common::MAX_IFACE_SLOTS - 1
             ));
         }
-        if self.flow_capacity < 16 {
-            return Err(format!(
-                "flow_capacity = {} is too small (minimum 16)",
-                self.flow_capacity
-            ));
+        if let Some(c) = self.flow_capacity
+            && c < 16
+        {
+            return Err(format!("flow_capacity = {c} is too small (minimum 16)"));
         }
         if self.fib_cache_ms > 10_000 {
             return Err(format!(
@@ -305,7 +355,7 @@ mod tests {
     fn defaults_apply() {
         let c = Config::parse("[[interface]]\nname = \"eth0\"\nrole = \"wan\"\n", "t").unwrap();
         assert_eq!(c.xdp_mode, XdpModeConfig::Native);
-        assert_eq!(c.flow_capacity, xdp_router_common::DEFAULT_FLOW_CAPACITY);
+        assert_eq!(c.flow_capacity, None);
         assert_eq!(c.interfaces[0].shaped, Shaped::Auto);
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9824".parse().unwrap()));
     }
@@ -399,5 +449,37 @@ mod tests {
         );
         let dup = "[[interface]]\nname = \"a\"\nrole = \"wan\"\n[[interface]]\nname = \"a\"\nrole = \"lan\"\n";
         assert!(Config::parse(dup, "x").unwrap_err().0.contains("twice"));
+    }
+
+    #[test]
+    fn flow_capacity_follows_nf_conntrack_max_unless_configured() {
+        let dir = std::env::temp_dir().join(format!("xdp-routerd-capacity-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let max = dir.join("nf_conntrack_max");
+        let auto = Config::parse("[[interface]]\nname = \"eth0\"\nrole = \"wan\"\n", "t").unwrap();
+        std::fs::write(&max, "262144\n").unwrap();
+        assert_eq!(
+            auto.flow_capacity_from(&max),
+            (524_288, CapacitySource::ConntrackMax(262_144))
+        );
+        // A small router still gets the built-in minimum; a huge table is capped.
+        std::fs::write(&max, "8192\n").unwrap();
+        assert_eq!(auto.flow_capacity_from(&max).0, 65_536);
+        std::fs::write(&max, "4000000\n").unwrap();
+        assert_eq!(auto.flow_capacity_from(&max).0, MAX_AUTO_FLOW_CAPACITY);
+        let missing = dir.join("absent");
+        assert_eq!(
+            auto.flow_capacity_from(&missing),
+            (65_536, CapacitySource::Default)
+        );
+        let fixed = Config {
+            flow_capacity: Some(1024),
+            ..auto
+        };
+        assert_eq!(
+            fixed.flow_capacity_from(&max),
+            (1024, CapacitySource::Config)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -22,9 +22,10 @@ use aya::{
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
     ARM_PROG_NAME, ArmKeyV4, ArmKeyV6, Counter, FdbKey, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
-    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_NO_XDP_XMIT, IfaceInfo, MAP_ARM_V4, MAP_ARM_V6,
-    MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS,
-    MAX_IFACE_SLOTS, PROG_NAME, Reason, SETTINGS_F_FIB_MARK, Settings, stats_index,
+    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_NO_XDP_XMIT, IfaceInfo, MAP_ACTIVE_V4,
+    MAP_ACTIVE_V6, MAP_ARM_V4, MAP_ARM_V6, MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES,
+    MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME, Reason, SETTINGS_F_FIB_MARK,
+    Settings, stats_index,
 };
 
 use crate::{config::XdpModeConfig, flows::FlowTable, status::FibCacheStatus};
@@ -71,6 +72,9 @@ pub struct Datapath {
     flow_capacity: u32,
     arm_v4: HashMap<MapData, ArmKeyV4, FlowKeyV4>,
     arm_v6: HashMap<MapData, ArmKeyV6, FlowKeyV6>,
+    /// Connections the datapath forwarded packets of in the current keep-alive pass.
+    active_v4: HashMap<MapData, FlowKeyV4, u8>,
+    active_v6: HashMap<MapData, FlowKeyV6, u8>,
     /// TC egress (TCX) links of the arming program, by ifindex.
     armed_ifaces: BTreeMap<u32, SchedClassifierLinkId>,
     /// Successful [`Datapath::bump_ruleset_generation`] calls.
@@ -121,6 +125,8 @@ impl Datapath {
             .map_max_entries(MAP_FLOWS_V6, flow_capacity)
             .map_max_entries(MAP_ARM_V4, flow_capacity)
             .map_max_entries(MAP_ARM_V6, flow_capacity)
+            .map_max_entries(MAP_ACTIVE_V4, flow_capacity)
+            .map_max_entries(MAP_ACTIVE_V6, flow_capacity)
             .load(object)
             .map_err(explain_load_error)?;
         let prog: &mut Xdp = ebpf
@@ -149,6 +155,8 @@ impl Datapath {
                 // Until the daemon has read nf_conntrack_checksum: verify (the kernel default).
                 verify_l4_checksum: 1,
                 _pad: 0,
+                // Until the first keep-alive pass: record every flow's first packet.
+                active_since_ns: 1,
                 fastpath_enabled: 1,
                 fib_generation: 1,
                 fib_cache_ns: 0,
@@ -160,6 +168,8 @@ impl Datapath {
             flow_capacity,
             arm_v4: take(&mut ebpf, MAP_ARM_V4)?,
             arm_v6: take(&mut ebpf, MAP_ARM_V6)?,
+            active_v4: take(&mut ebpf, MAP_ACTIVE_V4)?,
+            active_v6: take(&mut ebpf, MAP_ACTIVE_V6)?,
             armed_ifaces: BTreeMap::new(),
             ruleset_changes: 0,
             generic_because: BTreeMap::new(),
@@ -662,6 +672,23 @@ impl FlowTable for Datapath {
     }
     fn remove_arm_v6(&mut self, arm: &ArmKeyV6) {
         let _ = self.arm_v6.remove(arm);
+    }
+    fn take_active(&mut self, now_ns: u64) -> (Vec<FlowKeyV4>, Vec<FlowKeyV6>) {
+        // The new pass starts before the record is read: a packet forwarded in between is
+        // either taken now or recorded again for the next pass, never lost.
+        self.current.active_since_ns = now_ns;
+        if let Err(e) = self.write_settings() {
+            warn!(error = %format!("{e:#}"), "cannot start a keep-alive pass");
+        }
+        let v4: Vec<FlowKeyV4> = self.active_v4.keys().filter_map(Result::ok).collect();
+        for k in &v4 {
+            let _ = self.active_v4.remove(k);
+        }
+        let v6: Vec<FlowKeyV6> = self.active_v6.keys().filter_map(Result::ok).collect();
+        for k in &v6 {
+            let _ = self.active_v6.remove(k);
+        }
+        (v4, v6)
     }
 }
 

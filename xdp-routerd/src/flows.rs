@@ -6,9 +6,12 @@
 //! bookkeeping over two small traits so it can be unit-tested with in-memory fakes.
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    net::IpAddr,
+    collections::{BTreeMap, HashMap, HashSet},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::{Duration, Instant},
 };
+
+use tracing::warn;
 
 use aya::maps::MapError;
 use xdp_router_common::{
@@ -16,7 +19,7 @@ use xdp_router_common::{
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
-use crate::sync::conntrack::{CtEntry, CtTuple, IPPROTO_TCP};
+use crate::sync::conntrack::{CtEntry, CtStatus, CtTuple, IPPROTO_TCP, tcp_state};
 
 /// The flow maps, as the manager needs them (implemented by [`crate::datapath::Datapath`]).
 pub trait FlowTable {
@@ -32,6 +35,10 @@ pub trait FlowTable {
     fn insert_arm_v6(&mut self, arm: &ArmKeyV6, flow: &FlowKeyV6) -> Result<(), MapError>;
     fn remove_arm_v4(&mut self, arm: &ArmKeyV4);
     fn remove_arm_v6(&mut self, arm: &ArmKeyV6);
+    /// Starts a keep-alive pass at `now_ns` (`bpf_ktime_get_coarse_ns` time) and takes the
+    /// connections the datapath recorded as active since the previous pass started (see
+    /// [`xdp_router_common::Settings::active_since_ns`]), emptying the record.
+    fn take_active(&mut self, now_ns: u64) -> (Vec<FlowKeyV4>, Vec<FlowKeyV6>);
 }
 
 /// What the manager needs to know about the kernel's routing (implemented over rtnetlink).
@@ -128,17 +135,202 @@ pub enum ArmKey {
     V6(ArmKeyV6),
 }
 
-/// One offloaded connection: both directions' keys and what the keep-alive saw last.
+/// One offloaded connection as [`FlowManager::conns`] shows it: the conntrack entry (as far as
+/// the manager keeps it, see [`Stored`]) and both directions' keys.
 #[derive(Debug, Clone)]
 pub struct Offloaded {
-    /// The conntrack entry as last seen.
+    /// The conntrack entry: tuples, status, mark and zone as last seen; TCP ones are
+    /// ESTABLISHED (otherwise they would not be offloaded); no id, timeout or TCP flags.
     pub entry: CtEntry,
     /// `[original, reply]` map keys.
     pub keys: [DirKey; 2],
     /// `[original, reply]` arming index keys.
     pub arms: [ArmKey; 2],
-    /// Latest `last_seen_ns` over both directions at the previous keep-alive pass.
-    pub last_seen_ns: u64,
+}
+
+/// A connection's tuple, packed per family: the manager keeps one per direction and connection,
+/// so its size is most of the daemon's memory per flow (`CtTuple` with two `IpAddr` is 40
+/// bytes, [`TupleV4`] 14).
+trait Packed: Copy + Eq + std::hash::Hash {
+    fn pack(t: &CtTuple) -> Option<Self>;
+    fn unpack(&self) -> CtTuple;
+}
+
+/// An IPv4 [`CtTuple`], packed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct TupleV4 {
+    src: [u8; 4],
+    dst: [u8; 4],
+    sport: u16,
+    dport: u16,
+    proto: u8,
+}
+
+/// An IPv6 [`CtTuple`], packed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct TupleV6 {
+    src: [u8; 16],
+    dst: [u8; 16],
+    sport: u16,
+    dport: u16,
+    proto: u8,
+}
+
+impl Packed for TupleV4 {
+    fn pack(t: &CtTuple) -> Option<Self> {
+        match (t.src, t.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => Some(TupleV4 {
+                src: s.octets(),
+                dst: d.octets(),
+                sport: t.sport,
+                dport: t.dport,
+                proto: t.proto,
+            }),
+            _ => None,
+        }
+    }
+    fn unpack(&self) -> CtTuple {
+        CtTuple {
+            src: Ipv4Addr::from(self.src).into(),
+            dst: Ipv4Addr::from(self.dst).into(),
+            proto: self.proto,
+            sport: self.sport,
+            dport: self.dport,
+        }
+    }
+}
+
+impl Packed for TupleV6 {
+    fn pack(t: &CtTuple) -> Option<Self> {
+        match (t.src, t.dst) {
+            (IpAddr::V6(s), IpAddr::V6(d)) => Some(TupleV6 {
+                src: s.octets(),
+                dst: d.octets(),
+                sport: t.sport,
+                dport: t.dport,
+                proto: t.proto,
+            }),
+            _ => None,
+        }
+    }
+    fn unpack(&self) -> CtTuple {
+        CtTuple {
+            src: Ipv6Addr::from(self.src).into(),
+            dst: Ipv6Addr::from(self.dst).into(),
+            proto: self.proto,
+            sport: self.sport,
+            dport: self.dport,
+        }
+    }
+}
+
+/// What the manager keeps per offloaded connection besides its original tuple (the map key):
+/// enough to rebuild its map entries and to refresh or re-check it. 32 bytes for IPv4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stored<T> {
+    reply: T,
+    /// `CTA_STATUS` bits as last seen.
+    status: u32,
+    mark: u32,
+    zone: u16,
+    /// `[original, reply]` ingress interfaces.
+    ingress: [u32; 2],
+}
+
+/// The offloaded connections of one family, by original tuple.
+struct Conns<T>(HashMap<T, Stored<T>>);
+
+impl<T> Default for Conns<T> {
+    fn default() -> Self {
+        Conns(HashMap::new())
+    }
+}
+
+impl<T: Packed> Conns<T> {
+    fn get(&self, orig: &CtTuple) -> Option<Stored<CtTuple>> {
+        let s = self.0.get(&T::pack(orig)?)?;
+        Some(Stored {
+            reply: s.reply.unpack(),
+            status: s.status,
+            mark: s.mark,
+            zone: s.zone,
+            ingress: s.ingress,
+        })
+    }
+    fn insert(&mut self, orig: &CtTuple, s: &Stored<CtTuple>) {
+        if let (Some(k), Some(reply)) = (T::pack(orig), T::pack(&s.reply)) {
+            self.0.insert(
+                k,
+                Stored {
+                    reply,
+                    status: s.status,
+                    mark: s.mark,
+                    zone: s.zone,
+                    ingress: s.ingress,
+                },
+            );
+        }
+    }
+    fn remove(&mut self, orig: &CtTuple) -> Option<Stored<CtTuple>> {
+        let s = self.0.remove(&T::pack(orig)?)?;
+        Some(Stored {
+            reply: s.reply.unpack(),
+            status: s.status,
+            mark: s.mark,
+            zone: s.zone,
+            ingress: s.ingress,
+        })
+    }
+    fn iter(&self) -> impl Iterator<Item = (CtTuple, Stored<CtTuple>)> + '_ {
+        self.0.iter().map(|(k, s)| {
+            (
+                k.unpack(),
+                Stored {
+                    reply: s.reply.unpack(),
+                    status: s.status,
+                    mark: s.mark,
+                    zone: s.zone,
+                    ingress: s.ingress,
+                },
+            )
+        })
+    }
+}
+
+impl Stored<CtTuple> {
+    /// The conntrack entry as far as it is kept (see [`Offloaded::entry`]).
+    fn entry(&self, orig: CtTuple) -> CtEntry {
+        CtEntry {
+            id: None,
+            orig,
+            reply: self.reply,
+            status: CtStatus::from_bits_retain(self.status),
+            tcp_state: (orig.proto == IPPROTO_TCP).then_some(tcp_state::ESTABLISHED),
+            tcp_flags: None,
+            timeout: None,
+            mark: self.mark,
+            zone: self.zone,
+            has_helper: false,
+        }
+    }
+
+    fn offloaded(&self, orig: CtTuple) -> Offloaded {
+        let plan = Plan::new(&orig, &self.reply, self.ingress[0], self.ingress[1]);
+        Offloaded {
+            entry: self.entry(orig),
+            keys: plan.keys,
+            arms: plan.arms,
+        }
+    }
+}
+
+/// A connection the keep-alive should refresh: what a conntrack update needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Active {
+    /// Original tuple.
+    pub orig: CtTuple,
+    /// Conntrack zone.
+    pub zone: u16,
 }
 
 /// Outcome of [`FlowManager::upsert`].
@@ -166,13 +358,40 @@ pub struct ManagerStats {
 /// Keeps the flow maps equal to "the offloadable subset of conntrack".
 #[derive(Default)]
 pub struct FlowManager {
-    conns: HashMap<CtTuple, Offloaded>,
+    conns_v4: Conns<TupleV4>,
+    conns_v6: Conns<TupleV6>,
     /// Connections conntrack would let us offload but whose path or NAT address did not allow
     /// it (yet): re-checked after every routing change, so a connection taken back when its
     /// route moved returns to the fast path when the route comes back.
     parked: HashMap<CtTuple, CtEntry>,
     managed: BTreeMap<u32, String>,
     stats: ManagerStats,
+    full_log: OncePerInterval,
+}
+
+/// How often a full flow map is reported in the log, at most.
+pub const TABLE_FULL_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Rate limit of a repeated warning: the first occurrence is reported at once, the ones after
+/// it together once per [`TABLE_FULL_LOG_INTERVAL`].
+#[derive(Debug, Default)]
+struct OncePerInterval {
+    last: Option<Instant>,
+    pending: u64,
+}
+
+impl OncePerInterval {
+    /// Counts one occurrence at `now`; returns how many to report when a report is due.
+    fn note(&mut self, now: Instant) -> Option<u64> {
+        self.pending += 1;
+        match self.last {
+            Some(last) if now.duration_since(last) < TABLE_FULL_LOG_INTERVAL => None,
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.pending))
+            }
+        }
+    }
 }
 
 /// At most this many parked connections are remembered (connections to the router itself, for
@@ -197,28 +416,51 @@ impl FlowManager {
 
     /// Whether the connection with this original tuple is offloaded.
     pub fn is_offloaded(&self, orig: &CtTuple) -> bool {
-        self.conns.contains_key(orig)
+        self.get(orig).is_some()
     }
 
     /// Number of offloaded connections.
     pub fn len(&self) -> usize {
-        self.conns.len()
+        self.conns_v4.0.len() + self.conns_v6.0.len()
     }
 
     /// Flow map entries written by the manager: `(IPv4, IPv6)` directions (two per connection).
     /// Kept in memory so a status scrape does not walk the maps.
     pub fn directions(&self) -> (u64, u64) {
-        let v4 = self
-            .conns
-            .values()
-            .filter(|c| matches!(c.keys[0], DirKey::V4(_)))
-            .count() as u64;
-        (2 * v4, 2 * (self.conns.len() as u64 - v4))
+        (
+            2 * self.conns_v4.0.len() as u64,
+            2 * self.conns_v6.0.len() as u64,
+        )
     }
 
     /// True when nothing is offloaded.
     pub fn is_empty(&self) -> bool {
-        self.conns.is_empty()
+        self.len() == 0
+    }
+
+    fn get(&self, orig: &CtTuple) -> Option<Stored<CtTuple>> {
+        match orig.src {
+            IpAddr::V4(_) => self.conns_v4.get(orig),
+            IpAddr::V6(_) => self.conns_v6.get(orig),
+        }
+    }
+
+    fn insert(&mut self, orig: &CtTuple, s: &Stored<CtTuple>) {
+        match orig.src {
+            IpAddr::V4(_) => self.conns_v4.insert(orig, s),
+            IpAddr::V6(_) => self.conns_v6.insert(orig, s),
+        }
+    }
+
+    fn take(&mut self, orig: &CtTuple) -> Option<Stored<CtTuple>> {
+        match orig.src {
+            IpAddr::V4(_) => self.conns_v4.remove(orig),
+            IpAddr::V6(_) => self.conns_v6.remove(orig),
+        }
+    }
+
+    fn stored(&self) -> impl Iterator<Item = (CtTuple, Stored<CtTuple>)> + '_ {
+        self.conns_v4.iter().chain(self.conns_v6.iter())
     }
 
     /// Counters.
@@ -226,9 +468,9 @@ impl FlowManager {
         &self.stats
     }
 
-    /// The offloaded connections.
-    pub fn conns(&self) -> impl Iterator<Item = &Offloaded> {
-        self.conns.values()
+    /// The offloaded connections (built on the fly from what the manager keeps).
+    pub fn conns(&self) -> impl Iterator<Item = Offloaded> + '_ {
+        self.stored().map(|(orig, s)| s.offloaded(orig))
     }
 
     /// Offloads `entry` if conntrack and the routing allow it, else makes sure it is not.
@@ -248,28 +490,42 @@ impl FlowManager {
             }
         };
         self.parked.remove(&entry.orig);
-        if let Some(existing) = self.conns.get_mut(&entry.orig)
-            && existing.keys == plan.keys
+        let stored = Stored {
+            reply: entry.reply,
+            status: entry.status.bits(),
+            mark: entry.mark,
+            zone: entry.zone,
+            ingress: plan.ingress,
+        };
+        if let Some(existing) = self.get(&entry.orig)
+            && existing.reply == stored.reply
+            && existing.ingress == stored.ingress
         {
-            existing.entry = entry;
+            // Same map entries: only what the manager keeps of the entry is refreshed.
+            if existing != stored {
+                self.insert(&entry.orig, &stored);
+            }
             return Upsert::Unchanged;
         }
         self.remove(&entry.orig, table);
         if let Err(skip) = plan.write(table) {
             *self.stats.skipped.entry(skip).or_default() += 1;
+            if skip == Skip::TableFull
+                && let Some(n) = self.full_log.note(Instant::now())
+            {
+                warn!(
+                    connections = n,
+                    offloaded = self.len(),
+                    "flow map full: {n} new connection(s) stay in the kernel since the last \
+                     report; raise flow_capacity (counted as \
+                     xdp_router_connections_skipped_total{{reason=\"flow_table_full\"}})"
+                );
+            }
             self.park(entry, skip);
             return Upsert::Skipped(skip);
         }
         self.stats.offloaded_total += 1;
-        self.conns.insert(
-            entry.orig,
-            Offloaded {
-                entry,
-                keys: plan.keys,
-                arms: plan.arms,
-                last_seen_ns: 0,
-            },
-        );
+        self.insert(&entry.orig, &stored);
         Upsert::Added
     }
 
@@ -294,10 +550,10 @@ impl FlowManager {
     /// window tracking, so a FIN the kernel sees next would otherwise be out of window
     /// (INVALID: not de-NATed, answered by the router's own stack with a reset).
     pub fn would_add(&self, entry: &CtEntry, paths: &impl PathOracle) -> bool {
+        // As in `upsert`: the same reply tuple and ingresses mean the same map entries.
         self.plan(entry, paths).is_ok_and(|plan| {
-            self.conns
-                .get(&entry.orig)
-                .is_none_or(|c| c.keys != plan.keys)
+            self.get(&entry.orig)
+                .is_none_or(|c| c.reply != entry.reply || c.ingress != plan.ingress)
         })
     }
 
@@ -338,10 +594,11 @@ impl FlowManager {
 
     /// Takes a connection back from the fast path. Returns whether it was offloaded.
     pub fn remove(&mut self, orig: &CtTuple, table: &mut impl FlowTable) -> bool {
-        let Some(conn) = self.conns.remove(orig) else {
+        let Some(conn) = self.take(orig) else {
             return false;
         };
-        remove_entries(table, &conn.keys, &conn.arms);
+        let plan = Plan::new(orig, &conn.reply, conn.ingress[0], conn.ingress[1]);
+        remove_entries(table, &plan.keys, &plan.arms);
         self.stats.removed_total += 1;
         true
     }
@@ -349,9 +606,8 @@ impl FlowManager {
     /// Every offloaded and parked connection as last seen: what a revalidation re-checks (its
     /// routes are looked up before [`revalidate`](Self::revalidate) applies the answers).
     pub fn snapshot(&self) -> Vec<CtEntry> {
-        self.conns
-            .values()
-            .map(|c| c.entry.clone())
+        self.stored()
+            .map(|(orig, s)| s.entry(orig))
             .chain(self.parked.values().cloned())
             .collect()
     }
@@ -369,8 +625,8 @@ impl FlowManager {
     ) -> (usize, usize) {
         let (mut removed, mut added) = (0, 0);
         for e in snapshot {
-            let offloaded = match (self.conns.get(&e.orig), self.parked.get(&e.orig)) {
-                (Some(c), _) if c.entry == e => true,
+            let offloaded = match (self.get(&e.orig), self.parked.get(&e.orig)) {
+                (Some(c), _) if c.entry(e.orig) == e => true,
                 (None, Some(p)) if *p == e => false,
                 _ => continue,
             };
@@ -391,48 +647,73 @@ impl FlowManager {
         table: &mut impl FlowTable,
         paths: &impl PathOracle,
     ) -> (usize, usize) {
-        let present: std::collections::HashSet<CtTuple> = dump.iter().map(|e| e.orig).collect();
-        let removed = self.remove_absent(&present, table);
+        // At start nothing is known yet: no set of a million tuples to build.
+        let removed = match self.tuples_to_check(&dump) {
+            Some(present) => self.remove_absent(&present, table),
+            None => 0,
+        };
         let n = dump.len();
+        self.reserve_for(&dump);
         for e in dump {
             self.upsert(e, table, paths);
         }
+        release_freed_memory();
         (removed, n)
     }
 
-    /// Whether `entry` is already applied as it is: offloaded or parked with the same tuples,
-    /// status, state, mark and zone (only its timeout may differ). A resync skips those: their
-    /// paths are re-checked by the revalidation that follows every routing change.
+    /// The original tuples of `dump` for [`remove_absent`](Self::remove_absent), or `None`
+    /// when nothing is offloaded or parked (at start: no set of a million tuples to build).
+    pub fn tuples_to_check(&self, dump: &[CtEntry]) -> Option<HashSet<CtTuple>> {
+        (!self.is_empty() || !self.parked.is_empty()).then(|| dump.iter().map(|e| e.orig).collect())
+    }
+
+    /// Sizes the connection tables once for the entries of a dump about to be applied, instead
+    /// of doubling through it: each doubling leaves the previous table behind as freed heap
+    /// the process keeps.
+    pub fn reserve_for(&mut self, dump: &[CtEntry]) {
+        let v4 = dump.iter().filter(|e| e.orig.is_ipv4()).count();
+        self.conns_v4
+            .0
+            .reserve(v4.saturating_sub(self.conns_v4.0.len()));
+        self.conns_v6
+            .0
+            .reserve((dump.len() - v4).saturating_sub(self.conns_v6.0.len()));
+    }
+
+    /// Whether `entry` is already applied as it is: offloaded with the same tuples, status,
+    /// mark and zone (conntrack still allowing it), or parked with the same tuples, status,
+    /// state, mark and zone (only its timeout may differ). A resync skips those: their paths
+    /// are re-checked by the revalidation that follows every routing change.
     pub fn is_current(&self, entry: &CtEntry) -> bool {
-        let same = |known: &CtEntry| {
-            known.orig == entry.orig
-                && known.reply == entry.reply
+        if let Some(s) = self.get(&entry.orig) {
+            return s.reply == entry.reply
+                && s.status == entry.status.bits()
+                && s.mark == entry.mark
+                && s.zone == entry.zone
+                && entry.offload_decision().is_ok();
+        }
+        self.parked.get(&entry.orig).is_some_and(|known| {
+            known.reply == entry.reply
                 && known.status == entry.status
                 && known.tcp_state == entry.tcp_state
                 && known.tcp_flags == entry.tcp_flags
                 && known.mark == entry.mark
                 && known.zone == entry.zone
                 && known.has_helper == entry.has_helper
-        };
-        match (self.conns.get(&entry.orig), self.parked.get(&entry.orig)) {
-            (Some(c), _) => same(&c.entry),
-            (None, Some(p)) => same(p),
-            (None, None) => false,
-        }
+        })
     }
 
     /// The first half of [`resync`](Self::resync): forgets every connection a fresh dump no
     /// longer has (`present`: the dump's original tuples). Returns how many were offloaded.
     pub fn remove_absent(
         &mut self,
-        present: &std::collections::HashSet<CtTuple>,
+        present: &HashSet<CtTuple>,
         table: &mut impl FlowTable,
     ) -> usize {
         let stale: Vec<CtTuple> = self
-            .conns
-            .keys()
-            .filter(|k| !present.contains(*k))
-            .cloned()
+            .stored()
+            .map(|(orig, _)| orig)
+            .filter(|k| !present.contains(k))
             .collect();
         for k in &stale {
             self.remove(k, table);
@@ -442,23 +723,44 @@ impl FlowManager {
     }
 
     /// Connections that carried fast-path traffic since the previous call (their conntrack
-    /// timeout must be refreshed). Also removes connections whose map entries vanished.
-    pub fn active_since_last_pass(&mut self, table: &impl FlowTable) -> Vec<CtEntry> {
-        let mut active = Vec::new();
-        for conn in self.conns.values_mut() {
-            let latest = conn
-                .keys
-                .iter()
-                .filter_map(|k| counters(table, k))
-                .map(|c| c.last_seen_ns)
-                .max()
-                .unwrap_or(0);
-            if latest > conn.last_seen_ns {
-                conn.last_seen_ns = latest;
-                active.push(conn.entry.clone());
-            }
-        }
-        active
+    /// timeout must be refreshed), and starts the next pass at `now_ns`. Costs what the active
+    /// connections cost: the datapath records them (see [`FlowTable::take_active`]); entries
+    /// for connections no longer offloaded are dropped.
+    pub fn active_since_last_pass(
+        &mut self,
+        table: &mut impl FlowTable,
+        now_ns: u64,
+    ) -> Vec<Active> {
+        let (v4, v6) = table.take_active(now_ns);
+        let v4 = v4.iter().map(|k| TupleV4 {
+            src: k.src_be.to_ne_bytes(),
+            dst: k.dst_be.to_ne_bytes(),
+            sport: u16::from_be(k.sport_be),
+            dport: u16::from_be(k.dport_be),
+            proto: k.proto,
+        });
+        let v6 = v6.iter().map(|k| TupleV6 {
+            src: words_to_bytes(k.src_be),
+            dst: words_to_bytes(k.dst_be),
+            sport: u16::from_be(k.sport_be),
+            dport: u16::from_be(k.dport_be),
+            proto: k.proto,
+        });
+        let v4 = v4.filter_map(|t| {
+            let s = self.conns_v4.0.get(&t)?;
+            Some(Active {
+                orig: t.unpack(),
+                zone: s.zone,
+            })
+        });
+        let v6 = v6.filter_map(|t| {
+            let s = self.conns_v6.0.get(&t)?;
+            Some(Active {
+                orig: t.unpack(),
+                zone: s.zone,
+            })
+        });
+        v4.chain(v6).collect()
     }
 
     fn plan(&self, entry: &CtEntry, paths: &impl PathOracle) -> Result<Plan, Skip> {
@@ -483,6 +785,18 @@ impl FlowManager {
     }
 }
 
+/// Hands the heap memory freed after a big dump (its entries, the manager's grown tables) back
+/// to the kernel. glibc keeps freed heap chunks below its (adaptive, up to 32 MiB) mmap
+/// threshold for reuse, so without this a resync of a million entries leaves the daemon's RSS
+/// at its peak for good.
+pub fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory; no pointer is involved.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Removes a connection's flow entries and their arming index entries.
 fn remove_entries(table: &mut impl FlowTable, keys: &[DirKey; 2], arms: &[ArmKey; 2]) {
     for arm in arms {
@@ -499,13 +813,6 @@ fn remove_entries(table: &mut impl FlowTable, keys: &[DirKey; 2], arms: &[ArmKey
     }
 }
 
-fn counters(table: &impl FlowTable, key: &DirKey) -> Option<FlowCounters> {
-    match key {
-        DirKey::V4(k) => table.get_v4(k).map(|v| v.counters),
-        DirKey::V6(k) => table.get_v6(k).map(|v| v.counters),
-    }
-}
-
 /// The two map entries of a connection, each with its arming index key.
 enum PlanValues {
     V4([(FlowKeyV4, FlowV4, ArmKeyV4); 2]),
@@ -513,6 +820,8 @@ enum PlanValues {
 }
 
 struct Plan {
+    /// `[original, reply]` ingress interfaces.
+    ingress: [u32; 2],
     keys: [DirKey; 2],
     arms: [ArmKey; 2],
     values: PlanValues,
@@ -557,6 +866,7 @@ impl Plan {
             (IpAddr::V4(_), IpAddr::V4(_)) => {
                 let [a, b] = dirs.map(|d| v4_entry(&d));
                 Plan {
+                    ingress: [ingress_orig, ingress_reply],
                     keys: [DirKey::V4(a.0), DirKey::V4(b.0)],
                     arms: [ArmKey::V4(a.2), ArmKey::V4(b.2)],
                     values: PlanValues::V4([a, b]),
@@ -565,6 +875,7 @@ impl Plan {
             _ => {
                 let [a, b] = dirs.map(|d| v6_entry(&d));
                 Plan {
+                    ingress: [ingress_orig, ingress_reply],
                     keys: [DirKey::V6(a.0), DirKey::V6(b.0)],
                     arms: [ArmKey::V6(a.2), ArmKey::V6(b.2)],
                     values: PlanValues::V6([a, b]),
@@ -614,6 +925,15 @@ pub fn raw_v4(a: IpAddr) -> u32 {
         IpAddr::V4(a) => u32::from_ne_bytes(a.octets()),
         IpAddr::V6(_) => 0,
     }
+}
+
+/// The bytes of an address in raw (memory-order) words, as [`raw_v6`] made them.
+fn words_to_bytes(w: [u32; 4]) -> [u8; 16] {
+    let mut o = [0; 16];
+    for (chunk, word) in o.chunks_exact_mut(4).zip(w) {
+        chunk.copy_from_slice(&word.to_ne_bytes());
+    }
+    o
 }
 
 /// Raw (memory-order) representation of an IPv6 address.

@@ -64,7 +64,9 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     let listener = control::bind(&socket)?;
     let socket_guard = RemoveOnDrop(socket);
 
-    let mut dp = Datapath::load(config.flow_capacity)?;
+    let (capacity, source) = config.flow_capacity();
+    tracing::info!(capacity, source = ?source, "flow map capacity (directions per family)");
+    let mut dp = Datapath::load(capacity)?;
     // Subscribe before reading qdiscs and dumping conntrack so nothing that happens in between
     // is lost.
     let rt_events = rtnl::subscribe().context("cannot subscribe to rtnetlink events")?;

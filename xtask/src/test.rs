@@ -1,7 +1,7 @@
 //! `cargo xtask test`: unit tests, the release daemon build, the privileged tests (as root, one
 //! thread), the same kind of tests in a Debian-kernel guest (VLAN, PPPoE: modules this kernel
-//! lacks), the quick benchmark and a 1-minute soak; then a summary. Exits non-zero when any
-//! step failed.
+//! lacks), the quick benchmark, a 1-minute soak and the small scale benchmark; then a summary.
+//! Exits non-zero when any step failed.
 
 use std::{fmt::Write as _, fs, path::PathBuf, time::Instant};
 
@@ -15,7 +15,7 @@ pub struct TestArgs {
     /// Skip the unprivileged unit tests.
     #[arg(long)]
     no_unit: bool,
-    /// Skip the quick benchmark and the soak.
+    /// Skip the quick benchmark, the soak and the small scale benchmark.
     #[arg(long)]
     no_bench: bool,
     /// Skip the tests that run in the Debian-kernel guest (VLAN, PPPoE; see xtask/src/guest.rs).
@@ -144,6 +144,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     } else if args.no_bench {
         steps.push(not_run("quick benchmark", "--no-bench"));
         steps.push(not_run("soak (1 min)", "--no-bench"));
+        steps.push(not_run("scale benchmark (small)", "--no-bench"));
     } else if !cmd::is_root() {
         steps.push(Step {
             name: "quick benchmark",
@@ -177,6 +178,21 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
                 "--minutes",
                 "1",
                 "--no-control",
+            ]);
+            cmd::run(&mut c)
+        }));
+        // Regression checks at 50 k routes and 50 k conntrack entries (≈ 1 min): offload time,
+        // keep-alive CPU with no traffic, daemon RSS, no flow left after conntrack -F.
+        steps.push(timed("scale benchmark (small)", || {
+            let mut c = cmd::cargo();
+            c.args([
+                "run",
+                "--release",
+                "-p",
+                workspace::BENCH_PACKAGE,
+                "--",
+                "scale",
+                "--small",
             ]);
             cmd::run(&mut c)
         }));

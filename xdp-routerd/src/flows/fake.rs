@@ -1,9 +1,9 @@
 //! An in-memory [`FlowTable`] for unit tests (the flow maps without the kernel).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use aya::maps::MapError;
-use xdp_router_common::{ArmKeyV4, ArmKeyV6, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6};
+use xdp_router_common::{ArmKeyV4, ArmKeyV6, FLOW_F_REPLY, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6};
 
 use super::FlowTable;
 
@@ -16,6 +16,45 @@ pub struct FakeTable {
     pub arm_v6: HashMap<ArmKeyV6, FlowKeyV6>,
     /// IPv4 directions that fit (0: unlimited).
     pub capacity: usize,
+    /// Start of the current keep-alive pass ([`FlowTable::take_active`]).
+    pub active_since_ns: u64,
+    /// Connections (original tuple, ifindex 0) the datapath recorded as active in this pass.
+    pub active_v4: HashSet<FlowKeyV4>,
+    pub active_v6: HashSet<FlowKeyV6>,
+}
+
+impl FakeTable {
+    /// What the datapath does with the counters and the active record when it forwards a
+    /// packet of the IPv4 direction `key` at `now` (xdp-router-ebpf `first_in_pass`).
+    pub fn forward_v4(&mut self, key: &FlowKeyV4, now: u64) {
+        let v = self.v4.get_mut(key).expect("offloaded direction");
+        if v.counters.last_seen_ns < self.active_since_ns {
+            let conn = if v.flags & FLOW_F_REPLY == 0 {
+                FlowKeyV4 {
+                    ifindex: 0,
+                    src_be: key.src_be,
+                    dst_be: key.dst_be,
+                    sport_be: key.sport_be,
+                    dport_be: key.dport_be,
+                    proto: key.proto,
+                    _pad: [0; 3],
+                }
+            } else {
+                FlowKeyV4 {
+                    ifindex: 0,
+                    src_be: v.new_dst_be,
+                    dst_be: v.new_src_be,
+                    sport_be: v.new_dport_be,
+                    dport_be: v.new_sport_be,
+                    proto: key.proto,
+                    _pad: [0; 3],
+                }
+            };
+            self.active_v4.insert(conn);
+        }
+        v.counters.last_seen_ns = now;
+        v.counters.packets += 1;
+    }
 }
 
 fn full_error() -> MapError {
@@ -62,5 +101,12 @@ impl FlowTable for FakeTable {
     }
     fn remove_arm_v6(&mut self, arm: &ArmKeyV6) {
         self.arm_v6.remove(arm);
+    }
+    fn take_active(&mut self, now_ns: u64) -> (Vec<FlowKeyV4>, Vec<FlowKeyV6>) {
+        self.active_since_ns = now_ns;
+        (
+            self.active_v4.drain().collect(),
+            self.active_v6.drain().collect(),
+        )
     }
 }

@@ -410,15 +410,90 @@ fn full_table_leaves_connection_in_kernel_without_half_entries() {
 fn keepalive_reports_only_connections_with_new_traffic() {
     let (mut m, mut t) = (manager(), FakeTable::default());
     m.upsert(snat_tcp(), &mut t, &paths());
-    assert!(m.active_since_last_pass(&t).is_empty());
-    for v in t.v4.values_mut().take(1) {
-        v.counters.last_seen_ns = 1_000;
+    let other = CtEntry {
+        orig: tuple("10.0.1.3", 40001, "198.51.100.7", 443, 6),
+        reply: tuple("198.51.100.7", 443, "203.0.113.1", 61001, 6),
+        ..snat_tcp()
+    };
+    m.upsert(other, &mut t, &paths());
+    assert!(m.active_since_last_pass(&mut t, 100).is_empty());
+    let key = |orig: bool| {
+        *t.v4
+            .iter()
+            .find(|(k, v)| {
+                (v.flags & FLOW_F_REPLY == 0) == orig
+                    && (k.sport_be == 40000u16.to_be() || k.dport_be == 61000u16.to_be())
+            })
+            .expect("direction of the first connection")
+            .0
+    };
+    let (orig_key, reply_key) = (key(true), key(false));
+    // Only the reply direction carries traffic: the connection is found by its original tuple.
+    t.forward_v4(&reply_key, 150);
+    t.forward_v4(&reply_key, 160);
+    let active = m.active_since_last_pass(&mut t, 200);
+    assert_eq!(
+        active,
+        vec![Active {
+            orig: snat_tcp().orig,
+            zone: 0
+        }]
+    );
+    // Both directions, several packets: reported once.
+    for now in [210, 220, 230] {
+        t.forward_v4(&orig_key, now);
+        t.forward_v4(&reply_key, now);
     }
-    assert_eq!(m.active_since_last_pass(&t).len(), 1);
+    assert_eq!(m.active_since_last_pass(&mut t, 300).len(), 1);
     assert!(
-        m.active_since_last_pass(&t).is_empty(),
+        m.active_since_last_pass(&mut t, 400).is_empty(),
         "no new traffic since the last pass"
     );
+    // Recorded, then taken back from the fast path before the pass: not reported.
+    t.forward_v4(&orig_key, 450);
+    m.forget(&snat_tcp().orig, &mut t);
+    assert!(m.active_since_last_pass(&mut t, 500).is_empty());
+}
+
+#[test]
+fn kept_connection_state_is_compact_and_round_trips() {
+    assert!(std::mem::size_of::<(TupleV4, Stored<TupleV4>)>() <= 48);
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    let v6 = CtEntry {
+        orig: tuple("fd00:1::2", 40000, "2001:db8::7", 443, 6),
+        reply: tuple("2001:db8::7", 443, "fd00:1::2", 40000, 6),
+        mark: 7,
+        zone: 3,
+        ..snat_tcp()
+    };
+    for e in [snat_tcp(), v6.clone()] {
+        assert_eq!(m.upsert(e.clone(), &mut t, &paths()), Upsert::Added);
+        let got = m
+            .conns()
+            .find(|c| c.entry.orig == e.orig)
+            .expect("offloaded");
+        assert_eq!(got.entry.reply, e.reply);
+        assert_eq!((got.entry.mark, got.entry.zone), (e.mark, e.zone));
+        assert_eq!(got.entry.status, e.status);
+        assert!(got.entry.offload_decision().is_ok());
+        assert_eq!(m.upsert(e, &mut t, &paths()), Upsert::Unchanged);
+    }
+    assert_eq!(m.directions(), (2, 2));
+}
+
+#[test]
+fn full_table_is_reported_once_per_interval() {
+    let mut log = OncePerInterval::default();
+    let t0 = Instant::now();
+    assert_eq!(log.note(t0), Some(1), "the first one at once");
+    assert_eq!(log.note(t0 + Duration::from_secs(1)), None);
+    assert_eq!(log.note(t0 + Duration::from_secs(59)), None);
+    assert_eq!(
+        log.note(t0 + TABLE_FULL_LOG_INTERVAL),
+        Some(3),
+        "then the ones since, together"
+    );
+    assert_eq!(log.note(t0 + TABLE_FULL_LOG_INTERVAL * 2), Some(1));
 }
 
 #[test]
@@ -452,6 +527,11 @@ fn an_entry_is_current_until_anything_but_its_timeout_changes() {
     }));
     assert!(!m.is_current(&CtEntry {
         mark: 9,
+        ..e.clone()
+    }));
+    // Only the TCP state differs from what an offloaded connection keeps: no longer current.
+    assert!(!m.is_current(&CtEntry {
+        tcp_state: Some(tcp_state::FIN_WAIT),
         ..e.clone()
     }));
     // Parked entries count too (a resync need not look their routes up again).

@@ -487,24 +487,21 @@ impl CtNetlink {
     /// All conntrack entries, IPv4 and IPv6. Entries that do not decode are skipped with a
     /// warning (they stay on the kernel path).
     pub async fn dump(&mut self) -> Result<Vec<CtEntry>, CtNetlinkError> {
-        let msgs = self
-            .request(
-                "dump conntrack table",
-                NetfilterProtoFamily::Unspec,
-                ConntrackMessage::Get(vec![]),
-                NLM_F_REQUEST | NLM_F_DUMP,
-            )
-            .await?;
-        Ok(msgs
-            .iter()
-            .filter_map(|m| match entry_from_message(m) {
-                Ok(e) => e,
-                Err(e) => {
-                    warn!(error = %e, "skipping malformed conntrack dump entry");
-                    None
-                }
-            })
-            .collect())
+        // Each message becomes an entry as it arrives: a million entries as parsed netlink
+        // messages (nested attribute vectors) would take gigabytes at once.
+        let mut entries = Vec::new();
+        self.request_each(
+            "dump conntrack table",
+            NetfilterProtoFamily::Unspec,
+            ConntrackMessage::Get(vec![]),
+            NLM_F_REQUEST | NLM_F_DUMP,
+            |m| match entry_from_message(&m) {
+                Ok(e) => entries.extend(e),
+                Err(e) => warn!(error = %e, "skipping malformed conntrack dump entry"),
+            },
+        )
+        .await?;
+        Ok(entries)
     }
 
     /// The entry with this original tuple in `zone`, if it exists.
@@ -676,6 +673,21 @@ impl CtNetlink {
         msg: ConntrackMessage,
         flags: u16,
     ) -> Result<Vec<NetfilterMessage>, CtNetlinkError> {
+        let mut out = Vec::new();
+        self.request_each(op, family, msg, flags, |m| out.push(m))
+            .await?;
+        Ok(out)
+    }
+
+    /// [`CtNetlink::request`], handing each answering message to `each` as it arrives.
+    async fn request_each(
+        &mut self,
+        op: &'static str,
+        family: NetfilterProtoFamily,
+        msg: ConntrackMessage,
+        flags: u16,
+        mut each: impl FnMut(NetfilterMessage),
+    ) -> Result<(), CtNetlinkError> {
         if self.in_flight {
             self.drain_stale();
         }
@@ -688,7 +700,6 @@ impl CtNetlink {
             .await
             .map_err(|e| CtNetlinkError::from_io(op, e))?;
         let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
-        let mut out = Vec::new();
         let mut interrupted = false;
         loop {
             let n = self
@@ -717,11 +728,11 @@ impl CtNetlink {
                     Err(source) => return Err(CtNetlinkError::Decode { op, source }),
                 };
                 match msg.payload {
-                    NetlinkPayload::InnerMessage(m) => out.push(m),
+                    NetlinkPayload::InnerMessage(m) => each(m),
                     NetlinkPayload::Error(err) => {
                         self.in_flight = false;
                         return match err.code {
-                            None => Ok(out),
+                            None => Ok(()),
                             Some(_) => Err(CtNetlinkError::from_io(op, err.to_io())),
                         };
                     }
@@ -738,7 +749,7 @@ impl CtNetlink {
                             // duplicated. The event stream covers the changes.
                             warn!("conntrack dump interrupted (NLM_F_DUMP_INTR)");
                         }
-                        return Ok(out);
+                        return Ok(());
                     }
                     _ => {}
                 }

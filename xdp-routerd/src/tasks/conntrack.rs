@@ -19,7 +19,7 @@ use tracing::{debug, error, info, warn};
 
 use super::{APPLY_CHUNK, apply_stale_check, resolve_fresh};
 use crate::{
-    flows::{FlowManager, PathOracle, Upsert},
+    flows::{FlowManager, PathOracle, Upsert, release_freed_memory},
     state::{Shared, State},
     sync::{
         conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
@@ -246,20 +246,25 @@ pub async fn resync(
     let started = Instant::now();
     let mut dump = ct.dump().await.map_err(ct_err)?;
     let n = dump.len();
-    let present: HashSet<CtTuple> = dump.iter().map(|e| e.orig).collect();
     // Entries already applied as they are need neither route lookups nor map writes: a resync
     // after an overrun under load then costs what changed, not the whole table.
-    {
+    let present = {
         let s = shared.lock();
-        dump.retain(|e| !s.flows.is_current(e));
-    }
+        let present = s.flows.tuples_to_check(&dump);
+        if present.is_some() {
+            dump.retain(|e| !s.flows.is_current(e));
+        }
+        present
+    };
     let (paths, generation) = resolve_fresh(shared, lookup, &dump.iter().collect::<Vec<_>>()).await;
     let looked_up_ms = started.elapsed().as_millis() as u64;
     let (removed, before) = {
         let mut s = shared.lock();
         let State { dp, flows, .. } = &mut *s;
         let before = flows.stats().offloaded_total;
-        (flows.remove_absent(&present, dp), before)
+        let removed = present.map_or(0, |p| flows.remove_absent(&p, dp));
+        flows.reserve_for(&dump);
+        (removed, before)
     };
     // In chunks, so status, metrics and the other tasks get the lock in between; the TCP
     // connections of each chunk are marked liberal before it is applied.
@@ -293,6 +298,9 @@ pub async fn resync(
         added
     };
     apply_stale_check(shared, generation);
+    // The lookups' memory and what the tables left behind growing, back to the kernel.
+    drop(paths);
+    release_freed_memory();
     if added == 0 {
         return Ok(Vec::new());
     }

@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 use tracing::{debug, error, warn};
 
 use crate::{
-    state::{Shared, State},
+    state::{Shared, State, monotonic_ns},
     sync::{
         conntrack::IPPROTO_TCP,
         ctnetlink::{CtNetlink, CtUpdate, KernelTimeouts, conntrack_checksum},
@@ -36,7 +36,7 @@ pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> 
                 error!(error = %e, "cannot update the checksum setting");
             }
             let State { dp, flows, .. } = &mut *s;
-            flows.active_since_last_pass(dp)
+            flows.active_since_last_pass(dp, monotonic_ns())
         };
         let mut refreshed = 0u64;
         let mut errors = 0u64;
@@ -48,7 +48,7 @@ pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> 
             // TCP: re-mark it liberal in the same message. Packets the kernel saw since the
             // last pass (handshake stragglers, shaped egress) set MAXACK_SET again, and a stale
             // td_maxack would make conntrack ignore the connection's RST.
-            let mut update = CtUpdate::for_entry(&e).timeout(secs);
+            let mut update = CtUpdate::new(e.orig, e.zone).timeout(secs);
             if e.orig.proto == IPPROTO_TCP {
                 update = update.tcp_liberal();
             }
