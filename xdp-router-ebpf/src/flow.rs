@@ -642,6 +642,10 @@ fn frame_len(ctx: &XdpContext) -> usize {
 }
 
 /// Steps 4-11 for IPv4: checks, flow, FIB, egress, rewrite, counters, redirect.
+#[expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "the flow key stays in its one stack slot (a by-value key is copied): the program's stack is nearly full"
+)]
 #[inline(always)]
 fn try_forward_v4(
     ctx: &XdpContext,
@@ -747,8 +751,6 @@ fn try_forward_v4(
     // SAFETY: `flow` is a live map value pointer.
     let counters = unsafe { addr_of_mut!((*flow).counters) };
     if first_in_pass(counters, cache) {
-        // The connection by its original tuple: this direction's key, or for the reply
-        // direction, the tuple it is rewritten to, swapped.
         // The connection by its original tuple (the flow key without the ingress): this
         // direction's key, or for the reply direction the tuple it is rewritten to, swapped.
         // Built in the lookup key's stack slot: the program's stack is nearly full.
@@ -766,6 +768,10 @@ fn try_forward_v4(
 }
 
 /// Steps 4-11 for IPv6 (see [`try_forward_v4`]).
+#[expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "the flow key stays in its one stack slot (a by-value key is copied): the program's stack is nearly full"
+)]
 #[inline(always)]
 fn try_forward_v6(
     ctx: &XdpContext,
@@ -824,8 +830,8 @@ fn try_forward_v6(
         unsafe { addr_of_mut!((*flow).kernel_dscp) },
         (u32::from_be(flowinfo) >> 22) as u8 & 0x3f,
     )?;
-    // SAFETY: `flow` is a live map value pointer.
     check_ttl(
+        // SAFETY: `flow` is a live map value pointer.
         unsafe { addr_of_mut!((*flow).kernel_ttl) },
         fields.hop_limit,
     )?;
@@ -863,8 +869,6 @@ fn try_forward_v6(
     // SAFETY: `flow` is a live map value pointer.
     let counters = unsafe { addr_of_mut!((*flow).counters) };
     if first_in_pass(counters, cache) {
-        // The connection by its original tuple: this direction's key, or for the reply
-        // direction, the tuple it is rewritten to, swapped.
         // The connection by its original tuple (the flow key without the ingress): this
         // direction's key, or for the reply direction the tuple it is rewritten to, swapped.
         // Built in the lookup key's stack slot: the program's stack is nearly full.
