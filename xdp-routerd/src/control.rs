@@ -14,7 +14,7 @@ use tokio::{
     io::{AsyncBufReadExt as _, AsyncWriteExt as _},
     net::UnixListener,
 };
-use tracing::warn;
+use tracing::{info, warn};
 
 /// A request from a control command.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,17 +78,26 @@ const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100
 
 /// Serves requests for as long as the daemon runs. Each connection carries one request.
 pub async fn serve(listener: UnixListener, handler: std::sync::Arc<dyn Handler>) {
+    // Failed accepts in a row: logged once when a streak starts, and once when it ends.
+    let mut failing = 0u64;
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
                 // EMFILE/ENFILE/ENOMEM persist until something is freed: retrying at once would
-                // spin a core. Log and wait a little instead.
-                warn!(error = %e, "control socket: accept failed; retrying in 100 ms");
+                // spin a core. Wait a little instead, and say so once per streak.
+                if failing == 0 {
+                    warn!(error = %e, "control socket: accept failed; retrying every 100 ms");
+                }
+                failing += 1;
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
         };
+        if failing > 0 {
+            info!(failed = failing, "control socket: accepting again");
+            failing = 0;
+        }
         let handler = handler.clone();
         tokio::spawn(async move {
             let (read, mut write) = stream.into_split();
