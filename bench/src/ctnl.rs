@@ -169,12 +169,6 @@ pub struct Created {
 const GROUP_DESTROY: u32 = 3;
 
 /// A ctnetlink socket in the network namespace of the thread that opened it.
-///
-/// It listens to conntrack's DESTROY group: with `nf_conntrack_events` = 2 (the default) the
-/// kernel gives an entry its event extension only when some ctnetlink listener exists at its
-/// creation, and an entry without it never reports its destruction. So the entries are like
-/// those of a router on which xdp-routerd (or conntrackd) already listened, e.g. before a
-/// daemon restart. (The events it receives are skipped.)
 pub struct Writer {
     sock: Socket,
     seq: u32,
@@ -183,12 +177,11 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Opens the socket in the calling thread's network namespace.
+    /// Opens the socket in the calling thread's network namespace. For entries whose
+    /// destruction must be reported while no daemon listens, see [`create`].
     pub fn open() -> Result<Writer> {
         let mut sock = Socket::new(NETLINK_NETFILTER).context("opening a ctnetlink socket")?;
         sock.bind_auto().context("binding the ctnetlink socket")?;
-        sock.add_membership(GROUP_DESTROY)
-            .context("joining the conntrack DESTROY group")?;
         Ok(Writer {
             sock,
             seq: 0,
@@ -263,8 +256,20 @@ impl Writer {
 }
 
 /// Creates `conns` in the calling thread's network namespace's conntrack table.
+///
+/// The socket listens to conntrack's DESTROY group while it creates them: with
+/// `nf_conntrack_events` = 2 (the default) the kernel gives an entry its event extension only
+/// when some ctnetlink listener exists at its creation, and an entry without it never reports
+/// its destruction. So the entries are like those of a router on which xdp-routerd (or
+/// conntrackd) already listened, e.g. before a daemon restart. (The events it receives are
+/// skipped; a long-lived [`Writer`] that deletes must not listen: the events of its own
+/// deletions would overrun it.)
 pub fn create(conns: impl IntoIterator<Item = Conn>) -> Result<Created> {
-    Writer::open()?.create(conns)
+    let mut w = Writer::open()?;
+    w.sock
+        .add_membership(GROUP_DESTROY)
+        .context("joining the conntrack DESTROY group")?;
+    w.create(conns)
 }
 
 #[cfg(test)]
