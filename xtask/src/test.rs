@@ -152,49 +152,16 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             secs: 0.0,
         });
     } else {
-        steps.push(timed("quick benchmark", || {
-            let mut c = cmd::cargo();
-            c.args([
-                "run",
-                "--release",
-                "-p",
-                workspace::BENCH_PACKAGE,
-                "--",
-                "quick",
-            ]);
-            cmd::run(&mut c)
-        }));
+        steps.push(timed("quick benchmark", || run_bench(&["quick"])));
         // Fails on any lost connection or leaked flow. The fast-path run only: the
         // kernel-alone control (`cargo xtask bench soak`) is for the side-by-side figures.
         steps.push(timed("soak (1 min)", || {
-            let mut c = cmd::cargo();
-            c.args([
-                "run",
-                "--release",
-                "-p",
-                workspace::BENCH_PACKAGE,
-                "--",
-                "soak",
-                "--minutes",
-                "1",
-                "--no-control",
-            ]);
-            cmd::run(&mut c)
+            run_bench(&["soak", "--minutes", "1", "--no-control"])
         }));
         // Regression checks at 50 k routes and 50 k conntrack entries (≈ 1 min): offload time,
         // keep-alive CPU with no traffic, daemon RSS, no flow left after conntrack -F.
         steps.push(timed("scale benchmark (small)", || {
-            let mut c = cmd::cargo();
-            c.args([
-                "run",
-                "--release",
-                "-p",
-                workspace::BENCH_PACKAGE,
-                "--",
-                "scale",
-                "--small",
-            ]);
-            cmd::run(&mut c)
+            run_bench(&["scale", "--small"])
         }));
     }
 
@@ -247,6 +214,14 @@ fn ebpf_clippy(ws: &workspace::Workspace) -> std::process::Command {
         .env_remove("RUSTC")
         .env_remove("RUSTUP_TOOLCHAIN");
     c
+}
+
+/// `cargo run --release -p xdp-router-bench -- ARGS`.
+fn run_bench(args: &[&str]) -> anyhow::Result<()> {
+    let mut c = cmd::cargo();
+    c.args(["run", "--release", "-p", workspace::BENCH_PACKAGE, "--"])
+        .args(args);
+    cmd::run(&mut c)
 }
 
 fn not_run(name: &'static str, why: &str) -> Step {
