@@ -194,7 +194,8 @@ impl Reason {
 
 impl core::fmt::Display for Reason {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(self.name())
+        // `pad`, not `write_str`: tables align names with `{:<28}`.
+        f.pad(self.name())
     }
 }
 
@@ -226,6 +227,8 @@ impl<'de> serde::Deserialize<'de> for Reason {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+
     use super::*;
 
     #[test]
@@ -239,5 +242,11 @@ mod tests {
             }
         }
         assert_eq!(Reason::from_u32(Reason::COUNT), None);
+    }
+
+    /// The CLI's tables align reasons with width specifiers (`status`, `stats`).
+    #[test]
+    fn display_honours_width() {
+        assert_eq!(std::format!("{:<12}|", Reason::PassNoFlow), "no_flow     |");
     }
 }

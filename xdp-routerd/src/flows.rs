@@ -102,7 +102,8 @@ impl Skip {
 
 impl std::fmt::Display for Skip {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        // `pad`, not `write_str`: tables align names with `{:<28}`.
+        f.pad(self.name())
     }
 }
 

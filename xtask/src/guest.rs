@@ -100,8 +100,10 @@ pub fn run(daemon: &Path, skip_log: &Path, extra: &[String]) -> anyhow::Result<V
         kernel.display(),
         TEST_TARGETS.join(", ")
     );
-    let mut c = Command::new("timeout");
-    c.arg("1800")
+    // The guest's console goes to stderr, which qemu reopens (truncating a log file that
+    // stderr is redirected to): `sh` sends it into the stdout pipe read below instead.
+    let mut c = Command::new("sh");
+    c.args(["-c", "exec \"$@\" 2>&1", "sh", "timeout", "1800"])
         .arg(vng)
         .arg("-r")
         .arg(&kernel)
