@@ -31,9 +31,9 @@ pub fn run(args: &LabArgs) -> anyhow::Result<()> {
              \"PATH=$PATH\" cargo xtask lab`"
         );
     }
-    // First use installs what the lab needs (apt packages, rust-src, bpf-linker); a second
-    // run only checks (well under a second).
-    crate::setup::run()?;
+    // First use installs what the lab needs (apt packages, rust-src, bpf-linker; not the
+    // tests' guest kernel); a second run only checks (well under a second).
+    crate::setup::run_for(crate::setup::Needs::Host)?;
     let config = workspace::root().join("config/xdp-routerd.toml");
     if !config.is_file() {
         bail!("{} is missing", config.display());

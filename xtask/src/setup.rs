@@ -49,8 +49,24 @@ const TOOLS: &[(&str, &str)] = &[
 
 /// Runs every setup step.
 pub fn run() -> anyhow::Result<()> {
+    run_for(Needs::Everything)
+}
+
+/// What a command needs installed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// Everything: `setup` itself and the tests (their guest step boots a Debian kernel).
+    Everything,
+    /// The build and the host tools, not the guest (the lab).
+    Host,
+}
+
+/// Runs the setup steps `needs` asks for.
+pub fn run_for(needs: Needs) -> anyhow::Result<()> {
     step("system packages", packages)?;
-    step("Debian-kernel guest (qemu, virtme-ng, kernel)", guest)?;
+    if needs == Needs::Everything {
+        step("Debian-kernel guest (qemu, virtme-ng, kernel)", guest)?;
+    }
     step("nightly toolchain + rust-src", nightly)?;
     step("bpf-linker", bpf_linker)?;
     println!("setup: everything is in place");
