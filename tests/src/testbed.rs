@@ -1475,6 +1475,48 @@ pub fn udp_is_fast_pathed(
     );
 }
 
+/// The config's `[[interface]]` tables for `wan` (role wan) and [`LAN_IF`] (role lan), for
+/// [`Testbed::start_daemon_config`].
+pub fn wan_lan_interfaces(wan: &str) -> String {
+    format!(
+        "[[interface]]\nname = \"{wan}\"\nrole = \"wan\"\n\
+         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
+    )
+}
+
+/// With the Ethernet port under an encapsulation (VLAN, PPPoE) managed as the WAN and the
+/// encapsulating device not: between `before` and `after`, `frames` (e.g. "tagged") were counted
+/// `not_ip` on [`WAN_IF`], connections were skipped as `path_not_managed`, and no packet was
+/// counted as forwarded.
+pub fn assert_encapsulated_wan_left_to_kernel(before: &Status, after: &Status, frames: &str) {
+    let d =
+        |iface: &str, reason: &str| after.packets(iface, reason) - before.packets(iface, reason);
+    let passed = d(WAN_IF, "not_ip");
+    let forwarded = d(LAN_IF, "forwarded_original") + d(WAN_IF, "forwarded_reply");
+    let not_managed = after
+        .conntrack
+        .skipped
+        .get("path_not_managed")
+        .copied()
+        .unwrap_or(0);
+    eprintln!(
+        "{frames} frames passed on {WAN_IF}: {passed}; connections not offloaded \
+         (path_not_managed): {not_managed}; packets forwarded by XDP: {forwarded}"
+    );
+    assert!(
+        passed > 0,
+        "no {frames} frame counted not_ip on {WAN_IF}: {after:?}"
+    );
+    assert!(
+        not_managed > 0,
+        "no connection skipped as path_not_managed: {after:?}"
+    );
+    assert_eq!(
+        forwarded, 0,
+        "packets counted as forwarded although the {frames} path is not managed"
+    );
+}
+
 /// UDP exchanges (warm-up, a pause for the daemon to offload the flow, then 200 more) and a
 /// 2 MiB TCP transfer from the LAN host to the WAN host on `port` and `port + 1`: every datagram
 /// answered intact, the transfer intact and masqueraded to the router's WAN address. Returns

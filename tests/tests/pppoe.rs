@@ -17,8 +17,9 @@ use std::{
 use xdp_router_tests::{
     netns::Netns,
     testbed::{
-        HOST_IF, LAN_IF, ROUTER_WAN_V4, TempDir, Testbed, WAN_HOST_V4, WAN_IF, ready,
-        udp_and_tcp_are_intact, wait_until,
+        HOST_IF, LAN_IF, ROUTER_WAN_V4, TempDir, Testbed, WAN_HOST_V4, WAN_IF,
+        assert_encapsulated_wan_left_to_kernel, ready, udp_and_tcp_are_intact, wait_until,
+        wan_lan_interfaces,
     },
 };
 
@@ -162,10 +163,7 @@ fn wan_as_ppp_device_is_never_a_redirect_target() {
         return;
     }
     let (mut tb, _session) = pppoe_testbed("pd");
-    tb.start_daemon_config(&format!(
-        "[[interface]]\nname = \"{PPP_IF}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
-    ));
+    tb.start_daemon_config(&wan_lan_interfaces(PPP_IF));
     let (before, after) = udp_and_tcp_are_intact(&tb, 6207, "PPPoE (ppp0 managed)");
     let d =
         |iface: &str, reason: &str| after.packets(iface, reason) - before.packets(iface, reason);
@@ -200,35 +198,7 @@ fn wan_as_pppoe_ethernet_leaves_session_frames_to_the_kernel() {
         return;
     }
     let (mut tb, _session) = pppoe_testbed("pe");
-    tb.start_daemon_config(&format!(
-        "[[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
-    ));
+    tb.start_daemon_config(&wan_lan_interfaces(WAN_IF));
     let (before, after) = udp_and_tcp_are_intact(&tb, 6217, "PPPoE (Ethernet port managed)");
-    let d =
-        |iface: &str, reason: &str| after.packets(iface, reason) - before.packets(iface, reason);
-    let session_frames = d(WAN_IF, "not_ip");
-    let forwarded = d(LAN_IF, "forwarded_original") + d(WAN_IF, "forwarded_reply");
-    let not_managed = after
-        .conntrack
-        .skipped
-        .get("path_not_managed")
-        .copied()
-        .unwrap_or(0);
-    eprintln!(
-        "PPPoE frames passed on {WAN_IF}: {session_frames}; connections not offloaded \
-         (path_not_managed): {not_managed}; packets forwarded by XDP: {forwarded}"
-    );
-    assert!(
-        session_frames > 0,
-        "no PPPoE session frame counted not_ip on {WAN_IF}: {after:?}"
-    );
-    assert!(
-        not_managed > 0,
-        "no connection skipped as path_not_managed: {after:?}"
-    );
-    assert_eq!(
-        forwarded, 0,
-        "packets counted as forwarded although the PPPoE path is not managed"
-    );
+    assert_encapsulated_wan_left_to_kernel(&before, &after, "PPPoE session");
 }

@@ -13,7 +13,7 @@ use xdp_router_tests::{
     netns::Netns,
     testbed::{
         HOST_IF, LAN_IF, ROUTER_WAN_V4, ROUTER_WAN_V6, Testbed, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
-        ready, udp_and_tcp_are_intact,
+        assert_encapsulated_wan_left_to_kernel, ready, udp_and_tcp_are_intact, wan_lan_interfaces,
     },
 };
 
@@ -83,10 +83,7 @@ fn wan_as_vlan_device_is_never_a_redirect_target() {
     }
     let mut tb = vlan_wan_testbed("vd");
     let wan_vlan = vlan_of(WAN_IF);
-    tb.start_daemon_config(&format!(
-        "[[interface]]\nname = \"{wan_vlan}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
-    ));
+    tb.start_daemon_config(&wan_lan_interfaces(&wan_vlan));
     let (before, after) = udp_and_tcp_are_intact(&tb, 6107, &format!("VLAN {VID}"));
     let fwd =
         after.packets(LAN_IF, "forwarded_original") - before.packets(LAN_IF, "forwarded_original");
@@ -115,35 +112,7 @@ fn wan_as_vlan_parent_leaves_tagged_frames_to_the_kernel() {
         return;
     }
     let mut tb = vlan_wan_testbed("vp");
-    tb.start_daemon_config(&format!(
-        "[[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
-    ));
+    tb.start_daemon_config(&wan_lan_interfaces(WAN_IF));
     let (before, after) = udp_and_tcp_are_intact(&tb, 6107, &format!("VLAN {VID}"));
-    let d =
-        |iface: &str, reason: &str| after.packets(iface, reason) - before.packets(iface, reason);
-    let tagged = d(WAN_IF, "not_ip");
-    let forwarded = d(LAN_IF, "forwarded_original") + d(WAN_IF, "forwarded_reply");
-    let not_managed = after
-        .conntrack
-        .skipped
-        .get("path_not_managed")
-        .copied()
-        .unwrap_or(0);
-    eprintln!(
-        "tagged frames passed on {WAN_IF}: {tagged}; connections not offloaded (path_not_managed): \
-         {not_managed}; packets forwarded by XDP: {forwarded}"
-    );
-    assert!(
-        tagged > 0,
-        "no tagged frame counted not_ip on {WAN_IF}: {after:?}"
-    );
-    assert!(
-        not_managed > 0,
-        "no connection skipped as path_not_managed: {after:?}"
-    );
-    assert_eq!(
-        forwarded, 0,
-        "packets counted as forwarded although the VLAN path is not managed"
-    );
+    assert_encapsulated_wan_left_to_kernel(&before, &after, "tagged");
 }
