@@ -28,7 +28,7 @@ use crate::{
     status::{ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, Status},
     sync::{
         bridge::{BridgeKind, BridgeRead, BridgeReads, FdbEvent},
-        hooks::Hooks,
+        hooks::{self, Hooks},
         qdisc::{self, Egress, Qdisc},
         xdp_xmit::{Capabilities, XdpXmit, XmitEvent},
     },
@@ -736,9 +736,9 @@ impl<D: Ports> State<D> {
 
     /// Applies freshly read hooks (by interface name, see [`State::hook_names`]) and updates
     /// the flags of the interfaces whose hooks changed, and of the bridges' ports.
-    pub fn apply_hooks(&mut self, found: &BTreeMap<String, Hooks>) {
+    pub fn apply_hooks(&mut self, found: &hooks::Found) {
         for m in &mut self.ifaces {
-            let h = found.get(&m.cfg.name).copied().unwrap_or_default();
+            let h = found.device(&m.cfg.name);
             if m.set_hooks(h)
                 && let (Some(ifindex), Some(_)) = (m.ifindex, m.mode)
                 && let Err(e) = self.dp.set_iface_flags(ifindex, m.slot, m.flags())
@@ -748,7 +748,7 @@ impl<D: Ports> State<D> {
             let mut ports = m.ports.take();
             if let (Some(view), Some(ports)) = (m.bridge_view(self.xdp_mode), ports.as_mut()) {
                 for p in ports.values_mut() {
-                    p.hooks = found.get(&p.name).copied().unwrap_or_default();
+                    p.hooks = found.port(&p.name);
                 }
                 bridge::write_flags(&mut self.dp, &view, ports);
             }

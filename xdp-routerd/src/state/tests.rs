@@ -271,20 +271,27 @@ fn shaped_auto_follows_the_root_qdisc_and_a_failed_read() {
 #[test]
 fn hooks_set_flags_unless_bypassed() {
     let mut s = state();
-    let found = BTreeMap::from([(
-        "lan".to_string(),
-        Hooks {
+    let found = hooks::Found {
+        devices: BTreeMap::from([(
+            "lan".to_string(),
+            Hooks {
+                ingress: true,
+                egress: false,
+            },
+        )]),
+        // Bridge chains do not touch interfaces that are not bridge ports.
+        bridge_ports: Hooks {
             ingress: true,
-            egress: false,
+            egress: true,
         },
-    )]);
+    };
     s.apply_hooks(&found);
     assert_eq!(flags(&s, LAN), IFACE_F_INGRESS_HOOK);
     s.ifaces[1].cfg.bypass_hooks = true;
     s.ifaces[1].hooks = Hooks::default();
     s.apply_hooks(&found);
     assert_eq!(flags(&s, LAN), 0);
-    s.apply_hooks(&BTreeMap::new());
+    s.apply_hooks(&hooks::Found::default());
     assert_eq!(flags(&s, LAN), 0);
 }
 
@@ -558,6 +565,28 @@ fn a_bridge_is_managed_through_its_ports() {
         apply_rt_events(&mut s, qdisc_on(99), &none, &BridgeReads::new()),
         (false, false)
     );
+}
+
+#[test]
+fn bridge_family_chains_hook_the_ports_not_the_wan() {
+    let mut s = bridged();
+    let found = hooks::Found {
+        devices: BTreeMap::new(),
+        bridge_ports: Hooks {
+            ingress: true,
+            egress: false,
+        },
+    };
+    s.apply_hooks(&found);
+    assert_eq!(flags(&s, 10), IFACE_F_BRIDGE_PORT | IFACE_F_INGRESS_HOOK);
+    assert_eq!(
+        flags(&s, 11),
+        IFACE_F_BRIDGE_PORT | IFACE_F_PORT_NOT_FORWARDING | IFACE_F_INGRESS_HOOK
+    );
+    assert_eq!(flags(&s, WAN), 0);
+    // The chain is deleted.
+    s.apply_hooks(&hooks::Found::default());
+    assert_eq!(flags(&s, 10), IFACE_F_BRIDGE_PORT);
 }
 
 #[test]
