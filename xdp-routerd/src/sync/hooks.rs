@@ -50,20 +50,27 @@ impl Found {
     }
 }
 
+/// The `type … hook …` lines of the base chains of `family`'s tables in an `nft list chains`
+/// listing, trimmed.
+fn base_chains<'a>(listing: &'a str, family: &'a str) -> impl Iterator<Item = &'a str> {
+    let mut in_family = false;
+    listing.lines().map(str::trim).filter(move |line| {
+        if let Some(rest) = line.strip_prefix("table ") {
+            in_family = rest
+                .strip_prefix(family)
+                .is_some_and(|r| r.starts_with(' '));
+            return false;
+        }
+        in_family && line.starts_with("type ")
+    })
+}
+
 /// The hooks of the `bridge` family base chains in an `nft list chains` listing (pure;
 /// tested): `prerouting`/`input` are ingress, `output`/`postrouting` egress. `forward` only
 /// sees bridged (port to port) frames, which the fast path never carries.
 pub fn bridge_chain_hooks(listing: &str) -> Hooks {
     let mut out = Hooks::default();
-    let mut in_bridge = false;
-    for line in listing.lines().map(str::trim) {
-        if let Some(rest) = line.strip_prefix("table ") {
-            in_bridge = rest.starts_with("bridge ");
-            continue;
-        }
-        if !in_bridge || !line.starts_with("type ") {
-            continue;
-        }
+    for line in base_chains(listing, "bridge") {
         out.ingress |= line.contains(" hook prerouting ") || line.contains(" hook input ");
         out.egress |= line.contains(" hook output ") || line.contains(" hook postrouting ");
     }
@@ -74,15 +81,7 @@ pub fn bridge_chain_hooks(listing: &str) -> Hooks {
 /// (pure; tested). A chain on several devices (`devices = { a, b }`) counts for each.
 pub fn netdev_chain_hooks(listing: &str) -> BTreeMap<String, Hooks> {
     let mut out: BTreeMap<String, Hooks> = BTreeMap::new();
-    let mut in_netdev = false;
-    for line in listing.lines().map(str::trim) {
-        if let Some(rest) = line.strip_prefix("table ") {
-            in_netdev = rest.starts_with("netdev ");
-            continue;
-        }
-        if !in_netdev || !line.starts_with("type ") {
-            continue;
-        }
+    for line in base_chains(listing, "netdev") {
         let ingress = line.contains(" hook ingress ");
         let egress = line.contains(" hook egress ");
         if !ingress && !egress {
