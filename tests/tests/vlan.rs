@@ -1,7 +1,7 @@
 //! 802.1Q VLAN topologies: the router's WAN is VLAN 7 on its Ethernet port (as many ISPs deliver
 //! it). This host kernel has no 8021q module, so these tests are `#[ignore]`d here and
 //! `cargo xtask test` runs them in a guest that boots Debian's kernel (see xtask/src/guest.rs);
-//! by hand: `cargo xtask test --guest-only`.
+//! by hand: `cargo xtask test --guest-only -- vlan`.
 //!
 //! What they hold the daemon to, whichever way the user names the WAN in the config: every
 //! byte arrives intact both ways, and no packet is counted as forwarded by the fast path unless

@@ -7,10 +7,16 @@
 //! direction's ingress interface), it stores the current `ruleset_generation`, the packet's
 //! mark, DSCP and TTL in the flow entry: from then on XDP forwards that direction, until the
 //! ruleset changes, and only packets that would leave the kernel with that DSCP and TTL.
+//!
+//! A packet the kernel decrypted (IPsec: it carries a security path) never arms: the kernel
+//! accepted it because it came through a tunnel an xfrm policy requires, which XDP cannot
+//! check, so a plaintext packet with the same tuple would be forwarded. Packets the kernel
+//! encrypts leave as ESP and never match a flow direction either: IPsec-protected
+//! connections stay in the kernel.
 
 use core::ptr::{addr_of_mut, write_volatile};
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{bindings::bpf_xfrm_state, helpers::bpf_skb_get_xfrm_state, programs::TcContext};
 use xdp_router_common::{
     ArmKeyV4, ArmKeyV6, FLOW_DSCP_KNOWN, FLOW_TTL_KNOWN, SETTINGS_F_FIB_MARK,
     parse::{ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP},
@@ -32,6 +38,9 @@ struct Forwarded {
 /// Arms the flow direction of the packet in `ctx`, if it is one. Never changes the packet.
 #[inline(always)]
 pub fn try_arm(ctx: &TcContext) -> Option<()> {
+    if decrypted_by_ipsec(ctx) {
+        return None;
+    }
     let settings = SETTINGS.get(0)?;
     // SAFETY: the context's skb pointer is valid for the program run.
     let (mark, ingress_ifindex) = unsafe { ((*ctx.skb.skb).mark, (*ctx.skb.skb).ingress_ifindex) };
@@ -46,6 +55,24 @@ pub fn try_arm(ctx: &TcContext) -> Option<()> {
         ETH_P_IP => arm_v4(ctx, &fwd),
         ETH_P_IPV6 => arm_v6(ctx, &fwd),
         _ => None,
+    }
+}
+
+/// Whether the packet carries an IPsec security path (the kernel decrypted it): the helper
+/// finds a first xfrm state.
+#[inline(always)]
+fn decrypted_by_ipsec(ctx: &TcContext) -> bool {
+    let mut state = core::mem::MaybeUninit::<bpf_xfrm_state>::zeroed();
+    // SAFETY: the skb pointer is valid for the program run; `state` is writable for the size
+    // passed.
+    unsafe {
+        bpf_skb_get_xfrm_state(
+            ctx.skb.skb,
+            0,
+            state.as_mut_ptr(),
+            core::mem::size_of::<bpf_xfrm_state>() as u32,
+            0,
+        ) == 0
     }
 }
 

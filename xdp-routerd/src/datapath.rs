@@ -139,8 +139,12 @@ impl Datapath {
             .program_mut(ARM_PROG_NAME)
             .ok_or_else(|| anyhow!("eBPF object has no program {ARM_PROG_NAME}"))?
             .try_into()?;
-        arm.load()
-            .map_err(|e| anyhow!("the kernel rejected the TC arming program: {e:#}"))?;
+        arm.load().map_err(|e| {
+            anyhow!(
+                "the kernel rejected the TC arming program (it needs CONFIG_XFRM for \
+                     bpf_skb_get_xfrm_state): {e:#}"
+            )
+        })?;
         // bpf_fib_lookup takes the packet mark from Linux 6.10 (BPF_FIB_LOOKUP_MARK); before,
         // marked flow directions are never armed (policy routing by mark stays in the kernel).
         let fib_mark = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 10, 0));
