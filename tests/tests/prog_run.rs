@@ -16,8 +16,8 @@ use std::{collections::BTreeSet, net::IpAddr};
 use aya::programs::Xdp;
 use xdp_router_common::{
     FIB_LOOKUP_DIRECT, FLOW_DSCP_KNOWN, FLOW_TTL_KNOWN, FibCache, IFACE_F_BRIDGE,
-    IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING,
-    IFACE_F_SHAPED, PROG_NAME, Reason, stats_index,
+    IFACE_F_EGRESS_HOOK, IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT,
+    IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED, PROG_NAME, Reason, stats_index,
 };
 use xdp_router_tests::{
     fixture_net::{
@@ -844,6 +844,14 @@ fn cases(bed: &Bed) -> Vec<Case> {
         good4.frame(),
         m4().with_iface_flags(b.lan, IFACE_F_INGRESS_HOOK),
         Reason::PassIngressHook,
+    ));
+    c.push(pass(
+        b,
+        "ingress interface attached in generic (skb) mode",
+        b.lan,
+        good4.frame(),
+        m4().with_iface_flags(b.lan, IFACE_F_GENERIC_XDP),
+        Reason::PassGenericXdp,
     ));
     c.push(pass(
         b,

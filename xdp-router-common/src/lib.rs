@@ -309,6 +309,13 @@ pub const IFACE_F_BRIDGE_PORT: u32 = 1 << 7;
 /// A bridge port whose STP state is not forwarding: the kernel bridge drops what it receives
 /// and sends nothing out of it (`Reason::PassBridgePortNotForwarding`).
 pub const IFACE_F_PORT_NOT_FORWARDING: u32 = 1 << 8;
+/// The program runs on this interface in generic (skb) mode: what it receives goes to the
+/// kernel (`Reason::PassGenericXdp`). In that mode the kernel has already built an skb, maybe
+/// with a checksum it validated in software (`CHECKSUM_COMPLETE`); a packet rewritten and
+/// redirected from there keeps that stale state, and a veth hands it to the next namespace,
+/// whose stack then drops it as a checksum error. The daemon sets this flag before attaching
+/// and clears it once the attachment is native.
+pub const IFACE_F_GENERIC_XDP: u32 = 1 << 9;
 
 /// Value of [`MAP_IFACES`], keyed by ifindex (host order): a managed interface.
 #[repr(C)]

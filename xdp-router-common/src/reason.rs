@@ -90,11 +90,14 @@ pub enum Reason {
     /// direction's TTL changed upstream since the kernel last forwarded it. The kernel forwards
     /// it (and records the TTL it sent).
     PassTtlNotKernels = 32,
+    /// Received on an interface where the program runs in generic (skb) mode: a packet
+    /// rewritten there could keep a stale checksum state (see `IFACE_F_GENERIC_XDP`).
+    PassGenericXdp = 33,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 33;
+    pub const COUNT: u32 = 34;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -131,6 +134,7 @@ impl Reason {
         Reason::PassBridgePortNotForwarding,
         Reason::PassBridgeLearning,
         Reason::PassTtlNotKernels,
+        Reason::PassGenericXdp,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -169,6 +173,7 @@ impl Reason {
             Reason::PassBridgePortNotForwarding => "bridge_port_not_forwarding",
             Reason::PassBridgeLearning => "bridge_learning",
             Reason::PassTtlNotKernels => "ttl_rewritten_by_kernel",
+            Reason::PassGenericXdp => "generic_xdp",
         }
     }
 

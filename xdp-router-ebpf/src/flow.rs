@@ -19,8 +19,8 @@ use aya_ebpf::{
 use xdp_router_common::{
     FIB_LOOKUP_MARK, FLOW_DSCP_KNOWN, FLOW_F_REPLY, FLOW_TTL_KNOWN, FdbKey, FibCache, FlowCounters,
     FlowKeyV4, FlowKeyV6, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_EGRESS_HOOK,
-    IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED,
-    IfaceInfo, Reason, SETTINGS_F_FIB_MARK,
+    IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING,
+    IFACE_F_SHAPED, IfaceInfo, Reason, SETTINGS_F_FIB_MARK,
     checksum::{pseudo_v4, pseudo_v6},
     parse::{
         ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN, Ipv4Fields, Ipv6Fields, L3,
@@ -73,6 +73,10 @@ pub fn try_forward(
         return Err(Reason::PassDisabled);
     }
     let verify_l4 = settings.verify_l4_checksum != 0;
+    // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
+    if info.is_some_and(|i| unsafe { (*i).flags } & IFACE_F_GENERIC_XDP != 0) {
+        return Err(Reason::PassGenericXdp);
+    }
     // An nftables netdev ingress chain or tc ingress filter on this interface runs after XDP:
     // a redirected packet would skip it.
     // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.

@@ -22,10 +22,10 @@ use aya::{
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
     ARM_PROG_NAME, ArmKeyV4, ArmKeyV6, Counter, FdbKey, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
-    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_NO_XDP_XMIT, IfaceInfo, MAP_ACTIVE_V4,
-    MAP_ACTIVE_V6, MAP_ARM_V4, MAP_ARM_V6, MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES,
-    MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME, Reason, SETTINGS_F_FIB_MARK,
-    Settings, stats_index,
+    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT, IfaceInfo,
+    MAP_ACTIVE_V4, MAP_ACTIVE_V6, MAP_ARM_V4, MAP_ARM_V6, MAP_BRIDGE_FDB, MAP_FLOWS_V4,
+    MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME,
+    Reason, SETTINGS_F_FIB_MARK, Settings, stats_index,
 };
 
 use crate::{config::XdpModeConfig, flows::FlowTable, status::FibCacheStatus};
@@ -321,6 +321,11 @@ impl Datapath {
         if slot == 0 || slot >= MAX_IFACE_SLOTS {
             bail!("interface slot {slot} out of range");
         }
+        // Generic until the attachment is known to be native (see IFACE_F_GENERIC_XDP).
+        let info = IfaceInfo {
+            flags: flags | IFACE_F_GENERIC_XDP,
+            ..info
+        };
         self.ifaces
             .insert(ifindex, info, 0)
             .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
@@ -331,10 +336,16 @@ impl Datapath {
                 .with_context(|| format!("{name}: cannot add to {MAP_TX_PORTS}"))?;
         }
         let result = self.attach_program(name, ifindex, mode);
-        if result.is_err() {
-            let _ = self.ifaces.remove(&ifindex);
-            let _ = self.tx_ports.remove(ifindex);
-        } else if arm {
+        match &result {
+            Err(_) => {
+                let _ = self.ifaces.remove(&ifindex);
+                let _ = self.tx_ports.remove(ifindex);
+                return result;
+            }
+            Ok(AttachMode::Native) => self.update_iface(ifindex, IfaceInfo { flags, ..info })?,
+            Ok(_) => {}
+        }
+        if arm {
             self.attach_arming(name, ifindex);
         }
         result
@@ -507,7 +518,8 @@ impl Datapath {
                 .with_context(|| format!("cannot add ifindex {ifindex} to {MAP_TX_PORTS}"))?;
         }
         info.slot = slot;
-        info.flags = flags;
+        // Whether the attachment is generic is the datapath's to know.
+        info.flags = flags | (info.flags & IFACE_F_GENERIC_XDP);
         self.update_iface(ifindex, info)?;
         if !xmit {
             let _ = self.tx_ports.remove(ifindex);
