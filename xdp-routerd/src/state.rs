@@ -218,7 +218,7 @@ impl Managed {
     pub fn set_bridge_kind(&mut self, kind: BridgeKind) {
         let name = &self.cfg.name;
         if kind == BridgeKind::VlanFiltering {
-            warn!(interface = %name, "{name}: a VLAN-filtering bridge is not accelerated: XDP runs on the bridge itself (generic) and nothing is sent out of it by the fast path");
+            warn!(interface = %name, "{name}: a VLAN-filtering bridge is not accelerated: XDP runs on the bridge itself in generic mode, where it only counts, and nothing is sent out of it by the fast path");
         }
         self.ports = (kind == BridgeKind::Bridge).then(BridgePorts::new);
     }

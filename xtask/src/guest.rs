@@ -1,5 +1,5 @@
 //! The guest step of `cargo xtask test`: privileged tests that need kernel modules this
-//! machine's kernel lacks (802.1Q VLAN, PPPoE, ESP) run in a qemu guest that boots Debian's kernel
+//! machine's kernel lacks (802.1Q VLAN, PPPoE, ESP, bridge VLAN filtering) run in a qemu guest that boots Debian's kernel
 //! with virtme-ng, sharing this root filesystem (binaries, tools, the workspace). One boot runs
 //! them all. The guest is emulated (no KVM here): its timings mean nothing, its results do.
 //!
@@ -17,11 +17,12 @@ use anyhow::{Context as _, bail};
 use crate::cmd;
 
 /// Test targets of `xdp-router-tests` whose ignored tests run in the guest.
-pub const TEST_TARGETS: &[&str] = &["vlan", "pppoe", "ipsec"];
+pub const TEST_TARGETS: &[&str] = &["vlan", "pppoe", "ipsec", "bridge"];
 
 /// Modules the guest tests use (the guest kernel loads nothing on demand for a netns).
 const MODULES: &[&str] = &[
     "veth",
+    "bridge",
     "8021q",
     "pppoe",
     "nf_conntrack",
