@@ -242,7 +242,7 @@ mod tests {
             Path::new("/w"),
             &["name's".into()],
         );
-        assert!(s.contains("modprobe -a veth 8021q"));
+        assert!(s.contains("modprobe -a veth bridge 8021q"));
         assert!(
             s.contains("'/t/vlan-1' --ignored --test-threads=1 --show-output 'name'\\''s' || rc=1")
         );
