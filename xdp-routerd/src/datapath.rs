@@ -203,8 +203,8 @@ impl Datapath {
             slot,
             flags,
             mac,
-            _pad: [0; 2],
             l3_ifindex: 0,
+            ..IfaceInfo::default()
         };
         self.register(name, ifindex, info, mode, true)
     }
@@ -232,8 +232,8 @@ impl Datapath {
             slot,
             flags: flags | IFACE_F_BRIDGE_PORT,
             mac: bridge_mac,
-            _pad: [0; 2],
             l3_ifindex: bridge_ifindex,
+            ..IfaceInfo::default()
         };
         self.register(name, ifindex, info, mode, false)
     }
@@ -257,8 +257,8 @@ impl Datapath {
             slot,
             flags: flags | IFACE_F_BRIDGE | IFACE_F_NO_XDP_XMIT,
             mac,
-            _pad: [0; 2],
             l3_ifindex: 0,
+            ..IfaceInfo::default()
         };
         self.ifaces
             .insert(ifindex, info, 0)
