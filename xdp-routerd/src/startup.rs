@@ -95,6 +95,10 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
         .map(|c| rtnl::hw_addr(&c.name))
         .collect();
     state.attach_all(&macs)?;
+    if state.has_vlans() {
+        // The VLAN parents' qdiscs (a parent not managed itself is attached only now).
+        state.apply_qdiscs(qdisc::read_all().await);
+    }
     if state.has_bridges() {
         // The bridges' ports, their FDBs, then the ports' qdiscs and hooks.
         state.sync_bridges(&bridge::read(&state.iface_names()));

@@ -37,6 +37,8 @@ struct FakeDp {
     attach_fails: HashSet<u32>,
     /// (bridge, MAC) → port.
     fdb: BTreeMap<(u32, [u8; 6]), u32>,
+    /// VLAN device ifindex → (VLAN ID, tag protocol, parent).
+    vlans: BTreeMap<u32, (u16, u16, VlanParent)>,
 }
 
 impl FlowTable for FakeDp {
@@ -142,6 +144,21 @@ impl Ports for FakeDp {
             bridge_mac,
             mode,
         )
+    }
+    fn attach_vlan(
+        &mut self,
+        _name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        mac: [u8; 6],
+        (vid, tpid): (u16, u16),
+        parent: &VlanParent,
+        _mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        self.attached.insert(ifindex, (slot, flags, mac));
+        self.vlans.insert(ifindex, (vid, tpid, parent.clone()));
+        Ok(AttachMode::Native)
     }
     fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], port: u32) -> anyhow::Result<()> {
         self.fdb.insert((bridge, mac), port);
@@ -502,6 +519,7 @@ fn bridged() -> State<FakeDp> {
         link_kind: Some("bridge".into()),
         mac: Some(BR_MAC),
         ports: vec![port("p1", 10, true), port("p2", 11, false)],
+        vlan: None,
     };
     let reads = BridgeReads::from([("br".to_string(), read)]);
     s.set_kinds_and_xmit(&reads, all_capable());
@@ -528,6 +546,7 @@ fn a_bridge_is_managed_through_its_ports() {
         link_kind: Some("bridge".into()),
         mac: Some(mac),
         ports: vec![port("p2", 11, true), port("p3", 12, true)],
+        vlan: None,
     };
     let reads = BridgeReads::from([("br".to_string(), read)]);
     let batch = vec![RtEvent::LinkGone {
@@ -624,4 +643,50 @@ fn without_the_netdev_family_xmit_is_judged_by_the_link_kind_read_outside_the_lo
     assert_eq!(flags(&s, 8), 0);
     assert!(s.link_up(9, "wan", Some(MAC), &ppp));
     assert_eq!(flags(&s, 9), IFACE_F_NO_XDP_XMIT);
+}
+
+/// A VLAN WAN (`wan` = VLAN 7 over ifindex 20, `eth0`): attached over its parent with the
+/// parent's transmit judgement, in doubt about the parent's shaping until its qdiscs are read,
+/// and attached again (same parent, new ifindex) when the VLAN device is created again.
+#[test]
+fn a_vlan_device_is_attached_over_its_parent() {
+    use crate::sync::vlan::{VlanLink, VlanRead};
+    let cfgs = [iface("wan", Role::Wan, Shaped::Never)];
+    let mut s = State::new(FakeDp::default(), &cfgs, &[WAN], XdpModeConfig::Native);
+    let vlan = BridgeRead {
+        link_kind: Some("vlan".into()),
+        vlan: Some(VlanRead {
+            link: VlanLink {
+                parent: 20,
+                vid: 7,
+                tpid: 0x8100,
+            },
+            parent_name: "eth0".into(),
+            parent_kind: None,
+            parent_mac: Some([2, 0, 0, 0, 0, 0x20]),
+        }),
+        ..BridgeRead::default()
+    };
+    s.set_kinds_and_xmit(
+        &BridgeReads::from([("wan".to_string(), vlan.clone())]),
+        all_capable(),
+    );
+    s.attach_all(&[Some(MAC)]).unwrap();
+    let (vid, tpid, parent) = s.dp.vlans[&WAN].clone();
+    assert_eq!(
+        (vid, tpid, parent.ifindex, parent.name.as_str()),
+        (7, 0x8100, 20, "eth0")
+    );
+    assert_eq!(parent.mac, [2, 0, 0, 0, 0, 0x20]);
+    // Its own slot differs from the VLAN device's; shaped until its qdiscs are known.
+    assert_ne!(parent.slot, s.ifaces[0].slot);
+    assert_eq!(parent.flags & IFACE_F_SHAPED, IFACE_F_SHAPED);
+    // The VLAN device itself: no "cannot transmit" fallback for it (its parent transmits).
+    assert!(s.ifaces[0].vlan.is_some());
+    // Re-created (new ifindex): attached again over the same parent, same parent slot.
+    assert!(s.link_gone(WAN));
+    assert!(s.link_up(30, "wan", Some(MAC), &vlan));
+    assert_eq!(s.dp.vlans[&30].2.slot, parent.slot);
+    // The status lists the parent with its own counters' slot.
+    assert_eq!(s.ifaces[0].parent_slot, parent.slot);
 }
