@@ -88,7 +88,7 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     // Know which egresses are shaped and which interfaces carry hooks XDP would jump over,
     // before the first packet is forwarded.
     state.apply_qdiscs(qdisc::read_all().await);
-    state.apply_hooks(&hooks::read(&state.iface_names()).await);
+    state.apply_hooks(&hooks::read(&state.hook_names()).await);
     let macs: Vec<Option<[u8; 6]>> = config
         .interfaces
         .iter()

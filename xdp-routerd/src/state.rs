@@ -206,6 +206,10 @@ pub struct Managed {
     pub vlan: Option<VlanRead>,
     /// Stats slot of the VLAN parent's own entry (0 = none allocated yet).
     pub parent_slot: u32,
+    /// The VLAN parent's shaping qdisc as last read ([`SHAPED_UNKNOWN`] until read).
+    pub parent_shaper: Option<String>,
+    /// The VLAN parent's hooks as last read.
+    pub parent_hooks: Hooks,
 }
 
 /// `shaped_by` while `shaped = "auto"` and the qdiscs are not known yet: in doubt the fast
@@ -537,6 +541,8 @@ impl<D: Ports> State<D> {
                 ports: None,
                 vlan: None,
                 parent_slot: 0,
+                parent_shaper: Some(SHAPED_UNKNOWN.into()),
+                parent_hooks: Hooks::default(),
             })
             .collect();
         State {
@@ -616,7 +622,10 @@ impl<D: Ports> State<D> {
                     .ports
                     .iter()
                     .flat_map(|p| p.values().map(|p| p.name.clone()));
-                std::iter::once(m.cfg.name.clone()).chain(ports)
+                let parent = m.vlan.iter().map(|v| v.parent_name.clone());
+                std::iter::once(m.cfg.name.clone())
+                    .chain(ports)
+                    .chain(parent)
             })
             .collect()
     }
@@ -744,6 +753,20 @@ impl<D: Ports> State<D> {
     /// (`None`: qdiscs unknown) is not sent out of (the kernel sends a VLAN's packets through
     /// the parent's qdisc too).
     fn apply_parent_qdiscs(&mut self, by_ifindex: Option<&BTreeMap<u32, Egress>>) {
+        for m in &mut self.ifaces {
+            if let Some(v) = &m.vlan {
+                m.parent_shaper = match by_ifindex {
+                    Some(b) => b.get(&v.link.parent).and_then(|e| e.shaper.clone()),
+                    None => Some(SHAPED_UNKNOWN.into()),
+                };
+            }
+        }
+        self.write_parent_flags();
+    }
+
+    /// Writes the flags of every VLAN parent that is not managed itself: its own XDP transmit
+    /// judgement, shaping and hooks, which the kernel's path through the VLAN device meets too.
+    fn write_parent_flags(&mut self) {
         let configured: Vec<u32> = self.ifaces.iter().filter_map(|m| m.ifindex).collect();
         for m in &self.ifaces {
             let (Some(v), Some(_)) = (&m.vlan, m.mode) else {
@@ -753,18 +776,21 @@ impl<D: Ports> State<D> {
             if configured.contains(&parent) {
                 continue;
             }
-            let shaper = match by_ifindex {
-                Some(b) => b.get(&parent).and_then(|e| e.shaper.clone()),
-                None => Some(SHAPED_UNKNOWN.into()),
-            };
-            let judged = self.xmit.of(parent, v.parent_kind.as_deref());
             let mut flags = 0;
-            if !judged.allowed() {
+            if !self.xmit.of(parent, v.parent_kind.as_deref()).allowed() {
                 flags |= IFACE_F_NO_XDP_XMIT;
             }
-            if let Some(kind) = &shaper {
+            if let Some(kind) = &m.parent_shaper {
                 flags |= IFACE_F_SHAPED;
                 debug!(interface = %m.cfg.name, parent = %v.parent_name, qdisc = %kind, "{}: its parent {} is shaped by {kind}: the fast path does not send out of {}", m.cfg.name, v.parent_name, m.cfg.name);
+            }
+            if !m.cfg.bypass_hooks {
+                if m.parent_hooks.ingress {
+                    flags |= IFACE_F_INGRESS_HOOK;
+                }
+                if m.parent_hooks.egress {
+                    flags |= IFACE_F_EGRESS_HOOK;
+                }
             }
             if let Err(e) = self.dp.set_iface_flags(parent, m.parent_slot, flags) {
                 debug!(interface = %v.parent_name, error = %format!("{e:#}"), "cannot update the VLAN parent's flags");
@@ -871,7 +897,11 @@ impl<D: Ports> State<D> {
                 bridge::write_flags(&mut self.dp, &view, ports);
             }
             m.ports = ports;
+            if let Some(v) = &m.vlan {
+                m.parent_hooks = found.get(&v.parent_name).copied().unwrap_or_default();
+            }
         }
+        self.write_parent_flags();
     }
 }
 
