@@ -1046,6 +1046,25 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
         |f| with_vlan_tag(f, 10),
         b,
     ));
+    // A bridged LAN (the LAN a bridge with the LAN's own ifindex, its port, the client behind
+    // it) and a VLAN WAN: from the port, tagged out of the parent.
+    c.push(vlan_forward(
+        "vlan: from a bridge port, tagged out (v4 snat original)",
+        (b.lan, LAN_SLOT, b.lan),
+        &o4,
+        (router4, 61_000),
+        (server4, 443),
+        false,
+        to_wan,
+        |s| {
+            wan7(s)
+                .with_bridge_port(b.lan, b.lan)
+                .with_fdb(b.lan, CLIENT_MAC, b.lan)
+        },
+        same,
+        tag7,
+        b,
+    ));
     // 802.1ad, when the VLAN device is one.
     c.push(vlan_forward(
         "vlan: 802.1ad tagged in, 802.1ad tagged out",
