@@ -4,7 +4,7 @@
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{Context as _, bail};
 use tokio::{net::UnixListener, sync::mpsc::UnboundedReceiver};
 
 use crate::{
@@ -52,12 +52,31 @@ pub struct Started {
 /// Checks, loads, subscribes, attaches and offloads the existing connections.
 pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> {
     // Everything a user can get wrong is checked before anything is attached.
-    let mut ifindexes = Vec::new();
-    for cfg in &config.interfaces {
-        ifindexes.push(
-            rtnl::ifindex(&cfg.name).ok_or_else(|| {
-                anyhow!("interface {} (from the config) does not exist", cfg.name)
-            })?,
+    // An interface that does not exist yet (ppp0 while pppd dials, a VLAN or bridge created
+    // later at boot) is attached when it appears; if none exists, the config is wrong.
+    let ifindexes: Vec<Option<u32>> = config
+        .interfaces
+        .iter()
+        .map(|cfg| rtnl::ifindex(&cfg.name))
+        .collect();
+    if ifindexes.iter().all(Option::is_none) {
+        let names: Vec<&str> = config.interfaces.iter().map(|c| c.name.as_str()).collect();
+        bail!(
+            "none of the interfaces in the config exists ({})",
+            names.join(", ")
+        );
+    }
+    for (cfg, _) in config
+        .interfaces
+        .iter()
+        .zip(&ifindexes)
+        .filter(|(_, i)| i.is_none())
+    {
+        tracing::warn!(
+            interface = %cfg.name,
+            "interface {} (from the config) does not exist yet: it is attached when it appears \
+             (a PPP link still dialling, or a typo: see `ip link`)",
+            cfg.name
         );
     }
     check_privileges()?;

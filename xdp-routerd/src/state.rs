@@ -516,12 +516,12 @@ fn fmt_mac(m: [u8; 6]) -> String {
 }
 
 impl<D: Ports> State<D> {
-    /// The state for the configured interfaces (found under `ifindexes`, in config order),
-    /// nothing attached yet.
+    /// The state for the configured interfaces (found under `ifindexes`, in config order;
+    /// `None`: does not exist yet), nothing attached yet.
     pub fn new(
         dp: D,
         interfaces: &[InterfaceConfig],
-        ifindexes: &[u32],
+        ifindexes: &[Option<u32>],
         xdp_mode: XdpModeConfig,
     ) -> State<D> {
         let ifaces = interfaces
@@ -531,7 +531,7 @@ impl<D: Ports> State<D> {
             .map(|(i, (cfg, ifindex))| Managed {
                 cfg: cfg.clone(),
                 slot: i as u32 + 1,
-                ifindex: Some(*ifindex),
+                ifindex: *ifindex,
                 mode: None,
                 egress: None,
                 hooks: Hooks::default(),

@@ -191,7 +191,12 @@ fn state() -> State<FakeDp> {
         iface("wan", Role::Wan, Shaped::Auto),
         iface("lan", Role::Lan, Shaped::Never),
     ];
-    let mut s = State::new(FakeDp::default(), &cfgs, &[WAN, LAN], XdpModeConfig::Native);
+    let mut s = State::new(
+        FakeDp::default(),
+        &cfgs,
+        &[Some(WAN), Some(LAN)],
+        XdpModeConfig::Native,
+    );
     s.set_kinds_and_xmit(&BridgeReads::new(), all_capable());
     s.apply_qdiscs(Ok(Vec::new()));
     s.attach_all(&[Some(MAC), Some(MAC)]).unwrap();
@@ -513,7 +518,12 @@ fn bridged() -> State<FakeDp> {
         iface("wan", Role::Wan, Shaped::Auto),
         iface("br", Role::Lan, Shaped::Auto),
     ];
-    let mut s = State::new(FakeDp::default(), &cfgs, &[WAN, BR], XdpModeConfig::Native);
+    let mut s = State::new(
+        FakeDp::default(),
+        &cfgs,
+        &[Some(WAN), Some(BR)],
+        XdpModeConfig::Native,
+    );
     let read = BridgeRead {
         kind: BridgeKind::Bridge,
         link_kind: Some("bridge".into()),
@@ -627,7 +637,12 @@ fn xdp_features_changes_flip_no_xdp_xmit() {
 #[test]
 fn without_the_netdev_family_xmit_is_judged_by_the_link_kind_read_outside_the_lock() {
     let cfgs = [iface("wan", Role::Wan, Shaped::Never)];
-    let mut s = State::new(FakeDp::default(), &cfgs, &[WAN], XdpModeConfig::Native);
+    let mut s = State::new(
+        FakeDp::default(),
+        &cfgs,
+        &[Some(WAN)],
+        XdpModeConfig::Native,
+    );
     let ppp = BridgeRead {
         link_kind: Some("ppp".into()),
         ..BridgeRead::default()
@@ -652,7 +667,12 @@ fn without_the_netdev_family_xmit_is_judged_by_the_link_kind_read_outside_the_lo
 fn a_vlan_device_is_attached_over_its_parent() {
     use crate::sync::vlan::{VlanLink, VlanRead};
     let cfgs = [iface("wan", Role::Wan, Shaped::Never)];
-    let mut s = State::new(FakeDp::default(), &cfgs, &[WAN], XdpModeConfig::Native);
+    let mut s = State::new(
+        FakeDp::default(),
+        &cfgs,
+        &[Some(WAN)],
+        XdpModeConfig::Native,
+    );
     let vlan = BridgeRead {
         link_kind: Some("vlan".into()),
         vlan: Some(VlanRead {
@@ -689,4 +709,26 @@ fn a_vlan_device_is_attached_over_its_parent() {
     assert_eq!(s.dp.vlans[&30].2.slot, parent.slot);
     // The status lists the parent with its own counters' slot.
     assert_eq!(s.ifaces[0].parent_slot, parent.slot);
+}
+
+/// An interface missing at start (ppp0 while pppd dials) is attached when it appears.
+#[test]
+fn an_interface_missing_at_start_is_attached_when_it_appears() {
+    let cfgs = [
+        iface("ppp0", Role::Wan, Shaped::Never),
+        iface("lan", Role::Lan, Shaped::Never),
+    ];
+    let mut s = State::new(
+        FakeDp::default(),
+        &cfgs,
+        &[None, Some(LAN)],
+        XdpModeConfig::Native,
+    );
+    s.set_kinds_and_xmit(&BridgeReads::new(), all_capable());
+    s.attach_all(&[None, Some(MAC)]).unwrap();
+    assert!(s.dp.attached.contains_key(&LAN));
+    assert_eq!(s.ifindex_of("ppp0"), None);
+    assert!(s.link_up(12, "ppp0", None, &BridgeRead::default()));
+    assert!(s.dp.attached.contains_key(&12));
+    assert_eq!(s.ifindex_of("ppp0"), Some(12));
 }
