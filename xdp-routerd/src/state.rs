@@ -800,7 +800,7 @@ impl<D: Ports> State<D> {
 
     /// Follows a change of the kernel's XDP features (a veth peer got or lost XDP/GRO, a
     /// device came or went): flips `IFACE_F_NO_XDP_XMIT` where the judgement changed, on the
-    /// managed interfaces and the bridges' ports.
+    /// managed interfaces, the bridges' ports and the VLAN parents.
     pub fn apply_xmit_event(&mut self, event: XmitEvent) {
         self.xmit.apply(event);
         for m in &mut self.ifaces {
@@ -818,6 +818,8 @@ impl<D: Ports> State<D> {
             }
             m.ports = ports;
         }
+        // The VLAN parents' own judgement.
+        self.write_parent_flags();
     }
 
     /// Follows the ports of every managed bridge as read (`found`, by bridge name; see

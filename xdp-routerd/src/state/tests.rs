@@ -157,6 +157,10 @@ impl Ports for FakeDp {
         _mode: XdpModeConfig,
     ) -> anyhow::Result<AttachMode> {
         self.attached.insert(ifindex, (slot, flags, mac));
+        // As the datapath: the program runs on the parent, registered once.
+        self.attached
+            .entry(parent.ifindex)
+            .or_insert((parent.slot, parent.flags, parent.mac));
         self.vlans.insert(ifindex, (vid, tpid, parent.clone()));
         Ok(AttachMode::Native)
     }
@@ -703,6 +707,11 @@ fn a_vlan_device_is_attached_over_its_parent() {
     assert_eq!(parent.flags & IFACE_F_SHAPED, IFACE_F_SHAPED);
     // The VLAN device itself: no "cannot transmit" fallback for it (its parent transmits).
     assert!(s.ifaces[0].vlan.is_some());
+    // The parent's own flags follow its qdiscs and its XDP transmit judgement.
+    s.apply_qdiscs(Ok(Vec::new()));
+    assert_eq!(flags(&s, 20), 0);
+    s.apply_xmit_event(XmitEvent::Gone { ifindex: 20 });
+    assert_eq!(flags(&s, 20), IFACE_F_NO_XDP_XMIT);
     // Re-created (new ifindex): attached again over the same parent, same parent slot.
     assert!(s.link_gone(WAN));
     assert!(s.link_up(30, "wan", Some(MAC), &vlan));
