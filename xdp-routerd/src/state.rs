@@ -276,14 +276,20 @@ impl Managed {
         })
     }
 
-    /// The parent the program runs on when this is a VLAN device (its stats slot allocated
-    /// from `next_slot` the first time), with the flags its own transmit judgement gives.
-    fn vlan_parent(&mut self, xmit: &Capabilities, next_slot: &mut u32) -> Option<VlanParent> {
+    /// The parent the program runs on when this is a VLAN device, with the flags its own
+    /// transmit judgement gives. Its stats slot is the one of `parent_slots` for its ifindex
+    /// (shared by the VLANs over one parent), allocated from `next_slot` the first time.
+    fn vlan_parent(
+        &mut self,
+        xmit: &Capabilities,
+        parent_slots: &mut BTreeMap<u32, u32>,
+        next_slot: &mut u32,
+    ) -> Option<VlanParent> {
         let v = self.vlan.as_ref()?;
-        if self.parent_slot == 0 {
-            self.parent_slot = *next_slot;
+        self.parent_slot = *parent_slots.entry(v.link.parent).or_insert_with(|| {
             *next_slot += 1;
-        }
+            *next_slot - 1
+        });
         let judged = xmit.of(v.link.parent, v.parent_kind.as_deref());
         // Shaped until its qdiscs are read (the caller's job, see `apply_qdiscs`).
         let mut flags = IFACE_F_SHAPED;
@@ -507,8 +513,10 @@ pub struct State<D = Datapath> {
     pub xdp_mode: XdpModeConfig,
     /// The kernel's XDP features of every device.
     pub xmit: Capabilities,
-    /// Next stats slot for a bridge port (never reused).
+    /// Next stats slot for a bridge port or VLAN parent (never reused).
     pub next_slot: u32,
+    /// Stats slots of the VLAN parents, by ifindex (one per parent, whatever its VLANs).
+    pub parent_slots: BTreeMap<u32, u32>,
 }
 
 fn fmt_mac(m: [u8; 6]) -> String {
@@ -553,6 +561,7 @@ impl<D: Ports> State<D> {
             xdp_mode,
             xmit: Capabilities::default(),
             next_slot: interfaces.len() as u32 + 1,
+            parent_slots: BTreeMap::new(),
         }
     }
 
@@ -591,7 +600,7 @@ impl<D: Ports> State<D> {
                 continue;
             };
             let mac = mac_or_zero(&m.cfg.name, *mac);
-            let parent = m.vlan_parent(&self.xmit, &mut self.next_slot);
+            let parent = m.vlan_parent(&self.xmit, &mut self.parent_slots, &mut self.next_slot);
             m.mode = Some(m.attach(&mut self.dp, ifindex, mac, self.xdp_mode, parent)?);
         }
         let managed = self.managed_map();
@@ -671,7 +680,7 @@ impl<D: Ports> State<D> {
         m.ifindex = Some(ifindex);
         m.set_xmit(self.xmit.of(ifindex, m.link_kind.as_deref()));
         let mac = mac_or_zero(name, mac);
-        let parent = m.vlan_parent(&self.xmit, &mut self.next_slot);
+        let parent = m.vlan_parent(&self.xmit, &mut self.parent_slots, &mut self.next_slot);
         match m.attach(&mut self.dp, ifindex, mac, xdp_mode, parent) {
             Ok(mode) => m.mode = Some(mode),
             Err(e) => error!(interface = name, error = %format!("{e:#}"), "cannot attach"),
@@ -924,20 +933,23 @@ impl State<Datapath> {
     /// What `xdp-routerd status` and `/metrics` show (a few map reads).
     pub fn status(&self) -> anyhow::Result<Status> {
         let mut counters = Vec::new();
-        let slots = self.ifaces.iter().flat_map(|m| {
-            let ports = m
-                .ports
-                .iter()
-                .flat_map(|p| p.values().map(|p| (&p.name, p.slot)));
-            let parent = m
-                .vlan
-                .iter()
-                .filter(|_| m.parent_slot != 0)
-                .map(|v| (&v.parent_name, m.parent_slot));
-            std::iter::once((&m.cfg.name, m.slot))
-                .chain(ports)
-                .chain(parent)
-        });
+        let mut seen_parents = std::collections::BTreeSet::new();
+        let mut slots = Vec::new();
+        for m in &self.ifaces {
+            slots.push((&m.cfg.name, m.slot));
+            for p in m.ports.iter().flat_map(|p| p.values()) {
+                slots.push((&p.name, p.slot));
+            }
+            // A parent over several VLANs: one row; none for a parent in the config (it
+            // counts in its own slot).
+            if let Some(v) = &m.vlan
+                && m.parent_slot != 0
+                && !self.ifaces.iter().any(|o| o.ifindex == Some(v.link.parent))
+                && seen_parents.insert(m.parent_slot)
+            {
+                slots.push((&v.parent_name, m.parent_slot));
+            }
+        }
         for (name, slot) in slots {
             for r in Reason::ALL {
                 let c = self.dp.counter(slot, r)?;
@@ -989,6 +1001,7 @@ impl State<Datapath> {
             });
             if let (Some(v), Some(_)) = (&m.vlan, m.mode)
                 && !self.ifaces.iter().any(|o| o.ifindex == Some(v.link.parent))
+                && !interfaces.iter().any(|i| i.ifindex == v.link.parent)
             {
                 interfaces.push(IfaceStatus {
                     name: v.parent_name.clone(),

@@ -741,3 +741,42 @@ fn an_interface_missing_at_start_is_attached_when_it_appears() {
     assert!(s.dp.attached.contains_key(&12));
     assert_eq!(s.ifindex_of("ppp0"), Some(12));
 }
+
+/// Two VLANs over one parent (router on a stick): one parent, one stats slot for it.
+#[test]
+fn vlans_over_one_parent_share_its_slot() {
+    use crate::sync::vlan::{VlanLink, VlanRead};
+    let cfgs = [
+        iface("wan", Role::Wan, Shaped::Never),
+        iface("lan", Role::Lan, Shaped::Never),
+    ];
+    let mut s = State::new(
+        FakeDp::default(),
+        &cfgs,
+        &[Some(WAN), Some(LAN)],
+        XdpModeConfig::Native,
+    );
+    let vlan = |vid| BridgeRead {
+        link_kind: Some("vlan".into()),
+        vlan: Some(VlanRead {
+            link: VlanLink {
+                parent: 20,
+                vid,
+                tpid: 0x8100,
+            },
+            parent_name: "eth0".into(),
+            parent_kind: None,
+            parent_mac: Some(MAC),
+        }),
+        ..BridgeRead::default()
+    };
+    s.set_kinds_and_xmit(
+        &BridgeReads::from([("wan".to_string(), vlan(7)), ("lan".to_string(), vlan(10))]),
+        all_capable(),
+    );
+    s.attach_all(&[Some(MAC), Some(MAC)]).unwrap();
+    let (a, b) = (&s.dp.vlans[&WAN].2, &s.dp.vlans[&LAN].2);
+    assert_eq!(a.slot, b.slot);
+    assert_eq!((s.dp.vlans[&WAN].0, s.dp.vlans[&LAN].0), (7, 10));
+    assert_eq!(s.ifaces[0].parent_slot, s.ifaces[1].parent_slot);
+}
