@@ -61,6 +61,11 @@ pub struct SoakArgs {
     /// wrong (≈ 0.5 MB/s per side).
     #[arg(long)]
     capture: bool,
+    /// Receive buffer of the daemon's conntrack event socket, bytes (its
+    /// `conntrack_event_buffer`; default: the daemon's). A small one forces event socket
+    /// overruns and conntrack resyncs while connections come and go.
+    #[arg(long)]
+    ct_event_buffer: Option<usize>,
 }
 
 /// Port of the short-connection echo server on the WAN host.
@@ -463,13 +468,16 @@ fn run_one(daemon_bin: Option<&PathBuf>, out: &std::path::Path, a: &SoakArgs) ->
     let Names { rl, rw, .. } = tb.names.clone();
     router::apply_home_router(&tb.rtr, &rl, &rw)?;
     let daemon = match daemon_bin {
-        Some(bin) => Some(Daemon::start(
+        Some(bin) => Some(Daemon::start_tuned(
             bin,
             &tb.rtr,
             &out.join("daemon"),
             &rl,
             &rw,
             false,
+            &a.ct_event_buffer
+                .map(|b| format!("conntrack_event_buffer = {b}\n"))
+                .unwrap_or_default(),
         )?),
         None => None,
     };

@@ -148,6 +148,7 @@ pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
                 let data = match sock.recv_from_full() {
                     Ok((data, _)) => data,
                     Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                        discard_queued(&sock);
                         if tx.send(RtEvent::Overrun).is_err() {
                             return;
                         }
@@ -167,6 +168,30 @@ pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
             }
         })?;
     Ok(rx)
+}
+
+/// At an overrun, throws away every notification still queued on `sock`. The kernel reports
+/// ENOBUFS ahead of them, but they are older than the ones it dropped: applied after the
+/// overrun's re-read (links, MACs, bridge ports and FDB, qdiscs), they would bring back what
+/// the lost notifications had superseded, e.g. a bridge FDB entry for a MAC that has moved
+/// to another port since, or a link's old ifindex. Also clears the socket's congestion
+/// (`NETLINK_S_CONGESTED`), without which the kernel keeps dropping notifications for it
+/// until the queue has drained. Returns how many datagrams were discarded.
+fn discard_queued(sock: &Socket) -> usize {
+    let mut discarded = 0;
+    // MSG_TRUNC: each datagram is dequeued whole whatever the buffer's size. Bounded: a queue
+    // refilled as fast as it drains must not hold the reader forever.
+    let mut byte = Vec::with_capacity(1);
+    for _ in 0..1_000_000 {
+        byte.clear();
+        match sock.recv(&mut byte, libc::MSG_DONTWAIT | libc::MSG_TRUNC) {
+            Ok(_) => discarded += 1,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            // Another overrun report (or an interrupted call): keep draining.
+            Err(_) => {}
+        }
+    }
+    discarded
 }
 
 /// MAC address of the interface called `name` (`SIOCGIFHWADDR`, the address rtnetlink reports
