@@ -379,4 +379,30 @@ mod tests {
         // Classes and filters change no qdisc kind.
         assert_eq!(translate(&RouteNetlinkMessage::NewTrafficClass(q)), None);
     }
+
+    #[test]
+    fn an_overrun_discards_every_queued_datagram() {
+        // A link dump stands in for queued notifications (no privileges needed): its replies
+        // wait on the socket, a part per read, like notifications after an overrun.
+        let mut sock = Socket::new(NETLINK_ROUTE).expect("rtnetlink socket");
+        sock.bind_auto().expect("bind");
+        sock.connect(&SocketAddr::new(0, 0)).expect("connect");
+        let mut header = netlink_packet_core::NetlinkHeader::default();
+        header.flags = netlink_packet_core::NLM_F_REQUEST | netlink_packet_core::NLM_F_DUMP;
+        let mut req = NetlinkMessage::new(
+            header,
+            NetlinkPayload::from(RouteNetlinkMessage::GetLink(LinkMessage::default())),
+        );
+        req.finalize();
+        let mut buf = vec![0; req.buffer_len()];
+        req.serialize(&mut buf);
+        sock.send(&buf, 0).expect("send the dump request");
+        assert!(discard_queued(&sock) >= 1, "the dump's replies were queued");
+        let mut rest = Vec::with_capacity(64 << 10);
+        let after = sock.recv(&mut rest, libc::MSG_DONTWAIT);
+        assert!(
+            matches!(&after, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+            "nothing left to read: {after:?}"
+        );
+    }
 }
