@@ -379,6 +379,21 @@ mod tests {
         assert_eq!(c.flow_capacity, None);
         assert_eq!(c.interfaces[0].shaped, Shaped::Auto);
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9824".parse().unwrap()));
+        assert_eq!(c.conntrack_event_buffer, 16 << 20);
+    }
+
+    #[test]
+    fn conntrack_event_buffer_is_bounded() {
+        let base = "[[interface]]\nname = \"eth0\"\nrole = \"wan\"\n";
+        let c = Config::parse(&format!("conntrack_event_buffer = 131072\n{base}"), "t").unwrap();
+        assert_eq!(c.conntrack_event_buffer, 131_072);
+        let err = Config::parse(&format!("conntrack_event_buffer = 100\n{base}"), "t")
+            .expect_err("below the minimum");
+        assert!(
+            err.to_string()
+                .contains("conntrack_event_buffer = 100 is out of range"),
+            "{err}"
+        );
     }
 
     #[test]
