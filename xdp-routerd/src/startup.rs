@@ -135,7 +135,8 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     let mut ct_lookup = RouteLookup::new().context("cannot open an rtnetlink socket")?;
     let revalidate_lookup = RouteLookup::new().context("cannot open an rtnetlink socket")?;
     let mut ct_requests = CtNetlink::new().map_err(ct_err)?;
-    let mut ct_events = CtSubscription::new().map_err(ct_err)?;
+    let mut ct_events =
+        CtSubscription::with_rcvbuf(config.conntrack_event_buffer).map_err(ct_err)?;
     let keepalive = CtNetlink::new().map_err(ct_err)?;
     let ct_marker = CtNetlink::new().map_err(ct_err)?;
     let revalidate_marker = CtNetlink::new().map_err(ct_err)?;

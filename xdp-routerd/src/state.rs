@@ -889,6 +889,24 @@ impl<D: Ports> State<D> {
         }
     }
 
+    /// Replaces the `BRIDGE_FDB` entries of every managed bridge with a fresh FDB dump
+    /// (`entries`, see [`crate::sync::bridge::fdb_dump`]): after an rtnetlink overrun, FDB
+    /// notifications were lost, so entries of MACs that moved or left may be stale.
+    pub fn reload_fdb(&mut self, entries: Vec<FdbEvent>) {
+        let bridges: Vec<u32> = self
+            .ifaces
+            .iter()
+            .filter(|m| m.ports.is_some())
+            .filter_map(|m| m.ifindex)
+            .collect();
+        for &bridge in &bridges {
+            self.dp.fdb_clear(bridge);
+        }
+        for ev in entries {
+            self.apply_fdb(ev);
+        }
+    }
+
     /// Applies freshly read hooks (by interface name, see [`State::hook_names`]) and updates
     /// the flags of the interfaces whose hooks changed, and of the bridges' ports.
     pub fn apply_hooks(&mut self, found: &hooks::Found) {

@@ -645,6 +645,32 @@ fn bridge_fdb_is_copied_and_cleared_with_the_bridge() {
 }
 
 #[test]
+fn an_fdb_reload_after_an_overrun_replaces_stale_entries() {
+    let mut s = bridged();
+    let (moved, gone, kept) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 3]);
+    let learned = |mac, port| FdbEvent::Learned {
+        bridge: BR,
+        mac,
+        port,
+    };
+    for ev in [learned(moved, 10), learned(gone, 10), learned(kept, 11)] {
+        s.apply_fdb(ev);
+    }
+    // Notifications lost in an overrun: `moved` went to port 11, `gone` aged out. The dump
+    // says so (an unmanaged bridge's entry in it is ignored).
+    let other = FdbEvent::Learned {
+        bridge: 99,
+        mac: kept,
+        port: 10,
+    };
+    s.reload_fdb(vec![learned(moved, 11), learned(kept, 11), other]);
+    assert_eq!(
+        s.dp.fdb,
+        BTreeMap::from([((BR, moved), 11), ((BR, kept), 11)])
+    );
+}
+
+#[test]
 fn xdp_features_changes_flip_no_xdp_xmit() {
     let mut s = bridged();
     assert_eq!(flags(&s, WAN), 0);
