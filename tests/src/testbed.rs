@@ -702,6 +702,16 @@ impl Daemon {
         }
     }
 
+    /// Stops (SIGSTOP, `true`) or continues (SIGCONT) the daemon: while stopped it reads no
+    /// events, as a daemon far behind on a busy machine.
+    pub fn pause(&self, stop: bool) {
+        let pid = self.child.as_ref().expect("daemon running").id();
+        let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: plain kill(2) on our own child.
+        let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+        assert_eq!(rc, 0, "kill({pid}, {sig}): {}", io::Error::last_os_error());
+    }
+
     /// SIGKILL (no cleanup chance: the kernel must detach when its link fds close).
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

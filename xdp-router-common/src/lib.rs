@@ -113,6 +113,11 @@ const _: () = assert!(core::mem::size_of::<FlowKeyV6>() == 44);
 
 /// `FlowV4::flags` / `FlowV6::flags`: this entry is the reply direction of its connection.
 pub const FLOW_F_REPLY: u32 = 1 << 0;
+/// Set by the TC arming program when the kernel forwards a TCP SYN with this direction's tuple:
+/// a new connection reuses the tuple, so this entry (the old connection's, still in the map
+/// because the daemon has not read conntrack's events yet) is disarmed and never armed again.
+/// The daemon's next write of the entry (the new connection's, once established) clears it.
+pub const FLOW_F_STALE: u32 = 1 << 1;
 
 /// Traffic counters of one flow direction, updated atomically by the datapath.
 #[repr(C)]
