@@ -607,9 +607,16 @@ impl FlowManager {
     /// Every offloaded and parked connection as last seen: what a revalidation re-checks (its
     /// routes are looked up before [`revalidate`](Self::revalidate) applies the answers).
     pub fn snapshot(&self) -> Vec<CtEntry> {
+        self.snapshot_where(|_| true)
+    }
+
+    /// The offloaded and parked connections `keep` selects, as last seen (a revalidation of
+    /// those whose route answers may have changed, see [`crate::paths::Stale`]).
+    pub fn snapshot_where(&self, keep: impl Fn(&CtEntry) -> bool) -> Vec<CtEntry> {
         self.stored()
             .map(|(orig, s)| s.entry(orig))
             .chain(self.parked.values().cloned())
+            .filter(|e| keep(e))
             .collect()
     }
 

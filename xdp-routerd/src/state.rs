@@ -9,7 +9,9 @@
 use std::{
     collections::BTreeMap,
     net::IpAddr,
+    panic::Location,
     sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
 };
 
 use parking_lot::{FairMutex, FairMutexGuard};
@@ -25,6 +27,7 @@ use crate::{
     config::{InterfaceConfig, Shaped, XdpModeConfig},
     datapath::{AttachMode, Datapath},
     flows::{DirKey, FlowManager, FlowTable},
+    paths::Stale,
     status::{ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, Status},
     sync::{
         bridge::{BridgeKind, BridgeRead, BridgeReads, FdbEvent},
@@ -35,6 +38,7 @@ use crate::{
 };
 
 pub mod bridge;
+pub mod lock_stats;
 
 use bridge::{BridgeView, Ports as BridgePorts};
 
@@ -380,6 +384,9 @@ pub struct Shared {
     /// Asks the rtnetlink task for a revalidation (a batch was applied with route answers
     /// that were stale by then).
     revalidate: Notify,
+    /// What the next revalidation re-checks (gathered until it starts; its own small lock,
+    /// never held with the state's).
+    stale: parking_lot::Mutex<Stale>,
 }
 
 impl Shared {
@@ -389,13 +396,23 @@ impl Shared {
             state: FairMutex::new(state),
             paths_generation: AtomicU64::new(0),
             revalidate: Notify::new(),
+            stale: parking_lot::Mutex::new(Stale::default()),
         }
     }
 
     /// Locks the state (for planned map writes or a status read only). Fair: a task that
-    /// applies a table in chunks lets every waiting request in between two chunks.
-    pub fn lock(&self) -> FairMutexGuard<'_, State> {
-        self.state.lock()
+    /// applies a table in chunks lets every waiting request in between two chunks. How long
+    /// each call site waits and holds it is recorded while debugging (see [`lock_stats`]).
+    #[track_caller]
+    pub fn lock(&self) -> StateGuard<'_> {
+        // Outside any closure: a closure would be the caller.
+        let at = Location::caller();
+        let timed = lock_stats::enabled().then(|| (at, Instant::now()));
+        let guard = self.state.lock();
+        StateGuard {
+            guard,
+            timed: timed.map(|(at, asked)| (at, asked.elapsed(), Instant::now())),
+        }
     }
 
     /// The current route generation (see [`Shared::paths_changed`]).
@@ -408,14 +425,55 @@ impl Shared {
         self.paths_generation.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Asks for a revalidation of every flow against fresh route answers.
-    pub fn request_revalidation(&self) {
+    /// Asks for a revalidation of the connections `stale` names against fresh route answers
+    /// (nothing when it is empty). Requests made before the revalidation task takes them
+    /// coalesce into one pass.
+    pub fn request_revalidation(&self, stale: Stale) {
+        if stale.is_empty() {
+            return;
+        }
+        self.stale.lock().merge(stale);
         self.revalidate.notify_one();
     }
 
-    /// Resolves when a revalidation was asked for.
-    pub async fn revalidation_requested(&self) {
-        self.revalidate.notified().await
+    /// Resolves when a revalidation was asked for, with what it must re-check.
+    pub async fn revalidation_requested(&self) -> Stale {
+        loop {
+            self.revalidate.notified().await;
+            let stale = std::mem::take(&mut *self.stale.lock());
+            if !stale.is_empty() {
+                return stale;
+            }
+        }
+    }
+}
+
+/// The locked state (see [`Shared::lock`]).
+pub struct StateGuard<'a> {
+    guard: FairMutexGuard<'a, State>,
+    /// Where it was locked, how long that took, and when it was got (while timing).
+    timed: Option<(&'static Location<'static>, Duration, Instant)>,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.guard
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        if let Some((at, wait, got)) = self.timed {
+            let hold = got.elapsed();
+            lock_stats::record(at, wait, hold);
+        }
     }
 }
 

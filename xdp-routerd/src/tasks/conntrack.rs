@@ -81,12 +81,13 @@ pub async fn run(
         let (paths, generation) = resolve_fresh(&shared, &mut lookup, &upserts).await;
         let marked = batch_tcp_to_offload(&shared.lock().flows, &batch, &paths);
         mark(&shared, &mut requests, &marked).await;
+        let upserted: Vec<CtTuple> = upserts.iter().map(|e| e.orig).collect();
         let newly_tcp = {
             let mut s = shared.lock();
             s.ct.decode_errors = events.decode_errors();
             apply_events(&mut s, batch, &paths)
         };
-        apply_stale_check(&shared, generation);
+        apply_stale_check(&shared, generation, upserted);
         if !newly_tcp.is_empty() {
             // Offloaded although not foreseen (an earlier event of the batch changed what the
             // upsert did): marked now, as soon as possible.
@@ -297,7 +298,7 @@ pub async fn resync(
         );
         added
     };
-    apply_stale_check(shared, generation);
+    apply_stale_check(shared, generation, dump.iter().map(|e| e.orig));
     // The lookups' memory and what the tables left behind growing, back to the kernel.
     drop(paths);
     release_freed_memory();

@@ -19,9 +19,9 @@ pub mod ruleset;
 pub mod xdp_xmit;
 
 use crate::{
-    paths::{self, ResolvedPaths, RouteSource},
+    paths::{self, ResolvedPaths, RouteSource, Stale},
     state::Shared,
-    sync::conntrack::CtEntry,
+    sync::conntrack::{CtEntry, CtTuple},
 };
 
 /// Connections applied per lock hold when a whole table is applied (resync, revalidation):
@@ -52,10 +52,16 @@ pub async fn resolve_fresh(
     }
 }
 
-/// After applying answers looked up at `generation`: if the routing changed since, the flows
-/// just written may use stale paths, so the rtnetlink task revalidates them.
-pub fn apply_stale_check(shared: &Shared, generation: u64) {
+/// After applying answers looked up at `generation` for `entries`: if the routing changed
+/// since, those flows may use stale paths, so the rtnetlink task revalidates them.
+pub fn apply_stale_check(
+    shared: &Shared,
+    generation: u64,
+    entries: impl IntoIterator<Item = CtTuple>,
+) {
     if shared.paths_generation() != generation {
-        shared.request_revalidation();
+        let mut stale = Stale::default();
+        stale.add_conns(entries);
+        shared.request_revalidation(stale);
     }
 }
