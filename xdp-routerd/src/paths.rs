@@ -187,6 +187,18 @@ impl Stale {
         }
     }
 
+    /// The changed destinations.
+    pub fn prefixes(&self) -> impl Iterator<Item = Prefix> + '_ {
+        self.prefixes
+            .iter()
+            .flat_map(|(&(_, len), addrs)| addrs.iter().map(move |&addr| Prefix { addr, len }))
+    }
+
+    /// The connections named.
+    pub fn conns(&self) -> impl Iterator<Item = &CtTuple> + '_ {
+        self.conns.iter()
+    }
+
     /// Whether `addr` is inside a changed destination.
     fn covers(&self, addr: IpAddr) -> bool {
         let v6 = addr.is_ipv6();

@@ -84,6 +84,20 @@ impl Prefix {
         }
     }
 
+    /// Its last address (all host bits set).
+    pub fn last(&self) -> IpAddr {
+        match self.addr {
+            IpAddr::V4(a) => {
+                let host = u32::MAX.checked_shr(u32::from(self.len)).unwrap_or(0);
+                IpAddr::V4((u32::from(a) | host).into())
+            }
+            IpAddr::V6(a) => {
+                let host = u128::MAX.checked_shr(u32::from(self.len)).unwrap_or(0);
+                IpAddr::V6((u128::from(a) | host).into())
+            }
+        }
+    }
+
     /// Whether `addr` is inside it.
     pub fn contains(&self, addr: IpAddr) -> bool {
         addr.is_ipv4() == self.addr.is_ipv4() && Prefix::mask(addr, self.len) == self.addr
@@ -305,6 +319,16 @@ mod tests {
         assert!(host.contains("2001:db8::1".parse().unwrap()));
         assert!(!host.contains("2001:db8::2".parse().unwrap()));
         assert_eq!(Prefix::new("10.0.0.0".parse().unwrap(), 33), None);
+        assert_eq!(p.last(), "10.1.255.255".parse::<IpAddr>().unwrap());
+        assert_eq!(host.last(), host.addr);
+        assert_eq!(default.last(), "255.255.255.255".parse::<IpAddr>().unwrap());
+        let v6 = Prefix::new("2001:db8:1::".parse().unwrap(), 48).unwrap();
+        assert_eq!(
+            v6.last(),
+            "2001:db8:1:ffff:ffff:ffff:ffff:ffff"
+                .parse::<IpAddr>()
+                .unwrap()
+        );
     }
 
     #[test]

@@ -78,10 +78,20 @@ pub async fn revalidate(
 ) -> anyhow::Result<()> {
     loop {
         let stale = shared.revalidation_requested().await;
-        let snapshot = if stale.is_all() {
-            shared.lock().flows.snapshot()
-        } else {
-            shared.lock().flows.snapshot_where(|e| stale.touches(e))
+        let snapshot = {
+            let s = shared.lock();
+            if stale.is_all() {
+                s.flows.snapshot()
+            } else if stale
+                .prefixes()
+                .any(|p| s.flows.uses_addresses_in(p.addr, p.last()))
+            {
+                s.flows.snapshot_where(|e| stale.touches(e))
+            } else {
+                // Routes no offloaded connection uses (most of a BGP table's churn): only the
+                // connections named and the parked ones are looked at.
+                s.flows.snapshot_of(stale.conns(), |e| stale.touches(e))
+            }
         };
         drop(stale);
         if snapshot.is_empty() {
