@@ -10,7 +10,10 @@ use std::{
     collections::BTreeMap,
     net::IpAddr,
     panic::Location,
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -387,7 +390,15 @@ pub struct Shared {
     /// What the next revalidation re-checks (gathered until it starts; its own small lock,
     /// never held with the state's).
     stale: parking_lot::Mutex<Stale>,
+    /// The last status built, and when: answers a status read that finds the state busy.
+    published: parking_lot::Mutex<Option<(Instant, Arc<Status>)>>,
 }
+
+/// How long a status read waits for the state lock before it answers from the last status
+/// built instead (see [`Shared::status`]).
+pub const STATUS_WAIT: Duration = Duration::from_millis(10);
+/// The oldest published status a read may answer with; older, it waits for the lock.
+pub const STATUS_MAX_AGE: Duration = Duration::from_secs(1);
 
 impl Shared {
     /// Wraps the state built at start-up.
@@ -397,6 +408,7 @@ impl Shared {
             paths_generation: AtomicU64::new(0),
             revalidate: Notify::new(),
             stale: parking_lot::Mutex::new(Stale::default()),
+            published: parking_lot::Mutex::new(None),
         }
     }
 
@@ -413,6 +425,49 @@ impl Shared {
             guard,
             timed: timed.map(|(at, asked)| (at, asked.elapsed(), Instant::now())),
         }
+    }
+
+    /// Waits at most `wait` for the state lock (see [`Shared::lock`]).
+    #[track_caller]
+    pub fn try_lock_for(&self, wait: Duration) -> Option<StateGuard<'_>> {
+        let at = Location::caller();
+        let asked = Instant::now();
+        let guard = self.state.try_lock_for(wait)?;
+        Some(StateGuard {
+            guard,
+            timed: lock_stats::enabled().then(|| (at, asked.elapsed(), Instant::now())),
+        })
+    }
+
+    /// What `xdp-routerd status` and `/metrics` show: built fresh when the state lock is free
+    /// within [`STATUS_WAIT`], else the status last built if it is younger than
+    /// [`STATUS_MAX_AGE`] (kept fresh under load by [`crate::tasks::status`]), else built
+    /// fresh after waiting for the lock. A scrape does not queue behind bulk work.
+    pub fn status(&self) -> anyhow::Result<Status> {
+        if let Some(s) = self.try_lock_for(STATUS_WAIT) {
+            return self.build_status(s);
+        }
+        if let Some((at, status)) = self.published.lock().clone()
+            && at.elapsed() < STATUS_MAX_AGE
+        {
+            return Ok((*status).clone());
+        }
+        self.build_status(self.lock())
+    }
+
+    /// Builds the status under `s` (released before it is published) and publishes it.
+    pub fn build_status(&self, s: StateGuard<'_>) -> anyhow::Result<Status> {
+        let status = s.status()?;
+        drop(s);
+        *self.published.lock() = Some((Instant::now(), Arc::new(status.clone())));
+        Ok(status)
+    }
+
+    /// Switches the fast path on or off; the published status says so at once.
+    pub fn set_fastpath(&self, on: bool) -> anyhow::Result<()> {
+        let mut s = self.lock();
+        s.dp.set_fastpath(on)?;
+        self.build_status(s).map(drop)
     }
 
     /// The current route generation (see [`Shared::paths_changed`]).

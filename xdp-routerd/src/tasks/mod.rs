@@ -6,16 +6,21 @@
 //! - [`rtnetlink`]: links come and go, routes and addresses change, qdiscs change;
 //! - [`ruleset`]: nftables commits and iptables-legacy changes disarm every flow;
 //! - [`xdp_xmit`]: the kernel's XDP features change (which devices can transmit XDP frames);
-//! - [`control`]: the control socket (`status`, `flows`, the fast-path toggle).
+//! - [`control`]: the control socket (`status`, `flows`, the fast-path toggle);
+//! - [`metrics`]: the `/metrics` endpoint;
+//! - [`status`]: keeps a recent status published for the two above.
 //!
-//! The `/metrics` endpoint is served by [`crate::metrics`] from status snapshots. A new event
-//! source is a new file here and one `spawn` line in [`crate::daemon`].
+//! The two that answer requests run [`on_own_thread`]: a request never waits for a busy
+//! runtime worker, only (briefly, see [`crate::state::Shared::status`]) for the state. A new
+//! event source is a new file here and one `spawn` line in [`crate::daemon`].
 
 pub mod conntrack;
 pub mod control;
 pub mod keepalive;
+pub mod metrics;
 pub mod rtnetlink;
 pub mod ruleset;
+pub mod status;
 pub mod xdp_xmit;
 
 use crate::{
@@ -66,4 +71,28 @@ pub fn apply_stale_check(
         stale.add_conns(entries);
         shared.request_revalidation(stale);
     }
+}
+
+/// Runs the future `make` returns on a new thread `name` with a single-threaded tokio runtime
+/// of its own, and resolves with its result: the task's I/O is then polled however busy the
+/// daemon's runtime workers are. (At exit the thread is simply left to end with the process.)
+pub async fn on_own_thread<F, Fut>(name: &str, make: F) -> anyhow::Result<()>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(make()));
+            let _ = tx.send(result);
+        })
+        .map_err(|e| anyhow::anyhow!("cannot start the {name} thread: {e}"))?;
+    rx.await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the {name} thread panicked")))
 }
