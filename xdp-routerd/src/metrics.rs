@@ -356,6 +356,13 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
         Some(&Unit::Seconds),
         [(vec![], s.fib_cache.max_age_ms as f64 / 1000.0)],
     )?;
+    gauges(
+        enc,
+        "status_age",
+        "How old this scrape's figures are: 0 when read for it, else the age of the last status read, served because the daemon's state was busy.",
+        Some(&Unit::Seconds),
+        [(vec![], s.age_ms as f64 / 1000.0)],
+    )?;
     Ok(())
 }
 
@@ -593,6 +600,7 @@ mod tests {
                 armed_interfaces: 2,
                 fib_mark: true,
             },
+            age_ms: 0,
         }
     }
 
