@@ -96,3 +96,29 @@ where
     rx.await
         .unwrap_or_else(|_| Err(anyhow::anyhow!("the {name} thread panicked")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn on_own_thread_runs_on_its_thread_and_returns_the_result() {
+        let caller = std::thread::current().id();
+        let result = on_own_thread("own-thread-test", move || async move {
+            let me = std::thread::current();
+            // Its own runtime: tokio's I/O and timers work there.
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            if me.id() == caller || me.name() != Some("own-thread-test") {
+                return Ok(());
+            }
+            Err(anyhow::anyhow!("ended"))
+        })
+        .await;
+        assert_eq!(result.unwrap_err().to_string(), "ended");
+        let panicked = on_own_thread("own-thread-panic", || async { panic!("boom") }).await;
+        assert!(
+            panicked.unwrap_err().to_string().contains("panicked"),
+            "a panic is an error, not a hang"
+        );
+    }
+}
