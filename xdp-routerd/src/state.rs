@@ -29,7 +29,7 @@ use xdp_router_common::{
 use crate::{
     config::{InterfaceConfig, Shaped, XdpModeConfig},
     datapath::{AttachMode, Datapath},
-    flows::{DirKey, FlowManager, FlowTable},
+    flows::{DirKey, FlowManager, FlowTable, Offloaded},
     paths::Stale,
     status::{ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, Status},
     sync::{
@@ -465,6 +465,20 @@ impl Shared {
         drop(s);
         *self.published.lock() = Some((Instant::now(), Arc::new(status.clone())));
         Ok(status)
+    }
+
+    /// What `xdp-routerd flows` shows: the connections listed under the lock, their counters
+    /// (two map reads each) read a chunk at a time with the lock released in between, so a
+    /// listing of 100,000 flows does not stall the other tasks. A connection removed meanwhile
+    /// is left out.
+    pub fn flows(&self) -> Flows {
+        let conns: Vec<Offloaded> = self.lock().flows.conns().collect();
+        let now = monotonic_ns();
+        let mut flows = Vec::with_capacity(2 * conns.len());
+        for chunk in conns.chunks(crate::tasks::APPLY_CHUNK) {
+            flows.extend(self.lock().flow_rows(chunk, now));
+        }
+        Flows { flows }
     }
 
     /// Switches the fast path on or off; the published status says so at once.
@@ -980,9 +994,9 @@ impl State<Datapath> {
         })
     }
 
-    /// What `xdp-routerd flows` shows.
-    pub fn flows(&self) -> Flows {
-        let now = monotonic_ns();
+    /// The `xdp-routerd flows` rows of `conns`, with their counters read from the maps now
+    /// (see [`Shared::flows`]).
+    fn flow_rows(&self, conns: &[Offloaded], now: u64) -> Vec<FlowRow> {
         let name = |i: u32| self.flows.iface_name(i).unwrap_or("?").to_string();
         let proto = |p: u8| match p {
             6 => "tcp".to_string(),
@@ -994,7 +1008,7 @@ impl State<Datapath> {
             IpAddr::V6(a) => format!("[{a}]:{port}"),
         };
         let mut rows = Vec::new();
-        for conn in self.flows.conns() {
+        for conn in conns {
             let e = &conn.entry;
             for (i, key) in conn.keys.iter().enumerate() {
                 let (from, to_src, to_sport, to_dst, to_dport) = if i == 0 {
@@ -1018,7 +1032,10 @@ impl State<Datapath> {
                         (k.ifindex, "ipv6", v.map(|v| v.counters), v.map(|v| v.flags))
                     }
                 };
-                let c = counters.unwrap_or_default();
+                // Removed since it was listed (see `Shared::flows`): left out.
+                let Some(c) = counters else {
+                    continue;
+                };
                 rows.push(FlowRow {
                     family: family.into(),
                     ingress: name(ifindex),
@@ -1040,7 +1057,7 @@ impl State<Datapath> {
                 });
             }
         }
-        Flows { flows: rows }
+        rows
     }
 }
 

@@ -37,7 +37,7 @@ impl Handler for ControlHandler {
     fn handle(&self, req: Request) -> anyhow::Result<serde_json::Value> {
         Ok(match req {
             Request::Status => serde_json::to_value(self.shared.status()?)?,
-            Request::Flows => serde_json::to_value(self.shared.lock().flows())?,
+            Request::Flows => serde_json::to_value(self.shared.flows())?,
             Request::Fastpath { on } => {
                 self.shared.set_fastpath(on)?;
                 info!(on, "fast path switched {}", if on { "on" } else { "off" });
