@@ -38,6 +38,20 @@ pub fn block() -> io::Result<()> {
     Ok(())
 }
 
+/// Gives a child process the default signal mask back: a blocked mask survives `exec`, and a
+/// `tc` or `iptables-legacy-save` the daemon runs must still die of SIGTERM/SIGINT.
+pub fn unblocked_in_child(cmd: &mut tokio::process::Command) -> &mut tokio::process::Command {
+    let set = signal_set();
+    // SAFETY: the closure runs between fork and exec and only calls pthread_sigmask, which is
+    // async-signal-safe, on a set built before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            Ok(())
+        })
+    }
+}
+
 /// The signal that asked the daemon to exit, once one has.
 #[derive(Clone)]
 pub struct Shutdown(watch::Receiver<Option<&'static str>>);
@@ -87,4 +101,40 @@ pub fn spawn_waiter() -> io::Result<Shutdown> {
             }
         })?;
     Ok(Shutdown(rx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child of a thread that blocks SIGTERM gets it unblocked (the `SigBlk` mask in
+    /// /proc/self/status of the child).
+    #[test]
+    fn children_get_the_signals_unblocked() {
+        let blocked_mask = |unblock: bool| {
+            std::thread::spawn(move || {
+                block().unwrap();
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    let mut cmd = tokio::process::Command::new("grep");
+                    cmd.args(["^SigBlk:", "/proc/self/status"]);
+                    if unblock {
+                        unblocked_in_child(&mut cmd);
+                    }
+                    let out = cmd.output().await.unwrap();
+                    let line = String::from_utf8(out.stdout).unwrap();
+                    u64::from_str_radix(line.trim_start_matches("SigBlk:").trim(), 16).unwrap()
+                })
+            })
+            .join()
+            .unwrap()
+        };
+        let term = 1u64 << (libc::SIGTERM - 1);
+        let int = 1u64 << (libc::SIGINT - 1);
+        assert_eq!(blocked_mask(false) & (term | int), term | int, "inherited");
+        assert_eq!(blocked_mask(true) & (term | int), 0);
+    }
 }
