@@ -881,8 +881,8 @@ fn flows_part(
     report.add(
         "BPF map memory (memlock of the daemon's maps)",
         format!(
-            "{:.1} MiB: flow capacity {capacity} directions per family (2 × nf_conntrack_max), \
-             {:.0} B per direction of capacity over the IPv4 and IPv6 flow, arming and active maps",
+            "{:.1} MiB with the flows: flow capacity {capacity} directions per family \
+             (2 × nf_conntrack_max), {:.0} B per direction of capacity over all the maps",
             maps as f64 / (1024.0 * 1024.0),
             maps as f64 / capacity.max(1) as f64
         ),
@@ -899,6 +899,17 @@ fn flows_part(
         }
         thread::sleep(Duration::from_millis(200));
     };
+    // The kernel frees deleted entries after an RCU grace period.
+    thread::sleep(Duration::from_secs(2));
+    let maps_empty = map_memlock(pid)?;
+    report.add(
+        "BPF map memory with no flows (after conntrack -F)",
+        format!(
+            "{:.1} MiB; {:.0} B of map memory per offloaded connection (two directions) above it",
+            maps_empty as f64 / (1024.0 * 1024.0),
+            maps.saturating_sub(maps_empty) as f64 / f64::from(n)
+        ),
+    );
     report.check(
         "flow entries left after conntrack -F",
         match leaked {
