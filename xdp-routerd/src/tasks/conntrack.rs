@@ -279,9 +279,7 @@ pub async fn resync(
         {
             let mut s = shared.lock();
             let State { dp, flows, .. } = &mut *s;
-            for e in chunk {
-                flows.upsert(e.clone(), dp, &paths);
-            }
+            flows.upsert_many(chunk, dp, &paths);
         }
         write_time += t.elapsed();
         tokio::task::yield_now().await;
