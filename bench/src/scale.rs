@@ -1001,7 +1001,11 @@ fn churn_part(
         offloaded > 0,
     );
     let top = rates.iter().copied().max().unwrap_or(0);
-    let limit = if bk < top && bf >= bk {
+    let limit = if bk == 0 {
+        " (no step passed with the kernel alone either: the generator and the hosts' stacks \
+         did not sustain the first rate on this machine)"
+            .to_owned()
+    } else if bk < top && bf >= bk {
         format!(
             " (the kernel alone also failed above {bk}/s: the generator and the hosts' stacks \
              on one core are the limit here, not the router)"
