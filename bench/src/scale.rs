@@ -994,11 +994,12 @@ fn churn_part(
         leaked == 0 && missing == 0,
     );
     let offloaded: u64 = fast.iter().map(|s| s.offloaded.unwrap_or(0)).sum();
+    let fast_packets: u64 = fast.iter().map(|s| s.fast_packets.unwrap_or(0)).sum();
     report.check(
-        "churn: connections offloaded during the fast-path steps",
-        offloaded.to_string(),
-        "> 0 (the daemon took part)".into(),
-        offloaded > 0,
+        "churn: connections offloaded / packets the fast path forwarded, fast-path steps",
+        format!("{offloaded} / {fast_packets}"),
+        "> 0 / > 0 (the fast path took part)".into(),
+        offloaded > 0 && fast_packets > 0,
     );
     let top = rates.iter().copied().max().unwrap_or(0);
     let limit = if bk == 0 {
