@@ -13,9 +13,9 @@
 //! path: TCP retransmits its own losses, UDP cannot).
 //!
 //! The generator is one async task loop (tokio, current-thread runtime) in the LAN host and
-//! one in the WAN host, both on the generator CPU: connection `n` is due at `n / rate` seconds;
-//! at most [`IN_FLIGHT`] are open at once (when the router or the server falls behind, the
-//! achieved rate drops below the requested one, and the step fails).
+//! one in the WAN host, both on the generator CPU (with the daemon): connection `n` is due at
+//! `n / rate` seconds; at most [`IN_FLIGHT`] are open at once (when the router or the server
+//! falls behind, the achieved rate drops below the requested one, and the step fails).
 //!
 //! After each step with the daemon, the flow maps are compared with conntrack: every offloaded
 //! direction must belong to a conntrack entry the fast path may carry (ESTABLISHED TCP,
@@ -773,16 +773,6 @@ fn offloaded_total(d: &Daemon) -> Result<u64> {
 pub fn prepare_hosts(tb: &Testbed) -> Result<()> {
     tb.lan
         .sh("sysctl -qw net.ipv4.ip_local_port_range='1024 65535'")?;
-    Ok(())
-}
-
-/// Moves every thread of process `pid` to `cpu`.
-pub fn pin_process(pid: u32, cpu: usize) -> Result<()> {
-    for t in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        if let Some(tid) = t?.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) {
-            crate::netns::pin_pid(tid, cpu)?;
-        }
-    }
     Ok(())
 }
 
