@@ -273,6 +273,11 @@ pub struct Status {
     pub capacity: u64,
     /// Packets per datapath reason, summed over interfaces.
     pub reasons: Vec<(String, u64)>,
+    /// Conntrack resyncs from a dump since start (the start-up one, then one per event
+    /// socket overrun).
+    pub ct_resyncs: u64,
+    /// Duration of the last conntrack resync, ms.
+    pub ct_last_resync_ms: u64,
 }
 
 impl Status {
@@ -306,6 +311,8 @@ impl Status {
             flows_v6,
             capacity,
             reasons,
+            ct_resyncs: v["conntrack"]["resyncs"].as_u64().unwrap_or(0),
+            ct_last_resync_ms: v["conntrack"]["last_resync_ms"].as_u64().unwrap_or(0),
         })
     }
 
@@ -361,6 +368,20 @@ impl Daemon {
         rw: &str,
         shaped_wan: bool,
     ) -> Result<Daemon> {
+        Daemon::start_tuned(bin, rtr, dir, rl, rw, shaped_wan, "")
+    }
+
+    /// [`Daemon::start`] with `extra` top-level config lines (e.g. a small
+    /// `conntrack_event_buffer`, to force event socket overruns).
+    pub fn start_tuned(
+        bin: &Path,
+        rtr: &Netns,
+        dir: &Path,
+        rl: &str,
+        rw: &str,
+        shaped_wan: bool,
+        extra: &str,
+    ) -> Result<Daemon> {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let socket = dir.join("control.sock");
         let config = dir.join("xdp-routerd.toml");
@@ -369,7 +390,7 @@ impl Daemon {
             &config,
             format!(
                 "control_socket = \"{}\"\nxdp_mode = \"native\"\nflow_capacity = 65536\n\
-                 keepalive_interval_ms = 2000\nlog_level = \"info\"\n\n\
+                 keepalive_interval_ms = 2000\nlog_level = \"info\"\n{extra}\n\
                  [[interface]]\nname = \"{rl}\"\nrole = \"lan\"\n\n\
                  [[interface]]\nname = \"{rw}\"\nrole = \"wan\"\n{shaped}",
                 socket.display()

@@ -61,6 +61,11 @@ pub struct SoakArgs {
     /// wrong (≈ 0.5 MB/s per side).
     #[arg(long)]
     capture: bool,
+    /// Receive buffer of the daemon's conntrack event socket, bytes (its
+    /// `conntrack_event_buffer`; default: the daemon's). A small one forces event socket
+    /// overruns and conntrack resyncs while connections come and go.
+    #[arg(long)]
+    ct_event_buffer: Option<usize>,
 }
 
 /// Port of the short-connection echo server on the WAN host.
@@ -443,6 +448,9 @@ struct RunResult {
     flows_after: Option<(u64, u64)>,
     ct_after: (u64, u64),
     reasons: String,
+    /// Conntrack resyncs after event socket overruns (the start-up one not counted) and the
+    /// duration of the last one, ms (daemon run only).
+    resyncs: Option<(u64, u64)>,
 }
 
 impl RunResult {
@@ -468,13 +476,16 @@ fn run_one(daemon_bin: Option<&PathBuf>, out: &std::path::Path, a: &SoakArgs) ->
     let Names { rl, rw, .. } = tb.names.clone();
     router::apply_home_router(&tb.rtr, &rl, &rw)?;
     let daemon = match daemon_bin {
-        Some(bin) => Some(Daemon::start(
+        Some(bin) => Some(Daemon::start_tuned(
             bin,
             &tb.rtr,
             &out.join("daemon"),
             &rl,
             &rw,
             false,
+            &a.ct_event_buffer
+                .map(|b| format!("conntrack_event_buffer = {b}\n"))
+                .unwrap_or_default(),
         )?),
         None => None,
     };
@@ -598,6 +609,7 @@ fn run_one(daemon_bin: Option<&PathBuf>, out: &std::path::Path, a: &SoakArgs) ->
     let mut flows_after = None;
     let mut ct_after = conntrack_counts(&tb.rtr)?;
     let mut reasons = String::new();
+    let mut resyncs = None;
     if let Some(d) = &daemon {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -605,6 +617,7 @@ fn run_one(daemon_bin: Option<&PathBuf>, out: &std::path::Path, a: &SoakArgs) ->
             ct_after = conntrack_counts(&tb.rtr)?;
             flows_after = Some((st.flows_v4, st.flows_v6));
             reasons = st.summary();
+            resyncs = Some((st.ct_resyncs.saturating_sub(1), st.ct_last_resync_ms));
             if st.flows_v4 + st.flows_v6 <= 2 * ct_after.0 || Instant::now() > deadline {
                 break;
             }
@@ -663,6 +676,7 @@ fn run_one(daemon_bin: Option<&PathBuf>, out: &std::path::Path, a: &SoakArgs) ->
         flows_after,
         ct_after,
         reasons,
+        resyncs,
     };
     debug_assert_eq!(r.started, r.ok + conns.failed_total());
     Ok(r)
@@ -695,6 +709,18 @@ pub fn run(o: &Opts, a: &SoakArgs) -> Result<()> {
         .filter(|r| r.lost() > 0 || r.streams_failed > 0 || r.leaked() > 0)
         .map(|r| r.label.to_owned())
         .collect();
+    // A small event buffer is asked for to go through overruns: a run without any tested
+    // nothing of the kind.
+    if a.ct_event_buffer.is_some()
+        && let Some(r) = runs.iter().find(|r| r.resyncs.is_some_and(|(n, _)| n == 0))
+    {
+        bail!(
+            "{}: no conntrack event socket overrun with --ct-event-buffer {}: the run did not \
+             exercise a resync (use a smaller buffer)",
+            r.label,
+            a.ct_event_buffer.unwrap_or_default()
+        );
+    }
     if !bad.is_empty() {
         bail!(
             "connections lost, streams failed or flows leaked in: {}",
@@ -765,6 +791,13 @@ fn report(runs: &[RunResult], a: &SoakArgs) -> String {
         &|r| match r.flows_after {
             Some((v4, v6)) => format!("{} / {}", v4 + v6, r.ct_after.0),
             None => format!("— / {}", r.ct_after.0),
+        },
+    );
+    row(
+        "conntrack overruns (resyncs) / per minute / last resync, ms",
+        &|r| match r.resyncs {
+            Some((n, ms)) => format!("{n} / {:.1} / {ms}", n as f64 * 60.0 / r.secs.max(1e-9)),
+            None => "—".into(),
         },
     );
     row("conntrack entries after the run (all states)", &|r| {

@@ -26,8 +26,9 @@ use aya::{
 };
 use xdp_router_common::{
     Counter, FLOW_F_REPLY, FdbKey, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
-    GLOBAL_FIB_FLAGS, IFACE_F_BRIDGE_PORT, IfaceInfo, MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6,
-    MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, PROG_NAME, SETTINGS_F_FIB_MARK, Settings,
+    GLOBAL_FIB_FLAGS, IFACE_F_BRIDGE_PORT, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo,
+    MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS,
+    MAP_VLANS, PROG_NAME, SETTINGS_F_FIB_MARK, Settings, VlanKey,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -348,6 +349,8 @@ pub struct Setup {
     pub tx_ports: Vec<u32>,
     /// `BRIDGE_FDB` entries: (bridge ifindex, MAC) → port ifindex.
     pub fdb: Vec<((u32, [u8; 6]), u32)>,
+    /// `VLANS` entries: tag on the parent → VLAN device ifindex.
+    pub vlans: Vec<(VlanKey, u32)>,
     /// `SETTINGS[0].fastpath_enabled`.
     pub fastpath: bool,
     /// `SETTINGS[0].fib_generation` (0 disables the FIB cache).
@@ -372,8 +375,8 @@ impl Setup {
                         slot: LAN_SLOT,
                         flags: 0,
                         mac: LAN_MAC,
-                        _pad: [0; 2],
                         l3_ifindex: 0,
+                        ..IfaceInfo::default()
                     },
                 ),
                 (
@@ -382,8 +385,8 @@ impl Setup {
                         slot: WAN_SLOT,
                         flags: 0,
                         mac: WAN_MAC,
-                        _pad: [0; 2],
                         l3_ifindex: 0,
+                        ..IfaceInfo::default()
                     },
                 ),
                 (
@@ -392,13 +395,14 @@ impl Setup {
                         slot: MTU_SLOT,
                         flags: 0,
                         mac: MTU_MAC,
-                        _pad: [0; 2],
                         l3_ifindex: 0,
+                        ..IfaceInfo::default()
                     },
                 ),
             ],
             tx_ports: vec![bed.lan, bed.wan, bed.mtu],
             fdb: Vec::new(),
+            vlans: Vec::new(),
             fastpath: true,
             // As the daemon runs it: the FIB cache on (here with a long enough age that every
             // repeated packet of a case uses it).
@@ -458,6 +462,39 @@ impl Setup {
         self
     }
 
+    /// `vlan` made the VLAN device `vid` (tag protocol `tpid`, host order) over `parent`
+    /// (`IFACE_F_VLAN`, its `VLANS` entry). The parent keeps its own entry; `parent_only`
+    /// marks it as managed only for its VLANs (`IFACE_F_VLAN_PARENT`).
+    pub fn with_vlan(
+        mut self,
+        vlan: u32,
+        parent: u32,
+        vid: u16,
+        tpid: u16,
+        parent_only: bool,
+    ) -> Setup {
+        for (i, info) in &mut self.ifaces {
+            if *i == vlan {
+                info.flags |= IFACE_F_VLAN;
+                info.lower_ifindex = parent;
+                info.vlan_tci_be = vid.to_be();
+                info.vlan_tpid_be = tpid.to_be();
+            }
+            if *i == parent && parent_only {
+                info.flags |= IFACE_F_VLAN_PARENT;
+            }
+        }
+        self.vlans.push((
+            VlanKey {
+                parent_ifindex: parent,
+                vid,
+                tpid_be: tpid.to_be(),
+            },
+            vlan,
+        ));
+        self
+    }
+
     pub fn with_iface_flags(mut self, ifindex: u32, flags: u32) -> Setup {
         for (i, info) in &mut self.ifaces {
             if *i == ifindex {
@@ -510,6 +547,8 @@ pub struct Maps {
     pub tx_ports: DevMapHash<MapData>,
     /// `BRIDGE_FDB`.
     pub fdb: HashMap<MapData, FdbKey, u32>,
+    /// `VLANS`.
+    pub vlans: HashMap<MapData, VlanKey, u32>,
     /// `STATS`.
     pub stats: PerCpuArray<MapData, Counter>,
     /// `SETTINGS`.
@@ -553,6 +592,7 @@ pub fn load_object(object: &[u8], fib_flags: u32) -> (Ebpf, Maps) {
         ifaces: take(&mut ebpf, MAP_IFACES),
         tx_ports: take(&mut ebpf, MAP_TX_PORTS),
         fdb: take(&mut ebpf, MAP_BRIDGE_FDB),
+        vlans: take(&mut ebpf, MAP_VLANS),
         stats: take(&mut ebpf, MAP_STATS),
         settings: take(&mut ebpf, MAP_SETTINGS),
     };
@@ -615,6 +655,13 @@ impl Maps {
                 _pad: [0; 2],
             };
             self.fdb.insert(key, port, 0).expect("insert fdb entry");
+        }
+        let keys: Vec<_> = self.vlans.keys().map(|k| k.expect("vlans key")).collect();
+        for k in keys {
+            self.vlans.remove(&k).expect("remove vlan entry");
+        }
+        for (key, vlan) in &s.vlans {
+            self.vlans.insert(key, vlan, 0).expect("insert vlan entry");
         }
         self.write_settings(s);
     }

@@ -148,9 +148,15 @@ pub fn arp_request(eth_src: [u8; 6], sender: [u8; 4], target: [u8; 4]) -> Vec<u8
 
 /// The frame with an 802.1Q tag (VLAN `vid`) inserted after the MAC addresses.
 pub fn with_vlan_tag(frame: &[u8], vid: u16) -> Vec<u8> {
+    with_tag(frame, 0x8100, vid & 0x0fff)
+}
+
+/// The frame with a VLAN tag of protocol `tpid` (0x8100, 0x88a8) and TCI `tci` (priority,
+/// DEI, VLAN ID) inserted after the MAC addresses.
+pub fn with_tag(frame: &[u8], tpid: u16, tci: u16) -> Vec<u8> {
     let mut f = frame[..12].to_vec();
-    f.extend_from_slice(&[0x81, 0x00]);
-    f.extend_from_slice(&(vid & 0x0fff).to_be_bytes());
+    f.extend_from_slice(&tpid.to_be_bytes());
+    f.extend_from_slice(&tci.to_be_bytes());
     f.extend_from_slice(&frame[12..]);
     f
 }
@@ -271,9 +277,15 @@ pub fn internet_checksum(parts: &[&[u8]]) -> u16 {
 
 /// Recomputes the IPv4 header checksum and the TCP/UDP checksum of `frame` from scratch and
 /// compares them with the values in the frame. A UDP-over-IPv4 checksum of 0 ("none") is
-/// accepted as such.
+/// accepted as such. A VLAN-tagged frame is checked as the frame behind its tag.
 pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
     let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
+    if ethertype == 0x8100 || ethertype == 0x88a8 {
+        // One VLAN tag: the IP packet behind it, as if untagged.
+        let mut untagged = frame[..12].to_vec();
+        untagged.extend_from_slice(&frame[16..]);
+        return verify_checksums(&untagged);
+    }
     let (pseudo, l4, proto) = match ethertype {
         0x0800 => {
             let ihl = usize::from(frame[ETH_LEN] & 0x0f) * 4;

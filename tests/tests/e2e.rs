@@ -629,3 +629,126 @@ fn negative_control_fastpath_off() {
         "the FORWARD ESTABLISHED rule saw only {established} of {wire} LAN packets"
     );
 }
+
+/// A TCP connection from the LAN host's `port` to `server` (SO_REUSEADDR, so a closed
+/// connection's tuple can be reused at once).
+fn connect_from(tb: &Testbed, port: u16, server: SocketAddr) -> TcpStream {
+    tb.lan
+        .run(move || -> io::Result<TcpStream> {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            s.set_reuse_address(true)?;
+            s.bind(&SocketAddr::new(LAN_HOST_V4.into(), port).into())?;
+            s.connect(&server.into())?;
+            Ok(s.into())
+        })
+        .unwrap_or_else(|e| panic!("connect {server} from port {port}: {e}"))
+}
+
+/// A new connection on the tuple of a closed, offloaded one, while the daemon has not read
+/// conntrack's events yet (stopped here, as a daemon far behind on a busy machine): the old
+/// connection's entry is still in the map and armed. Its SYN, forwarded by the kernel, must
+/// disarm that entry for good (`FLOW_F_STALE`), so the new connection is carried by the kernel
+/// (conntrack sees it, marks it, refreshes it) until the daemon offloads it as itself; after
+/// that it is fast-pathed again.
+#[test]
+fn a_reused_tuple_never_rides_the_old_connections_entry() {
+    if !ready("a_reused_tuple_never_rides_the_old_connections_entry") {
+        return;
+    }
+    let mut tb = Testbed::new("ru");
+    tb.start_daemon();
+    let server = wan_v4(7101);
+    let listener = tb
+        .wan
+        .run(move || TcpListener::bind(server))
+        .unwrap_or_else(|e| panic!("bind {server}: {e}"));
+    let sink = std::thread::spawn(move || {
+        let mut totals = Vec::new();
+        for _ in 0..2 {
+            let (mut conn, _) = listener.accept().expect("accept");
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(20)));
+            let mut buf = vec![0u8; 65536];
+            let mut total = 0u64;
+            while let Ok(n) = conn.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                total += n as u64;
+            }
+            totals.push(total);
+        }
+        totals
+    });
+    const PORT: u16 = 41234;
+    let mut old = connect_from(&tb, PORT, server);
+    old.write_all(&[1u8; 64 * 1024]).expect("write");
+    wait_offloaded(&tb, false);
+    let before = tb.snapshot();
+    old.write_all(&[2u8; 1 << 20]).expect("write");
+    sleep(Duration::from_millis(200));
+    let fast_old = tb
+        .snapshot()
+        .packets_since(&before, LAN_IF, "forwarded_original");
+    assert!(
+        fast_old > 300,
+        "the first connection should be fast-pathed: {fast_old}"
+    );
+
+    tb.daemon().pause(true);
+    linger_zero(&old);
+    drop(old);
+    sleep(Duration::from_millis(200));
+    let (rx0, est0) = (
+        tb.rx_packets(LAN_IF),
+        established_packets(&tb.router, "iptables"),
+    );
+    let mut new = connect_from(&tb, PORT, server);
+    new.write_all(&[3u8; 1 << 20]).expect("write");
+    sleep(Duration::from_millis(300));
+    let (rx1, est1) = (
+        tb.rx_packets(LAN_IF),
+        established_packets(&tb.router, "iptables"),
+    );
+    tb.daemon().pause(false);
+    let (wire, est) = (rx1 - rx0, est1 - est0);
+    println!(
+        "new connection on the old tuple, daemon stopped: {wire} LAN packets on the wire, \
+         {est} seen by FORWARD ESTABLISHED ({:.0} % through the kernel)",
+        100.0 * est as f64 / wire.max(1) as f64
+    );
+    assert!(
+        est * 10 >= wire * 9,
+        "the new connection rode the old connection's entry: only {est} of {wire} packets \
+         reached netfilter"
+    );
+
+    // Once the daemon has read the events, the new connection is offloaded as itself.
+    let (st, ok) = tb.daemon().wait_status(Duration::from_secs(10), |s| {
+        s.conntrack.offloaded >= 1 && s.conntrack.removed_total >= 1
+    });
+    assert!(
+        ok,
+        "the new connection should be offloaded: {:?}",
+        st.conntrack
+    );
+    new.write_all(&[4u8; 64 * 1024]).expect("write");
+    sleep(Duration::from_millis(500));
+    let before = tb.snapshot();
+    new.write_all(&[5u8; 1 << 20]).expect("write");
+    sleep(Duration::from_millis(200));
+    let fast_new = tb
+        .snapshot()
+        .packets_since(&before, LAN_IF, "forwarded_original");
+    println!("after the daemon caught up: {fast_new} packets of 1 MiB fast-pathed");
+    assert!(
+        fast_new > 300,
+        "the new connection should be fast-pathed: {fast_new}"
+    );
+    new.shutdown(Shutdown::Write).expect("shutdown");
+    let totals = sink.join().expect("sink");
+    assert_eq!(
+        totals.get(1).copied(),
+        Some((1 << 20) + (64 << 10) + (1 << 20)),
+        "the new connection's bytes must all arrive: {totals:?}"
+    );
+}

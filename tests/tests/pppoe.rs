@@ -200,5 +200,5 @@ fn wan_as_pppoe_ethernet_leaves_session_frames_to_the_kernel() {
     let (mut tb, _session) = pppoe_testbed("pe");
     tb.start_daemon_config(&wan_lan_interfaces(WAN_IF));
     let (before, after) = udp_and_tcp_are_intact(&tb, 6217, "PPPoE (Ethernet port managed)");
-    assert_encapsulated_wan_left_to_kernel(&before, &after, "PPPoE session");
+    assert_encapsulated_wan_left_to_kernel(&before, &after, "PPPoE session", "not_ip");
 }

@@ -1,38 +1,48 @@
 //! 802.1Q VLAN topologies: the router's WAN is VLAN 7 on its Ethernet port (as many ISPs deliver
-//! it). This host kernel has no 8021q module, so these tests are `#[ignore]`d here and
-//! `cargo xtask test` runs them in a guest that boots Debian's kernel (see xtask/src/guest.rs);
-//! by hand: `cargo xtask test --guest-only`.
+//! it), and in one test the LAN is VLAN 10 on its port too. This host kernel has no 8021q
+//! module, so these tests are `#[ignore]`d here and `cargo xtask test` runs them in a guest
+//! that boots Debian's kernel (see xtask/src/guest.rs); by hand: `cargo xtask test
+//! --guest-only -- vlan`.
 //!
-//! What they hold the daemon to, whichever way the user names the WAN in the config: every
-//! byte arrives intact both ways, and no packet is counted as forwarded by the fast path unless
-//! it really left the router.
+//! What they hold the daemon to: with the VLAN device in the config (`name = "eth0.7"`, as the
+//! kernel routes it) the fast path carries established flows both ways, popping and pushing
+//! the tag on the parent (XDP counters equal to the datagrams sent, netfilter's ESTABLISHED
+//! rule not rising, every byte intact), and stops doing so when switched off (the negative
+//! control); with only the parent in the config, tagged frames stay with the kernel.
 
-use std::net::IpAddr;
+use std::{
+    net::{IpAddr, SocketAddr, UdpSocket},
+    time::{Duration, Instant},
+};
 
 use xdp_router_tests::{
     netns::Netns,
     testbed::{
-        HOST_IF, LAN_IF, ROUTER_WAN_V4, ROUTER_WAN_V6, Testbed, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
-        assert_encapsulated_wan_left_to_kernel, ready, udp_and_tcp_are_intact, wan_lan_interfaces,
+        HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, PING_DGRAM, PING_TICK, Plan, ROUTER_LAN_V4,
+        ROUTER_LAN_V6, ROUTER_WAN_V4, ROUTER_WAN_V6, Testbed, Transfer, UdpEcho, WAN_HOST_V4,
+        WAN_HOST_V6, WAN_IF, any_v4, any_v6, assert_encapsulated_wan_left_to_kernel, assert_intact,
+        ping_pong, ready, udp_and_tcp_are_intact, udp_socket, wan_lan_interfaces, wan_v4, wan_v6,
     },
 };
 
 /// The WAN's VLAN id.
 const VID: u16 = 7;
+/// The LAN's VLAN id (when the LAN is a VLAN too).
+const LAN_VID: u16 = 10;
 
 /// `<dev>.7`.
 fn vlan_of(dev: &str) -> String {
     format!("{dev}.{VID}")
 }
 
-/// Moves `ns`'s addresses from `dev` to a new VLAN device `dev.7` on it. The tag is inserted
+/// Moves `ns`'s addresses from `dev` to a new VLAN device `dev.<vid>` on it. The tag is inserted
 /// in software (`txvlan off` on `dev`), so frames carry it in their bytes as on a wire: a veth
 /// would otherwise pass it beside the frame (skb metadata), where XDP does not see it.
-fn move_onto_vlan(ns: &Netns, dev: &str, v4: IpAddr, v6: IpAddr) {
-    let vlan = vlan_of(dev);
+fn move_onto_vlan(ns: &Netns, dev: &str, vid: u16, v4: IpAddr, v6: IpAddr) {
+    let vlan = format!("{dev}.{vid}");
     ns.sh(&format!(
         "ip addr flush dev {dev} scope global
-         ip link add link {dev} name {vlan} type vlan id {VID}
+         ip link add link {dev} name {vlan} type vlan id {vid}
          ip addr add {v4}/24 dev {vlan}
          ip addr add {v6}/64 dev {vlan} nodad
          ip link set {vlan} up
@@ -42,26 +52,57 @@ fn move_onto_vlan(ns: &Netns, dev: &str, v4: IpAddr, v6: IpAddr) {
 }
 
 /// The test bed with the WAN link (router eth0 ⇄ WAN host eth0) carrying VLAN 7 on both
-/// ends, the addresses, routes, NAT and FORWARD rules moved onto eth0.7.
-fn vlan_wan_testbed(tag: &str) -> Testbed {
+/// ends, the addresses, routes, NAT and FORWARD rules moved onto eth0.7; with `lan_vlan` the
+/// LAN link carries VLAN 10 the same way (router eth1.10 ⇄ LAN host eth0.10).
+fn vlan_testbed(tag: &str, lan_vlan: bool) -> Testbed {
     let tb = Testbed::new(tag);
     move_onto_vlan(
         &tb.router,
         WAN_IF,
+        VID,
         ROUTER_WAN_V4.into(),
         ROUTER_WAN_V6.into(),
     );
-    move_onto_vlan(&tb.wan, HOST_IF, WAN_HOST_V4.into(), WAN_HOST_V6.into());
+    move_onto_vlan(
+        &tb.wan,
+        HOST_IF,
+        VID,
+        WAN_HOST_V4.into(),
+        WAN_HOST_V6.into(),
+    );
     let host_vlan = vlan_of(HOST_IF);
     tb.wan.sh(&format!(
         "ip -6 route replace default via {ROUTER_WAN_V6} dev {host_vlan}"
     ));
     let wan_vlan = vlan_of(WAN_IF);
+    let lan = if lan_vlan {
+        move_onto_vlan(
+            &tb.router,
+            LAN_IF,
+            LAN_VID,
+            ROUTER_LAN_V4.into(),
+            ROUTER_LAN_V6.into(),
+        );
+        move_onto_vlan(
+            &tb.lan,
+            HOST_IF,
+            LAN_VID,
+            LAN_HOST_V4.into(),
+            LAN_HOST_V6.into(),
+        );
+        tb.lan.sh(&format!(
+            "ip route replace default via {ROUTER_LAN_V4} dev {HOST_IF}.{LAN_VID}
+             ip -6 route replace default via {ROUTER_LAN_V6} dev {HOST_IF}.{LAN_VID}"
+        ));
+        format!("{LAN_IF}.{LAN_VID}")
+    } else {
+        LAN_IF.to_string()
+    };
     tb.router.sh(&format!(
         "iptables -w -t nat -D POSTROUTING -o {WAN_IF} -j MASQUERADE
          iptables -w -t nat -A POSTROUTING -o {wan_vlan} -j MASQUERADE
          for t in iptables ip6tables; do
-           $t -w -A FORWARD -i {LAN_IF} -o {wan_vlan} -j ACCEPT
+           $t -w -A FORWARD -i {lan} -o {wan_vlan} -j ACCEPT
          done"
     ));
     tb.lan.sh(&format!(
@@ -72,47 +113,228 @@ fn vlan_wan_testbed(tag: &str) -> Testbed {
     tb
 }
 
-/// The WAN named as the VLAN device (`name = "eth0.7"`): a VLAN device cannot transmit XDP
-/// frames, so the fast path must hand LAN → WAN packets to the kernel (`egress_no_xdp_xmit`)
-/// instead of redirecting them into it, where they would be dropped.
-#[test]
-#[ignore = "needs the 8021q module: cargo xtask test runs it in a Debian-kernel guest"]
-fn wan_as_vlan_device_is_never_a_redirect_target() {
-    if !ready("wan_as_vlan_device_is_never_a_redirect_target") {
-        return;
+/// Ping-pongs from `sock` until the daemon has the connection to `server` offloaded (both
+/// directions in the flow map of its family; 8 s at most).
+fn offload(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
+    let deadline = Instant::now() + Duration::from_secs(8);
+    loop {
+        let pp = ping_pong(sock, server, *seq, 10, PING_DGRAM, PING_TICK);
+        *seq += pp.sent;
+        assert_eq!(
+            (pp.good, pp.lost, pp.corrupt),
+            (pp.sent, 0, 0),
+            "before offload: {pp:?}"
+        );
+        let st = tb.daemon().status();
+        let dirs = if server.is_ipv6() {
+            st.flows.ipv6
+        } else {
+            st.flows.ipv4
+        };
+        if dirs >= 2 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "UDP to {server} not offloaded within 8 s: {:?} {:?}\n{}",
+            st.flows,
+            st.conntrack,
+            tb.daemon().log_tail()
+        );
     }
-    let mut tb = vlan_wan_testbed("vd");
-    let wan_vlan = vlan_of(WAN_IF);
-    tb.start_daemon_config(&wan_lan_interfaces(&wan_vlan));
-    let (before, after) = udp_and_tcp_are_intact(&tb, 6107, &format!("VLAN {VID}"));
-    let fwd =
-        after.packets(LAN_IF, "forwarded_original") - before.packets(LAN_IF, "forwarded_original");
-    let no_xmit =
-        after.packets(LAN_IF, "egress_no_xdp_xmit") - before.packets(LAN_IF, "egress_no_xdp_xmit");
-    eprintln!(
-        "{LAN_IF} → {wan_vlan}: forwarded by XDP {fwd}, handed to the kernel (egress_no_xdp_xmit) {no_xmit}"
-    );
+}
+
+/// What one measured exchange did.
+struct Measured {
+    sent: u64,
+    /// XDP forwarded, original direction (counted on the LAN ingress).
+    orig: u64,
+    /// XDP forwarded, reply direction (counted on the WAN VLAN device).
+    reply: u64,
+    /// Packets on the router's LAN and WAN wires (rx_packets; GRO is off on them).
+    wire_lan: u64,
+    wire_wan: u64,
+    /// FORWARD ESTABLISHED rule increase.
+    established: u64,
+}
+
+/// 50 datagrams each way on the connection of `sock` (armed first), every one answered intact.
+fn measure(
+    tb: &Testbed,
+    sock: &UdpSocket,
+    server: SocketAddr,
+    seq: &mut u64,
+    lan: &str,
+) -> Measured {
+    // A newly offloaded direction is armed by its first packet the kernel forwards.
+    let arm = ping_pong(sock, server, *seq, 2, PING_DGRAM, PING_TICK);
+    *seq += arm.sent;
+    let before = tb.snapshot();
+    let pp = ping_pong(sock, server, *seq, 50, PING_DGRAM, PING_TICK);
+    *seq += pp.sent;
+    let after = tb.snapshot();
     assert_eq!(
-        fwd, 0,
-        "packets counted as redirected into {wan_vlan}, which cannot transmit XDP frames"
+        (pp.good, pp.lost, pp.corrupt),
+        (pp.sent, 0, 0),
+        "every datagram must come back intact: {pp:?}"
+    );
+    Measured {
+        sent: pp.sent,
+        orig: after.packets_since(&before, lan, "forwarded_original"),
+        reply: after.packets_since(&before, &vlan_of(WAN_IF), "forwarded_reply"),
+        wire_lan: after.rx_lan_since(&before),
+        wire_wan: after.rx_wan_since(&before),
+        established: after.established_since(&before, server.is_ipv6()),
+    }
+}
+
+/// UDP over IPv4 and IPv6 and a 2 MiB TCP transfer through the VLAN WAN (and VLAN LAN when
+/// `lan` is `eth1.10`): fast-pathed both ways, then the negative control with the fast path
+/// off.
+fn vlan_traffic_is_fast_pathed(tb: &mut Testbed, lan: &str) {
+    let wan_vlan = vlan_of(WAN_IF);
+    tb.start_daemon_config(&format!(
+        "xdp_mode = \"native\"\n\
+         [[interface]]\nname = \"{wan_vlan}\"\nrole = \"wan\"\n\
+         [[interface]]\nname = \"{lan}\"\nrole = \"lan\"\n"
+    ));
+    let st = tb.daemon().status();
+    let row = |name: &str| {
+        st.interfaces
+            .iter()
+            .find(|i| i.name == name)
+            .unwrap_or_else(|| panic!("no status row for {name}: {:?}", st.interfaces))
+    };
+    let wan = row(&wan_vlan);
+    assert_eq!(
+        wan.encap.as_deref(),
+        Some(format!("VLAN {VID} (802.1Q) on {WAN_IF}").as_str()),
+        "{wan:?}"
+    );
+    assert_eq!(wan.attach_mode, "native", "{wan:?}");
+    assert_eq!(
+        row(WAN_IF).encap.as_deref(),
+        Some(format!("parent of {wan_vlan}").as_str())
+    );
+
+    for (server, sock) in [
+        (wan_v4(6200), udp_socket(&tb.lan, any_v4(), 64)),
+        (wan_v6(6201), udp_socket(&tb.lan, any_v6(), 64)),
+    ] {
+        let echo = UdpEcho::start(&tb.wan, server);
+        let mut seq = 0;
+        offload(tb, &sock, server, &mut seq);
+        let m = measure(tb, &sock, server, &mut seq, lan);
+        println!(
+            "{server} over VLAN {VID}: {} datagrams each way; XDP forwarded {} original (on \
+             {lan}, tagged out of {WAN_IF}), {} reply (tagged on {WAN_IF}, popped); wire \
+             packets {} on {LAN_IF}, {} on {WAN_IF}: fast-path share {:.0} % / {:.0} %; \
+             FORWARD ESTABLISHED +{}",
+            m.sent,
+            m.orig,
+            m.reply,
+            m.wire_lan,
+            m.wire_wan,
+            100.0 * m.orig as f64 / m.wire_lan.max(1) as f64,
+            100.0 * m.reply as f64 / m.wire_wan.max(1) as f64,
+            m.established
+        );
+        assert_eq!(
+            (m.orig, m.reply),
+            (m.sent, m.sent),
+            "every datagram fast-pathed both ways"
+        );
+        assert!(
+            m.wire_wan >= m.sent && m.wire_lan >= m.sent,
+            "fewer wire packets than datagrams: GRO on the router's veths?"
+        );
+        assert!(
+            m.established <= 2,
+            "netfilter saw {} packets of the offloaded flow",
+            m.established
+        );
+
+        // Negative control: the fast path off, the same exchange goes through netfilter.
+        tb.daemon().set_fastpath(false);
+        let off = measure(tb, &sock, server, &mut seq, lan);
+        tb.daemon().set_fastpath(true);
+        println!(
+            "{server}, fast path off: XDP forwarded {} original, {} reply; FORWARD \
+             ESTABLISHED +{} for {} datagrams each way",
+            off.orig, off.reply, off.established, off.sent
+        );
+        assert_eq!((off.orig, off.reply), (0, 0), "fast path off");
+        assert!(
+            off.established >= 2 * off.sent,
+            "with the fast path off netfilter must see every packet: +{}",
+            off.established
+        );
+        assert_eq!(echo.finish().corrupt, 0);
+    }
+
+    // TCP: a 2 MiB transfer, intact and masqueraded; most of it fast-pathed once established.
+    let before = tb.snapshot();
+    let r = Transfer::start(
+        tb,
+        wan_v4(6210),
+        Plan {
+            bytes: 2 << 20,
+            rate: None,
+        },
+    )
+    .finish();
+    let after = tb.snapshot();
+    assert_intact(&r);
+    assert_eq!(r.peer.ip(), IpAddr::from(ROUTER_WAN_V4), "not masqueraded");
+    let orig = after.packets_since(&before, lan, "forwarded_original");
+    let reply = after.packets_since(&before, &wan_vlan, "forwarded_reply");
+    let wire = after.rx_lan_since(&before) + after.rx_wan_since(&before);
+    println!(
+        "TCP 2 MiB over VLAN {VID}: XDP forwarded {orig} original + {reply} reply of {wire} \
+         wire packets ({:.0} %), FORWARD ESTABLISHED +{}",
+        100.0 * (orig + reply) as f64 / wire.max(1) as f64,
+        after.established_since(&before, false)
     );
     assert!(
-        no_xmit > 0,
-        "no LAN packet was counted egress_no_xdp_xmit: {after:?}"
+        orig > 0 && reply > 0,
+        "TCP not fast-pathed both ways over the VLAN: {orig} original, {reply} reply"
     );
 }
 
-/// The WAN named as the Ethernet port under the VLAN (`name = "eth0"`): tagged frames are not
-/// parsed by the fast path (`not_ip`), and connections whose path leaves through eth0.7, which
-/// the daemon does not manage, are not offloaded (`path_not_managed`); the kernel carries both.
+/// The WAN named as the VLAN device (`name = "eth0.7"`): established flows are forwarded by
+/// XDP on the parent, the reply's tag popped and the original's pushed.
+#[test]
+#[ignore = "needs the 8021q module: cargo xtask test runs it in a Debian-kernel guest"]
+fn wan_on_vlan_is_fast_pathed() {
+    if !ready("wan_on_vlan_is_fast_pathed") {
+        return;
+    }
+    let mut tb = vlan_testbed("vf", false);
+    vlan_traffic_is_fast_pathed(&mut tb, LAN_IF);
+}
+
+/// LAN and WAN both VLANs (eth1.10, eth0.7): tagged in, tagged out.
+#[test]
+#[ignore = "needs the 8021q module: cargo xtask test runs it in a Debian-kernel guest"]
+fn lan_and_wan_on_vlans_are_fast_pathed() {
+    if !ready("lan_and_wan_on_vlans_are_fast_pathed") {
+        return;
+    }
+    let mut tb = vlan_testbed("vl", true);
+    vlan_traffic_is_fast_pathed(&mut tb, &format!("{LAN_IF}.{LAN_VID}"));
+}
+
+/// The WAN named as the Ethernet port under the VLAN (`name = "eth0"`): tagged frames of a
+/// VLAN the daemon does not manage go to the kernel (`vlan_unknown`), and connections whose
+/// path leaves through eth0.7 are not offloaded (`path_not_managed`); the kernel carries both.
 #[test]
 #[ignore = "needs the 8021q module: cargo xtask test runs it in a Debian-kernel guest"]
 fn wan_as_vlan_parent_leaves_tagged_frames_to_the_kernel() {
     if !ready("wan_as_vlan_parent_leaves_tagged_frames_to_the_kernel") {
         return;
     }
-    let mut tb = vlan_wan_testbed("vp");
+    let mut tb = vlan_testbed("vp", false);
     tb.start_daemon_config(&wan_lan_interfaces(WAN_IF));
     let (before, after) = udp_and_tcp_are_intact(&tb, 6107, &format!("VLAN {VID}"));
-    assert_encapsulated_wan_left_to_kernel(&before, &after, "tagged");
+    assert_encapsulated_wan_left_to_kernel(&before, &after, "tagged", "vlan_unknown");
 }

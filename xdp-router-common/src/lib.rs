@@ -26,6 +26,7 @@ pub const MAP_SETTINGS: &str = "SETTINGS";
 pub const MAP_ARM_V4: &str = "ARM_V4";
 pub const MAP_ARM_V6: &str = "ARM_V6";
 pub const MAP_BRIDGE_FDB: &str = "BRIDGE_FDB";
+pub const MAP_VLANS: &str = "VLANS";
 
 /// Capacity of [`MAP_BRIDGE_FDB`] (MAC addresses behind all managed bridges).
 pub const FDB_CAPACITY: u32 = 8192;
@@ -112,6 +113,11 @@ const _: () = assert!(core::mem::size_of::<FlowKeyV6>() == 44);
 
 /// `FlowV4::flags` / `FlowV6::flags`: this entry is the reply direction of its connection.
 pub const FLOW_F_REPLY: u32 = 1 << 0;
+/// Set by the TC arming program when the kernel forwards a TCP SYN with this direction's tuple:
+/// a new connection reuses the tuple, so this entry (the old connection's, still in the map
+/// because the daemon has not read conntrack's events yet) is disarmed and never armed again.
+/// The daemon's next write of the entry (the new connection's, once established) clears it.
+pub const FLOW_F_STALE: u32 = 1 << 1;
 
 /// Traffic counters of one flow direction, updated atomically by the datapath.
 #[repr(C)]
@@ -309,6 +315,25 @@ pub const IFACE_F_BRIDGE_PORT: u32 = 1 << 7;
 /// A bridge port whose STP state is not forwarding: the kernel bridge drops what it receives
 /// and sends nothing out of it (`Reason::PassBridgePortNotForwarding`).
 pub const IFACE_F_PORT_NOT_FORWARDING: u32 = 1 << 8;
+/// The program runs on this interface in generic (skb) mode: what it receives goes to the
+/// kernel (`Reason::PassGenericXdp`). In that mode the kernel has already built an skb, maybe
+/// with a checksum it validated in software (`CHECKSUM_COMPLETE`); a packet rewritten and
+/// redirected from there keeps that stale state, and a veth hands it to the next namespace,
+/// whose stack then drops it as a checksum error. The daemon sets this flag before attaching
+/// and clears it once the attachment is native.
+pub const IFACE_F_GENERIC_XDP: u32 = 1 << 11;
+
+/// The interface is an 802.1Q / 802.1ad VLAN device (`eth0.7`) over
+/// [`IfaceInfo::lower_ifindex`]: the program runs on that parent, where frames with this
+/// VLAN's tag ([`MAP_VLANS`]) are routed as this device's (tag popped), and a packet routed
+/// out of it gets [`IfaceInfo::vlan_tci`] / [`IfaceInfo::vlan_tpid_be`] pushed and is
+/// redirected to the parent. Its own `IFACE_F_SHAPED` / `IFACE_F_EGRESS_HOOK` /
+/// `IFACE_F_INGRESS_HOOK` apply (the kernel passes the VLAN device first), and the parent's
+/// entry must allow the redirect too.
+pub const IFACE_F_VLAN: u32 = 1 << 9;
+/// The interface is managed only as the parent of VLAN devices (it is not in the config
+/// itself): its untagged frames go to the kernel (`Reason::PassVlanParentUntagged`).
+pub const IFACE_F_VLAN_PARENT: u32 = 1 << 10;
 
 /// Value of [`MAP_IFACES`], keyed by ifindex (host order): a managed interface.
 #[repr(C)]
@@ -322,12 +347,38 @@ pub struct IfaceInfo {
     /// (`Reason::PassDstMacNotOurs` otherwise). Kept up to date by the daemon. For a bridge
     /// port: the bridge's MAC.
     pub mac: [u8; 6],
-    pub _pad: [u8; 2],
+    /// For a VLAN device ([`IFACE_F_VLAN`]): the TCI it tags frames with (network order):
+    /// its VLAN ID, priority 0 (the kernel's default `egress-qos-map`). Else 0.
+    pub vlan_tci_be: u16,
     /// The interface the kernel's IP layer sees packets of this one on (host order): the
     /// bridge's ifindex for a bridge port ([`IFACE_F_BRIDGE_PORT`]); 0 = this interface.
     pub l3_ifindex: u32,
+    /// For a VLAN device ([`IFACE_F_VLAN`]): its parent's ifindex (host order), where tagged
+    /// frames are sent. Else 0.
+    pub lower_ifindex: u32,
+    /// For a VLAN device: its tag protocol, 0x8100 (802.1Q) or 0x88a8 (802.1ad), network
+    /// order. Else 0.
+    pub vlan_tpid_be: u16,
+    pub _pad: u16,
 }
-const _: () = assert!(core::mem::size_of::<IfaceInfo>() == 20);
+const _: () = assert!(core::mem::size_of::<IfaceInfo>() == 28);
+
+/// Key of [`MAP_VLANS`]: a VLAN tag as it arrives on a managed VLAN's parent. The value is
+/// the VLAN device's ifindex (host order), which has its own [`IfaceInfo`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct VlanKey {
+    /// The parent's ifindex (host order), where the XDP program runs.
+    pub parent_ifindex: u32,
+    /// The VLAN ID (host order, 1..4094).
+    pub vid: u16,
+    /// The tag protocol (network order): 0x8100 or 0x88a8.
+    pub tpid_be: u16,
+}
+const _: () = assert!(core::mem::size_of::<VlanKey>() == 8);
+
+/// Capacity of [`MAP_VLANS`] (managed VLAN devices).
+pub const VLANS_CAPACITY: u32 = 64;
 
 /// Key of [`MAP_BRIDGE_FDB`]: a MAC address behind a managed bridge (VLAN-unaware bridges:
 /// the kernel's FDB entries without a VLAN). The value is the port's ifindex (host order).
@@ -405,6 +456,6 @@ mod pod {
     }
     pod!(
         FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, Counter, Settings, FibCache, ArmKeyV4,
-        ArmKeyV6, FdbKey,
+        ArmKeyV6, FdbKey, VlanKey,
     );
 }

@@ -13,6 +13,14 @@ pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86dd;
 /// Length of an Ethernet II header without VLAN tags.
 pub const ETH_HLEN: usize = 14;
+/// Length of an 802.1Q / 802.1ad tag (TPID + TCI).
+pub const VLAN_HLEN: usize = 4;
+/// EtherType (TPID) of an 802.1Q VLAN tag (host order).
+pub const ETH_P_8021Q: u16 = 0x8100;
+/// EtherType (TPID) of an 802.1ad (service, "Q-in-Q" outer) VLAN tag (host order).
+pub const ETH_P_8021AD: u16 = 0x88a8;
+/// VLAN ID bits of a TCI (host order).
+pub const VLAN_VID_MASK: u16 = 0x0fff;
 /// Length of an IPv4 header without options.
 pub const IPV4_HLEN: usize = 20;
 /// Length of the fixed IPv6 header.
@@ -49,8 +57,29 @@ pub enum L3 {
     V6,
 }
 
-/// Classifies a host-order EtherType. VLAN tags (0x8100, 0x88a8) are not looked through: the
-/// FIB result carries no VLAN to put back, so tagged frames stay with the kernel.
+/// Whether a host-order EtherType is a VLAN tag protocol (802.1Q or 802.1ad).
+#[inline(always)]
+pub const fn is_vlan_tpid(ethertype: u16) -> bool {
+    ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD
+}
+
+/// The VLAN ID of a tag (host-order TCI) followed by `inner` (host-order EtherType), if the
+/// fast path may look the VLAN up: a second tag (Q-in-Q) and VLAN ID 0 (priority-tagged, which
+/// the kernel treats as untagged) stay with the kernel. The caller then looks the ID up among
+/// the managed VLAN devices of the ingress ([`Reason::PassVlanUnknown`] when none).
+#[inline(always)]
+pub const fn check_vlan_tag(tci: u16, inner: u16) -> Result<u16, Reason> {
+    if is_vlan_tpid(inner) {
+        return Err(Reason::PassVlanQinQ);
+    }
+    let vid = tci & VLAN_VID_MASK;
+    if vid == 0 {
+        return Err(Reason::PassVlanPriorityTagged);
+    }
+    Ok(vid)
+}
+
+/// Classifies a host-order EtherType (the one after any VLAN tag the caller stripped).
 #[inline(always)]
 pub const fn classify_ethertype(ethertype: u16) -> Result<L3, Reason> {
     match ethertype {
@@ -289,6 +318,20 @@ mod tests {
         for t in [0x0806, 0x8100, 0x88a8, 0x88cc, 0x8847, 0] {
             assert_eq!(classify_ethertype(t), Err(Reason::PassNotIp), "{t:#x}");
         }
+    }
+
+    #[test]
+    fn vlan_tags() {
+        assert!(is_vlan_tpid(0x8100) && is_vlan_tpid(0x88a8) && !is_vlan_tpid(0x0800));
+        assert_eq!(check_vlan_tag(7, 0x0800), Ok(7));
+        // The priority (PCP) and DEI bits are not part of the VLAN ID.
+        assert_eq!(check_vlan_tag(0xe000 | 4094, 0x86dd), Ok(4094));
+        assert_eq!(
+            check_vlan_tag(0xa000, 0x0800),
+            Err(Reason::PassVlanPriorityTagged)
+        );
+        assert_eq!(check_vlan_tag(7, 0x8100), Err(Reason::PassVlanQinQ));
+        assert_eq!(check_vlan_tag(7, 0x88a8), Err(Reason::PassVlanQinQ));
     }
 
     #[test]

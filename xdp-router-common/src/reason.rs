@@ -12,7 +12,7 @@ pub enum Reason {
     ForwardedReply = 1,
     /// The fast path is switched off (`xdp-routerd fastpath off`).
     PassDisabled = 2,
-    /// Not IPv4/IPv6 (ARP, LLDP, VLAN-tagged, ...).
+    /// Not IPv4/IPv6 (ARP, LLDP, PPPoE, ...).
     PassNotIp = 3,
     /// Truncated or malformed headers; the kernel decides what to do with it.
     PassMalformed = 4,
@@ -90,11 +90,26 @@ pub enum Reason {
     /// direction's TTL changed upstream since the kernel last forwarded it. The kernel forwards
     /// it (and records the TTL it sent).
     PassTtlNotKernels = 32,
+    /// An 802.1Q/802.1ad-tagged frame whose tag protocol and VLAN ID name no managed VLAN device
+    /// on the interface it arrived on (another VLAN, or 802.1ad where only 802.1Q is
+    /// configured): the kernel's VLAN devices (or nobody) take it.
+    PassVlanUnknown = 33,
+    /// A frame with two or more VLAN tags (Q-in-Q): the kernel's stacked VLAN devices take it.
+    PassVlanQinQ = 34,
+    /// A priority-tagged frame (VLAN ID 0: an 802.1p priority only): the kernel treats it as
+    /// untagged on the parent and keeps its priority.
+    PassVlanPriorityTagged = 35,
+    /// An untagged frame on a device managed only as the parent of VLAN devices (the device
+    /// itself is not in the config): the kernel routes it as the parent's.
+    PassVlanParentUntagged = 36,
+    /// Received on an interface where the program runs in generic (skb) mode: a packet
+    /// rewritten there could keep a stale checksum state (see `IFACE_F_GENERIC_XDP`).
+    PassGenericXdp = 37,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 33;
+    pub const COUNT: u32 = 38;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -131,6 +146,11 @@ impl Reason {
         Reason::PassBridgePortNotForwarding,
         Reason::PassBridgeLearning,
         Reason::PassTtlNotKernels,
+        Reason::PassVlanUnknown,
+        Reason::PassVlanQinQ,
+        Reason::PassVlanPriorityTagged,
+        Reason::PassVlanParentUntagged,
+        Reason::PassGenericXdp,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -169,6 +189,11 @@ impl Reason {
             Reason::PassBridgePortNotForwarding => "bridge_port_not_forwarding",
             Reason::PassBridgeLearning => "bridge_learning",
             Reason::PassTtlNotKernels => "ttl_rewritten_by_kernel",
+            Reason::PassVlanUnknown => "vlan_unknown",
+            Reason::PassVlanQinQ => "vlan_q_in_q",
+            Reason::PassVlanPriorityTagged => "vlan_priority_tagged",
+            Reason::PassVlanParentUntagged => "vlan_parent_untagged",
+            Reason::PassGenericXdp => "generic_xdp",
         }
     }
 

@@ -7,12 +7,24 @@
 //! direction's ingress interface), it stores the current `ruleset_generation`, the packet's
 //! mark, DSCP and TTL in the flow entry: from then on XDP forwards that direction, until the
 //! ruleset changes, and only packets that would leave the kernel with that DSCP and TTL.
+//!
+//! A TCP SYN the kernel forwards opens a new connection: if its tuple finds an entry, that
+//! entry is a closed connection's whose removal the daemon has not caught up with yet. The SYN
+//! disarms it and marks it stale (`FLOW_F_STALE`), so the new connection's packets are never
+//! forwarded with the old connection's entry (its NAT mapping, its conntrack entry left
+//! unrefreshed and not liberal); the daemon rewrites the entry when it offloads the new one.
+//!
+//! A packet the kernel decrypted (IPsec: it carries a security path) never arms: the kernel
+//! accepted it because it came through a tunnel an xfrm policy requires, which XDP cannot
+//! check, so a plaintext packet with the same tuple would be forwarded. Packets the kernel
+//! encrypts leave as ESP and never match a flow direction either: IPsec-protected
+//! connections stay in the kernel.
 
 use core::ptr::{addr_of_mut, write_volatile};
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{bindings::bpf_xfrm_state, helpers::bpf_skb_get_xfrm_state, programs::TcContext};
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, FLOW_DSCP_KNOWN, FLOW_TTL_KNOWN, SETTINGS_F_FIB_MARK,
+    ArmKeyV4, ArmKeyV6, FLOW_DSCP_KNOWN, FLOW_F_STALE, FLOW_TTL_KNOWN, SETTINGS_F_FIB_MARK,
     parse::{ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP},
 };
 
@@ -32,6 +44,9 @@ struct Forwarded {
 /// Arms the flow direction of the packet in `ctx`, if it is one. Never changes the packet.
 #[inline(always)]
 pub fn try_arm(ctx: &TcContext) -> Option<()> {
+    if decrypted_by_ipsec(ctx) {
+        return None;
+    }
     let settings = SETTINGS.get(0)?;
     // SAFETY: the context's skb pointer is valid for the program run.
     let (mark, ingress_ifindex) = unsafe { ((*ctx.skb.skb).mark, (*ctx.skb.skb).ingress_ifindex) };
@@ -49,6 +64,24 @@ pub fn try_arm(ctx: &TcContext) -> Option<()> {
     }
 }
 
+/// Whether the packet carries an IPsec security path (the kernel decrypted it): the helper
+/// finds a first xfrm state.
+#[inline(always)]
+fn decrypted_by_ipsec(ctx: &TcContext) -> bool {
+    let mut state = core::mem::MaybeUninit::<bpf_xfrm_state>::zeroed();
+    // SAFETY: the skb pointer is valid for the program run; `state` is writable for the size
+    // passed.
+    unsafe {
+        bpf_skb_get_xfrm_state(
+            ctx.skb.skb,
+            0,
+            state.as_mut_ptr(),
+            core::mem::size_of::<bpf_xfrm_state>() as u32,
+            0,
+        ) == 0
+    }
+}
+
 /// The raw source and destination ports after an IP header of `l3_len` bytes.
 #[inline(always)]
 fn ports(ctx: &TcContext, l3_len: usize) -> Option<(u16, u16)> {
@@ -56,8 +89,18 @@ fn ports(ctx: &TcContext, l3_len: usize) -> Option<(u16, u16)> {
     Some((ports[0], ports[1]))
 }
 
+/// TCP SYN in the flags byte of the TCP header.
+const TCP_SYN: u8 = 0x02;
+
+/// Whether the packet is a TCP segment with SYN set (`l4`: offset of the TCP header).
+#[inline(always)]
+fn is_tcp_syn(ctx: &TcContext, proto: u8, l4: usize) -> bool {
+    proto == IPPROTO_TCP && ctx.load::<u8>(l4 + 13).is_ok_and(|f| f & TCP_SYN != 0)
+}
+
 /// Where the arming goes in a flow entry.
 struct ArmFields {
+    flags: *mut u32,
     armed: *mut u32,
     fib_mark: *mut u32,
     fib_generation: *mut u32,
@@ -69,8 +112,9 @@ struct ArmFields {
 /// `kernel_ttl` (`dscp`, `ttl`: what this packet leaves with). A direction with a mark the FIB
 /// lookup cannot take is left unarmed (XDP counts it as `fib_mark_unsupported`).
 #[inline(always)]
-fn arm(f: ArmFields, dscp: u8, ttl: u8, fwd: &Forwarded) {
+fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
     let ArmFields {
+        flags,
         armed,
         fib_mark,
         fib_generation,
@@ -86,6 +130,16 @@ fn arm(f: ArmFields, dscp: u8, ttl: u8, fwd: &Forwarded) {
     // the generation, then the mark. A changed mark drops the cached FIB answer, which was
     // looked up with the old one.
     unsafe {
+        let f = core::ptr::read_volatile(flags);
+        if syn {
+            // A new connection on this tuple: the entry is stale (see the module docs).
+            write_volatile(armed, 0);
+            write_volatile(flags, f | FLOW_F_STALE);
+            return;
+        }
+        if f & FLOW_F_STALE != 0 {
+            return;
+        }
         if core::ptr::read_volatile(fib_mark) != fwd.mark {
             write_volatile(fib_generation, 0);
             write_volatile(fib_mark, fwd.mark);
@@ -137,6 +191,7 @@ fn arm_v4(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
     // SAFETY: map value pointer from the kernel.
     let fields = unsafe {
         ArmFields {
+            flags: addr_of_mut!((*flow).flags),
             armed: addr_of_mut!((*flow).armed_generation),
             fib_mark: addr_of_mut!((*flow).fib_mark),
             fib_generation: addr_of_mut!((*flow).fib.generation),
@@ -144,7 +199,8 @@ fn arm_v4(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
             kernel_ttl: addr_of_mut!((*flow).kernel_ttl),
         }
     };
-    arm(fields, tos >> 2, ttl, fwd);
+    let syn = is_tcp_syn(ctx, proto, ETH_HLEN + 20);
+    arm(fields, tos >> 2, ttl, syn, fwd);
     Some(())
 }
 
@@ -177,6 +233,7 @@ fn arm_v6(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
     // SAFETY: map value pointer from the kernel.
     let fields = unsafe {
         ArmFields {
+            flags: addr_of_mut!((*flow).flags),
             armed: addr_of_mut!((*flow).armed_generation),
             fib_mark: addr_of_mut!((*flow).fib_mark),
             fib_generation: addr_of_mut!((*flow).fib.generation),
@@ -184,6 +241,7 @@ fn arm_v6(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
             kernel_ttl: addr_of_mut!((*flow).kernel_ttl),
         }
     };
-    arm(fields, dscp, hop_limit, fwd);
+    let syn = is_tcp_syn(ctx, next_header, ETH_HLEN + 40);
+    arm(fields, dscp, hop_limit, syn, fwd);
     Some(())
 }

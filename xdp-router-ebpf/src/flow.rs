@@ -13,26 +13,32 @@ use core::{
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{bpf_fib_lookup, xdp_action},
-    helpers::{bpf_fib_lookup as fib_lookup, bpf_ktime_get_coarse_ns, bpf_xdp_adjust_tail},
+    helpers::{
+        bpf_fib_lookup as fib_lookup, bpf_ktime_get_coarse_ns, bpf_xdp_adjust_head,
+        bpf_xdp_adjust_tail,
+    },
     programs::XdpContext,
 };
 use xdp_router_common::{
     FIB_LOOKUP_MARK, FLOW_DSCP_KNOWN, FLOW_F_REPLY, FLOW_TTL_KNOWN, FdbKey, FibCache, FlowCounters,
     FlowKeyV4, FlowKeyV6, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_EGRESS_HOOK,
-    IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED,
-    IfaceInfo, Reason, SETTINGS_F_FIB_MARK,
+    IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING,
+    IFACE_F_SHAPED, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, Reason, SETTINGS_F_FIB_MARK,
+    VlanKey,
     checksum::{pseudo_v4, pseudo_v6},
     parse::{
         ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN, Ipv4Fields, Ipv6Fields, L3,
-        check_fib_result, check_ipv4, check_ipv6, check_tcp, check_udp, classify_ethertype,
+        VLAN_HLEN, check_fib_result, check_ipv4, check_ipv6, check_tcp, check_udp, check_vlan_tag,
+        classify_ethertype, is_vlan_tpid,
     },
 };
 
 use crate::{
     maps::{
-        ACTIVE_V4, ACTIVE_V6, BRIDGE_FDB, FLOWS_V4, FLOWS_V6, IFACES, SETTINGS, TX_PORTS, fib_flags,
+        ACTIVE_V4, ACTIVE_V6, BRIDGE_FDB, FLOWS_V4, FLOWS_V6, IFACES, SETTINGS, TX_PORTS, VLANS,
+        fib_flags,
     },
-    parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, ptr_at_mut},
+    parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, VlanHdr, VlanTag, ptr_at_mut},
     rewrite::{self, L4, NextHop},
     verify,
 };
@@ -51,12 +57,14 @@ pub struct Forwarded {
 }
 
 /// Forwards the packet in `ctx`, received on `ifindex` (whose `IFACES` entry is `info`), or
-/// says why the kernel must have it.
+/// says why the kernel must have it. A frame tagged for a managed VLAN device is counted
+/// under that device's stats slot: `slot` is set to it.
 #[inline(always)]
 pub fn try_forward(
     ctx: &XdpContext,
     ifindex: u32,
     info: Option<*const IfaceInfo>,
+    slot: &mut u32,
 ) -> Result<Forwarded, Reason> {
     // Switched off by the daemon (A/B runs, maintenance): the kernel carries everything.
     let Some(settings) = SETTINGS.get(0) else {
@@ -73,6 +81,10 @@ pub fn try_forward(
         return Err(Reason::PassDisabled);
     }
     let verify_l4 = settings.verify_l4_checksum != 0;
+    // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
+    if info.is_some_and(|i| unsafe { (*i).flags } & IFACE_F_GENERIC_XDP != 0) {
+        return Err(Reason::PassGenericXdp);
+    }
     // An nftables netdev ingress chain or tc ingress filter on this interface runs after XDP:
     // a redirected packet would skip it.
     // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
@@ -100,19 +112,85 @@ pub fn try_forward(
         }
     }
     // SAFETY: ptr_at_mut checked that the header is inside the frame.
-    let l3 = classify_ethertype(unsafe { (*eth).ethertype() })?;
-    verify::dst_mac_is_ours(eth, info)?;
+    let (ethertype, tpid_be) = unsafe { ((*eth).ethertype(), (*eth).ethertype_be) };
     // The IP layer sees a frame from a bridge port as received by the bridge: flow keys and
     // FIB lookups use the bridge's ifindex, as conntrack and the kernel's routing do.
-    let iif = if flags & IFACE_F_BRIDGE_PORT != 0 && l3_ifindex != 0 {
+    let mut iif = if flags & IFACE_F_BRIDGE_PORT != 0 && l3_ifindex != 0 {
         l3_ifindex
     } else {
         ifindex
     };
+    let mut l3_info = info;
+    let mut l2 = ETH_HLEN;
+    let l3 = if is_vlan_tpid(ethertype) {
+        // The kernel hands a frame tagged for one of its VLAN devices to that device
+        // (`vlan_do_receive`): the IP layer sees it as received there, untagged. Flow keys,
+        // FIB lookups and the MAC check use the VLAN device, as conntrack and routing do.
+        let vlan = vlan_device(ctx, ifindex, tpid_be)?;
+        *slot = crate::stats::ingress_slot(Some(vlan.info));
+        // SAFETY: a map value pointer returned by the kernel is valid for reads.
+        if unsafe { (*vlan.info).flags } & IFACE_F_INGRESS_HOOK != 0 {
+            // Hooks on the VLAN device run after XDP too.
+            return Err(Reason::PassIngressHook);
+        }
+        iif = vlan.ifindex;
+        l3_info = Some(vlan.info);
+        l2 = ETH_HLEN + VLAN_HLEN;
+        classify_ethertype(vlan.inner_ethertype)?
+    } else {
+        if flags & IFACE_F_VLAN_PARENT != 0 {
+            // The parent device itself is not managed: the kernel routes what it receives
+            // untagged. (A frame whose tag the NIC stripped into metadata, rx VLAN offload,
+            // also arrives here and so also goes to the kernel, which knows its VLAN.)
+            return Err(Reason::PassVlanParentUntagged);
+        }
+        classify_ethertype(ethertype)?
+    };
+    verify::dst_mac_is_ours(eth, l3_info)?;
     match l3 {
-        L3::V4 => try_forward_v4(ctx, iif, &cache, verify_l4),
-        L3::V6 => try_forward_v6(ctx, iif, &cache, verify_l4),
+        L3::V4 => try_forward_v4(ctx, iif, l2, &cache, verify_l4),
+        L3::V6 => try_forward_v6(ctx, iif, l2, &cache, verify_l4),
     }
+}
+
+/// The managed VLAN device a tagged frame belongs to.
+struct VlanDevice {
+    ifindex: u32,
+    info: *const IfaceInfo,
+    /// EtherType after the tag (host order).
+    inner_ethertype: u16,
+}
+
+/// The managed VLAN device over `parent` that the frame's tag (protocol `tpid_be`, checked to
+/// be a VLAN TPID) names, per `VLANS`, or why the kernel must have the frame.
+#[inline(always)]
+fn vlan_device(ctx: &XdpContext, parent: u32, tpid_be: u16) -> Result<VlanDevice, Reason> {
+    let tag: *mut VlanHdr = ptr_at_mut(ctx, ETH_HLEN)?;
+    // SAFETY: bounds checked by ptr_at_mut.
+    let (tci, inner) = unsafe {
+        (
+            u16::from_be((*tag).tci_be),
+            u16::from_be((*tag).inner_ethertype_be),
+        )
+    };
+    let vid = check_vlan_tag(tci, inner)?;
+    let words = [parent, pack16(vid, tpid_be)];
+    // SAFETY: VlanKey is #[repr(C)], 8 bytes of integers without implicit padding
+    // (parent_ifindex, vid, tpid_be), laid out as these words.
+    let key = unsafe { transmute::<[u32; 2], VlanKey>(words) };
+    // SAFETY: a map lookup; the value is copied out.
+    let Some(&ifindex) = (unsafe { VLANS.get(key) }) else {
+        // Another VLAN, or 802.1ad where the VLAN device is 802.1Q (or the other way round).
+        return Err(Reason::PassVlanUnknown);
+    };
+    let Some(info) = IFACES.get_ptr(ifindex) else {
+        return Err(Reason::PassVlanUnknown);
+    };
+    Ok(VlanDevice {
+        ifindex,
+        info,
+        inner_ethertype: inner,
+    })
 }
 
 /// What the transport header says about the packet.
@@ -125,11 +203,18 @@ struct Ports {
     no_checksum: bool,
 }
 
-/// The transport header after an IP header of `l3_len` bytes, with `l4_len` bytes of segment:
-/// TCP (data offset, control flags, ACK) or UDP (length), checked as conntrack checks them.
+/// The transport header after `l2` bytes of Ethernet header (and VLAN tag) and an IP header
+/// of `l3_len` bytes, with `l4_len` bytes of segment: TCP (data offset, control flags, ACK) or
+/// UDP (length), checked as conntrack checks them.
 #[inline(always)]
-fn l4_ports(ctx: &XdpContext, proto: u8, l3_len: usize, l4_len: usize) -> Result<Ports, Reason> {
-    let off = ETH_HLEN + l3_len;
+fn l4_ports(
+    ctx: &XdpContext,
+    proto: u8,
+    l2: usize,
+    l3_len: usize,
+    l4_len: usize,
+) -> Result<Ports, Reason> {
+    let off = l2 + l3_len;
     if proto == IPPROTO_TCP {
         let tcp: *mut TcpHdr = ptr_at_mut(ctx, off)?;
         // SAFETY: bounds checked by ptr_at_mut.
@@ -171,13 +256,50 @@ fn l4_ports(ctx: &XdpContext, proto: u8, l3_len: usize, l4_len: usize) -> Result
     }
 }
 
-/// Cuts the frame down to `len` bytes (Ethernet header + IP datagram) when it carries more
-/// (Ethernet padding, garbage), as the kernel trims the skb (`pskb_trim_rcsum` in
-/// `ip_rcv_core` / `ip6_rcv_core`): those bytes must not leave, and would count against the
-/// egress MTU. Returns the Ethernet and IP header pointers again, re-derived: every packet
-/// pointer is invalid after `bpf_xdp_adjust_tail`.
+/// The frame as it leaves: its Ethernet header, the VLAN tag to write after the MACs (when
+/// the egress is a VLAN device) and the IP header, all re-derived after the resize.
+struct Reframed<T> {
+    eth: *mut EthHdr,
+    tag: Option<*mut VlanTag>,
+    ip: *mut T,
+    /// Length of the Ethernet header plus tag as the frame leaves.
+    l2: usize,
+}
+
+/// Gives the frame the L2 header its egress needs and cuts it down to that header plus the
+/// `ip_len`-byte IP datagram. `l2_in` is the received header's length (14, or 18 with a tag);
+/// the outgoing one is 18 when `tag` is set (the egress is a VLAN device), else 14:
+/// `bpf_xdp_adjust_head` pops the received tag's 4 bytes or makes room for the new one (the
+/// EtherType of the payload then sits right where the tagged frame needs it; the MACs and the
+/// tag are written by the caller). Done before anything is written, so a failed resize passes
+/// the frame as received.
+///
+/// Bytes beyond the datagram (Ethernet padding, garbage) are cut as the kernel trims the skb
+/// (`pskb_trim_rcsum` in `ip_rcv_core` / `ip6_rcv_core`): they must not leave, and would count
+/// against the egress MTU. Every packet pointer is invalid after either helper, hence the
+/// re-derived ones.
 #[inline(always)]
-fn trim_to<T>(ctx: &XdpContext, len: usize) -> Result<(*mut EthHdr, *mut T), Reason> {
+fn reframe<T>(
+    ctx: &XdpContext,
+    l2_in: usize,
+    ip_len: usize,
+    tag: &EgressTag,
+) -> Result<Reframed<T>, Reason> {
+    let l2 = if tag.tpid_be != 0 {
+        ETH_HLEN + VLAN_HLEN
+    } else {
+        ETH_HLEN
+    };
+    if l2 != l2_in {
+        // +4 pops the received tag, -4 makes room for a new one.
+        let delta = l2_in as i32 - l2 as i32;
+        // SAFETY: a helper on this program's own context; XDP frames have 256 bytes of
+        // headroom (XDP_PACKET_HEADROOM) and the frame is longer than the tag.
+        if unsafe { bpf_xdp_adjust_head(ctx.ctx, delta) } != 0 {
+            return Err(Reason::PassMalformed);
+        }
+    }
+    let len = l2 + ip_len;
     let have = frame_len(ctx);
     if have > len {
         // Both below 64 KiB: the difference fits an i32.
@@ -187,7 +309,29 @@ fn trim_to<T>(ctx: &XdpContext, len: usize) -> Result<(*mut EthHdr, *mut T), Rea
             return Err(Reason::PassMalformed);
         }
     }
-    Ok((ptr_at_mut(ctx, 0)?, ptr_at_mut(ctx, ETH_HLEN)?))
+    let tag_ptr = if tag.tpid_be != 0 {
+        Some(ptr_at_mut(ctx, 12)?)
+    } else {
+        None
+    };
+    Ok(Reframed {
+        eth: ptr_at_mut(ctx, 0)?,
+        tag: tag_ptr,
+        ip: ptr_at_mut(ctx, l2)?,
+        l2,
+    })
+}
+
+/// Writes the VLAN tag of the egress, if any (after the rewrite: nothing can fail by then).
+#[inline(always)]
+fn write_tag(at: Option<*mut VlanTag>, tag: &EgressTag) {
+    if let Some(t) = at {
+        // SAFETY: bounds checked by ptr_at_mut in `reframe`.
+        unsafe {
+            (*t).tpid_be = tag.tpid_be;
+            (*t).tci_be = tag.tci_be;
+        }
+    }
 }
 
 // Stack structs are built from 32-bit words. Runs of constant zero stores would be merged by
@@ -559,11 +703,56 @@ fn bridge_port(bridge: u32, flags: u32, dmac: [u8; 6]) -> Result<u32, Reason> {
     Ok(port)
 }
 
-/// `Ok(XDP_REDIRECT)` once `egress` (and, for a bridge, the port `dmac` is behind) may send
-/// the packet and the redirect to it is set up. Checked on every packet, cached next hop or
+/// The VLAN tag a packet leaves with (raw wire values); `tpid_be` 0 = untagged.
+pub struct EgressTag {
+    tpid_be: u16,
+    tci_be: u16,
+}
+
+/// Where a packet goes once the FIB named its egress.
+struct Egress {
+    /// What the redirect set-up returned (`XDP_REDIRECT`).
+    action: u32,
+    /// The tag to push (egress is a VLAN device).
+    tag: EgressTag,
+}
+
+/// The parent a packet routed out of the VLAN device `info` is sent from, once the VLAN
+/// device's own egress and the parent's allow a redirect; the tag to push goes to `tag`.
+#[inline(always)]
+fn vlan_parent(info: *const IfaceInfo, flags: u32, tag: &mut EgressTag) -> Result<u32, Reason> {
+    // The kernel sends a packet routed out of a VLAN device through the device (its qdisc,
+    // its egress hooks), then tagged out of the parent; the VLAN device transmits nothing
+    // itself.
+    check_egress(flags & !IFACE_F_NO_XDP_XMIT)?;
+    // SAFETY: map value pointer from the kernel.
+    let (parent, tpid_be, tci_be) = unsafe {
+        (
+            (*info).lower_ifindex,
+            (*info).vlan_tpid_be,
+            (*info).vlan_tci_be,
+        )
+    };
+    let Some(pinfo) = IFACES.get_ptr(parent) else {
+        return Err(Reason::PassEgressNotManaged);
+    };
+    // SAFETY: map value pointer from the kernel.
+    let pflags = unsafe { (*pinfo).flags };
+    if pflags & (IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT | IFACE_F_VLAN) != 0 || tpid_be == 0 {
+        // A VLAN over a bridge or a bridge port, or stacked VLANs: not handled here.
+        return Err(Reason::PassEgressNotManaged);
+    }
+    check_egress(pflags)?;
+    tag.tpid_be = tpid_be;
+    tag.tci_be = tci_be;
+    Ok(parent)
+}
+
+/// The redirect set up once `egress` (and, for a bridge, the port `dmac` is behind; for a
+/// VLAN device, its parent) may send the packet. Checked on every packet, cached next hop or
 /// not: the daemon flips these live, and FDB moves are followed from the next packet on.
 #[inline(always)]
-fn redirect_to(egress: u32, dmac: [u8; 6]) -> Result<u32, Reason> {
+fn redirect_to(egress: u32, dmac: [u8; 6]) -> Result<Egress, Reason> {
     // Only interfaces the daemon manages are fast-path targets (their neighbours, qdiscs and
     // counters are known); anything else keeps the kernel's full output path.
     let Some(info) = IFACES.get_ptr(egress) else {
@@ -571,10 +760,17 @@ fn redirect_to(egress: u32, dmac: [u8; 6]) -> Result<u32, Reason> {
     };
     // SAFETY: map value pointer from the kernel.
     let flags = unsafe { (*info).flags };
-    let target = if flags & IFACE_F_BRIDGE != 0 {
+    let mut tag = EgressTag {
+        tpid_be: 0,
+        tci_be: 0,
+    };
+    let target = if flags & IFACE_F_VLAN != 0 {
+        vlan_parent(info, flags, &mut tag)?
+    } else if flags & IFACE_F_BRIDGE != 0 {
         bridge_port(egress, flags, dmac)?
-    } else if flags & IFACE_F_BRIDGE_PORT != 0 {
-        // The kernel never routes out of a bridge port itself.
+    } else if flags & (IFACE_F_BRIDGE_PORT | IFACE_F_VLAN_PARENT) != 0 {
+        // The kernel never routes out of a bridge port itself; a VLAN parent that is not
+        // in the config is only managed for its VLANs' tagged frames.
         return Err(Reason::PassEgressNotManaged);
     } else {
         check_egress(flags)?;
@@ -585,9 +781,10 @@ fn redirect_to(egress: u32, dmac: [u8; 6]) -> Result<u32, Reason> {
     // missing TX_PORTS entry returns the low bits of the flags (XDP_PASS) instead, so an egress
     // the daemon did not (or no longer) list goes to the kernel untouched. One devmap lookup
     // instead of a lookup to check plus another in the redirect.
-    TX_PORTS
+    let action = TX_PORTS
         .redirect(target, u64::from(xdp_action::XDP_PASS))
-        .map_err(|_| Reason::PassEgressNotManaged)
+        .map_err(|_| Reason::PassEgressNotManaged)?;
+    Ok(Egress { action, tag })
 }
 
 /// Whether this is the flow direction's first forwarded packet since the daemon's keep-alive
@@ -650,10 +847,11 @@ fn frame_len(ctx: &XdpContext) -> usize {
 fn try_forward_v4(
     ctx: &XdpContext,
     ifindex: u32,
+    l2: usize,
     cache: &FibCachePolicy,
     verify_l4: bool,
 ) -> Result<Forwarded, Reason> {
-    let ip: *mut Ipv4Hdr = ptr_at_mut(ctx, ETH_HLEN)?;
+    let ip: *mut Ipv4Hdr = ptr_at_mut(ctx, l2)?;
     // SAFETY: bounds checked by ptr_at_mut; fields are copied out, no reference is kept.
     let (fields, tos, src, dst) = unsafe {
         (
@@ -663,7 +861,7 @@ fn try_forward_v4(
                 frag_off: (*ip).frag_off(),
                 ttl: (*ip).ttl,
                 proto: (*ip).proto,
-                available: frame_len(ctx) - ETH_HLEN,
+                available: frame_len(ctx) - l2,
             },
             (*ip).tos,
             (*ip).src_be,
@@ -671,10 +869,10 @@ fn try_forward_v4(
         )
     };
     check_ipv4(&fields)?;
-    verify::ipv4_header_checksum(ctx, ETH_HLEN)?;
+    verify::ipv4_header_checksum(ctx, l2)?;
     // check_ipv4: tot_len covers the header and the transport header.
     let l4_len = fields.tot_len as usize - IPV4_HLEN;
-    let ports = l4_ports(ctx, fields.proto, IPV4_HLEN, l4_len)?;
+    let ports = l4_ports(ctx, fields.proto, l2, IPV4_HLEN, l4_len)?;
     let (sport, dport) = (ports.sport, ports.dport);
 
     let mut key = key_v4(ifindex, src, dst, sport, dport, fields.proto);
@@ -710,7 +908,7 @@ fn try_forward_v4(
     // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
     if verify_l4 && !ports.no_checksum {
         let pseudo = pseudo_v4(src, dst, fields.proto, l4_len as u16);
-        verify::l4_checksum(ctx, ETH_HLEN + IPV4_HLEN, l4_len, pseudo)?;
+        verify::l4_checksum(ctx, l2 + IPV4_HLEN, l4_len, pseudo)?;
     }
 
     // The TOS byte goes where the union's first byte is.
@@ -742,12 +940,13 @@ fn try_forward_v4(
         tos_word,
         mark,
     )?;
-    let action = redirect_to(hop.ifindex, hop.dmac)?;
+    let egress = redirect_to(hop.ifindex, hop.dmac)?;
 
-    let (eth, ip) = trim_to::<Ipv4Hdr>(ctx, ETH_HLEN + fields.tot_len as usize)?;
-    let l4 = L4::at(ctx, ETH_HLEN + IPV4_HLEN, fields.proto == IPPROTO_UDP)?;
+    let out = reframe::<Ipv4Hdr>(ctx, l2, fields.tot_len as usize, &egress.tag)?;
+    let l4 = L4::at(ctx, out.l2 + IPV4_HLEN, fields.proto == IPPROTO_UDP)?;
     // Every check passed: from here on the packet is ours.
-    rewrite::rewrite_v4(eth, ip, l4, &nat, &hop);
+    rewrite::rewrite_v4(out.eth, out.ip, l4, &nat, &hop);
+    write_tag(out.tag, &egress.tag);
     // SAFETY: `flow` is a live map value pointer.
     let counters = unsafe { addr_of_mut!((*flow).counters) };
     if first_in_pass(counters, cache) {
@@ -764,7 +963,13 @@ fn try_forward_v4(
         // A failed insert (out of memory) only delays the conntrack refresh to a later pass.
         let _ = ACTIVE_V4.insert(&key, &0, 0);
     }
-    Ok(finish(counters, flags, frame_len(ctx) as u64, action, now))
+    Ok(finish(
+        counters,
+        flags,
+        frame_len(ctx) as u64,
+        egress.action,
+        now,
+    ))
 }
 
 /// Steps 4-11 for IPv6 (see [`try_forward_v4`]).
@@ -776,10 +981,11 @@ fn try_forward_v4(
 fn try_forward_v6(
     ctx: &XdpContext,
     ifindex: u32,
+    l2: usize,
     cache: &FibCachePolicy,
     verify_l4: bool,
 ) -> Result<Forwarded, Reason> {
-    let ip: *mut Ipv6Hdr = ptr_at_mut(ctx, ETH_HLEN)?;
+    let ip: *mut Ipv6Hdr = ptr_at_mut(ctx, l2)?;
     // SAFETY: bounds checked by ptr_at_mut; fields are copied out, no reference is kept.
     let (fields, flowinfo, src, dst) = unsafe {
         (
@@ -788,7 +994,7 @@ fn try_forward_v6(
                 payload_len: (*ip).payload_len(),
                 next_header: (*ip).next_header,
                 hop_limit: (*ip).hop_limit,
-                available: frame_len(ctx) - ETH_HLEN,
+                available: frame_len(ctx) - l2,
             },
             (*ip).flowinfo_be(),
             (*ip).src_be,
@@ -797,7 +1003,7 @@ fn try_forward_v6(
     };
     check_ipv6(&fields)?;
     let l4_len = fields.payload_len as usize;
-    let ports = l4_ports(ctx, fields.next_header, IPV6_HLEN, l4_len)?;
+    let ports = l4_ports(ctx, fields.next_header, l2, IPV6_HLEN, l4_len)?;
     let (sport, dport) = (ports.sport, ports.dport);
 
     let mut key = key_v6(ifindex, src, dst, sport, dport, fields.next_header);
@@ -838,7 +1044,7 @@ fn try_forward_v6(
     // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
     if verify_l4 && !ports.no_checksum {
         let pseudo = pseudo_v6(src, dst, fields.next_header, fields.payload_len);
-        verify::l4_checksum(ctx, ETH_HLEN + IPV6_HLEN, l4_len, pseudo)?;
+        verify::l4_checksum(ctx, l2 + IPV6_HLEN, l4_len, pseudo)?;
     }
 
     // The whole datagram, header included, in host order (MTU check).
@@ -860,12 +1066,13 @@ fn try_forward_v6(
     // SAFETY: `flow` is a live map value pointer.
     let fib_cache = unsafe { addr_of_mut!((*flow).fib) };
     let hop = next_hop(ctx, fib_cache, cache, now, &mut params, len, flowinfo, mark)?;
-    let action = redirect_to(hop.ifindex, hop.dmac)?;
+    let egress = redirect_to(hop.ifindex, hop.dmac)?;
 
-    let (eth, ip) = trim_to::<Ipv6Hdr>(ctx, ETH_HLEN + len as usize)?;
-    let l4 = L4::at(ctx, ETH_HLEN + IPV6_HLEN, fields.next_header == IPPROTO_UDP)?;
+    let out = reframe::<Ipv6Hdr>(ctx, l2, len as usize, &egress.tag)?;
+    let l4 = L4::at(ctx, out.l2 + IPV6_HLEN, fields.next_header == IPPROTO_UDP)?;
     // Every check passed: from here on the packet is ours.
-    rewrite::rewrite_v6(eth, ip, l4, &nat, &hop);
+    rewrite::rewrite_v6(out.eth, out.ip, l4, &nat, &hop);
+    write_tag(out.tag, &egress.tag);
     // SAFETY: `flow` is a live map value pointer.
     let counters = unsafe { addr_of_mut!((*flow).counters) };
     if first_in_pass(counters, cache) {
@@ -882,5 +1089,11 @@ fn try_forward_v6(
         // A failed insert (out of memory) only delays the conntrack refresh to a later pass.
         let _ = ACTIVE_V6.insert(&key, &0, 0);
     }
-    Ok(finish(counters, flags, frame_len(ctx) as u64, action, now))
+    Ok(finish(
+        counters,
+        flags,
+        frame_len(ctx) as u64,
+        egress.action,
+        now,
+    ))
 }

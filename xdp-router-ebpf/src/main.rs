@@ -28,9 +28,9 @@ use aya_ebpf::{
 pub fn xdp_router(ctx: XdpContext) -> u32 {
     let ifindex = ctx.ingress_ifindex() as u32;
     let info = maps::IFACES.get_ptr(ifindex);
-    let slot = stats::ingress_slot(info);
+    let mut slot = stats::ingress_slot(info);
     let bytes = (ctx.data_end() - ctx.data()) as u64;
-    match flow::try_forward(&ctx, ifindex, info) {
+    match flow::try_forward(&ctx, ifindex, info, &mut slot) {
         Ok(fwd) => {
             // What was sent: padding after the IP datagram is trimmed before forwarding.
             stats::count(slot, fwd.reason, fwd.bytes);

@@ -9,6 +9,7 @@ use aya_ebpf::{
 use xdp_router_common::{
     ArmKeyV4, ArmKeyV6, Counter, DEFAULT_FLOW_CAPACITY, FDB_CAPACITY, FIB_LOOKUP_DIRECT, FdbKey,
     FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, MAX_IFACE_SLOTS, STATS_ENTRIES, Settings,
+    VLANS_CAPACITY, VlanKey,
 };
 
 /// `BPF_F_NO_PREALLOC`: entries are allocated on insert, so a map costs kernel memory for the
@@ -71,6 +72,12 @@ pub static TX_PORTS: DevMapHash = DevMapHash::with_max_entries(MAX_IFACE_SLOTS, 
 /// neighbours). A packet routed out of a bridge is redirected to that port.
 #[map]
 pub static BRIDGE_FDB: HashMap<FdbKey, u32> = HashMap::with_max_entries(FDB_CAPACITY, 0);
+
+/// The managed VLAN devices by the tag they receive on their parent (value: the VLAN
+/// device's ifindex, whose `IFACES` entry says how to tag on egress), written by the daemon
+/// from rtnetlink (`IFLA_LINK`, `IFLA_VLAN_ID`, `IFLA_VLAN_PROTOCOL`).
+#[map]
+pub static VLANS: HashMap<VlanKey, u32> = HashMap::with_max_entries(VLANS_CAPACITY, 0);
 
 /// Per-CPU packets/bytes per (ingress slot, reason), at `stats_index(slot, reason)`.
 #[map]

@@ -44,6 +44,25 @@ impl EthHdr {
     }
 }
 
+/// The rest of an 802.1Q / 802.1ad tag after the TPID (which sits where an untagged frame's
+/// EtherType is): the TCI and the EtherType of what follows.
+#[repr(C, packed(2))]
+pub struct VlanHdr {
+    /// Priority (3 bits), DEI (1), VLAN ID (12), network order.
+    pub tci_be: u16,
+    /// EtherType of the payload (network order).
+    pub inner_ethertype_be: u16,
+}
+
+/// A whole tag as written on egress: TPID and TCI, after the MAC addresses.
+#[repr(C, packed(2))]
+pub struct VlanTag {
+    /// 0x8100 / 0x88a8 (network order).
+    pub tpid_be: u16,
+    /// Priority, DEI, VLAN ID (network order).
+    pub tci_be: u16,
+}
+
 /// IPv4 header without options.
 #[repr(C, packed(2))]
 pub struct Ipv4Hdr {

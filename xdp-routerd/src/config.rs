@@ -41,6 +41,11 @@ pub struct Config {
     /// kernel announces drops every cached answer at once, whatever this says.
     #[serde(default = "default_fib_cache_ms")]
     pub fib_cache_ms: u64,
+    /// Receive buffer of the conntrack event socket, in bytes (SO_RCVBUFFORCE). When a burst
+    /// of connections overflows it, events are lost and the flows are resynced from a full
+    /// conntrack dump (counted as `xdp_router_conntrack_resyncs_total`).
+    #[serde(default = "default_conntrack_event_buffer")]
+    pub conntrack_event_buffer: usize,
     /// Log filter (tracing `EnvFilter` syntax, e.g. `info` or `xdp_routerd=debug`); the
     /// `RUST_LOG` environment variable wins when set.
     #[serde(default = "default_log_level")]
@@ -162,6 +167,11 @@ pub enum XdpModeConfig {
 fn default_control_socket() -> PathBuf {
     PathBuf::from(DEFAULT_CONTROL_SOCKET)
 }
+/// Smallest `conntrack_event_buffer`: a few events (tests force overruns with it).
+pub const MIN_CONNTRACK_EVENT_BUFFER: usize = 4 << 10;
+/// Largest `conntrack_event_buffer` (1 GiB; the kernel charges it to the daemon's socket).
+pub const MAX_CONNTRACK_EVENT_BUFFER: usize = 1 << 30;
+
 /// Largest flow map capacity the automatic sizing picks (per family, in directions): 4 Mi
 /// directions, two million connections. The maps are preallocated (≈ 300 B of kernel memory per
 /// IPv4 direction with its arming index), so a larger table must be asked for explicitly.
@@ -192,6 +202,9 @@ fn default_keepalive_interval_ms() -> u64 {
 }
 fn default_fib_cache_ms() -> u64 {
     100
+}
+fn default_conntrack_event_buffer() -> usize {
+    crate::sync::ctnetlink::DEFAULT_EVENT_RCVBUF
 }
 fn default_log_level() -> String {
     "info".to_string()
@@ -327,6 +340,14 @@ impl Config {
                 self.fib_cache_ms
             ));
         }
+        if !(MIN_CONNTRACK_EVENT_BUFFER..=MAX_CONNTRACK_EVENT_BUFFER)
+            .contains(&self.conntrack_event_buffer)
+        {
+            return Err(format!(
+                "conntrack_event_buffer = {} is out of range ({MIN_CONNTRACK_EVENT_BUFFER}..={MAX_CONNTRACK_EVENT_BUFFER} bytes)",
+                self.conntrack_event_buffer
+            ));
+        }
         if !(100..=60_000).contains(&self.keepalive_interval_ms) {
             return Err(format!(
                 "keepalive_interval_ms = {} is out of range (100..=60000)",
@@ -358,6 +379,21 @@ mod tests {
         assert_eq!(c.flow_capacity, None);
         assert_eq!(c.interfaces[0].shaped, Shaped::Auto);
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9824".parse().unwrap()));
+        assert_eq!(c.conntrack_event_buffer, 16 << 20);
+    }
+
+    #[test]
+    fn conntrack_event_buffer_is_bounded() {
+        let base = "[[interface]]\nname = \"eth0\"\nrole = \"wan\"\n";
+        let c = Config::parse(&format!("conntrack_event_buffer = 131072\n{base}"), "t").unwrap();
+        assert_eq!(c.conntrack_event_buffer, 131_072);
+        let err = Config::parse(&format!("conntrack_event_buffer = 100\n{base}"), "t")
+            .expect_err("below the minimum");
+        assert!(
+            err.to_string()
+                .contains("conntrack_event_buffer = 100 is out of range"),
+            "{err}"
+        );
     }
 
     #[test]

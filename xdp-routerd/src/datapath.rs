@@ -22,10 +22,11 @@ use aya::{
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
     ARM_PROG_NAME, ArmKeyV4, ArmKeyV6, Counter, FdbKey, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
-    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_NO_XDP_XMIT, IfaceInfo, MAP_ACTIVE_V4,
-    MAP_ACTIVE_V6, MAP_ARM_V4, MAP_ARM_V6, MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES,
-    MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME, Reason, SETTINGS_F_FIB_MARK,
-    Settings, stats_index,
+    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT, IFACE_F_VLAN,
+    IFACE_F_VLAN_PARENT, IfaceInfo, MAP_ACTIVE_V4, MAP_ACTIVE_V6, MAP_ARM_V4, MAP_ARM_V6,
+    MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS,
+    MAP_VLANS, MAX_IFACE_SLOTS, PROG_NAME, Reason, SETTINGS_F_FIB_MARK, Settings, VlanKey,
+    stats_index,
 };
 
 use crate::{config::XdpModeConfig, flows::FlowTable, status::FibCacheStatus};
@@ -52,6 +53,19 @@ impl AttachMode {
             AttachMode::Ports => "ports",
         }
     }
+}
+
+/// The parent of a managed VLAN device, where the program runs (see
+/// [`Datapath::attach_vlan`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VlanParent {
+    pub name: String,
+    pub ifindex: u32,
+    /// Stats slot for what it receives that is not the VLANs' (when not managed itself).
+    pub slot: u32,
+    /// Its `IFACE_F_*` flags (XDP transmit, shaping, hooks), as for a managed interface.
+    pub flags: u32,
+    pub mac: [u8; 6],
 }
 
 /// The loaded object, its attachments and typed map handles.
@@ -83,6 +97,12 @@ pub struct Datapath {
     generic_because: BTreeMap<u32, String>,
     /// The managed bridges' FDBs.
     fdb: HashMap<MapData, FdbKey, u32>,
+    /// The managed VLAN devices by their tag on the parent.
+    vlans: HashMap<MapData, VlanKey, u32>,
+    /// The mode the XDP program got on each interface in `attached`.
+    modes: BTreeMap<u32, AttachMode>,
+    /// The managed VLAN devices (ifindex → their `VLANS` key), to find what to undo.
+    vlan_keys: BTreeMap<u32, VlanKey>,
     /// The kernel refused `BPF_MAP_UPDATE_BATCH` (before 5.6): one update per entry.
     no_batch: bool,
 }
@@ -171,6 +191,10 @@ fn insert_batch<K: aya::Pod, V: aya::Pod>(
     }
 }
 
+/// The `IFACE_F_*` bits that say what an interface is, kept when its flags are rewritten.
+const STRUCTURE_FLAGS: u32 =
+    IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT | IFACE_F_VLAN | IFACE_F_VLAN_PARENT;
+
 /// The `BRIDGE_FDB` key of `mac` behind `bridge`.
 fn fdb_key(bridge: u32, mac: [u8; 6]) -> FdbKey {
     FdbKey {
@@ -225,8 +249,12 @@ impl Datapath {
             .program_mut(ARM_PROG_NAME)
             .ok_or_else(|| anyhow!("eBPF object has no program {ARM_PROG_NAME}"))?
             .try_into()?;
-        arm.load()
-            .map_err(|e| anyhow!("the kernel rejected the TC arming program: {e:#}"))?;
+        arm.load().map_err(|e| {
+            anyhow!(
+                "the kernel rejected the TC arming program (it needs CONFIG_XFRM for \
+                     bpf_skb_get_xfrm_state): {e:#}"
+            )
+        })?;
         // bpf_fib_lookup takes the packet mark from Linux 6.10 (BPF_FIB_LOOKUP_MARK); before,
         // marked flow directions are never armed (policy routing by mark stays in the kernel).
         let fib_mark = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 10, 0));
@@ -260,6 +288,9 @@ impl Datapath {
             ruleset_changes: 0,
             generic_because: BTreeMap::new(),
             fdb: take(&mut ebpf, MAP_BRIDGE_FDB)?,
+            vlans: take(&mut ebpf, MAP_VLANS)?,
+            vlan_keys: BTreeMap::new(),
+            modes: BTreeMap::new(),
             no_batch: false,
             ebpf,
         };
@@ -290,8 +321,8 @@ impl Datapath {
             slot,
             flags,
             mac,
-            _pad: [0; 2],
             l3_ifindex: 0,
+            ..IfaceInfo::default()
         };
         self.register(name, ifindex, info, mode, true)
     }
@@ -319,8 +350,8 @@ impl Datapath {
             slot,
             flags: flags | IFACE_F_BRIDGE_PORT,
             mac: bridge_mac,
-            _pad: [0; 2],
             l3_ifindex: bridge_ifindex,
+            ..IfaceInfo::default()
         };
         self.register(name, ifindex, info, mode, false)
     }
@@ -344,8 +375,8 @@ impl Datapath {
             slot,
             flags: flags | IFACE_F_BRIDGE | IFACE_F_NO_XDP_XMIT,
             mac,
-            _pad: [0; 2],
             l3_ifindex: 0,
+            ..IfaceInfo::default()
         };
         self.ifaces
             .insert(ifindex, info, 0)
@@ -353,6 +384,94 @@ impl Datapath {
         self.attach_arming(name, ifindex);
         info!(interface = name, ifindex, "bridge: XDP runs on its ports");
         Ok(AttachMode::Ports)
+    }
+
+    /// Registers the VLAN device `ifindex` (VLAN `vid`, tag protocol `tpid`, over the parent
+    /// `parent`): its `IFACES` entry (`IFACE_F_VLAN`, no `TX_PORTS` entry: the parent
+    /// transmits), its `VLANS` entry, and the arming program on its egress, where the kernel's
+    /// routed packets leave. The XDP program runs on the parent: attached here unless it runs
+    /// there already (the parent is managed itself, or for another VLAN); a parent that is not
+    /// managed itself gets an entry of its own (`IFACE_F_VLAN_PARENT`, stats slot
+    /// `parent.slot`, flags `parent.flags`).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one per IFACES field plus the parent"
+    )]
+    pub fn attach_vlan(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        mac: [u8; 6],
+        (vid, tpid): (u16, u16),
+        parent: &VlanParent,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        if slot == 0 || slot >= MAX_IFACE_SLOTS {
+            bail!("interface slot {slot} out of range");
+        }
+        let mode = if self.attached.contains_key(&parent.ifindex) {
+            self.attached_mode(parent.ifindex)
+        } else {
+            let info = IfaceInfo {
+                slot: parent.slot,
+                flags: parent.flags | IFACE_F_VLAN_PARENT,
+                mac: parent.mac,
+                ..IfaceInfo::default()
+            };
+            self.register(&parent.name, parent.ifindex, info, mode, false)?
+        };
+        let info = IfaceInfo {
+            slot,
+            flags: flags | IFACE_F_VLAN,
+            mac,
+            vlan_tci_be: vid.to_be(),
+            lower_ifindex: parent.ifindex,
+            vlan_tpid_be: tpid.to_be(),
+            ..IfaceInfo::default()
+        };
+        self.ifaces
+            .insert(ifindex, info, 0)
+            .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
+        let key = VlanKey {
+            parent_ifindex: parent.ifindex,
+            vid,
+            tpid_be: tpid.to_be(),
+        };
+        self.vlans
+            .insert(key, ifindex, 0)
+            .with_context(|| format!("{name}: cannot add to {MAP_VLANS}"))?;
+        self.vlan_keys.insert(ifindex, key);
+        self.attach_arming(name, ifindex);
+        info!(
+            interface = name,
+            ifindex,
+            parent = %parent.name,
+            vid,
+            tpid = format!("{tpid:#06x}"),
+            mode = mode.as_str(),
+            "VLAN device: XDP runs on its parent, tags popped and pushed there"
+        );
+        Ok(mode)
+    }
+
+    /// Forgets the VLAN device `ifindex` (see [`Datapath::attach_vlan`]) and detaches from its
+    /// parent when the parent was managed only for its VLANs and none is left.
+    fn detach_vlan(&mut self, ifindex: u32) {
+        let Some(key) = self.vlan_keys.remove(&ifindex) else {
+            return;
+        };
+        let _ = self.vlans.remove(&key);
+        let parent = key.parent_ifindex;
+        let in_use = self.vlan_keys.values().any(|k| k.parent_ifindex == parent);
+        let parent_only = self
+            .ifaces
+            .get(&parent, 0)
+            .is_ok_and(|i| i.flags & IFACE_F_VLAN_PARENT != 0);
+        if !in_use && parent_only {
+            self.detach(parent);
+        }
     }
 
     /// `BRIDGE_FDB`: `mac` is behind `port` of `bridge`.
@@ -390,6 +509,14 @@ impl Datapath {
             .count()
     }
 
+    /// The mode the program got on `ifindex`, where it is attached.
+    fn attached_mode(&self, ifindex: u32) -> AttachMode {
+        self.modes
+            .get(&ifindex)
+            .copied()
+            .unwrap_or(AttachMode::Native)
+    }
+
     /// Writes `info` for `ifindex`, its `TX_PORTS` entry (unless it cannot transmit XDP frames)
     /// and attaches the program (and the arming program when `arm`).
     fn register(
@@ -404,6 +531,11 @@ impl Datapath {
         if slot == 0 || slot >= MAX_IFACE_SLOTS {
             bail!("interface slot {slot} out of range");
         }
+        // Generic until the attachment is known to be native (see IFACE_F_GENERIC_XDP).
+        let info = IfaceInfo {
+            flags: flags | IFACE_F_GENERIC_XDP,
+            ..info
+        };
         self.ifaces
             .insert(ifindex, info, 0)
             .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
@@ -413,11 +545,29 @@ impl Datapath {
                 .insert(ifindex, ifindex, None, 0)
                 .with_context(|| format!("{name}: cannot add to {MAP_TX_PORTS}"))?;
         }
+        if self.attached.contains_key(&ifindex) {
+            // The program already runs there for a VLAN device over it (see
+            // `attach_vlan`): the interface is now managed itself too.
+            if arm && !self.armed_ifaces.contains_key(&ifindex) {
+                self.attach_arming(name, ifindex);
+            }
+            let mode = self.attached_mode(ifindex);
+            if mode == AttachMode::Native {
+                self.update_iface(ifindex, IfaceInfo { flags, ..info })?;
+            }
+            return Ok(mode);
+        }
         let result = self.attach_program(name, ifindex, mode);
-        if result.is_err() {
-            let _ = self.ifaces.remove(&ifindex);
-            let _ = self.tx_ports.remove(ifindex);
-        } else if arm {
+        match &result {
+            Err(_) => {
+                let _ = self.ifaces.remove(&ifindex);
+                let _ = self.tx_ports.remove(ifindex);
+                return result;
+            }
+            Ok(AttachMode::Native) => self.update_iface(ifindex, IfaceInfo { flags, ..info })?,
+            Ok(_) => {}
+        }
+        if arm {
             self.attach_arming(name, ifindex);
         }
         result
@@ -488,6 +638,7 @@ impl Datapath {
             },
         };
         self.attached.insert(ifindex, link);
+        self.modes.insert(ifindex, got);
         if let Some(why) = fallback {
             self.generic_because.insert(ifindex, why);
         }
@@ -541,6 +692,25 @@ impl Datapath {
     /// Detaches from `ifindex` (if attached) and forgets it in the maps. Used when an interface
     /// disappears; the kernel already dropped the link if the device is gone.
     pub fn detach(&mut self, ifindex: u32) {
+        self.detach_vlan(ifindex);
+        if self.vlan_keys.values().any(|k| k.parent_ifindex == ifindex)
+            && let Ok(mut info) = self.iface(ifindex)
+        {
+            // A managed interface that is also the parent of managed VLANs: the program
+            // stays for them, the interface itself is now managed only as their parent.
+            info.flags |= IFACE_F_VLAN_PARENT;
+            let _ = self.update_iface(ifindex, info);
+            let _ = self.tx_ports.remove(ifindex);
+            if let Some(link) = self.armed_ifaces.remove(&ifindex)
+                && let Some(Ok(prog)) = self
+                    .ebpf
+                    .program_mut(ARM_PROG_NAME)
+                    .map(<&mut SchedClassifier>::try_from)
+            {
+                let _ = prog.detach(link);
+            }
+            return;
+        }
         if let Some(link) = self.armed_ifaces.remove(&ifindex)
             && let Some(Ok(prog)) = self
                 .ebpf
@@ -555,6 +725,7 @@ impl Datapath {
             let _ = prog.detach(link);
         }
         self.generic_because.remove(&ifindex);
+        self.modes.remove(&ifindex);
         let _ = self.ifaces.remove(&ifindex);
         let _ = self.tx_ports.remove(ifindex);
     }
@@ -583,14 +754,18 @@ impl Datapath {
     /// only after it is set.
     pub fn set_iface_flags(&mut self, ifindex: u32, slot: u32, flags: u32) -> anyhow::Result<()> {
         let mut info = self.iface(ifindex)?;
-        let xmit = flags & IFACE_F_NO_XDP_XMIT == 0;
+        // What the interface is (bridge, port, VLAN device, VLAN parent) stays.
+        let flags = flags | (info.flags & STRUCTURE_FLAGS);
+        // A bridge or VLAN device transmits nothing itself: no TX_PORTS entry.
+        let xmit = flags & IFACE_F_NO_XDP_XMIT == 0 && flags & (IFACE_F_BRIDGE | IFACE_F_VLAN) == 0;
         if xmit {
             self.tx_ports
                 .insert(ifindex, ifindex, None, 0)
                 .with_context(|| format!("cannot add ifindex {ifindex} to {MAP_TX_PORTS}"))?;
         }
         info.slot = slot;
-        info.flags = flags;
+        // Whether the attachment is generic is the datapath's to know.
+        info.flags = flags | (info.flags & IFACE_F_GENERIC_XDP);
         self.update_iface(ifindex, info)?;
         if !xmit {
             let _ = self.tx_ports.remove(ifindex);

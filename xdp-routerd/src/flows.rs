@@ -245,12 +245,17 @@ impl Packed for TupleV6 {
 }
 
 /// What the manager keeps per offloaded connection besides its original tuple (the map key):
-/// enough to rebuild its map entries and to refresh or re-check it. 32 bytes for IPv4.
+/// enough to rebuild its map entries, to refresh or re-check it, and to tell it from a later
+/// connection on the same tuple. 32 bytes for IPv4.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stored<T> {
     reply: T,
-    /// `CTA_STATUS` bits as last seen.
-    status: u32,
+    /// The low 16 bits of the conntrack entry's `CTA_ID` (0: not known), enough to tell a
+    /// later connection on the same tuple from this one but for one case in 65,536 (then it
+    /// is taken for the same one, as without ids); 16 bits keep the entry at 32 bytes.
+    id: u16,
+    /// `CTA_STATUS` bits as last seen (the kernel's `IPS_*` bits end at 15).
+    status: u16,
     mark: u32,
     zone: u16,
     /// `[original, reply]` ingress interfaces.
@@ -271,6 +276,7 @@ impl<T: Packed> Conns<T> {
         let s = self.0.get(&T::pack(orig)?)?;
         Some(Stored {
             reply: s.reply.unpack(),
+            id: s.id,
             status: s.status,
             mark: s.mark,
             zone: s.zone,
@@ -283,6 +289,7 @@ impl<T: Packed> Conns<T> {
                 k,
                 Stored {
                     reply,
+                    id: s.id,
                     status: s.status,
                     mark: s.mark,
                     zone: s.zone,
@@ -295,6 +302,7 @@ impl<T: Packed> Conns<T> {
         let s = self.0.remove(&T::pack(orig)?)?;
         Some(Stored {
             reply: s.reply.unpack(),
+            id: s.id,
             status: s.status,
             mark: s.mark,
             zone: s.zone,
@@ -307,6 +315,7 @@ impl<T: Packed> Conns<T> {
                 k.unpack(),
                 Stored {
                     reply: s.reply.unpack(),
+                    id: s.id,
                     status: s.status,
                     mark: s.mark,
                     zone: s.zone,
@@ -317,14 +326,33 @@ impl<T: Packed> Conns<T> {
     }
 }
 
+/// What [`Stored`] keeps of a `CTA_ID`.
+fn short_id(id: u32) -> u16 {
+    id as u16
+}
+
 impl Stored<CtTuple> {
+    /// Whether `entry` is the conntrack entry this was written from, not a later connection
+    /// that reuses its tuple (its `CTA_ID` differs). Unknown ids count as the same.
+    ///
+    /// Why it matters: a flow left from the earlier connection (its closing events lost in
+    /// an event socket overrun, or written from a resync dump that was stale by then) is armed
+    /// by the new connection's first packets the kernel forwards (the arming index knows
+    /// tuples, not connections). Taken as "unchanged", the new connection would neither be
+    /// marked liberal in conntrack nor get fresh, unarmed map entries: the fast path would
+    /// carry its handshake ACK and data past conntrack, and its FIN would then be out of
+    /// window for conntrack (INVALID: not de-NATed, dropped by an ESTABLISHED-only FORWARD).
+    fn is_same_conn(&self, entry: &CtEntry) -> bool {
+        self.id == 0 || entry.id.is_none_or(|id| short_id(id) == self.id)
+    }
+
     /// The conntrack entry as far as it is kept (see [`Offloaded::entry`]).
     fn entry(&self, orig: CtTuple) -> CtEntry {
         CtEntry {
-            id: None,
+            id: (self.id != 0).then_some(u32::from(self.id)),
             orig,
             reply: self.reply,
-            status: CtStatus::from_bits_retain(self.status),
+            status: CtStatus::from_bits_retain(u32::from(self.status)),
             tcp_state: (orig.proto == IPPROTO_TCP).then_some(tcp_state::ESTABLISHED),
             tcp_flags: None,
             timeout: None,
@@ -512,7 +540,8 @@ impl FlowManager {
         self.parked.remove(&entry.orig);
         let stored = Stored {
             reply: entry.reply,
-            status: entry.status.bits(),
+            id: entry.id.map_or(0, short_id),
+            status: entry.status.bits() as u16,
             mark: entry.mark,
             zone: entry.zone,
             ingress: plan.ingress,
@@ -520,6 +549,7 @@ impl FlowManager {
         if let Some(existing) = self.get(&entry.orig)
             && existing.reply == stored.reply
             && existing.ingress == stored.ingress
+            && existing.is_same_conn(&entry)
         {
             // Same map entries: only what the manager keeps of the entry is refreshed.
             if existing != stored {
@@ -596,7 +626,8 @@ impl FlowManager {
                 self.stats.offloaded_total += 1;
                 let stored = Stored {
                     reply: e.reply,
-                    status: e.status.bits(),
+                    id: e.id.map_or(0, short_id),
+                    status: e.status.bits() as u16,
                     mark: e.mark,
                     zone: e.zone,
                     ingress: plan.ingress,
@@ -635,8 +666,9 @@ impl FlowManager {
     pub fn would_add(&self, entry: &CtEntry, paths: &impl PathOracle) -> bool {
         // As in `upsert`: the same reply tuple and ingresses mean the same map entries.
         self.plan(entry, paths).is_ok_and(|plan| {
-            self.get(&entry.orig)
-                .is_none_or(|c| c.reply != entry.reply || c.ingress != plan.ingress)
+            self.get(&entry.orig).is_none_or(|c| {
+                c.reply != entry.reply || c.ingress != plan.ingress || !c.is_same_conn(entry)
+            })
         })
     }
 
@@ -770,13 +802,15 @@ impl FlowManager {
     pub fn is_current(&self, entry: &CtEntry) -> bool {
         if let Some(s) = self.get(&entry.orig) {
             return s.reply == entry.reply
-                && s.status == entry.status.bits()
+                && s.is_same_conn(entry)
+                && u32::from(s.status) == entry.status.bits()
                 && s.mark == entry.mark
                 && s.zone == entry.zone
                 && entry.offload_decision().is_ok();
         }
         self.parked.get(&entry.orig).is_some_and(|known| {
             known.reply == entry.reply
+                && known.id == entry.id
                 && known.status == entry.status
                 && known.tcp_state == entry.tcp_state
                 && known.tcp_flags == entry.tcp_flags

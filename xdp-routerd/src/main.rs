@@ -205,7 +205,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             let c = Config::load(&file)?;
             for name in c.missing_interfaces() {
                 eprintln!(
-                    "{}: warning: interface {name} does not exist on this host (`run` needs it)",
+                    "{}: warning: interface {name} does not exist on this host (`run` waits for it)",
                     file.display()
                 );
             }

@@ -536,6 +536,7 @@ mod tests {
                     generic_because: None,
                     bridge: None,
                     fdb_entries: None,
+                    encap: None,
                 },
                 IfaceStatus {
                     name: "wan0".into(),
@@ -551,6 +552,7 @@ mod tests {
                     generic_because: Some("test".into()),
                     bridge: None,
                     fdb_entries: None,
+                    encap: None,
                 },
             ],
             flows: FlowCounts {

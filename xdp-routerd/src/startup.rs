@@ -4,7 +4,7 @@
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{Context as _, bail};
 use tokio::{net::UnixListener, sync::mpsc::UnboundedReceiver};
 
 use crate::{
@@ -52,12 +52,31 @@ pub struct Started {
 /// Checks, loads, subscribes, attaches and offloads the existing connections.
 pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> {
     // Everything a user can get wrong is checked before anything is attached.
-    let mut ifindexes = Vec::new();
-    for cfg in &config.interfaces {
-        ifindexes.push(
-            rtnl::ifindex(&cfg.name).ok_or_else(|| {
-                anyhow!("interface {} (from the config) does not exist", cfg.name)
-            })?,
+    // An interface that does not exist yet (ppp0 while pppd dials, a VLAN or bridge created
+    // later at boot) is attached when it appears; if none exists, the config is wrong.
+    let ifindexes: Vec<Option<u32>> = config
+        .interfaces
+        .iter()
+        .map(|cfg| rtnl::ifindex(&cfg.name))
+        .collect();
+    if ifindexes.iter().all(Option::is_none) {
+        let names: Vec<&str> = config.interfaces.iter().map(|c| c.name.as_str()).collect();
+        bail!(
+            "none of the interfaces in the config exists ({})",
+            names.join(", ")
+        );
+    }
+    for (cfg, _) in config
+        .interfaces
+        .iter()
+        .zip(&ifindexes)
+        .filter(|(_, i)| i.is_none())
+    {
+        tracing::warn!(
+            interface = %cfg.name,
+            "interface {} (from the config) does not exist yet: it is attached when it appears \
+             (a PPP link still dialling, or a typo: see `ip link`)",
+            cfg.name
         );
     }
     check_privileges()?;
@@ -94,13 +113,17 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     // Know which egresses are shaped and which interfaces carry hooks XDP would jump over,
     // before the first packet is forwarded.
     state.apply_qdiscs(qdisc::read_all().await);
-    state.apply_hooks(&hooks::read(&state.iface_names()).await);
+    state.apply_hooks(&hooks::read(&state.hook_names()).await);
     let macs: Vec<Option<[u8; 6]>> = config
         .interfaces
         .iter()
         .map(|c| rtnl::hw_addr(&c.name))
         .collect();
     state.attach_all(&macs)?;
+    if state.has_vlans() {
+        // The VLAN parents' qdiscs (a parent not managed itself is attached only now).
+        state.apply_qdiscs(qdisc::read_all().await);
+    }
     if state.has_bridges() {
         // The bridges' ports, their FDBs, then the ports' qdiscs and hooks.
         state.sync_bridges(&bridge::read(&state.iface_names()));
@@ -118,7 +141,8 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     let mut ct_lookup = RouteLookup::new().context("cannot open an rtnetlink socket")?;
     let revalidate_lookup = RouteLookup::new().context("cannot open an rtnetlink socket")?;
     let mut ct_requests = CtNetlink::new().map_err(ct_err)?;
-    let mut ct_events = CtSubscription::new().map_err(ct_err)?;
+    let mut ct_events =
+        CtSubscription::with_rcvbuf(config.conntrack_event_buffer).map_err(ct_err)?;
     let keepalive = CtNetlink::new().map_err(ct_err)?;
     let ct_marker = CtNetlink::new().map_err(ct_err)?;
     let revalidate_marker = CtNetlink::new().map_err(ct_err)?;

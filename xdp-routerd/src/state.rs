@@ -23,13 +23,14 @@ use xdp_router_common::{
 
 use crate::{
     config::{InterfaceConfig, Shaped, XdpModeConfig},
-    datapath::{AttachMode, Datapath},
+    datapath::{AttachMode, Datapath, VlanParent},
     flows::{DirKey, FlowManager, FlowTable},
     status::{ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, Status},
     sync::{
         bridge::{BridgeKind, BridgeRead, BridgeReads, FdbEvent},
-        hooks::Hooks,
+        hooks::{self, Hooks},
         qdisc::{self, Egress, Qdisc},
+        vlan::VlanRead,
         xdp_xmit::{Capabilities, XdpXmit, XmitEvent},
     },
 };
@@ -79,6 +80,23 @@ pub trait Ports: FlowTable {
         flags: u32,
         bridge_mac: [u8; 6],
         bridge_ifindex: u32,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode>;
+    /// Registers the VLAN device `ifindex` (`vlan`: VLAN ID and tag protocol) over
+    /// `parent`, where the program runs.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one per IFACES field plus the parent"
+    )]
+    fn attach_vlan(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        mac: [u8; 6],
+        vlan: (u16, u16),
+        parent: &VlanParent,
         mode: XdpModeConfig,
     ) -> anyhow::Result<AttachMode>;
     /// `mac` is behind `port` of `bridge` (the FDB copy).
@@ -141,6 +159,19 @@ impl Ports for Datapath {
             mode,
         )
     }
+    fn attach_vlan(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        mac: [u8; 6],
+        vlan: (u16, u16),
+        parent: &VlanParent,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        Datapath::attach_vlan(self, name, ifindex, slot, flags, mac, vlan, parent, mode)
+    }
     fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], port: u32) -> anyhow::Result<()> {
         Datapath::fdb_learn(self, bridge, mac, port)
     }
@@ -170,6 +201,15 @@ pub struct Managed {
     pub link_kind: Option<String>,
     /// For a bridge: its ports, where the program runs (see [`bridge`]).
     pub ports: Option<BridgePorts>,
+    /// For a VLAN device: its VLAN and parent, where the program runs (see
+    /// [`crate::sync::vlan`]).
+    pub vlan: Option<VlanRead>,
+    /// Stats slot of the VLAN parent's own entry (0 = none allocated yet).
+    pub parent_slot: u32,
+    /// The VLAN parent's shaping qdisc as last read ([`SHAPED_UNKNOWN`] until read).
+    pub parent_shaper: Option<String>,
+    /// The VLAN parent's hooks as last read.
+    pub parent_hooks: Hooks,
 }
 
 /// `shaped_by` while `shaped = "auto"` and the qdiscs are not known yet: in doubt the fast
@@ -218,7 +258,7 @@ impl Managed {
     pub fn set_bridge_kind(&mut self, kind: BridgeKind) {
         let name = &self.cfg.name;
         if kind == BridgeKind::VlanFiltering {
-            warn!(interface = %name, "{name}: a VLAN-filtering bridge is not accelerated: XDP runs on the bridge itself (generic) and nothing is sent out of it by the fast path");
+            warn!(interface = %name, "{name}: a VLAN-filtering bridge is not accelerated: XDP runs on the bridge itself in generic mode, where it only counts, and nothing is sent out of it by the fast path");
         }
         self.ports = (kind == BridgeKind::Bridge).then(BridgePorts::new);
     }
@@ -236,16 +276,60 @@ impl Managed {
         })
     }
 
-    /// Attaches to the interface (now `ifindex`, with `mac`): to its ports when it is a bridge.
+    /// The parent the program runs on when this is a VLAN device, with the flags its own
+    /// transmit judgement gives. Its stats slot is the one of `parent_slots` for its ifindex
+    /// (shared by the VLANs over one parent), allocated from `next_slot` the first time.
+    fn vlan_parent(
+        &mut self,
+        xmit: &Capabilities,
+        parent_slots: &mut BTreeMap<u32, u32>,
+        next_slot: &mut u32,
+    ) -> Option<VlanParent> {
+        let v = self.vlan.as_ref()?;
+        self.parent_slot = *parent_slots.entry(v.link.parent).or_insert_with(|| {
+            *next_slot += 1;
+            *next_slot - 1
+        });
+        let judged = xmit.of(v.link.parent, v.parent_kind.as_deref());
+        // Shaped until its qdiscs are read (the caller's job, see `apply_qdiscs`).
+        let mut flags = IFACE_F_SHAPED;
+        if let Some(why) = judged.why_not() {
+            flags |= IFACE_F_NO_XDP_XMIT;
+            warn!(interface = %self.cfg.name, parent = %v.parent_name, "{}: its parent {}: {why}: the fast path does not send out of {} (egress_no_xdp_xmit)", self.cfg.name, v.parent_name, self.cfg.name);
+        }
+        Some(VlanParent {
+            name: v.parent_name.clone(),
+            ifindex: v.link.parent,
+            slot: self.parent_slot,
+            flags,
+            mac: v.parent_mac.unwrap_or_default(),
+        })
+    }
+
+    /// Attaches to the interface (now `ifindex`, with `mac`): to its ports when it is a bridge,
+    /// to `parent` when it is a VLAN device.
     fn attach<D: Ports>(
         &mut self,
         dp: &mut D,
         ifindex: u32,
         mac: [u8; 6],
         xdp_mode: XdpModeConfig,
+        parent: Option<VlanParent>,
     ) -> anyhow::Result<AttachMode> {
         self.mac = mac;
-        if self.ports.is_some() {
+        if let (Some(parent), Some(v)) = (parent, &self.vlan) {
+            let vlan = (v.link.vid, v.link.tpid);
+            dp.attach_vlan(
+                &self.cfg.name,
+                ifindex,
+                self.slot,
+                self.flags(),
+                mac,
+                vlan,
+                &parent,
+                xdp_mode,
+            )
+        } else if self.ports.is_some() {
             dp.attach_bridge(&self.cfg.name, ifindex, self.slot, self.flags(), mac)
         } else {
             dp.attach(
@@ -284,8 +368,8 @@ impl Managed {
         self.xmit = xmit;
         let name = &self.cfg.name;
         match (before, self.xmit.why_not()) {
-            // A bridge transmits nothing itself: its ports do.
-            _ if self.ports.is_some() => {}
+            // A bridge transmits nothing itself: its ports do; a VLAN device: its parent.
+            _ if self.ports.is_some() || self.vlan.is_some() => {}
             (true, Some(why)) => {
                 warn!(interface = %name, "{name}: {why}: the fast path does not send out of it (egress_no_xdp_xmit)")
             }
@@ -429,8 +513,10 @@ pub struct State<D = Datapath> {
     pub xdp_mode: XdpModeConfig,
     /// The kernel's XDP features of every device.
     pub xmit: Capabilities,
-    /// Next stats slot for a bridge port (never reused).
+    /// Next stats slot for a bridge port or VLAN parent (never reused).
     pub next_slot: u32,
+    /// Stats slots of the VLAN parents, by ifindex (one per parent, whatever its VLANs).
+    pub parent_slots: BTreeMap<u32, u32>,
 }
 
 fn fmt_mac(m: [u8; 6]) -> String {
@@ -438,12 +524,12 @@ fn fmt_mac(m: [u8; 6]) -> String {
 }
 
 impl<D: Ports> State<D> {
-    /// The state for the configured interfaces (found under `ifindexes`, in config order),
-    /// nothing attached yet.
+    /// The state for the configured interfaces (found under `ifindexes`, in config order;
+    /// `None`: does not exist yet), nothing attached yet.
     pub fn new(
         dp: D,
         interfaces: &[InterfaceConfig],
-        ifindexes: &[u32],
+        ifindexes: &[Option<u32>],
         xdp_mode: XdpModeConfig,
     ) -> State<D> {
         let ifaces = interfaces
@@ -453,7 +539,7 @@ impl<D: Ports> State<D> {
             .map(|(i, (cfg, ifindex))| Managed {
                 cfg: cfg.clone(),
                 slot: i as u32 + 1,
-                ifindex: Some(*ifindex),
+                ifindex: *ifindex,
                 mode: None,
                 egress: None,
                 hooks: Hooks::default(),
@@ -461,6 +547,10 @@ impl<D: Ports> State<D> {
                 xmit: XdpXmit::Unknown,
                 link_kind: None,
                 ports: None,
+                vlan: None,
+                parent_slot: 0,
+                parent_shaper: Some(SHAPED_UNKNOWN.into()),
+                parent_hooks: Hooks::default(),
             })
             .collect();
         State {
@@ -471,6 +561,7 @@ impl<D: Ports> State<D> {
             xdp_mode,
             xmit: Capabilities::default(),
             next_slot: interfaces.len() as u32 + 1,
+            parent_slots: BTreeMap::new(),
         }
     }
 
@@ -483,11 +574,17 @@ impl<D: Ports> State<D> {
             let read = found.get(&m.cfg.name).cloned().unwrap_or_default();
             m.set_bridge_kind(read.kind);
             m.link_kind = read.link_kind;
+            m.vlan = read.vlan;
             m.set_xmit(
                 self.xmit
                     .of(m.ifindex.unwrap_or_default(), m.link_kind.as_deref()),
             );
         }
+    }
+
+    /// Whether a managed interface is a VLAN device.
+    pub fn has_vlans(&self) -> bool {
+        self.ifaces.iter().any(|m| m.vlan.is_some())
     }
 
     /// Whether a managed interface is a bridge.
@@ -503,7 +600,8 @@ impl<D: Ports> State<D> {
                 continue;
             };
             let mac = mac_or_zero(&m.cfg.name, *mac);
-            m.mode = Some(m.attach(&mut self.dp, ifindex, mac, self.xdp_mode)?);
+            let parent = m.vlan_parent(&self.xmit, &mut self.parent_slots, &mut self.next_slot);
+            m.mode = Some(m.attach(&mut self.dp, ifindex, mac, self.xdp_mode, parent)?);
         }
         let managed = self.managed_map();
         self.flows.set_managed(managed);
@@ -533,7 +631,10 @@ impl<D: Ports> State<D> {
                     .ports
                     .iter()
                     .flat_map(|p| p.values().map(|p| p.name.clone()));
-                std::iter::once(m.cfg.name.clone()).chain(ports)
+                let parent = m.vlan.iter().map(|v| v.parent_name.clone());
+                std::iter::once(m.cfg.name.clone())
+                    .chain(ports)
+                    .chain(parent)
             })
             .collect()
     }
@@ -571,6 +672,7 @@ impl<D: Ports> State<D> {
         }
         m.set_bridge_kind(read.kind);
         m.link_kind = read.link_kind.clone();
+        m.vlan = read.vlan.clone();
         // A new device: its qdiscs are read right after this (the caller's job); until then
         // `auto` counts it as shaped.
         m.egress = None;
@@ -578,7 +680,8 @@ impl<D: Ports> State<D> {
         m.ifindex = Some(ifindex);
         m.set_xmit(self.xmit.of(ifindex, m.link_kind.as_deref()));
         let mac = mac_or_zero(name, mac);
-        match m.attach(&mut self.dp, ifindex, mac, xdp_mode) {
+        let parent = m.vlan_parent(&self.xmit, &mut self.parent_slots, &mut self.next_slot);
+        match m.attach(&mut self.dp, ifindex, mac, xdp_mode, parent) {
             Ok(mode) => m.mode = Some(mode),
             Err(e) => error!(interface = name, error = %format!("{e:#}"), "cannot attach"),
         }
@@ -652,11 +755,61 @@ impl<D: Ports> State<D> {
             }
             m.ports = ports;
         }
+        self.apply_parent_qdiscs(by_ifindex.as_ref());
+    }
+
+    /// The parents of managed VLAN devices that are not managed themselves: a shaped parent
+    /// (`None`: qdiscs unknown) is not sent out of (the kernel sends a VLAN's packets through
+    /// the parent's qdisc too).
+    fn apply_parent_qdiscs(&mut self, by_ifindex: Option<&BTreeMap<u32, Egress>>) {
+        for m in &mut self.ifaces {
+            if let Some(v) = &m.vlan {
+                m.parent_shaper = match by_ifindex {
+                    Some(b) => b.get(&v.link.parent).and_then(|e| e.shaper.clone()),
+                    None => Some(SHAPED_UNKNOWN.into()),
+                };
+            }
+        }
+        self.write_parent_flags();
+    }
+
+    /// Writes the flags of every VLAN parent that is not managed itself: its own XDP transmit
+    /// judgement, shaping and hooks, which the kernel's path through the VLAN device meets too.
+    fn write_parent_flags(&mut self) {
+        let configured: Vec<u32> = self.ifaces.iter().filter_map(|m| m.ifindex).collect();
+        for m in &self.ifaces {
+            let (Some(v), Some(_)) = (&m.vlan, m.mode) else {
+                continue;
+            };
+            let parent = v.link.parent;
+            if configured.contains(&parent) {
+                continue;
+            }
+            let mut flags = 0;
+            if !self.xmit.of(parent, v.parent_kind.as_deref()).allowed() {
+                flags |= IFACE_F_NO_XDP_XMIT;
+            }
+            if let Some(kind) = &m.parent_shaper {
+                flags |= IFACE_F_SHAPED;
+                debug!(interface = %m.cfg.name, parent = %v.parent_name, qdisc = %kind, "{}: its parent {} is shaped by {kind}: the fast path does not send out of {}", m.cfg.name, v.parent_name, m.cfg.name);
+            }
+            if !m.cfg.bypass_hooks {
+                if m.parent_hooks.ingress {
+                    flags |= IFACE_F_INGRESS_HOOK;
+                }
+                if m.parent_hooks.egress {
+                    flags |= IFACE_F_EGRESS_HOOK;
+                }
+            }
+            if let Err(e) = self.dp.set_iface_flags(parent, m.parent_slot, flags) {
+                debug!(interface = %v.parent_name, error = %format!("{e:#}"), "cannot update the VLAN parent's flags");
+            }
+        }
     }
 
     /// Follows a change of the kernel's XDP features (a veth peer got or lost XDP/GRO, a
     /// device came or went): flips `IFACE_F_NO_XDP_XMIT` where the judgement changed, on the
-    /// managed interfaces and the bridges' ports.
+    /// managed interfaces, the bridges' ports and the VLAN parents.
     pub fn apply_xmit_event(&mut self, event: XmitEvent) {
         self.xmit.apply(event);
         for m in &mut self.ifaces {
@@ -674,6 +827,8 @@ impl<D: Ports> State<D> {
             }
             m.ports = ports;
         }
+        // The VLAN parents' own judgement.
+        self.write_parent_flags();
     }
 
     /// Follows the ports of every managed bridge as read (`found`, by bridge name; see
@@ -734,11 +889,29 @@ impl<D: Ports> State<D> {
         }
     }
 
+    /// Replaces the `BRIDGE_FDB` entries of every managed bridge with a fresh FDB dump
+    /// (`entries`, see [`crate::sync::bridge::fdb_dump`]): after an rtnetlink overrun, FDB
+    /// notifications were lost, so entries of MACs that moved or left may be stale.
+    pub fn reload_fdb(&mut self, entries: Vec<FdbEvent>) {
+        let bridges: Vec<u32> = self
+            .ifaces
+            .iter()
+            .filter(|m| m.ports.is_some())
+            .filter_map(|m| m.ifindex)
+            .collect();
+        for &bridge in &bridges {
+            self.dp.fdb_clear(bridge);
+        }
+        for ev in entries {
+            self.apply_fdb(ev);
+        }
+    }
+
     /// Applies freshly read hooks (by interface name, see [`State::hook_names`]) and updates
     /// the flags of the interfaces whose hooks changed, and of the bridges' ports.
-    pub fn apply_hooks(&mut self, found: &BTreeMap<String, Hooks>) {
+    pub fn apply_hooks(&mut self, found: &hooks::Found) {
         for m in &mut self.ifaces {
-            let h = found.get(&m.cfg.name).copied().unwrap_or_default();
+            let h = found.device(&m.cfg.name);
             if m.set_hooks(h)
                 && let (Some(ifindex), Some(_)) = (m.ifindex, m.mode)
                 && let Err(e) = self.dp.set_iface_flags(ifindex, m.slot, m.flags())
@@ -748,12 +921,16 @@ impl<D: Ports> State<D> {
             let mut ports = m.ports.take();
             if let (Some(view), Some(ports)) = (m.bridge_view(self.xdp_mode), ports.as_mut()) {
                 for p in ports.values_mut() {
-                    p.hooks = found.get(&p.name).copied().unwrap_or_default();
+                    p.hooks = found.port(&p.name);
                 }
                 bridge::write_flags(&mut self.dp, &view, ports);
             }
             m.ports = ports;
+            if let Some(v) = &m.vlan {
+                m.parent_hooks = found.device(&v.parent_name);
+            }
         }
+        self.write_parent_flags();
     }
 }
 
@@ -774,13 +951,23 @@ impl State<Datapath> {
     /// What `xdp-routerd status` and `/metrics` show (a few map reads).
     pub fn status(&self) -> anyhow::Result<Status> {
         let mut counters = Vec::new();
-        let slots = self.ifaces.iter().flat_map(|m| {
-            let ports = m
-                .ports
-                .iter()
-                .flat_map(|p| p.values().map(|p| (&p.name, p.slot)));
-            std::iter::once((&m.cfg.name, m.slot)).chain(ports)
-        });
+        let mut seen_parents = std::collections::BTreeSet::new();
+        let mut slots = Vec::new();
+        for m in &self.ifaces {
+            slots.push((&m.cfg.name, m.slot));
+            for p in m.ports.iter().flat_map(|p| p.values()) {
+                slots.push((&p.name, p.slot));
+            }
+            // A parent over several VLANs: one row; none for a parent in the config (it
+            // counts in its own slot).
+            if let Some(v) = &m.vlan
+                && m.parent_slot != 0
+                && !self.ifaces.iter().any(|o| o.ifindex == Some(v.link.parent))
+                && seen_parents.insert(m.parent_slot)
+            {
+                slots.push((&v.parent_name, m.parent_slot));
+            }
+        }
         for (name, slot) in slots {
             for r in Reason::ALL {
                 let c = self.dp.counter(slot, r)?;
@@ -821,7 +1008,39 @@ impl State<Datapath> {
                     .as_ref()
                     .and(m.ifindex)
                     .map(|i| self.dp.fdb_len(i) as u64),
+                encap: m.vlan.as_ref().map(|v| {
+                    let proto = if v.link.tpid == 0x88a8 {
+                        "802.1ad"
+                    } else {
+                        "802.1Q"
+                    };
+                    format!("VLAN {} ({proto}) on {}", v.link.vid, v.parent_name)
+                }),
             });
+            if let (Some(v), Some(_)) = (&m.vlan, m.mode)
+                && !self.ifaces.iter().any(|o| o.ifindex == Some(v.link.parent))
+                && !interfaces.iter().any(|i| i.ifindex == v.link.parent)
+            {
+                interfaces.push(IfaceStatus {
+                    name: v.parent_name.clone(),
+                    ifindex: v.link.parent,
+                    role: m.cfg.role.to_string(),
+                    attach_mode: m.mode.map(AttachMode::as_str).unwrap_or("detached").into(),
+                    shaped: false,
+                    shaped_config: "auto".into(),
+                    shaped_by: None,
+                    egress_qdisc: None,
+                    xdp_xmit: false,
+                    no_xdp_xmit_because: Some(
+                        "managed only as a VLAN parent: only its VLANs' tagged frames are sent"
+                            .into(),
+                    ),
+                    generic_because: self.dp.generic_because(v.link.parent).map(str::to_string),
+                    bridge: None,
+                    fdb_entries: None,
+                    encap: Some(format!("parent of {}", m.cfg.name)),
+                });
+            }
             for (ifindex, p) in m.ports.iter().flatten() {
                 interfaces.push(IfaceStatus {
                     name: p.name.clone(),
@@ -837,6 +1056,7 @@ impl State<Datapath> {
                     generic_because: self.dp.generic_because(*ifindex).map(str::to_string),
                     bridge: Some(m.cfg.name.clone()),
                     fdb_entries: None,
+                    encap: None,
                 });
             }
         }

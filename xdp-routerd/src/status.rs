@@ -102,6 +102,10 @@ pub struct IfaceStatus {
     /// For a managed bridge: MAC addresses copied from its FDB (redirect targets).
     #[serde(default)]
     pub fdb_entries: Option<u64>,
+    /// For a VLAN device: its VLAN and parent (`VLAN 7 (802.1Q) on eth0`, the program runs
+    /// there); for a parent managed only for its VLANs: `parent of eth0.7`.
+    #[serde(default)]
+    pub encap: Option<String>,
 }
 
 /// Flow map occupancy.
@@ -201,9 +205,14 @@ impl Status {
                 (None, Some(n)) => format!(" (bridge: {n} FDB entries)"),
                 (None, None) => String::new(),
             };
+            let encap = i
+                .encap
+                .as_deref()
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "  {:<12} ifindex {:<4} role {:<4} xdp {}{qdisc}{shaped}{bridge}",
+                "  {:<12} ifindex {:<4} role {:<4} xdp {}{qdisc}{shaped}{bridge}{encap}",
                 i.name, i.ifindex, i.role, i.attach_mode,
             );
             if let Some(why) = &i.generic_because {

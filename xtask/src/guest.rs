@@ -1,5 +1,5 @@
 //! The guest step of `cargo xtask test`: privileged tests that need kernel modules this
-//! machine's kernel lacks (802.1Q VLAN, PPPoE) run in a qemu guest that boots Debian's kernel
+//! machine's kernel lacks (802.1Q VLAN, PPPoE, ESP, bridge VLAN filtering) run in a qemu guest that boots Debian's kernel
 //! with virtme-ng, sharing this root filesystem (binaries, tools, the workspace). One boot runs
 //! them all. The guest is emulated (no KVM here): its timings mean nothing, its results do.
 //!
@@ -17,11 +17,12 @@ use anyhow::{Context as _, bail};
 use crate::cmd;
 
 /// Test targets of `xdp-router-tests` whose ignored tests run in the guest.
-pub const TEST_TARGETS: &[&str] = &["vlan", "pppoe"];
+pub const TEST_TARGETS: &[&str] = &["vlan", "pppoe", "ipsec", "bridge"];
 
 /// Modules the guest tests use (the guest kernel loads nothing on demand for a netns).
 const MODULES: &[&str] = &[
     "veth",
+    "bridge",
     "8021q",
     "pppoe",
     "nf_conntrack",
@@ -36,6 +37,12 @@ const MODULES: &[&str] = &[
     "xt_MASQUERADE",
     "nf_conntrack_netlink",
     "sch_ingress",
+    "esp4",
+    "xfrm_user",
+    "xt_policy",
+    "gcm",
+    "ghash-generic",
+    "seqiv",
 ];
 
 /// The Debian package that provides the guest kernel (`cargo xtask setup` installs it): 6.12
@@ -203,7 +210,7 @@ fn script_text(
     );
     for b in binaries {
         s.push_str(&format!(
-            "{} --ignored --test-threads=1 {} || rc=1\n",
+            "{} --ignored --test-threads=1 --show-output {} || rc=1\n",
             quote(&b.to_string_lossy()),
             extra.join(" ")
         ));
@@ -235,8 +242,10 @@ mod tests {
             Path::new("/w"),
             &["name's".into()],
         );
-        assert!(s.contains("modprobe -a veth 8021q"));
-        assert!(s.contains("'/t/vlan-1' --ignored --test-threads=1 'name'\\''s' || rc=1"));
+        assert!(s.contains("modprobe -a veth bridge 8021q"));
+        assert!(
+            s.contains("'/t/vlan-1' --ignored --test-threads=1 --show-output 'name'\\''s' || rc=1")
+        );
         assert!(s.contains("'/t/pppoe-2' --ignored"));
         assert!(s.contains("export XDP_ROUTERD_BIN='/r/xdp-routerd'"));
         assert!(s.ends_with("echo $rc > '/tmp/g/result'\n"));

@@ -541,6 +541,41 @@ fn an_entry_is_current_until_anything_but_its_timeout_changes() {
     assert!(m.is_current(&e));
 }
 
+#[test]
+fn a_later_connection_on_the_same_tuple_gets_fresh_unarmed_entries() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    assert_eq!(m.upsert(snat_tcp(), &mut t, &paths()), Upsert::Added);
+    // The datapath armed the earlier connection's directions and counted its packets; its
+    // closing events were lost (overrun), so its flow is still there.
+    for v in t.v4.values_mut() {
+        v.armed_generation = 1;
+        v.counters.packets = 7;
+    }
+    // The client reuses the ports: a new conntrack entry (another CTA_ID) on the same tuples.
+    let next = CtEntry {
+        id: Some(2),
+        ..snat_tcp()
+    };
+    assert!(!m.is_current(&next), "a resync must not skip it");
+    assert!(
+        m.would_add(&next, &paths()),
+        "it is offloaded anew, so marked liberal first"
+    );
+    assert_eq!(m.upsert(next.clone(), &mut t, &paths()), Upsert::Added);
+    assert_eq!(t.v4.len(), 2);
+    assert!(
+        t.v4.values()
+            .all(|v| v.armed_generation == 0 && v.counters.packets == 0),
+        "fresh entries, to be armed by the new connection's own packets: {:?}",
+        t.v4.values().collect::<Vec<_>>()
+    );
+    // Its own updates (same id) and entries without an id leave them alone.
+    assert_eq!(m.upsert(next.clone(), &mut t, &paths()), Upsert::Unchanged);
+    assert!(m.is_current(&next));
+    let no_id = CtEntry { id: None, ..next };
+    assert_eq!(m.upsert(no_id, &mut t, &paths()), Upsert::Unchanged);
+}
+
 /// `n` masqueraded TCP connections from distinct LAN ports.
 fn snat_tcps(n: u16) -> Vec<CtEntry> {
     (0..n)

@@ -37,6 +37,8 @@ struct FakeDp {
     attach_fails: HashSet<u32>,
     /// (bridge, MAC) → port.
     fdb: BTreeMap<(u32, [u8; 6]), u32>,
+    /// VLAN device ifindex → (VLAN ID, tag protocol, parent).
+    vlans: BTreeMap<u32, (u16, u16, VlanParent)>,
 }
 
 impl FlowTable for FakeDp {
@@ -143,6 +145,25 @@ impl Ports for FakeDp {
             mode,
         )
     }
+    fn attach_vlan(
+        &mut self,
+        _name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+        mac: [u8; 6],
+        (vid, tpid): (u16, u16),
+        parent: &VlanParent,
+        _mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        self.attached.insert(ifindex, (slot, flags, mac));
+        // As the datapath: the program runs on the parent, registered once.
+        self.attached
+            .entry(parent.ifindex)
+            .or_insert((parent.slot, parent.flags, parent.mac));
+        self.vlans.insert(ifindex, (vid, tpid, parent.clone()));
+        Ok(AttachMode::Native)
+    }
     fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], port: u32) -> anyhow::Result<()> {
         self.fdb.insert((bridge, mac), port);
         Ok(())
@@ -174,7 +195,12 @@ fn state() -> State<FakeDp> {
         iface("wan", Role::Wan, Shaped::Auto),
         iface("lan", Role::Lan, Shaped::Never),
     ];
-    let mut s = State::new(FakeDp::default(), &cfgs, &[WAN, LAN], XdpModeConfig::Native);
+    let mut s = State::new(
+        FakeDp::default(),
+        &cfgs,
+        &[Some(WAN), Some(LAN)],
+        XdpModeConfig::Native,
+    );
     s.set_kinds_and_xmit(&BridgeReads::new(), all_capable());
     s.apply_qdiscs(Ok(Vec::new()));
     s.attach_all(&[Some(MAC), Some(MAC)]).unwrap();
@@ -271,20 +297,27 @@ fn shaped_auto_follows_the_root_qdisc_and_a_failed_read() {
 #[test]
 fn hooks_set_flags_unless_bypassed() {
     let mut s = state();
-    let found = BTreeMap::from([(
-        "lan".to_string(),
-        Hooks {
+    let found = hooks::Found {
+        devices: BTreeMap::from([(
+            "lan".to_string(),
+            Hooks {
+                ingress: true,
+                egress: false,
+            },
+        )]),
+        // Bridge chains do not touch interfaces that are not bridge ports.
+        bridge_ports: Hooks {
             ingress: true,
-            egress: false,
+            egress: true,
         },
-    )]);
+    };
     s.apply_hooks(&found);
     assert_eq!(flags(&s, LAN), IFACE_F_INGRESS_HOOK);
     s.ifaces[1].cfg.bypass_hooks = true;
     s.ifaces[1].hooks = Hooks::default();
     s.apply_hooks(&found);
     assert_eq!(flags(&s, LAN), 0);
-    s.apply_hooks(&BTreeMap::new());
+    s.apply_hooks(&hooks::Found::default());
     assert_eq!(flags(&s, LAN), 0);
 }
 
@@ -496,12 +529,18 @@ fn bridged() -> State<FakeDp> {
         iface("wan", Role::Wan, Shaped::Auto),
         iface("br", Role::Lan, Shaped::Auto),
     ];
-    let mut s = State::new(FakeDp::default(), &cfgs, &[WAN, BR], XdpModeConfig::Native);
+    let mut s = State::new(
+        FakeDp::default(),
+        &cfgs,
+        &[Some(WAN), Some(BR)],
+        XdpModeConfig::Native,
+    );
     let read = BridgeRead {
         kind: BridgeKind::Bridge,
         link_kind: Some("bridge".into()),
         mac: Some(BR_MAC),
         ports: vec![port("p1", 10, true), port("p2", 11, false)],
+        vlan: None,
     };
     let reads = BridgeReads::from([("br".to_string(), read)]);
     s.set_kinds_and_xmit(&reads, all_capable());
@@ -528,6 +567,7 @@ fn a_bridge_is_managed_through_its_ports() {
         link_kind: Some("bridge".into()),
         mac: Some(mac),
         ports: vec![port("p2", 11, true), port("p3", 12, true)],
+        vlan: None,
     };
     let reads = BridgeReads::from([("br".to_string(), read)]);
     let batch = vec![RtEvent::LinkGone {
@@ -561,6 +601,28 @@ fn a_bridge_is_managed_through_its_ports() {
 }
 
 #[test]
+fn bridge_family_chains_hook_the_ports_not_the_wan() {
+    let mut s = bridged();
+    let found = hooks::Found {
+        devices: BTreeMap::new(),
+        bridge_ports: Hooks {
+            ingress: true,
+            egress: false,
+        },
+    };
+    s.apply_hooks(&found);
+    assert_eq!(flags(&s, 10), IFACE_F_BRIDGE_PORT | IFACE_F_INGRESS_HOOK);
+    assert_eq!(
+        flags(&s, 11),
+        IFACE_F_BRIDGE_PORT | IFACE_F_PORT_NOT_FORWARDING | IFACE_F_INGRESS_HOOK
+    );
+    assert_eq!(flags(&s, WAN), 0);
+    // The chain is deleted.
+    s.apply_hooks(&hooks::Found::default());
+    assert_eq!(flags(&s, 10), IFACE_F_BRIDGE_PORT);
+}
+
+#[test]
 fn bridge_fdb_is_copied_and_cleared_with_the_bridge() {
     let mut s = bridged();
     let mac = [2, 0, 0, 0, 0, 0x42];
@@ -580,6 +642,32 @@ fn bridge_fdb_is_copied_and_cleared_with_the_bridge() {
     assert!(s.link_gone(BR));
     assert!(s.dp.fdb.is_empty());
     assert_eq!(s.dp.attached.keys().copied().collect::<Vec<_>>(), [WAN]);
+}
+
+#[test]
+fn an_fdb_reload_after_an_overrun_replaces_stale_entries() {
+    let mut s = bridged();
+    let (moved, gone, kept) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 3]);
+    let learned = |mac, port| FdbEvent::Learned {
+        bridge: BR,
+        mac,
+        port,
+    };
+    for ev in [learned(moved, 10), learned(gone, 10), learned(kept, 11)] {
+        s.apply_fdb(ev);
+    }
+    // Notifications lost in an overrun: `moved` went to port 11, `gone` aged out. The dump
+    // says so (an unmanaged bridge's entry in it is ignored).
+    let other = FdbEvent::Learned {
+        bridge: 99,
+        mac: kept,
+        port: 10,
+    };
+    s.reload_fdb(vec![learned(moved, 11), learned(kept, 11), other]);
+    assert_eq!(
+        s.dp.fdb,
+        BTreeMap::from([((BR, moved), 11), ((BR, kept), 11)])
+    );
 }
 
 #[test]
@@ -608,7 +696,12 @@ fn xdp_features_changes_flip_no_xdp_xmit() {
 #[test]
 fn without_the_netdev_family_xmit_is_judged_by_the_link_kind_read_outside_the_lock() {
     let cfgs = [iface("wan", Role::Wan, Shaped::Never)];
-    let mut s = State::new(FakeDp::default(), &cfgs, &[WAN], XdpModeConfig::Native);
+    let mut s = State::new(
+        FakeDp::default(),
+        &cfgs,
+        &[Some(WAN)],
+        XdpModeConfig::Native,
+    );
     let ppp = BridgeRead {
         link_kind: Some("ppp".into()),
         ..BridgeRead::default()
@@ -624,4 +717,121 @@ fn without_the_netdev_family_xmit_is_judged_by_the_link_kind_read_outside_the_lo
     assert_eq!(flags(&s, 8), 0);
     assert!(s.link_up(9, "wan", Some(MAC), &ppp));
     assert_eq!(flags(&s, 9), IFACE_F_NO_XDP_XMIT);
+}
+
+/// A VLAN WAN (`wan` = VLAN 7 over ifindex 20, `eth0`): attached over its parent with the
+/// parent's transmit judgement, in doubt about the parent's shaping until its qdiscs are read,
+/// and attached again (same parent, new ifindex) when the VLAN device is created again.
+#[test]
+fn a_vlan_device_is_attached_over_its_parent() {
+    use crate::sync::vlan::{VlanLink, VlanRead};
+    let cfgs = [iface("wan", Role::Wan, Shaped::Never)];
+    let mut s = State::new(
+        FakeDp::default(),
+        &cfgs,
+        &[Some(WAN)],
+        XdpModeConfig::Native,
+    );
+    let vlan = BridgeRead {
+        link_kind: Some("vlan".into()),
+        vlan: Some(VlanRead {
+            link: VlanLink {
+                parent: 20,
+                vid: 7,
+                tpid: 0x8100,
+            },
+            parent_name: "eth0".into(),
+            parent_kind: None,
+            parent_mac: Some([2, 0, 0, 0, 0, 0x20]),
+        }),
+        ..BridgeRead::default()
+    };
+    s.set_kinds_and_xmit(
+        &BridgeReads::from([("wan".to_string(), vlan.clone())]),
+        all_capable(),
+    );
+    s.attach_all(&[Some(MAC)]).unwrap();
+    let (vid, tpid, parent) = s.dp.vlans[&WAN].clone();
+    assert_eq!(
+        (vid, tpid, parent.ifindex, parent.name.as_str()),
+        (7, 0x8100, 20, "eth0")
+    );
+    assert_eq!(parent.mac, [2, 0, 0, 0, 0, 0x20]);
+    // Its own slot differs from the VLAN device's; shaped until its qdiscs are known.
+    assert_ne!(parent.slot, s.ifaces[0].slot);
+    assert_eq!(parent.flags & IFACE_F_SHAPED, IFACE_F_SHAPED);
+    // The VLAN device itself: no "cannot transmit" fallback for it (its parent transmits).
+    assert!(s.ifaces[0].vlan.is_some());
+    // The parent's own flags follow its qdiscs and its XDP transmit judgement.
+    s.apply_qdiscs(Ok(Vec::new()));
+    assert_eq!(flags(&s, 20), 0);
+    s.apply_xmit_event(XmitEvent::Gone { ifindex: 20 });
+    assert_eq!(flags(&s, 20), IFACE_F_NO_XDP_XMIT);
+    // Re-created (new ifindex): attached again over the same parent, same parent slot.
+    assert!(s.link_gone(WAN));
+    assert!(s.link_up(30, "wan", Some(MAC), &vlan));
+    assert_eq!(s.dp.vlans[&30].2.slot, parent.slot);
+    // The status lists the parent with its own counters' slot.
+    assert_eq!(s.ifaces[0].parent_slot, parent.slot);
+}
+
+/// An interface missing at start (ppp0 while pppd dials) is attached when it appears.
+#[test]
+fn an_interface_missing_at_start_is_attached_when_it_appears() {
+    let cfgs = [
+        iface("ppp0", Role::Wan, Shaped::Never),
+        iface("lan", Role::Lan, Shaped::Never),
+    ];
+    let mut s = State::new(
+        FakeDp::default(),
+        &cfgs,
+        &[None, Some(LAN)],
+        XdpModeConfig::Native,
+    );
+    s.set_kinds_and_xmit(&BridgeReads::new(), all_capable());
+    s.attach_all(&[None, Some(MAC)]).unwrap();
+    assert!(s.dp.attached.contains_key(&LAN));
+    assert_eq!(s.ifindex_of("ppp0"), None);
+    assert!(s.link_up(12, "ppp0", None, &BridgeRead::default()));
+    assert!(s.dp.attached.contains_key(&12));
+    assert_eq!(s.ifindex_of("ppp0"), Some(12));
+}
+
+/// Two VLANs over one parent (router on a stick): one parent, one stats slot for it.
+#[test]
+fn vlans_over_one_parent_share_its_slot() {
+    use crate::sync::vlan::{VlanLink, VlanRead};
+    let cfgs = [
+        iface("wan", Role::Wan, Shaped::Never),
+        iface("lan", Role::Lan, Shaped::Never),
+    ];
+    let mut s = State::new(
+        FakeDp::default(),
+        &cfgs,
+        &[Some(WAN), Some(LAN)],
+        XdpModeConfig::Native,
+    );
+    let vlan = |vid| BridgeRead {
+        link_kind: Some("vlan".into()),
+        vlan: Some(VlanRead {
+            link: VlanLink {
+                parent: 20,
+                vid,
+                tpid: 0x8100,
+            },
+            parent_name: "eth0".into(),
+            parent_kind: None,
+            parent_mac: Some(MAC),
+        }),
+        ..BridgeRead::default()
+    };
+    s.set_kinds_and_xmit(
+        &BridgeReads::from([("wan".to_string(), vlan(7)), ("lan".to_string(), vlan(10))]),
+        all_capable(),
+    );
+    s.attach_all(&[Some(MAC), Some(MAC)]).unwrap();
+    let (a, b) = (&s.dp.vlans[&WAN].2, &s.dp.vlans[&LAN].2);
+    assert_eq!(a.slot, b.slot);
+    assert_eq!((s.dp.vlans[&WAN].0, s.dp.vlans[&LAN].0), (7, 10));
+    assert_eq!(s.ifaces[0].parent_slot, s.ifaces[1].parent_slot);
 }

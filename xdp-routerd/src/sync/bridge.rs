@@ -200,12 +200,15 @@ pub struct BridgeRead {
     pub link_kind: Option<String>,
     pub mac: Option<[u8; 6]>,
     pub ports: Vec<PortInfo>,
+    /// For a VLAN device: its VLAN and parent (see [`super::vlan`]).
+    pub vlan: Option<super::vlan::VlanRead>,
 }
 
 /// [`BridgeRead`]s by interface name.
 pub type BridgeReads = BTreeMap<String, BridgeRead>;
 
-/// Reads what every interface in `names` is (sysfs, and `SIOCGIFHWADDR` for a bridge's MAC).
+/// Reads what every interface in `names` is (sysfs, `SIOCGIFHWADDR` for a bridge's MAC, and
+/// `RTM_GETLINK` for a VLAN device).
 /// What the state needs from sysfs comes from here, so it never reads sysfs under its lock.
 /// Blocking but short: a few sysfs files per interface.
 pub fn read(names: &[String]) -> BridgeReads {
@@ -219,12 +222,22 @@ pub fn read(names: &[String]) -> BridgeReads {
                     link_kind: super::xdp_xmit::link_kind(n),
                     mac: super::rtnl::hw_addr(n),
                     ports: ports(n),
+                    vlan: None,
                 },
-                _ => BridgeRead {
-                    kind,
-                    link_kind: super::xdp_xmit::link_kind(n),
-                    ..BridgeRead::default()
-                },
+                _ => {
+                    let link_kind = super::xdp_xmit::link_kind(n);
+                    let vlan = if link_kind.as_deref() == Some("vlan") {
+                        super::vlan::read_with_parent(n)
+                    } else {
+                        None
+                    };
+                    BridgeRead {
+                        kind,
+                        link_kind,
+                        vlan,
+                        ..BridgeRead::default()
+                    }
+                }
             };
             (n.clone(), read)
         })

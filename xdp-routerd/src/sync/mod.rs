@@ -8,6 +8,7 @@ pub mod nlsocket;
 pub mod qdisc;
 pub mod routes;
 pub mod rtnl;
+pub mod vlan;
 pub mod xdp_xmit;
 
 /// The whole messages (header included) of one netlink datagram, in order; stops at the first

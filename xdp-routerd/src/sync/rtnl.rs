@@ -148,6 +148,7 @@ pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
                 let data = match sock.recv_from_full() {
                     Ok((data, _)) => data,
                     Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                        discard_queued(&sock);
                         if tx.send(RtEvent::Overrun).is_err() {
                             return;
                         }
@@ -167,6 +168,30 @@ pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
             }
         })?;
     Ok(rx)
+}
+
+/// At an overrun, throws away every notification still queued on `sock`. The kernel reports
+/// ENOBUFS ahead of them, but they are older than the ones it dropped: applied after the
+/// overrun's re-read (links, MACs, bridge ports and FDB, qdiscs), they would bring back what
+/// the lost notifications had superseded, e.g. a bridge FDB entry for a MAC that has moved
+/// to another port since, or a link's old ifindex. Also clears the socket's congestion
+/// (`NETLINK_S_CONGESTED`), without which the kernel keeps dropping notifications for it
+/// until the queue has drained. Returns how many datagrams were discarded.
+fn discard_queued(sock: &Socket) -> usize {
+    let mut discarded = 0;
+    // MSG_TRUNC: each datagram is dequeued whole whatever the buffer's size. Bounded: a queue
+    // refilled as fast as it drains must not hold the reader forever.
+    let mut byte = Vec::with_capacity(1);
+    for _ in 0..1_000_000 {
+        byte.clear();
+        match sock.recv(&mut byte, libc::MSG_DONTWAIT | libc::MSG_TRUNC) {
+            Ok(_) => discarded += 1,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            // Another overrun report (or an interrupted call): keep draining.
+            Err(_) => {}
+        }
+    }
+    discarded
 }
 
 /// MAC address of the interface called `name` (`SIOCGIFHWADDR`, the address rtnetlink reports
@@ -353,5 +378,31 @@ mod tests {
         );
         // Classes and filters change no qdisc kind.
         assert_eq!(translate(&RouteNetlinkMessage::NewTrafficClass(q)), None);
+    }
+
+    #[test]
+    fn an_overrun_discards_every_queued_datagram() {
+        // A link dump stands in for queued notifications (no privileges needed): its replies
+        // wait on the socket, a part per read, like notifications after an overrun.
+        let mut sock = Socket::new(NETLINK_ROUTE).expect("rtnetlink socket");
+        sock.bind_auto().expect("bind");
+        sock.connect(&SocketAddr::new(0, 0)).expect("connect");
+        let mut header = netlink_packet_core::NetlinkHeader::default();
+        header.flags = netlink_packet_core::NLM_F_REQUEST | netlink_packet_core::NLM_F_DUMP;
+        let mut req = NetlinkMessage::new(
+            header,
+            NetlinkPayload::from(RouteNetlinkMessage::GetLink(LinkMessage::default())),
+        );
+        req.finalize();
+        let mut buf = vec![0; req.buffer_len()];
+        req.serialize(&mut buf);
+        sock.send(&buf, 0).expect("send the dump request");
+        assert!(discard_queued(&sock) >= 1, "the dump's replies were queued");
+        let mut rest = Vec::with_capacity(64 << 10);
+        let after = sock.recv(&mut rest, libc::MSG_DONTWAIT);
+        assert!(
+            matches!(&after, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+            "nothing left to read: {after:?}"
+        );
     }
 }

@@ -6,6 +6,10 @@
 //! flow and conntrack sees nothing after that, so a FIN in between would be out of window
 //! (see [`FlowManager::would_add`]). Repeat marks after arming go to a second task
 //! ([`mark_liberal`]) so the event loop never waits for them.
+//!
+//! The event socket is read by its own task ([`read_events`]), so the kernel's socket buffer
+//! keeps draining while the loop waits on route lookups, marks or a resync: a resync that took
+//! longer than the buffer holds used to overrun it again, resync after resync.
 
 use std::{
     collections::HashSet,
@@ -14,7 +18,7 @@ use std::{
 };
 
 use anyhow::anyhow;
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tracing::{debug, error, info, warn};
 
 use super::{APPLY_CHUNK, apply_stale_check, resolve_fresh};
@@ -39,22 +43,70 @@ pub fn ct_err(e: CtNetlinkError) -> anyhow::Error {
 /// Where connections to mark "be liberal" are sent.
 pub type Marker = UnboundedSender<Vec<CtEntry>>;
 
+/// Event batches queued between [`read_events`] and the event loop, at most: when the loop
+/// falls this far behind, the reader waits and the kernel's socket buffer fills instead (and
+/// overruns if it must: a resync follows). Bounds the daemon's memory under a flood.
+const QUEUED_BATCHES: usize = 1024;
+
+/// What [`read_events`] hands the event loop.
+#[derive(Debug)]
+pub enum Received {
+    /// A batch of events, in order, and the subscription's undecodable messages so far.
+    Events {
+        batch: Vec<CtEvent>,
+        decode_errors: u64,
+    },
+    /// The socket overran: events were lost (the ones still queued were discarded, see
+    /// [`CtSubscription::next_batch`]); everything before this in the channel is older.
+    Overrun { discarded_total: u64 },
+}
+
+/// Reads the event socket as fast as the kernel fills it and queues what it read for the
+/// event loop (at most [`QUEUED_BATCHES`]), until the socket fails or the loop is gone.
+pub async fn read_events(
+    mut events: CtSubscription,
+    queue: mpsc::Sender<Result<Received, CtNetlinkError>>,
+) {
+    loop {
+        let read = match events.next_batch().await {
+            Ok(batch) => Ok(Received::Events {
+                batch,
+                decode_errors: events.decode_errors(),
+            }),
+            Err(CtNetlinkError::Overrun) => Ok(Received::Overrun {
+                discarded_total: events.stale_discarded(),
+            }),
+            Err(e) => Err(e),
+        };
+        let failed = read.is_err();
+        if queue.send(read).await.is_err() || failed {
+            return;
+        }
+    }
+}
+
 /// Follows conntrack events until the subscription fails.
 pub async fn run(
     shared: Arc<Shared>,
     mut lookup: RouteLookup,
-    mut events: CtSubscription,
+    events: CtSubscription,
     mut requests: CtNetlink,
     marker: Marker,
 ) -> anyhow::Result<()> {
+    let (queue, mut received) = mpsc::channel(QUEUED_BATCHES);
+    // Ends by itself once `received` is dropped (its next send fails).
+    tokio::spawn(read_events(events, queue));
     loop {
-        let batch = match events.next_batch().await {
-            Ok(batch) => batch,
-            Err(CtNetlinkError::Overrun) => {
-                // The subscription has emptied its queue already (see
-                // `CtSubscription::next_batch`): the dump below covers those events.
+        let (batch, decode_errors) = match received.recv().await {
+            Some(Ok(Received::Events {
+                batch,
+                decode_errors,
+            })) => (batch, decode_errors),
+            Some(Ok(Received::Overrun { discarded_total })) => {
+                // The subscription has emptied the socket's queue already: the dump below
+                // covers those events.
                 warn!(
-                    discarded_total = events.stale_discarded(),
+                    discarded_total,
                     "conntrack event socket overrun: resyncing from a dump"
                 );
                 match resync(&shared, &mut lookup, &mut requests).await {
@@ -66,10 +118,11 @@ pub async fn run(
                 }
                 continue;
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 shared.lock().ct.errors += 1;
                 return Err(ct_err(e));
             }
+            None => return Err(anyhow!("the conntrack event reader ended")),
         };
         let upserts: Vec<&CtEntry> = batch
             .iter()
@@ -83,7 +136,7 @@ pub async fn run(
         mark(&shared, &mut requests, &marked).await;
         let newly_tcp = {
             let mut s = shared.lock();
-            s.ct.decode_errors = events.decode_errors();
+            s.ct.decode_errors = decode_errors;
             apply_events(&mut s, batch, &paths)
         };
         apply_stale_check(&shared, generation);

@@ -54,8 +54,16 @@ pub async fn run(
         }
         let links = read_links(&shared, &batch);
         let bridges = read_bridges(&shared, &batch);
-        let (revalidate, reread_qdiscs) =
-            apply_rt_events(&mut shared.lock(), batch, &links, &bridges);
+        let fdb = read_fdb(&shared, &batch);
+        let (revalidate, reread_qdiscs) = {
+            let mut s = shared.lock();
+            let planned = apply_rt_events(&mut s, batch, &links, &bridges);
+            // Newer than every event of the batch: applied after them.
+            if let Some(entries) = fdb {
+                s.reload_fdb(entries);
+            }
+            planned
+        };
         if revalidate {
             shared.request_revalidation();
         }
@@ -148,6 +156,18 @@ fn read_bridges(shared: &Shared, batch: &[RtEvent]) -> BridgeReads {
     }
     let names = shared.lock().iface_names();
     bridge::read(&names)
+}
+
+/// After an overrun (FDB notifications lost), the whole bridge FDB, read before the lock is
+/// taken, when a managed interface is a bridge; `None` otherwise or when it cannot be read
+/// (logged; the entries then stay as they are until notifications correct them).
+fn read_fdb(shared: &Shared, batch: &[RtEvent]) -> Option<Vec<bridge::FdbEvent>> {
+    if !batch.iter().any(|e| matches!(e, RtEvent::Overrun)) || !shared.lock().has_bridges() {
+        return None;
+    }
+    bridge::fdb_dump()
+        .inspect_err(|e| error!(error = %e, "cannot re-read the bridge FDB after an overrun"))
+        .ok()
 }
 
 /// Applies a batch of rtnetlink events with the links and bridges already read; returns
