@@ -14,7 +14,7 @@ use tokio::{
     io::{AsyncBufReadExt as _, AsyncWriteExt as _},
     net::UnixListener,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// A request from a control command.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,6 +99,7 @@ pub async fn serve(listener: UnixListener, handler: std::sync::Arc<dyn Handler>)
             failing = 0;
         }
         let handler = handler.clone();
+        let accepted = std::time::Instant::now();
         tokio::spawn(async move {
             let (read, mut write) = stream.into_split();
             let mut line = String::new();
@@ -109,7 +110,23 @@ pub async fn serve(listener: UnixListener, handler: std::sync::Arc<dyn Handler>)
             let resp = match serde_json::from_str::<Request>(&line) {
                 Ok(req) => {
                     let h = handler.clone();
-                    match tokio::task::spawn_blocking(move || h.handle(req)).await {
+                    let read_ms = accepted.elapsed().as_secs_f64() * 1e3;
+                    let answer = tokio::task::spawn_blocking(move || {
+                        let started = std::time::Instant::now();
+                        (h.handle(req), started)
+                    })
+                    .await
+                    .map(|(answer, started)| {
+                        debug!(
+                            target: "xdp_routerd::requests",
+                            read_ms,
+                            queued_ms = (started - accepted).as_secs_f64() * 1e3 - read_ms,
+                            handled_ms = started.elapsed().as_secs_f64() * 1e3,
+                            "control request"
+                        );
+                        answer
+                    });
+                    match answer {
                         Ok(Ok(data)) => Response {
                             ok: true,
                             data: Some(data),

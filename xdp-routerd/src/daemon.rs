@@ -1,31 +1,22 @@
 //! `xdp-routerd run`: start up ([`crate::startup`]), run one task per event source
 //! ([`crate::tasks`]) over the shared [`crate::state`], and detach on exit.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use anyhow::anyhow;
-use tokio::{signal::unix::SignalKind, task::JoinSet};
+use tokio::task::JoinSet;
 use tracing::info;
 
-use crate::{
-    config::Config,
-    control::{self, Handler},
-    startup,
-    status::Status,
-    sync::nftables,
-    tasks,
-};
+use crate::{config::Config, signals::Shutdown, startup, sync::nftables, tasks};
 
-/// A source of [`Status`] snapshots for other subsystems (metrics).
-pub type StatusSource = Arc<dyn Fn() -> anyhow::Result<Status> + Send + Sync>;
-
-/// Runs the daemon until SIGINT/SIGTERM (or a fatal error), calling `started` with a status
-/// source once everything is attached and synced. On return every XDP attachment is gone and
-/// the control socket is removed.
-pub async fn run_with(
+/// Runs the daemon until SIGINT/SIGTERM ([`Shutdown`]) or a fatal error, serving `/metrics` on
+/// `metrics` (bound before anything was attached) when given. On return every XDP attachment
+/// is gone and the control socket is removed.
+pub async fn run(
     config: Config,
     socket: PathBuf,
-    started: impl FnOnce(StatusSource),
+    metrics: Option<std::net::TcpListener>,
+    mut shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let s = startup::start(&config, socket.clone()).await?;
     let _socket_guard = s.socket_guard;
@@ -70,22 +61,15 @@ pub async fn run_with(
         s.ruleset_events,
         legacy_events,
     ));
-    let handler: Arc<dyn Handler> = Arc::new(tasks::control::ControlHandler {
-        shared: shared.clone(),
-    });
-    let listener = s.listener;
-    tasks.spawn(async move {
-        control::serve(listener, handler).await;
-        Err(anyhow!("control socket closed"))
-    });
-    let source = shared.clone();
-    started(Arc::new(move || source.lock().status()));
+    tasks.spawn(tasks::control::run(s.listener, shared.clone()));
+    tasks.spawn(tasks::status::publish(shared.clone()));
+    if let Some(listener) = metrics {
+        tasks.spawn(tasks::metrics::run(listener, shared.clone()));
+    }
     info!(socket = %socket.display(), "xdp-routerd running; fast path on");
 
-    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
     let result = tokio::select! {
-        _ = tokio::signal::ctrl_c() => { info!("SIGINT: detaching and exiting"); Ok(()) }
-        _ = sigterm.recv() => { info!("SIGTERM: detaching and exiting"); Ok(()) }
+        signal = shutdown.requested() => { info!("{signal}: detaching and exiting"); Ok(()) }
         Some(res) = tasks.join_next() => match res {
             Ok(Err(e)) => Err(e),
             Ok(Ok(())) => Err(anyhow!("a task ended unexpectedly")),
@@ -93,8 +77,8 @@ pub async fn run_with(
         },
     };
     tasks.abort_all();
-    // Detach now, explicitly: aborted tasks and the metrics' status source may still hold the
-    // state for a moment, so dropping our reference alone would not close the bpf_links yet.
+    // Detach now, explicitly: aborted tasks and the request threads may still hold the state
+    // for a moment, so dropping our reference alone would not close the bpf_links yet.
     shared.lock().dp.detach_all();
     result
 }

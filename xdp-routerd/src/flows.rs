@@ -21,6 +21,8 @@ use xdp_router_common::{
 
 use crate::sync::conntrack::{CtEntry, CtStatus, CtTuple, IPPROTO_TCP, tcp_state};
 
+use addresses::Addresses;
+
 /// The flow maps, as the manager needs them (implemented by [`crate::datapath::Datapath`]).
 pub trait FlowTable {
     fn insert_v4(&mut self, key: &FlowKeyV4, value: &FlowV4) -> Result<(), MapError>;
@@ -283,20 +285,32 @@ impl<T: Packed> Conns<T> {
             ingress: s.ingress,
         })
     }
-    fn insert(&mut self, orig: &CtTuple, s: &Stored<CtTuple>) {
-        if let (Some(k), Some(reply)) = (T::pack(orig), T::pack(&s.reply)) {
-            self.0.insert(
-                k,
-                Stored {
-                    reply,
-                    id: s.id,
-                    status: s.status,
-                    mark: s.mark,
-                    zone: s.zone,
-                    ingress: s.ingress,
-                },
-            );
-        }
+    /// Stores `s` under `orig`; returns what it replaced, and whether it was stored (both
+    /// tuples of this family).
+    fn insert(&mut self, orig: &CtTuple, s: &Stored<CtTuple>) -> (Option<Stored<CtTuple>>, bool) {
+        let (Some(k), Some(reply)) = (T::pack(orig), T::pack(&s.reply)) else {
+            return (None, false);
+        };
+        let old = self.0.insert(
+            k,
+            Stored {
+                reply,
+                id: s.id,
+                status: s.status,
+                mark: s.mark,
+                zone: s.zone,
+                ingress: s.ingress,
+            },
+        );
+        let old = old.map(|s| Stored {
+            reply: s.reply.unpack(),
+            id: s.id,
+            status: s.status,
+            mark: s.mark,
+            zone: s.zone,
+            ingress: s.ingress,
+        });
+        (old, true)
     }
     fn remove(&mut self, orig: &CtTuple) -> Option<Stored<CtTuple>> {
         let s = self.0.remove(&T::pack(orig)?)?;
@@ -415,6 +429,8 @@ pub struct FlowManager {
     managed: BTreeMap<u32, String>,
     stats: ManagerStats,
     full_log: OncePerInterval,
+    /// The addresses the offloaded connections use (not the parked ones).
+    addresses: Addresses,
 }
 
 /// How often a full flow map is reported in the log, at most.
@@ -494,17 +510,33 @@ impl FlowManager {
     }
 
     fn insert(&mut self, orig: &CtTuple, s: &Stored<CtTuple>) {
-        match orig.src {
+        let (old, stored) = match orig.src {
             IpAddr::V4(_) => self.conns_v4.insert(orig, s),
             IpAddr::V6(_) => self.conns_v6.insert(orig, s),
+        };
+        if let Some(old) = old {
+            self.addresses.remove(orig, &old.reply);
+        }
+        if stored {
+            self.addresses.add(orig, &s.reply);
         }
     }
 
     fn take(&mut self, orig: &CtTuple) -> Option<Stored<CtTuple>> {
-        match orig.src {
+        let old = match orig.src {
             IpAddr::V4(_) => self.conns_v4.remove(orig),
             IpAddr::V6(_) => self.conns_v6.remove(orig),
+        };
+        if let Some(old) = &old {
+            self.addresses.remove(orig, &old.reply);
         }
+        old
+    }
+
+    /// Whether an offloaded connection's route answers depend on an address from `first` to
+    /// `last` (its source, NAT address or remote end; same family).
+    pub fn uses_addresses_in(&self, first: IpAddr, last: IpAddr) -> bool {
+        self.addresses.any_in(first, last)
     }
 
     fn stored(&self) -> impl Iterator<Item = (CtTuple, Stored<CtTuple>)> + '_ {
@@ -721,9 +753,34 @@ impl FlowManager {
     /// Every offloaded and parked connection as last seen: what a revalidation re-checks (its
     /// routes are looked up before [`revalidate`](Self::revalidate) applies the answers).
     pub fn snapshot(&self) -> Vec<CtEntry> {
+        self.snapshot_where(|_| true)
+    }
+
+    /// The offloaded and parked connections `keep` selects, as last seen (a revalidation of
+    /// those whose route answers may have changed, see [`crate::paths::Stale`]). Walks every
+    /// connection.
+    pub fn snapshot_where(&self, keep: impl Fn(&CtEntry) -> bool) -> Vec<CtEntry> {
         self.stored()
             .map(|(orig, s)| s.entry(orig))
             .chain(self.parked.values().cloned())
+            .filter(|e| keep(e))
+            .collect()
+    }
+
+    /// [`snapshot_where`](Self::snapshot_where) among the offloaded connections `named` and
+    /// the parked ones only: when no offloaded connection uses a changed address (see
+    /// [`uses_addresses_in`](Self::uses_addresses_in)), costs what was named, not the table.
+    pub fn snapshot_of<'a>(
+        &self,
+        named: impl IntoIterator<Item = &'a CtTuple>,
+        keep: impl Fn(&CtEntry) -> bool,
+    ) -> Vec<CtEntry> {
+        let mut seen = HashSet::new();
+        named
+            .into_iter()
+            .filter_map(|orig| Some(self.get(orig)?.entry(*orig)))
+            .chain(self.parked.values().cloned())
+            .filter(|e| seen.insert(e.orig) && keep(e))
             .collect()
     }
 
@@ -1167,6 +1224,7 @@ fn v6_entry(d: &Dir<'_>) -> (FlowKeyV6, FlowV6, ArmKeyV6) {
     (key, value, arm)
 }
 
+mod addresses;
 #[cfg(test)]
 pub(crate) mod fake;
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub mod datapath;
 pub mod flows;
 pub mod metrics;
 pub mod paths;
+pub mod signals;
 pub mod startup;
 pub mod state;
 pub mod status;

@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use xdp_routerd::{
     config::{Config, DEFAULT_CONTROL_SOCKET},
     control::{self, Request},
-    daemon, metrics,
+    daemon, metrics, signals,
     status::{AddrFilter, FlowFilter, Flows, Status, render_stats},
 };
 
@@ -138,8 +138,12 @@ fn parse_addr_filter(s: &str) -> Result<AddrFilter, String> {
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run { config, socket } => {
+            // SIGINT/SIGTERM are taken by a thread of their own (see `signals`): blocked here,
+            // before any other thread exists, so that every thread inherits the mask.
+            signals::block()?;
             let config = Config::load(&config)?;
             init_logging(&config.log_level);
+            let shutdown = signals::spawn_waiter()?;
             let socket = socket.unwrap_or_else(|| config.control_socket.clone());
             // Bound before anything is attached: a taken port is a start-up error.
             let metrics_listener = config.metrics_listen.map(metrics::bind).transpose()?;
@@ -147,13 +151,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            let result = rt.block_on(daemon::run_with(config, socket, move |source| {
-                if let Some(listener) = metrics_listener
-                    && let Err(e) = metrics::spawn(listener, source)
-                {
-                    tracing::error!(error = %format!("{e:#}"), "metrics endpoint not started");
-                }
-            }));
+            let result = rt.block_on(daemon::run(config, socket, metrics_listener, shutdown));
             // The daemon has detached by now; do not let a stuck scrape or control request
             // delay the exit (SIGTERM must end the process within 2 s).
             rt.shutdown_timeout(Duration::from_millis(300));

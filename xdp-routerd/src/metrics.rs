@@ -30,7 +30,10 @@ use prometheus_client::{
 use tracing::{debug, info, warn};
 use xdp_router_common::Reason;
 
-use crate::{daemon::StatusSource, status::Status};
+use crate::status::Status;
+
+/// Where the metrics' status comes from (the daemon's state; a fixed one in tests).
+pub type StatusSource = Arc<dyn Fn() -> anyhow::Result<Status> + Send + Sync>;
 
 /// Every metric name starts with this (plus `_`).
 pub const PREFIX: &str = "xdp_router";
@@ -353,6 +356,13 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
         Some(&Unit::Seconds),
         [(vec![], s.fib_cache.max_age_ms as f64 / 1000.0)],
     )?;
+    gauges(
+        enc,
+        "status_age",
+        "How old this scrape's figures are: 0 when read for it, else the age of the last status read, served because the daemon's state was busy.",
+        Some(&Unit::Seconds),
+        [(vec![], s.age_ms as f64 / 1000.0)],
+    )?;
     Ok(())
 }
 
@@ -406,16 +416,19 @@ pub fn bind(addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
     Ok(l)
 }
 
-/// Starts serving `/metrics` on `listener` (from [`bind`]) in a background task of the current
-/// tokio runtime. It ends with the runtime.
-pub fn spawn(listener: std::net::TcpListener, source: StatusSource) -> anyhow::Result<()> {
+/// Serves `/metrics` on `listener` (from [`bind`]) with the current tokio runtime, forever
+/// (see [`crate::tasks::metrics`] for where it runs); fails only when the listener cannot be
+/// registered with the runtime.
+pub async fn serve_listener(
+    listener: std::net::TcpListener,
+    source: StatusSource,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)
         .context("cannot register the metrics listener with tokio")?;
     if let Ok(addr) = listener.local_addr() {
         info!(url = %format!("http://{addr}/metrics"), "serving Prometheus metrics");
     }
-    let registry = Arc::new(registry(source));
-    tokio::spawn(serve(listener, registry));
+    serve(listener, Arc::new(registry(source))).await;
     Ok(())
 }
 
@@ -589,6 +602,7 @@ mod tests {
                 armed_interfaces: 2,
                 fib_mark: true,
             },
+            age_ms: 0,
         }
     }
 
@@ -858,7 +872,10 @@ mod tests {
         let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
         let status = sample_status();
-        spawn(listener, Arc::new(move || Ok(status.clone()))).unwrap();
+        tokio::spawn(serve_listener(
+            listener,
+            Arc::new(move || Ok(status.clone())),
+        ));
         let get = |method: &'static str, path: &'static str| {
             tokio::task::spawn_blocking(move || {
                 let mut s = std::net::TcpStream::connect(addr).unwrap();

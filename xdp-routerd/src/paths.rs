@@ -7,7 +7,7 @@
 //! The answers are exact for the batch: the same query within one pass gets the same answer.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     future::Future,
     net::IpAddr,
     sync::atomic::{AtomicU64, Ordering},
@@ -18,8 +18,9 @@ use netlink_packet_route::route::RouteType;
 use crate::{
     flows::PathOracle,
     sync::{
-        conntrack::CtEntry,
+        conntrack::{CtEntry, CtTuple},
         routes::{RouteInfo, RouteLookup, RouteQuery},
+        rtnl::Prefix,
     },
 };
 
@@ -119,6 +120,101 @@ impl PathOracle for ResolvedPaths {
                 ..
             })
         )
+    }
+}
+
+/// Which connections' route answers may be stale and must be looked up again (a
+/// revalidation's scope): everything, or the connections with an address inside a changed
+/// route's destination, or named ones (looked up while the routing changed).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Stale {
+    all: bool,
+    /// Changed destinations by (IPv6?, prefix length): their masked addresses.
+    prefixes: BTreeMap<(bool, u8), HashSet<IpAddr>>,
+    conns: HashSet<CtTuple>,
+}
+
+impl Stale {
+    /// Every connection.
+    pub fn all() -> Stale {
+        Stale {
+            all: true,
+            ..Stale::default()
+        }
+    }
+
+    /// Nothing is stale.
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.prefixes.is_empty() && self.conns.is_empty()
+    }
+
+    /// Whether every connection is.
+    pub fn is_all(&self) -> bool {
+        self.all
+    }
+
+    /// Makes every connection stale.
+    pub fn add_all(&mut self) {
+        *self = Stale::all();
+    }
+
+    /// The answers for addresses inside `p` may have changed.
+    pub fn add_prefix(&mut self, p: Prefix) {
+        if !self.all {
+            self.prefixes
+                .entry((p.addr.is_ipv6(), p.len))
+                .or_default()
+                .insert(p.addr);
+        }
+    }
+
+    /// The answers looked up for these connections may have changed.
+    pub fn add_conns(&mut self, conns: impl IntoIterator<Item = CtTuple>) {
+        if !self.all {
+            self.conns.extend(conns);
+        }
+    }
+
+    /// Adds what `other` holds.
+    pub fn merge(&mut self, other: Stale) {
+        if other.all {
+            self.add_all();
+        } else if !self.all {
+            for (k, v) in other.prefixes {
+                self.prefixes.entry(k).or_default().extend(v);
+            }
+            self.conns.extend(other.conns);
+        }
+    }
+
+    /// The changed destinations.
+    pub fn prefixes(&self) -> impl Iterator<Item = Prefix> + '_ {
+        self.prefixes
+            .iter()
+            .flat_map(|(&(_, len), addrs)| addrs.iter().map(move |&addr| Prefix { addr, len }))
+    }
+
+    /// The connections named.
+    pub fn conns(&self) -> impl Iterator<Item = &CtTuple> + '_ {
+        self.conns.iter()
+    }
+
+    /// Whether `addr` is inside a changed destination.
+    fn covers(&self, addr: IpAddr) -> bool {
+        let v6 = addr.is_ipv6();
+        self.prefixes
+            .range((v6, 0)..=(v6, u8::MAX))
+            .any(|(&(_, len), set)| set.contains(&Prefix::mask(addr, len)))
+    }
+
+    /// Whether `e`'s route answers may be stale: it is named, or one of the addresses
+    /// [`resolve`] asks about for it (source, NAT address, reply source) is covered.
+    pub fn touches(&self, e: &CtEntry) -> bool {
+        self.all
+            || self.conns.contains(&e.orig)
+            || [e.orig.src, e.reply.dst, e.reply.src]
+                .into_iter()
+                .any(|a| self.covers(a))
     }
 }
 

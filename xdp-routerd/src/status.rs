@@ -32,6 +32,11 @@ pub struct Status {
     /// Firewall ruleset tracking (arming).
     #[serde(default)]
     pub ruleset: RulesetStatus,
+    /// How old these figures are: 0 when built for this request, else the age of the last
+    /// status built, answered because the daemon was busy (see
+    /// [`crate::state::Shared::status`]).
+    #[serde(default)]
+    pub age_ms: u64,
 }
 
 /// Firewall ruleset tracking: flow directions are forwarded only once the kernel forwarded one
@@ -597,6 +602,7 @@ mod tests {
             conntrack: ConntrackStatus::default(),
             fib_cache: FibCacheStatus::default(),
             ruleset: RulesetStatus::default(),
+            age_ms: 0,
         }
     }
 

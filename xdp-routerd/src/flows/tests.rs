@@ -326,6 +326,35 @@ fn route_change_revalidation_takes_flows_back() {
 }
 
 #[test]
+fn the_addresses_in_use_follow_offloads_and_removals() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let used = |m: &FlowManager, first: &str, last: &str| m.uses_addresses_in(ip(first), ip(last));
+    assert!(!used(&m, "0.0.0.0", "255.255.255.255"));
+    m.upsert(snat_tcp(), &mut t, &paths());
+    // Source, NAT address and remote end; nothing else.
+    for a in ["10.0.1.2", "203.0.113.1", "198.51.100.7"] {
+        assert!(used(&m, a, a), "{a}");
+    }
+    assert!(used(&m, "198.51.100.0", "198.51.100.255"));
+    assert!(!used(&m, "198.51.100.8", "198.51.100.255"));
+    assert!(!used(&m, "172.16.0.0", "172.31.255.255"));
+    assert!(!used(&m, "::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"));
+    // Upserting it again does not count it twice.
+    m.upsert(snat_tcp(), &mut t, &paths());
+    // Taken back by a routing change (parked: not counted), then gone.
+    assert_eq!(
+        m.revalidate(m.snapshot(), &mut t, &FakePaths { wan: 9, ..paths() }),
+        (1, 0)
+    );
+    assert!(!used(&m, "0.0.0.0", "255.255.255.255"));
+    m.revalidate(m.snapshot(), &mut t, &paths());
+    assert!(used(&m, "10.0.1.2", "10.0.1.2"));
+    assert!(m.forget(&snat_tcp().orig, &mut t));
+    assert!(!used(&m, "0.0.0.0", "255.255.255.255"));
+}
+
+#[test]
 fn route_restored_brings_the_connection_back() {
     let (mut m, mut t) = (manager(), FakeTable::default());
     m.upsert(snat_tcp(), &mut t, &paths());

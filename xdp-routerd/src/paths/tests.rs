@@ -232,3 +232,32 @@ fn a_question_not_looked_up_is_counted_and_answered_no_route() {
     assert!(!resolved.is_local("203.0.113.1".parse().unwrap()));
     assert_eq!(resolved.missed(), 2);
 }
+
+#[test]
+fn stale_touches_entries_by_every_address_resolve_asks_about() {
+    let e = snat("10.0.1.2", 40000, "198.51.100.7", 0);
+    let prefix = |a: &str, len| Prefix::new(a.parse().unwrap(), len).unwrap();
+    let touched = |p| {
+        let mut s = Stale::default();
+        s.add_prefix(p);
+        s.touches(&e)
+    };
+    // The source, the NAT address and the remote end (the reply's source).
+    assert!(touched(prefix("10.0.1.0", 24)));
+    assert!(touched(prefix(&e.reply.dst.to_string(), 32)));
+    assert!(touched(prefix("198.51.100.7", 32)));
+    assert!(touched(prefix("0.0.0.0", 0)));
+    // Other prefixes, and the other family's default route, do not.
+    assert!(!touched(prefix("198.51.100.8", 32)));
+    assert!(!touched(prefix("172.16.0.0", 12)));
+    assert!(!touched(prefix("::", 0)));
+    // Named connections, and everything.
+    let mut s = Stale::default();
+    assert!(s.is_empty() && !s.touches(&e));
+    s.add_conns([e.orig]);
+    assert!(s.touches(&e) && !s.is_all());
+    let mut all = Stale::default();
+    all.merge(Stale::all());
+    all.add_prefix(prefix("172.16.0.0", 12));
+    assert!(all.is_all() && all.touches(&e));
+}

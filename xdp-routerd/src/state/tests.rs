@@ -20,7 +20,7 @@ use crate::{
     flows::fake::FakeTable,
     sync::{
         conntrack::{CtEntry, CtEvent, CtStatus, CtTuple},
-        rtnl::RtEvent,
+        rtnl::{Prefix, RtEvent},
     },
     tasks::{
         conntrack::{apply_events, batch_tcp_to_offload},
@@ -385,11 +385,59 @@ fn link_gone_detaches_and_revalidation_hands_its_flows_back() {
         &BTreeMap::new(),
         &BridgeReads::new(),
     );
-    assert!(revalidate);
+    assert!(revalidate.is_all());
     assert!(!s.dp.attached.contains_key(&WAN));
     let State { dp, flows, .. } = &mut s;
     assert_eq!(flows.revalidate(flows.snapshot(), dp, &routes), (1, 0));
     assert!(s.dp.table.v4.is_empty());
+}
+
+#[test]
+fn a_route_change_revalidates_only_the_flows_with_an_address_inside_it() {
+    let mut s = state();
+    let routes = Routes(WAN);
+    let mut other = snat(40001);
+    other.orig.dst = "192.0.2.9".parse().unwrap();
+    other.reply.src = other.orig.dst;
+    apply_events(
+        &mut s,
+        vec![CtEvent::New(snat(40000)), CtEvent::New(other.clone())],
+        &routes,
+    );
+    assert_eq!(s.flows.len(), 2);
+    let route = |a: &str, len| RtEvent::RouteChanged(Prefix::new(a.parse().unwrap(), len).unwrap());
+    let none = BTreeMap::new();
+    // A route to a prefix no flow uses (a BGP table churning elsewhere): nothing to re-check.
+    let (stale, _) = apply_rt_events(
+        &mut s,
+        vec![route("172.16.0.1", 32), route("172.16.0.0", 16)],
+        &none,
+        &BridgeReads::new(),
+    );
+    assert!(!stale.is_empty() && !stale.is_all());
+    assert!(s.flows.snapshot_where(|e| stale.touches(e)).is_empty());
+    // A route covering the remote end of one connection: that one only.
+    let (stale, _) = apply_rt_events(
+        &mut s,
+        vec![route("198.51.100.0", 24)],
+        &none,
+        &BridgeReads::new(),
+    );
+    let picked = s.flows.snapshot_where(|e| stale.touches(e));
+    assert_eq!(
+        picked.iter().map(|e| e.orig).collect::<Vec<_>>(),
+        vec![snat(40000).orig]
+    );
+    // The default route covers both; so does an address change.
+    for ev in [route("0.0.0.0", 0), RtEvent::PathsChanged] {
+        let (stale, _) = apply_rt_events(&mut s, vec![ev], &none, &BridgeReads::new());
+        assert_eq!(s.flows.snapshot_where(|e| stale.touches(e)).len(), 2);
+    }
+    // The route moved to an unmanaged interface: revalidating what was picked takes it back.
+    let State { dp, flows, .. } = &mut s;
+    assert_eq!(flows.revalidate(picked, dp, &Routes(99)), (1, 0));
+    assert_eq!(s.flows.len(), 1);
+    assert!(s.flows.is_offloaded(&other.orig));
 }
 
 #[test]
@@ -408,7 +456,7 @@ fn a_new_device_is_attached_shaped_until_its_qdiscs_are_read() {
     ];
     let links = BTreeMap::from([("wan".to_string(), (Some(7), Some([2, 0, 0, 0, 0, 7])))]);
     let (revalidate, reread) = apply_rt_events(&mut s, batch, &links, &BridgeReads::new());
-    assert!(revalidate && reread);
+    assert!(revalidate.is_all() && reread);
     assert_eq!(s.dp.attached[&7], (1, IFACE_F_SHAPED, [2, 0, 0, 0, 0, 7]));
     s.apply_qdiscs(Ok(Vec::new()));
     assert_eq!(flags(&s, 7), 0);
@@ -431,7 +479,7 @@ fn a_mac_change_is_written_without_reattaching() {
         &BTreeMap::new(),
         &BridgeReads::new(),
     );
-    assert!(!revalidate && !reread);
+    assert!(revalidate.is_empty() && !reread);
     assert_eq!(s.dp.attached[&LAN].2, [2, 0, 0, 0, 0, 9]);
 }
 
@@ -463,7 +511,7 @@ fn an_overrun_rereads_every_link_and_asks_for_everything() {
     ]);
     let (revalidate, reread) =
         apply_rt_events(&mut s, vec![RtEvent::Overrun], &links, &BridgeReads::new());
-    assert!(revalidate && reread);
+    assert!(revalidate.is_all() && reread);
     assert!(!s.dp.attached.contains_key(&WAN));
     assert!(s.dp.attached.contains_key(&LAN));
 }
@@ -479,7 +527,7 @@ fn route_changes_ask_for_revalidation_and_neighbour_changes_do_not() {
             &none,
             &BridgeReads::new()
         ),
-        (true, false)
+        (Stale::all(), false)
     );
     assert_eq!(
         apply_rt_events(
@@ -488,7 +536,7 @@ fn route_changes_ask_for_revalidation_and_neighbour_changes_do_not() {
             &none,
             &BridgeReads::new()
         ),
-        (false, false)
+        (Stale::default(), false)
     );
     assert_eq!(
         apply_rt_events(
@@ -497,7 +545,7 @@ fn route_changes_ask_for_revalidation_and_neighbour_changes_do_not() {
             &none,
             &BridgeReads::new()
         ),
-        (false, true)
+        (Stale::default(), true)
     );
     assert_eq!(
         apply_rt_events(
@@ -506,7 +554,7 @@ fn route_changes_ask_for_revalidation_and_neighbour_changes_do_not() {
             &none,
             &BridgeReads::new()
         ),
-        (false, false)
+        (Stale::default(), false)
     );
 }
 
@@ -590,13 +638,13 @@ fn a_bridge_is_managed_through_its_ports() {
     let none = BTreeMap::new();
     assert_eq!(
         apply_rt_events(&mut s, qdisc_on(12), &none, &BridgeReads::new()),
-        (false, true)
+        (Stale::default(), true)
     );
     s.apply_qdiscs(Ok(vec![root(12, "htb")]));
     assert_eq!(flags(&s, 12), IFACE_F_BRIDGE_PORT | IFACE_F_SHAPED);
     assert_eq!(
         apply_rt_events(&mut s, qdisc_on(99), &none, &BridgeReads::new()),
-        (false, false)
+        (Stale::default(), false)
     );
 }
 

@@ -114,7 +114,7 @@ pub fn netdev_chain_hooks(listing: &str) -> BTreeMap<String, Hooks> {
 
 /// Output of `cmd args…`, or `None` when it cannot run or fails.
 async fn output(cmd: &str, args: &[&str]) -> Option<String> {
-    let out = tokio::process::Command::new(cmd)
+    let out = crate::signals::unblocked_in_child(&mut tokio::process::Command::new(cmd))
         .args(args)
         .kill_on_drop(true)
         .output()

@@ -138,7 +138,7 @@ async fn legacy_tables_exist() -> bool {
 async fn legacy_rules_hash() -> Option<u64> {
     let mut h = DefaultHasher::new();
     for tool in ["iptables-legacy-save", "ip6tables-legacy-save"] {
-        let out = tokio::process::Command::new(tool)
+        let out = crate::signals::unblocked_in_child(&mut tokio::process::Command::new(tool))
             .kill_on_drop(true)
             .output()
             .await

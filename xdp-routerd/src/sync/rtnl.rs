@@ -6,10 +6,17 @@
 //! connection's endpoints sit behind managed interfaces, and (2) change notifications: a link that appears or disappears,
 //! or an address or route change that may invalidate an offloaded flow's NAT or path.
 
-use std::io;
+use std::{
+    io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
-use netlink_packet_route::{RouteNetlinkMessage, link::LinkAttribute};
+use netlink_packet_route::{
+    AddressFamily, RouteNetlinkMessage,
+    link::LinkAttribute,
+    route::{RouteAddress, RouteAttribute, RouteMessage},
+};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use tokio::sync::mpsc;
 
@@ -24,8 +31,12 @@ pub enum RtEvent {
     },
     /// A link was deleted.
     LinkGone { ifindex: u32, name: String },
-    /// An address or route was added or removed: offloaded flows must be revalidated.
+    /// An address was added or removed (or a route of another family): every offloaded flow
+    /// must be revalidated.
     PathsChanged,
+    /// An IPv4 or IPv6 route to this destination was added, replaced or removed: the route
+    /// answers for addresses inside it may change, no others (longest-prefix match).
+    RouteChanged(Prefix),
     /// A qdisc of this interface was added, replaced or deleted: re-read its egress qdiscs
     /// (`shaped = "auto"`, see [`crate::sync::qdisc`]).
     QdiscChanged { ifindex: u32 },
@@ -36,6 +47,79 @@ pub enum RtEvent {
     Fdb(super::bridge::FdbEvent),
     /// Notifications were lost (socket overrun): re-read everything.
     Overrun,
+}
+
+/// A route's destination prefix (`addr` has its host bits cleared).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Prefix {
+    pub addr: IpAddr,
+    pub len: u8,
+}
+
+impl Prefix {
+    /// `addr/len`, host bits cleared; `None` when `len` is longer than the address.
+    pub fn new(addr: IpAddr, len: u8) -> Option<Prefix> {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        (len <= max).then(|| Prefix {
+            addr: Prefix::mask(addr, len),
+            len,
+        })
+    }
+
+    /// `addr` with everything after its first `len` bits cleared.
+    pub fn mask(addr: IpAddr, len: u8) -> IpAddr {
+        match addr {
+            IpAddr::V4(a) => {
+                let m = u32::MAX
+                    .checked_shl(32 - u32::from(len.min(32)))
+                    .unwrap_or(0);
+                IpAddr::V4((u32::from(a) & m).into())
+            }
+            IpAddr::V6(a) => {
+                let m = u128::MAX
+                    .checked_shl(128 - u32::from(len.min(128)))
+                    .unwrap_or(0);
+                IpAddr::V6((u128::from(a) & m).into())
+            }
+        }
+    }
+
+    /// Its last address (all host bits set).
+    pub fn last(&self) -> IpAddr {
+        match self.addr {
+            IpAddr::V4(a) => {
+                let host = u32::MAX.checked_shr(u32::from(self.len)).unwrap_or(0);
+                IpAddr::V4((u32::from(a) | host).into())
+            }
+            IpAddr::V6(a) => {
+                let host = u128::MAX.checked_shr(u32::from(self.len)).unwrap_or(0);
+                IpAddr::V6((u128::from(a) | host).into())
+            }
+        }
+    }
+
+    /// Whether `addr` is inside it.
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        addr.is_ipv4() == self.addr.is_ipv4() && Prefix::mask(addr, self.len) == self.addr
+    }
+
+    /// The destination of an IPv4 or IPv6 route message (no `RTA_DST`: the default route);
+    /// `None` for other families.
+    fn of_route(r: &RouteMessage) -> Option<Prefix> {
+        let dst = r.attributes.iter().find_map(|a| match a {
+            RouteAttribute::Destination(RouteAddress::Inet(a)) => Some(IpAddr::V4(*a)),
+            RouteAttribute::Destination(RouteAddress::Inet6(a)) => Some(IpAddr::V6(*a)),
+            _ => None,
+        });
+        let addr = match (r.header.address_family, dst) {
+            (AddressFamily::Inet, Some(a @ IpAddr::V4(_)))
+            | (AddressFamily::Inet6, Some(a @ IpAddr::V6(_))) => a,
+            (AddressFamily::Inet, None) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            (AddressFamily::Inet6, None) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            _ => return None,
+        };
+        Prefix::new(addr, r.header.destination_prefix_length)
+    }
 }
 
 /// Turns one rtnetlink notification into a domain event (pure; unit-tested).
@@ -59,10 +143,12 @@ pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
             ifindex: l.header.index,
             name: link_name(&l.attributes)?,
         }),
-        RouteNetlinkMessage::NewAddress(_)
-        | RouteNetlinkMessage::DelAddress(_)
-        | RouteNetlinkMessage::NewRoute(_)
-        | RouteNetlinkMessage::DelRoute(_) => Some(RtEvent::PathsChanged),
+        RouteNetlinkMessage::NewRoute(r) | RouteNetlinkMessage::DelRoute(r) => {
+            Some(Prefix::of_route(r).map_or(RtEvent::PathsChanged, RtEvent::RouteChanged))
+        }
+        RouteNetlinkMessage::NewAddress(_) | RouteNetlinkMessage::DelAddress(_) => {
+            Some(RtEvent::PathsChanged)
+        }
         // Bridge FDB entries (AF_BRIDGE) do not change FIB answers.
         RouteNetlinkMessage::NewNeighbour(n)
             if n.header.family == netlink_packet_route::AddressFamily::Bridge =>
@@ -245,6 +331,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn prefixes_contain_exactly_their_addresses() {
+        let p = Prefix::new("10.1.2.3".parse().unwrap(), 16).unwrap();
+        assert_eq!(p.addr, "10.1.0.0".parse::<IpAddr>().unwrap());
+        assert!(p.contains("10.1.255.255".parse().unwrap()));
+        assert!(!p.contains("10.2.0.0".parse().unwrap()));
+        assert!(!p.contains("::a01:0".parse().unwrap()));
+        let default = Prefix::new("0.0.0.0".parse().unwrap(), 0).unwrap();
+        assert!(default.contains("203.0.113.9".parse().unwrap()));
+        assert!(!default.contains("2001:db8::1".parse().unwrap()));
+        let host = Prefix::new("2001:db8::1".parse().unwrap(), 128).unwrap();
+        assert!(host.contains("2001:db8::1".parse().unwrap()));
+        assert!(!host.contains("2001:db8::2".parse().unwrap()));
+        assert_eq!(Prefix::new("10.0.0.0".parse().unwrap(), 33), None);
+        assert_eq!(p.last(), "10.1.255.255".parse::<IpAddr>().unwrap());
+        assert_eq!(host.last(), host.addr);
+        assert_eq!(default.last(), "255.255.255.255".parse::<IpAddr>().unwrap());
+        let v6 = Prefix::new("2001:db8:1::".parse().unwrap(), 48).unwrap();
+        assert_eq!(
+            v6.last(),
+            "2001:db8:1:ffff:ffff:ffff:ffff:ffff"
+                .parse::<IpAddr>()
+                .unwrap()
+        );
+    }
+
+    #[test]
     fn link_messages_become_link_events() {
         let mut l = LinkMessage::default();
         l.header.index = 7;
@@ -280,8 +392,52 @@ mod tests {
 
     #[test]
     fn route_and_address_changes_invalidate_paths() {
+        // A route of an unknown family: everything.
         assert_eq!(
             translate(&RouteNetlinkMessage::DelRoute(RouteMessage::default())),
+            Some(RtEvent::PathsChanged)
+        );
+        let route = |family, dst: Option<IpAddr>, len| {
+            let mut r = RouteMessage::default();
+            r.header.address_family = family;
+            r.header.destination_prefix_length = len;
+            r.attributes
+                .extend(dst.map(|d| RouteAttribute::Destination(RouteAddress::from(d))));
+            r
+        };
+        let prefix = |a: &str, len| Prefix::new(a.parse().unwrap(), len).unwrap();
+        assert_eq!(
+            translate(&RouteNetlinkMessage::NewRoute(route(
+                AddressFamily::Inet,
+                Some("172.16.3.7".parse().unwrap()),
+                24
+            ))),
+            Some(RtEvent::RouteChanged(prefix("172.16.3.0", 24)))
+        );
+        assert_eq!(
+            translate(&RouteNetlinkMessage::DelRoute(route(
+                AddressFamily::Inet6,
+                Some("2001:db8::1".parse().unwrap()),
+                128
+            ))),
+            Some(RtEvent::RouteChanged(prefix("2001:db8::1", 128)))
+        );
+        // The default route: no RTA_DST.
+        assert_eq!(
+            translate(&RouteNetlinkMessage::DelRoute(route(
+                AddressFamily::Inet,
+                None,
+                0
+            ))),
+            Some(RtEvent::RouteChanged(prefix("0.0.0.0", 0)))
+        );
+        // A prefix longer than the address cannot be judged: everything.
+        assert_eq!(
+            translate(&RouteNetlinkMessage::NewRoute(route(
+                AddressFamily::Inet,
+                Some("10.0.0.1".parse().unwrap()),
+                33
+            ))),
             Some(RtEvent::PathsChanged)
         );
         assert_eq!(

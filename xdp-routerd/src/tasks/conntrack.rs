@@ -134,12 +134,23 @@ pub async fn run(
         let (paths, generation) = resolve_fresh(&shared, &mut lookup, &upserts).await;
         let marked = batch_tcp_to_offload(&shared.lock().flows, &batch, &paths);
         mark(&shared, &mut requests, &marked).await;
-        let newly_tcp = {
-            let mut s = shared.lock();
-            s.ct.decode_errors = decode_errors;
-            apply_events(&mut s, batch, &paths)
-        };
-        apply_stale_check(&shared, generation);
+        let upserted: Vec<CtTuple> = upserts.iter().map(|e| e.orig).collect();
+        // In order, in chunks: status, metrics and the other tasks get the lock in between.
+        let mut newly_tcp = Vec::new();
+        let mut rest = batch;
+        while !rest.is_empty() {
+            let tail = rest.split_off(rest.len().min(APPLY_CHUNK));
+            {
+                let mut s = shared.lock();
+                s.ct.decode_errors = decode_errors;
+                newly_tcp.extend(apply_events(&mut s, rest, &paths));
+            }
+            rest = tail;
+            if !rest.is_empty() {
+                tokio::task::yield_now().await;
+            }
+        }
+        apply_stale_check(&shared, generation, upserted);
         if !newly_tcp.is_empty() {
             // Offloaded although not foreseen (an earlier event of the batch changed what the
             // upsert did): marked now, as soon as possible.
@@ -357,7 +368,7 @@ pub async fn resync(
         );
         added
     };
-    apply_stale_check(shared, generation);
+    apply_stale_check(shared, generation, dump.iter().map(|e| e.orig));
     // The lookups' memory and what the tables left behind growing, back to the kernel.
     drop(paths);
     release_freed_memory();

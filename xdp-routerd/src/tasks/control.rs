@@ -1,14 +1,32 @@
 //! The control socket: `status`, `flows` and the fast-path toggle, each answered from the state
-//! with a few map reads or one map write (on a blocking thread, see [`crate::control::serve`]).
+//! with a few map reads or one map write (on a blocking thread, see [`crate::control::serve`]),
+//! served on a thread and runtime of its own (see [`super::on_own_thread`]).
 
 use std::sync::Arc;
 
+use anyhow::{Context as _, anyhow};
+use tokio::net::UnixListener;
 use tracing::info;
 
 use crate::{
-    control::{Handler, Request},
+    control::{self, Handler, Request},
     state::Shared,
 };
+
+/// Serves the control socket (bound at start-up) until the daemon exits.
+pub async fn run(listener: UnixListener, shared: Arc<Shared>) -> anyhow::Result<()> {
+    // Moved to the thread's own runtime.
+    let listener = listener
+        .into_std()
+        .context("cannot take the control socket off the runtime")?;
+    super::on_own_thread("control", move || async move {
+        let listener =
+            UnixListener::from_std(listener).context("cannot register the control socket")?;
+        control::serve(listener, Arc::new(ControlHandler { shared })).await;
+        Err(anyhow!("control socket closed"))
+    })
+    .await
+}
 
 /// Answers control requests from the shared state.
 pub struct ControlHandler {
@@ -17,12 +35,11 @@ pub struct ControlHandler {
 
 impl Handler for ControlHandler {
     fn handle(&self, req: Request) -> anyhow::Result<serde_json::Value> {
-        let mut s = self.shared.lock();
         Ok(match req {
-            Request::Status => serde_json::to_value(s.status()?)?,
-            Request::Flows => serde_json::to_value(s.flows())?,
+            Request::Status => serde_json::to_value(self.shared.status()?)?,
+            Request::Flows => serde_json::to_value(self.shared.flows())?,
             Request::Fastpath { on } => {
-                s.dp.set_fastpath(on)?;
+                self.shared.set_fastpath(on)?;
                 info!(on, "fast path switched {}", if on { "on" } else { "off" });
                 serde_json::json!({ "fastpath": on })
             }

@@ -16,7 +16,7 @@ use tracing::{error, info, warn};
 
 use super::{APPLY_CHUNK, conntrack};
 use crate::{
-    paths,
+    paths::{self, Stale},
     state::{Shared, State},
     sync::{
         bridge::{self, BridgeRead, BridgeReads},
@@ -55,7 +55,7 @@ pub async fn run(
         let links = read_links(&shared, &batch);
         let bridges = read_bridges(&shared, &batch);
         let fdb = read_fdb(&shared, &batch);
-        let (revalidate, reread_qdiscs) = {
+        let (stale, reread_qdiscs) = {
             let mut s = shared.lock();
             let planned = apply_rt_events(&mut s, batch, &links, &bridges);
             // Newer than every event of the batch: applied after them.
@@ -64,9 +64,7 @@ pub async fn run(
             }
             planned
         };
-        if revalidate {
-            shared.request_revalidation();
-        }
+        shared.request_revalidation(stale);
         if reread_qdiscs {
             let qdiscs = qdisc::read_all().await;
             shared.lock().apply_qdiscs(qdiscs);
@@ -76,8 +74,10 @@ pub async fn run(
     Err(anyhow!("rtnetlink event socket closed"))
 }
 
-/// Re-checks every offloaded and parked connection each time a revalidation is asked for:
-/// a snapshot (under the lock), its routes looked up (no lock), the answers applied in chunks.
+/// Re-checks the offloaded and parked connections whose route answers may have changed each
+/// time a revalidation is asked for (only those with an address inside a changed route, unless
+/// links, addresses or everything changed): a snapshot of them (under the lock), their routes
+/// looked up (no lock), the answers applied in chunks.
 /// Parked TCP connections the new paths let through are marked "be liberal" through `ct`
 /// before their chunk is applied (see [`crate::flows::FlowManager::would_add`]).
 pub async fn revalidate(
@@ -86,8 +86,26 @@ pub async fn revalidate(
     mut ct: CtNetlink,
 ) -> anyhow::Result<()> {
     loop {
-        shared.revalidation_requested().await;
-        let snapshot = shared.lock().flows.snapshot();
+        let stale = shared.revalidation_requested().await;
+        let snapshot = {
+            let s = shared.lock();
+            if stale.is_all() {
+                s.flows.snapshot()
+            } else if stale
+                .prefixes()
+                .any(|p| s.flows.uses_addresses_in(p.addr, p.last()))
+            {
+                s.flows.snapshot_where(|e| stale.touches(e))
+            } else {
+                // Routes no offloaded connection uses (most of a BGP table's churn): only the
+                // connections named and the parked ones are looked at.
+                s.flows.snapshot_of(stale.conns(), |e| stale.touches(e))
+            }
+        };
+        drop(stale);
+        if snapshot.is_empty() {
+            continue;
+        }
         let resolved = paths::resolve(&mut lookup, &snapshot).await;
         let (mut removed, mut added) = (0, 0);
         for chunk in snapshot.chunks(APPLY_CHUNK) {
@@ -171,14 +189,14 @@ fn read_fdb(shared: &Shared, batch: &[RtEvent]) -> Option<Vec<bridge::FdbEvent>>
 }
 
 /// Applies a batch of rtnetlink events with the links and bridges already read; returns
-/// whether flows must be revalidated and whether the qdiscs (and hooks) must be read again.
+/// which flows must be revalidated and whether the qdiscs (and hooks) must be read again.
 pub fn apply_rt_events<D: crate::state::Ports>(
     s: &mut State<D>,
     batch: Vec<RtEvent>,
     links: &LinkReads,
     bridges: &BridgeReads,
-) -> (bool, bool) {
-    let mut revalidate = false;
+) -> (Stale, bool) {
+    let mut revalidate = Stale::default();
     let mut reread_qdiscs = false;
     // A port added, removed or changing STP state comes as a link notification.
     let mut bridges_changed = false;
@@ -189,16 +207,21 @@ pub fn apply_rt_events<D: crate::state::Ports>(
             RtEvent::LinkUp { ifindex, name, mac } => {
                 let mac = mac.or_else(|| links.get(&name).and_then(|l| l.1));
                 let new_device = s.link_up(ifindex, &name, mac, read(&name));
-                revalidate |= new_device;
+                if new_device {
+                    revalidate.add_all();
+                }
                 reread_qdiscs |= new_device;
                 bridges_changed = true;
             }
             RtEvent::LinkGone { ifindex, .. } => {
-                revalidate |= s.link_gone(ifindex);
+                if s.link_gone(ifindex) {
+                    revalidate.add_all();
+                }
                 bridges_changed = true;
             }
             RtEvent::Fdb(ev) => s.apply_fdb(ev),
-            RtEvent::PathsChanged => revalidate = true,
+            RtEvent::PathsChanged => revalidate.add_all(),
+            RtEvent::RouteChanged(prefix) => revalidate.add_prefix(prefix),
             // Only cached FIB answers depend on these (dropped already).
             RtEvent::FibChanged => {}
             RtEvent::QdiscChanged { ifindex } => reread_qdiscs |= s.has_egress_of(ifindex),
@@ -218,7 +241,7 @@ pub fn apply_rt_events<D: crate::state::Ports>(
                         }
                     }
                 }
-                revalidate = true;
+                revalidate.add_all();
             }
         }
     }

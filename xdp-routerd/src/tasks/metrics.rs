@@ -1,0 +1,23 @@
+//! The `/metrics` endpoint: Prometheus scrapes answered from the status
+//! ([`crate::state::Shared::status`]), on a thread and runtime of its own (see
+//! [`super::on_own_thread`]) so that a scrape never waits for the daemon's busy runtime
+//! workers.
+
+use std::sync::Arc;
+
+use anyhow::anyhow;
+
+use crate::{
+    metrics::{self, StatusSource},
+    state::Shared,
+};
+
+/// Serves `/metrics` on `listener` (bound before anything was attached) until the daemon exits.
+pub async fn run(listener: std::net::TcpListener, shared: Arc<Shared>) -> anyhow::Result<()> {
+    let source: StatusSource = Arc::new(move || shared.status());
+    super::on_own_thread("metrics", move || async move {
+        metrics::serve_listener(listener, source).await?;
+        Err(anyhow!("the metrics endpoint ended"))
+    })
+    .await
+}
