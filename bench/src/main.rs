@@ -4,6 +4,7 @@
 //! `cargo xtask bench [args]` runs `xdp-router-bench [args]`; `cargo xtask test` runs
 //! `xdp-router-bench quick`; `cargo xtask lab` runs `xdp-router-bench lab`. See
 //! docs/benchmarks.md.
+mod churn;
 mod cpu;
 mod ctnl;
 mod demo;
@@ -54,7 +55,9 @@ enum Mode {
     Soak(soak::SoakArgs),
     /// Internet-sized tables (≈ 15 min; `--small` ≈ 2 min, run by `cargo xtask test`): a full
     /// BGP table in the FIB, a million conntrack entries at daemon start, fast-path rate with
-    /// the full table vs 10 routes. Fails when a check is missed.
+    /// the full table vs 10 routes, new connections per second (churn) with the daemon and
+    /// with the kernel alone, the flow maps checked against conntrack. Fails when a check is
+    /// missed.
     Scale(scale::ScaleArgs),
     /// Responsiveness (≈ 2 min per build): `/metrics` and `xdp-routerd status` latency with
     /// 100,000 connections in conntrack while 100,000 routes flap and connections come and go;

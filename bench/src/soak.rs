@@ -69,7 +69,7 @@ pub struct SoakArgs {
 }
 
 /// Port of the short-connection echo server on the WAN host.
-const ECHO_PORT: u16 = 7000;
+pub(crate) const ECHO_PORT: u16 = 7000;
 /// Ports of the two iperf3 servers on the WAN host.
 const IPERF_PORTS: [u16; 2] = [5211, 5212];
 /// Rate of each iperf3 stream: long-lived flows, not a CPU hog on a 2-core machine.
@@ -79,7 +79,7 @@ const IPERF_SECS: u64 = 20;
 /// Client threads opening the short connections.
 const WORKERS: usize = 48;
 /// Connect/read/write timeout of one short connection.
-const CONN_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Interval of the route flaps.
 const FLAP_EVERY: Duration = Duration::from_secs(10);
 /// Interval of the fast-path toggles, and how long it stays off each time.
@@ -92,7 +92,7 @@ const SHOWN_FAILURES: usize = 20;
 
 /// How a short connection failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Failure {
+pub(crate) enum Failure {
     Reset,
     Refused,
     Timeout,
@@ -100,7 +100,7 @@ enum Failure {
     Other,
 }
 
-const FAILURE_KINDS: [(Failure, &str); 5] = [
+pub(crate) const FAILURE_KINDS: [(Failure, &str); 5] = [
     (Failure::Reset, "reset"),
     (Failure::Refused, "refused"),
     (Failure::Timeout, "timeout"),
@@ -108,7 +108,7 @@ const FAILURE_KINDS: [(Failure, &str); 5] = [
     (Failure::Other, "other error"),
 ];
 
-fn classify(e: &std::io::Error) -> Failure {
+pub(crate) fn classify(e: &std::io::Error) -> Failure {
     match e.kind() {
         ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe => {
             Failure::Reset
@@ -120,8 +120,13 @@ fn classify(e: &std::io::Error) -> Failure {
 }
 
 /// Request of connection `n`: its number, then a length and content derived from it.
-fn request(n: u64) -> Vec<u8> {
-    let len = 16 + (n.wrapping_mul(7919) % 3000) as usize;
+pub(crate) fn request(n: u64) -> Vec<u8> {
+    payload(n, 16 + (n.wrapping_mul(7919) % 3000) as usize)
+}
+
+/// `len` (at least 16) bytes: `n`, `len`, then content derived from `n`; a receiver checks it
+/// by rebuilding it from its first 16 bytes.
+pub(crate) fn payload(n: u64, len: usize) -> Vec<u8> {
     let mut v = Vec::with_capacity(len);
     v.extend_from_slice(&n.to_be_bytes());
     v.extend_from_slice(&(len as u64).to_be_bytes());

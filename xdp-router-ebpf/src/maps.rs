@@ -12,32 +12,37 @@ use xdp_router_common::{
     VLANS_CAPACITY, VlanKey,
 };
 
+/// `BPF_F_NO_PREALLOC`: entries are allocated on insert, so a map costs kernel memory for the
+/// entries it holds, not for its capacity, and is created at once whatever its size (a
+/// preallocated map of 2.5 M entries took seconds to create and ~750 B per entry slot). The
+/// programs only look entries up and update fields in place; the daemon does every insert and
+/// delete, and a deleted entry is freed after an RCU grace period (a program still holding it
+/// writes to memory that is not reused meanwhile). The active maps hold only the connections
+/// that carried traffic in one keep-alive pass, a small part of their capacity.
+const BPF_F_NO_PREALLOC: u32 = 1;
+
 /// Offloaded IPv4 flow directions (one entry per direction of a connection), written by the
 /// daemon from conntrack; the datapath only updates each entry's counters.
 #[map]
 pub static FLOWS_V4: HashMap<FlowKeyV4, FlowV4> =
-    HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, 0);
+    HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, BPF_F_NO_PREALLOC);
 
 /// Offloaded IPv6 flow directions; see [`FLOWS_V4`].
 #[map]
 pub static FLOWS_V6: HashMap<FlowKeyV6, FlowV6> =
-    HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, 0);
+    HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, BPF_F_NO_PREALLOC);
 
 /// Offloaded IPv4 flow directions by their tuple as the kernel sends them out (after NAT):
 /// the value is the direction's `FLOWS_V4` key. Read by the TC egress program to arm the
 /// direction the kernel just forwarded; written by the daemon with the flow entries.
 #[map]
 pub static ARM_V4: HashMap<ArmKeyV4, FlowKeyV4> =
-    HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, 0);
+    HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, BPF_F_NO_PREALLOC);
 
 /// IPv6 counterpart of [`ARM_V4`].
 #[map]
 pub static ARM_V6: HashMap<ArmKeyV6, FlowKeyV6> =
-    HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, 0);
-
-/// `BPF_F_NO_PREALLOC`: entries are allocated on insert. The active maps hold only the
-/// connections that carried traffic in one keep-alive pass, a small part of their capacity.
-const BPF_F_NO_PREALLOC: u32 = 1;
+    HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, BPF_F_NO_PREALLOC);
 
 /// IPv4 connections (by original direction key, ifindex 0) the fast path forwarded a packet of since the start of
 /// the current keep-alive pass (`Settings::active_since_ns`); the daemon drains it every pass

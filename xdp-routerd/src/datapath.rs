@@ -103,6 +103,92 @@ pub struct Datapath {
     modes: BTreeMap<u32, AttachMode>,
     /// The managed VLAN devices (ifindex → their `VLANS` key), to find what to undo.
     vlan_keys: BTreeMap<u32, VlanKey>,
+    /// The kernel refused `BPF_MAP_UPDATE_BATCH` (before 5.6): one update per entry.
+    no_batch: bool,
+}
+
+/// `BPF_MAP_UPDATE_BATCH` (Linux 5.6) on the map `fd`: `keys[i]` → `values[i]` in one system
+/// call (the kernel stops at the first failing entry). aya 0.14 has no wrapper.
+fn update_batch<K: aya::Pod, V: aya::Pod>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    keys: &[K],
+    values: &[V],
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    /// The batch member of `union bpf_attr` (include/uapi/linux/bpf.h).
+    #[repr(C)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+    const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+    if keys.len() != values.len() {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let mut attr = BatchAttr {
+        in_batch: 0,
+        out_batch: 0,
+        keys: keys.as_ptr() as u64,
+        values: values.as_ptr() as u64,
+        count: u32::try_from(keys.len())
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::E2BIG))?,
+        map_fd: fd.as_raw_fd() as u32,
+        // BPF_ANY
+        elem_flags: 0,
+        flags: 0,
+    };
+    // SAFETY: `attr` is a valid batch attribute of the size passed; `keys` and `values` hold
+    // `count` Pod elements of the map's key and value sizes (the typed handles' K and V) and
+    // outlive the call, which only reads them.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_UPDATE_BATCH,
+            std::ptr::from_mut(&mut attr),
+            std::mem::size_of::<BatchAttr>() as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// [`update_batch`] on an aya hash map; `Ok(false)` when the kernel does not know the command.
+fn insert_batch<K: aya::Pod, V: aya::Pod>(
+    map: &HashMap<MapData, K, V>,
+    keys: &[K],
+    values: &[V],
+) -> Result<bool, MapError> {
+    use aya::maps::IterableMap as _;
+    use std::os::fd::AsFd as _;
+    match update_batch(map.map().fd().as_fd(), keys, values) {
+        Ok(()) => Ok(true),
+        // EINVAL: an unknown command; ENOTSUPP (524, kernel-internal) / EOPNOTSUPP: a map type
+        // without batch support.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINVAL | libc::EOPNOTSUPP | 524)
+            ) =>
+        {
+            Ok(false)
+        }
+        Err(io_error) => Err(MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_update_batch",
+            io_error,
+        })),
+    }
 }
 
 /// The `IFACE_F_*` bits that say what an interface is, kept when its flags are rewritten.
@@ -205,6 +291,7 @@ impl Datapath {
             vlans: take(&mut ebpf, MAP_VLANS)?,
             vlan_keys: BTreeMap::new(),
             modes: BTreeMap::new(),
+            no_batch: false,
             ebpf,
         };
         dp.write_settings()?;
@@ -844,6 +931,40 @@ impl FlowTable for Datapath {
     }
     fn remove_arm_v4(&mut self, arm: &ArmKeyV4) {
         let _ = self.arm_v4.remove(arm);
+    }
+    fn insert_many_v4(
+        &mut self,
+        flows: &[(FlowKeyV4, FlowV4)],
+        arms: &[(ArmKeyV4, FlowKeyV4)],
+    ) -> Result<(), MapError> {
+        let (fk, fv): (Vec<_>, Vec<_>) = flows.iter().copied().unzip();
+        let (ak, av): (Vec<_>, Vec<_>) = arms.iter().copied().unzip();
+        let flows_written = !self.no_batch && insert_batch(&self.flows_v4, &fk, &fv)?;
+        if flows_written && insert_batch(&self.arm_v4, &ak, &av)? {
+            return Ok(());
+        }
+        self.no_batch = true;
+        if !flows_written {
+            flows.iter().try_for_each(|(k, v)| self.insert_v4(k, v))?;
+        }
+        arms.iter().try_for_each(|(a, k)| self.insert_arm_v4(a, k))
+    }
+    fn insert_many_v6(
+        &mut self,
+        flows: &[(FlowKeyV6, FlowV6)],
+        arms: &[(ArmKeyV6, FlowKeyV6)],
+    ) -> Result<(), MapError> {
+        let (fk, fv): (Vec<_>, Vec<_>) = flows.iter().copied().unzip();
+        let (ak, av): (Vec<_>, Vec<_>) = arms.iter().copied().unzip();
+        let flows_written = !self.no_batch && insert_batch(&self.flows_v6, &fk, &fv)?;
+        if flows_written && insert_batch(&self.arm_v6, &ak, &av)? {
+            return Ok(());
+        }
+        self.no_batch = true;
+        if !flows_written {
+            flows.iter().try_for_each(|(k, v)| self.insert_v6(k, v))?;
+        }
+        arms.iter().try_for_each(|(a, k)| self.insert_arm_v6(a, k))
     }
     fn remove_arm_v6(&mut self, arm: &ArmKeyV6) {
         let _ = self.arm_v6.remove(arm);

@@ -37,6 +37,25 @@ pub trait FlowTable {
     fn insert_arm_v6(&mut self, arm: &ArmKeyV6, flow: &FlowKeyV6) -> Result<(), MapError>;
     fn remove_arm_v4(&mut self, arm: &ArmKeyV4);
     fn remove_arm_v6(&mut self, arm: &ArmKeyV6);
+    /// Writes many new flow directions, then their arming index entries, in as few system
+    /// calls as the table can. On an error some may be written: the caller removes them.
+    fn insert_many_v4(
+        &mut self,
+        flows: &[(FlowKeyV4, FlowV4)],
+        arms: &[(ArmKeyV4, FlowKeyV4)],
+    ) -> Result<(), MapError> {
+        flows.iter().try_for_each(|(k, v)| self.insert_v4(k, v))?;
+        arms.iter().try_for_each(|(a, k)| self.insert_arm_v4(a, k))
+    }
+    /// IPv6 counterpart of [`FlowTable::insert_many_v4`].
+    fn insert_many_v6(
+        &mut self,
+        flows: &[(FlowKeyV6, FlowV6)],
+        arms: &[(ArmKeyV6, FlowKeyV6)],
+    ) -> Result<(), MapError> {
+        flows.iter().try_for_each(|(k, v)| self.insert_v6(k, v))?;
+        arms.iter().try_for_each(|(a, k)| self.insert_arm_v6(a, k))
+    }
     /// Starts a keep-alive pass at `now_ns` (`bpf_ktime_get_coarse_ns` time) and takes the
     /// connections the datapath recorded as active since the previous pass started (see
     /// [`xdp_router_common::Settings::active_since_ns`]), emptying the record.
@@ -590,6 +609,70 @@ impl FlowManager {
         self.stats.offloaded_total += 1;
         self.insert(&entry.orig, &stored);
         Upsert::Added
+    }
+
+    /// [`FlowManager::upsert`] for many entries at once (a conntrack dump), in order. The
+    /// connections not offloaded yet whose paths allow it are written together (all flow
+    /// directions, then all arming entries: two batched writes per family); should that fail
+    /// (a full map), their entries are removed and each goes through [`FlowManager::upsert`].
+    /// The other entries go through [`FlowManager::upsert`] after them (entries of a dump are
+    /// distinct connections, so their order does not matter; a repeated tuple comes after the
+    /// first, as in the dump).
+    pub fn upsert_many(
+        &mut self,
+        entries: &[CtEntry],
+        table: &mut impl FlowTable,
+        paths: &impl PathOracle,
+    ) {
+        let mut fresh: Vec<(&CtEntry, Plan)> = Vec::with_capacity(entries.len());
+        let mut rest: Vec<&CtEntry> = Vec::new();
+        let mut seen = HashSet::with_capacity(entries.len());
+        for e in entries {
+            if self.get(&e.orig).is_none()
+                && seen.insert(e.orig)
+                && let Ok(plan) = self.plan(e, paths)
+            {
+                fresh.push((e, plan));
+            } else {
+                rest.push(e);
+            }
+        }
+        let (mut f4, mut a4, mut f6, mut a6) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (_, plan) in &fresh {
+            match &plan.values {
+                PlanValues::V4(es) => {
+                    f4.extend(es.iter().map(|(k, v, _)| (*k, *v)));
+                    a4.extend(es.iter().map(|(k, _, a)| (*a, *k)));
+                }
+                PlanValues::V6(es) => {
+                    f6.extend(es.iter().map(|(k, v, _)| (*k, *v)));
+                    a6.extend(es.iter().map(|(k, _, a)| (*a, *k)));
+                }
+            }
+        }
+        let written = (f4.is_empty() || table.insert_many_v4(&f4, &a4).is_ok())
+            && (f6.is_empty() || table.insert_many_v6(&f6, &a6).is_ok());
+        for (e, plan) in fresh {
+            if written {
+                self.parked.remove(&e.orig);
+                self.stats.offloaded_total += 1;
+                let stored = Stored {
+                    reply: e.reply,
+                    id: e.id.map_or(0, short_id),
+                    status: e.status.bits() as u16,
+                    mark: e.mark,
+                    zone: e.zone,
+                    ingress: plan.ingress,
+                };
+                self.insert(&e.orig, &stored);
+            } else {
+                remove_entries(table, &plan.keys, &plan.arms);
+                self.upsert(e.clone(), table, paths);
+            }
+        }
+        for e in rest {
+            self.upsert(e.clone(), table, paths);
+        }
     }
 
     /// Remembers `entry` for a later retry when `skip` may change with the routing.

@@ -84,8 +84,14 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     let socket_guard = RemoveOnDrop(socket);
 
     let (capacity, source) = config.flow_capacity();
-    tracing::info!(capacity, source = ?source, "flow map capacity (directions per family)");
+    let loading = std::time::Instant::now();
     let mut dp = Datapath::load(capacity)?;
+    tracing::info!(
+        capacity,
+        source = ?source,
+        load_ms = loading.elapsed().as_millis() as u64,
+        "flow maps created and programs loaded (capacity: directions per family)"
+    );
     // Subscribe before reading qdiscs and dumping conntrack so nothing that happens in between
     // is lost.
     let rt_events = rtnl::subscribe().context("cannot subscribe to rtnetlink events")?;

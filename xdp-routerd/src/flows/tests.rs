@@ -604,3 +604,61 @@ fn a_later_connection_on_the_same_tuple_gets_fresh_unarmed_entries() {
     let no_id = CtEntry { id: None, ..next };
     assert_eq!(m.upsert(no_id, &mut t, &paths()), Upsert::Unchanged);
 }
+
+/// `n` masqueraded TCP connections from distinct LAN ports.
+fn snat_tcps(n: u16) -> Vec<CtEntry> {
+    (0..n)
+        .map(|i| CtEntry {
+            orig: tuple("10.0.1.2", 40000 + i, "198.51.100.7", 443, 6),
+            reply: tuple("198.51.100.7", 443, "203.0.113.1", 61000 + i, 6),
+            ..snat_tcp()
+        })
+        .collect()
+}
+
+#[test]
+fn upsert_many_writes_what_upsert_writes() {
+    let mut entries = snat_tcps(3);
+    // Not established: skipped, as one by one.
+    entries.push(CtEntry {
+        orig: tuple("10.0.1.9", 40000, "198.51.100.7", 443, 6),
+        reply: tuple("198.51.100.7", 443, "203.0.113.1", 61999, 6),
+        tcp_state: Some(1),
+        ..snat_tcp()
+    });
+    // A repeated tuple, as the first.
+    entries.push(entries[0].clone());
+    let (mut one, mut t1) = (manager(), FakeTable::default());
+    for e in &entries {
+        one.upsert(e.clone(), &mut t1, &paths());
+    }
+    let (mut many, mut t2) = (manager(), FakeTable::default());
+    many.upsert_many(&entries, &mut t2, &paths());
+    assert_eq!(many.len(), 3);
+    assert_eq!(t2.v4, t1.v4);
+    assert_eq!(t2.arm_v4, t1.arm_v4);
+    assert_eq!(many.stats().offloaded_total, one.stats().offloaded_total);
+    assert_eq!(many.stats().skipped, one.stats().skipped);
+    // Applying the same dump again changes nothing.
+    many.upsert_many(&entries, &mut t2, &paths());
+    assert_eq!(t2.v4, t1.v4);
+    assert_eq!(many.stats().offloaded_total, 3);
+}
+
+#[test]
+fn upsert_many_into_a_full_table_falls_back_to_one_by_one() {
+    let (mut m, mut t) = (
+        manager(),
+        FakeTable {
+            capacity: 5,
+            ..Default::default()
+        },
+    );
+    m.upsert_many(&snat_tcps(4), &mut t, &paths());
+    // Two connections fit (four directions); the others stay in the kernel, no half entries.
+    assert_eq!(m.len(), 2);
+    assert_eq!(t.v4.len(), 4);
+    assert_eq!(t.arm_v4.len(), 4);
+    assert_eq!(m.stats().skipped.get(&Skip::TableFull), Some(&2));
+    assert_eq!(m.stats().offloaded_total, 2);
+}

@@ -309,6 +309,7 @@ pub async fn resync(
 ) -> anyhow::Result<Vec<CtEntry>> {
     let started = Instant::now();
     let mut dump = ct.dump().await.map_err(ct_err)?;
+    let dumped_ms = started.elapsed().as_millis() as u64;
     let n = dump.len();
     // Entries already applied as they are need neither route lookups nor map writes: a resync
     // after an overrun under load then costs what changed, not the whole table.
@@ -332,16 +333,19 @@ pub async fn resync(
     };
     // In chunks, so status, metrics and the other tasks get the lock in between; the TCP
     // connections of each chunk are marked liberal before it is applied.
+    let (mut mark_time, mut write_time) = (Duration::ZERO, Duration::ZERO);
     for chunk in dump.chunks(APPLY_CHUNK) {
+        let t = Instant::now();
         let marked = tcp_to_offload(&shared.lock().flows, chunk, &paths);
         mark(shared, ct, &marked).await;
+        mark_time += t.elapsed();
+        let t = Instant::now();
         {
             let mut s = shared.lock();
             let State { dp, flows, .. } = &mut *s;
-            for e in chunk {
-                flows.upsert(e.clone(), dp, &paths);
-            }
+            flows.upsert_many(chunk, dp, &paths);
         }
+        write_time += t.elapsed();
         tokio::task::yield_now().await;
     }
     let added = {
@@ -355,7 +359,10 @@ pub async fn resync(
             offloaded = s.flows.len(),
             removed,
             routes = paths.len(),
+            dumped_ms,
             looked_up_ms,
+            marked_ms = mark_time.as_millis() as u64,
+            written_ms = write_time.as_millis() as u64,
             ms = started.elapsed().as_millis() as u64,
             "conntrack resync"
         );
