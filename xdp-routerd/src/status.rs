@@ -192,6 +192,13 @@ impl Status {
     /// Human-readable rendering. Counter rows that are zero are left out.
     pub fn render(&self) -> String {
         let mut s = String::new();
+        if self.age_ms > 0 {
+            let _ = writeln!(
+                s,
+                "(the daemon is busy: these figures are {} ms old)",
+                self.age_ms
+            );
+        }
         let _ = writeln!(s, "fast path: {}", if self.fastpath { "on" } else { "off" });
         let _ = writeln!(s, "interfaces:");
         for i in &self.interfaces {
@@ -604,6 +611,17 @@ mod tests {
             ruleset: RulesetStatus::default(),
             age_ms: 0,
         }
+    }
+
+    #[test]
+    fn an_old_status_says_how_old() {
+        let mut st = status(&[]);
+        assert!(st.render().starts_with("fast path:"));
+        st.age_ms = 1250;
+        assert!(
+            st.render()
+                .starts_with("(the daemon is busy: these figures are 1250 ms old)\nfast path:")
+        );
     }
 
     #[test]
