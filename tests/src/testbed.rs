@@ -1498,6 +1498,24 @@ pub fn wan_lan_interfaces(wan: &str) -> String {
     )
 }
 
+/// Moves the router's MASQUERADE and its `lan` → WAN FORWARD accept from [`WAN_IF`] onto
+/// `wan`, a device that encapsulates over it (a VLAN, a tunnel), and checks that the LAN host
+/// reaches the WAN host over IPv4 and IPv6 (`what` names the path when it does not).
+pub fn route_wan_through(tb: &Testbed, lan: &str, wan: &str, what: &str) {
+    tb.router.sh(&format!(
+        "iptables -w -t nat -D POSTROUTING -o {WAN_IF} -j MASQUERADE
+         iptables -w -t nat -A POSTROUTING -o {wan} -j MASQUERADE
+         for t in iptables ip6tables; do
+           $t -w -A FORWARD -i {lan} -o {wan} -j ACCEPT
+         done"
+    ));
+    tb.lan.sh(&format!(
+        "for i in 1 2 3 4 5; do ping -c1 -W1 {WAN_HOST_V4} >/dev/null && break; done
+         for i in 1 2 3 4 5; do ping -6 -c1 -W1 {WAN_HOST_V6} >/dev/null && exit 0; done
+         echo 'no path LAN -> WAN {what}' >&2; exit 1"
+    ));
+}
+
 /// With the Ethernet port under an encapsulation (VLAN, PPPoE) managed as the WAN and the
 /// encapsulating device not: between `before` and `after`, `frames` (e.g. "tagged") were counted
 /// under `reason` (`not_ip`, `vlan_unknown`) on [`WAN_IF`], connections were skipped as

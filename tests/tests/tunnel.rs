@@ -12,7 +12,7 @@ use xdp_router_tests::{
     netns::Netns,
     testbed::{
         HOST_IF, LAN_IF, ROUTER_WAN_V4, ROUTER_WAN_V6, Testbed, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
-        ready, udp_and_tcp_are_intact, wan_lan_interfaces,
+        ready, route_wan_through, udp_and_tcp_are_intact, wan_lan_interfaces,
     },
 };
 
@@ -54,18 +54,7 @@ fn tunnel_testbed(tag: &str) -> Testbed {
     tb.wan.sh(&format!(
         "ip -6 route replace default via {ROUTER_WAN_V6} dev {TUNNEL}"
     ));
-    tb.router.sh(&format!(
-        "iptables -w -t nat -D POSTROUTING -o {WAN_IF} -j MASQUERADE
-         iptables -w -t nat -A POSTROUTING -o {TUNNEL} -j MASQUERADE
-         for t in iptables ip6tables; do
-           $t -w -A FORWARD -i {LAN_IF} -o {TUNNEL} -j ACCEPT
-         done"
-    ));
-    tb.lan.sh(&format!(
-        "for i in 1 2 3 4 5; do ping -c1 -W1 {WAN_HOST_V4} >/dev/null && break; done
-         for i in 1 2 3 4 5; do ping -6 -c1 -W1 {WAN_HOST_V6} >/dev/null && exit 0; done
-         echo 'no path LAN -> WAN through {TUNNEL}' >&2; exit 1"
-    ));
+    route_wan_through(&tb, LAN_IF, TUNNEL, &format!("through {TUNNEL}"));
     tb
 }
 

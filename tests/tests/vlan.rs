@@ -21,7 +21,8 @@ use xdp_router_tests::{
         HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, PING_DGRAM, PING_TICK, Plan, ROUTER_LAN_V4,
         ROUTER_LAN_V6, ROUTER_WAN_V4, ROUTER_WAN_V6, Testbed, Transfer, UdpEcho, WAN_HOST_V4,
         WAN_HOST_V6, WAN_IF, any_v4, any_v6, assert_encapsulated_wan_left_to_kernel, assert_intact,
-        ping_pong, ready, udp_and_tcp_are_intact, udp_socket, wan_lan_interfaces, wan_v4, wan_v6,
+        ping_pong, ready, route_wan_through, udp_and_tcp_are_intact, udp_socket,
+        wan_lan_interfaces, wan_v4, wan_v6,
     },
 };
 
@@ -98,18 +99,7 @@ fn vlan_testbed(tag: &str, lan_vlan: bool) -> Testbed {
     } else {
         LAN_IF.to_string()
     };
-    tb.router.sh(&format!(
-        "iptables -w -t nat -D POSTROUTING -o {WAN_IF} -j MASQUERADE
-         iptables -w -t nat -A POSTROUTING -o {wan_vlan} -j MASQUERADE
-         for t in iptables ip6tables; do
-           $t -w -A FORWARD -i {lan} -o {wan_vlan} -j ACCEPT
-         done"
-    ));
-    tb.lan.sh(&format!(
-        "for i in 1 2 3 4 5; do ping -c1 -W1 {WAN_HOST_V4} >/dev/null && break; done
-         for i in 1 2 3 4 5; do ping -6 -c1 -W1 {WAN_HOST_V6} >/dev/null && exit 0; done
-         echo 'no path LAN -> WAN over VLAN {VID}' >&2; exit 1"
-    ));
+    route_wan_through(&tb, &lan, &wan_vlan, &format!("over VLAN {VID}"));
     tb
 }
 

@@ -44,9 +44,6 @@ struct Forwarded {
 /// Arms the flow direction of the packet in `ctx`, if it is one. Never changes the packet.
 #[inline(always)]
 pub fn try_arm(ctx: &TcContext) -> Option<()> {
-    if decrypted_by_ipsec(ctx) {
-        return None;
-    }
     let settings = SETTINGS.get(0)?;
     // SAFETY: the context's skb pointer is valid for the program run.
     let (mark, ingress_ifindex) = unsafe { ((*ctx.skb.skb).mark, (*ctx.skb.skb).ingress_ifindex) };
@@ -187,6 +184,10 @@ fn arm_v4(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
     if flow_key.ifindex != fwd.ingress_ifindex {
         return None;
     }
+    // Only packets of offloaded flow directions pay for the helper call.
+    if decrypted_by_ipsec(ctx) {
+        return None;
+    }
     let flow = FLOWS_V4.get_ptr_mut(flow_key)?;
     // SAFETY: map value pointer from the kernel.
     let fields = unsafe {
@@ -227,6 +228,10 @@ fn arm_v6(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
     // SAFETY: map lookups; the value is copied out.
     let flow_key = *unsafe { ARM_V6.get(key) }?;
     if flow_key.ifindex != fwd.ingress_ifindex {
+        return None;
+    }
+    // Only packets of offloaded flow directions pay for the helper call.
+    if decrypted_by_ipsec(ctx) {
         return None;
     }
     let flow = FLOWS_V6.get_ptr_mut(flow_key)?;

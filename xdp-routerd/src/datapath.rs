@@ -164,6 +164,30 @@ fn update_batch<K: aya::Pod, V: aya::Pod>(
     }
 }
 
+/// Writes `flows` and their `arms` with one `BPF_MAP_UPDATE_BATCH` per map, or one update per
+/// entry when the kernel has no batch support (remembered in `no_batch`).
+fn insert_many<K: aya::Pod, V: aya::Pod, A: aya::Pod>(
+    no_batch: &mut bool,
+    flow_map: &mut HashMap<MapData, K, V>,
+    arm_map: &mut HashMap<MapData, A, K>,
+    flows: &[(K, V)],
+    arms: &[(A, K)],
+) -> Result<(), MapError> {
+    let (fk, fv): (Vec<_>, Vec<_>) = flows.iter().copied().unzip();
+    let (ak, av): (Vec<_>, Vec<_>) = arms.iter().copied().unzip();
+    let flows_written = !*no_batch && insert_batch(flow_map, &fk, &fv)?;
+    if flows_written && insert_batch(arm_map, &ak, &av)? {
+        return Ok(());
+    }
+    *no_batch = true;
+    if !flows_written {
+        flows
+            .iter()
+            .try_for_each(|(k, v)| flow_map.insert(k, v, 0))?;
+    }
+    arms.iter().try_for_each(|(a, k)| arm_map.insert(a, k, 0))
+}
+
 /// [`update_batch`] on an aya hash map; `Ok(false)` when the kernel does not know the command.
 fn insert_batch<K: aya::Pod, V: aya::Pod>(
     map: &HashMap<MapData, K, V>,
@@ -191,9 +215,10 @@ fn insert_batch<K: aya::Pod, V: aya::Pod>(
     }
 }
 
-/// The `IFACE_F_*` bits that say what an interface is, kept when its flags are rewritten.
-const STRUCTURE_FLAGS: u32 =
-    IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT | IFACE_F_VLAN | IFACE_F_VLAN_PARENT;
+/// The `IFACE_F_*` bits the datapath owns, kept when the state rewrites an interface's flags:
+/// what the interface is, and whether the program runs on it in generic mode.
+const DATAPATH_FLAGS: u32 =
+    IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT | IFACE_F_VLAN | IFACE_F_VLAN_PARENT | IFACE_F_GENERIC_XDP;
 
 /// The `BRIDGE_FDB` key of `mac` behind `bridge`.
 fn fdb_key(bridge: u32, mac: [u8; 6]) -> FdbKey {
@@ -545,32 +570,27 @@ impl Datapath {
                 .insert(ifindex, ifindex, None, 0)
                 .with_context(|| format!("{name}: cannot add to {MAP_TX_PORTS}"))?;
         }
-        if self.attached.contains_key(&ifindex) {
+        let mode = if self.attached.contains_key(&ifindex) {
             // The program already runs there for a VLAN device over it (see
             // `attach_vlan`): the interface is now managed itself too.
-            if arm && !self.armed_ifaces.contains_key(&ifindex) {
-                self.attach_arming(name, ifindex);
+            self.attached_mode(ifindex)
+        } else {
+            match self.attach_program(name, ifindex, mode) {
+                Ok(mode) => mode,
+                Err(e) => {
+                    let _ = self.ifaces.remove(&ifindex);
+                    let _ = self.tx_ports.remove(ifindex);
+                    return Err(e);
+                }
             }
-            let mode = self.attached_mode(ifindex);
-            if mode == AttachMode::Native {
-                self.update_iface(ifindex, IfaceInfo { flags, ..info })?;
-            }
-            return Ok(mode);
+        };
+        if mode == AttachMode::Native {
+            self.update_iface(ifindex, IfaceInfo { flags, ..info })?;
         }
-        let result = self.attach_program(name, ifindex, mode);
-        match &result {
-            Err(_) => {
-                let _ = self.ifaces.remove(&ifindex);
-                let _ = self.tx_ports.remove(ifindex);
-                return result;
-            }
-            Ok(AttachMode::Native) => self.update_iface(ifindex, IfaceInfo { flags, ..info })?,
-            Ok(_) => {}
-        }
-        if arm {
+        if arm && !self.armed_ifaces.contains_key(&ifindex) {
             self.attach_arming(name, ifindex);
         }
-        result
+        Ok(mode)
     }
 
     /// Attaches the arming program to the egress of `name` as a TCX bpf_link (Linux 6.6), owned
@@ -754,8 +774,9 @@ impl Datapath {
     /// only after it is set.
     pub fn set_iface_flags(&mut self, ifindex: u32, slot: u32, flags: u32) -> anyhow::Result<()> {
         let mut info = self.iface(ifindex)?;
-        // What the interface is (bridge, port, VLAN device, VLAN parent) stays.
-        let flags = flags | (info.flags & STRUCTURE_FLAGS);
+        // What the interface is (bridge, port, VLAN device, VLAN parent) and how the program
+        // is attached to it stay.
+        let flags = flags | (info.flags & DATAPATH_FLAGS);
         // A bridge or VLAN device transmits nothing itself: no TX_PORTS entry.
         let xmit = flags & IFACE_F_NO_XDP_XMIT == 0 && flags & (IFACE_F_BRIDGE | IFACE_F_VLAN) == 0;
         if xmit {
@@ -764,8 +785,7 @@ impl Datapath {
                 .with_context(|| format!("cannot add ifindex {ifindex} to {MAP_TX_PORTS}"))?;
         }
         info.slot = slot;
-        // Whether the attachment is generic is the datapath's to know.
-        info.flags = flags | (info.flags & IFACE_F_GENERIC_XDP);
+        info.flags = flags;
         self.update_iface(ifindex, info)?;
         if !xmit {
             let _ = self.tx_ports.remove(ifindex);
@@ -937,34 +957,26 @@ impl FlowTable for Datapath {
         flows: &[(FlowKeyV4, FlowV4)],
         arms: &[(ArmKeyV4, FlowKeyV4)],
     ) -> Result<(), MapError> {
-        let (fk, fv): (Vec<_>, Vec<_>) = flows.iter().copied().unzip();
-        let (ak, av): (Vec<_>, Vec<_>) = arms.iter().copied().unzip();
-        let flows_written = !self.no_batch && insert_batch(&self.flows_v4, &fk, &fv)?;
-        if flows_written && insert_batch(&self.arm_v4, &ak, &av)? {
-            return Ok(());
-        }
-        self.no_batch = true;
-        if !flows_written {
-            flows.iter().try_for_each(|(k, v)| self.insert_v4(k, v))?;
-        }
-        arms.iter().try_for_each(|(a, k)| self.insert_arm_v4(a, k))
+        insert_many(
+            &mut self.no_batch,
+            &mut self.flows_v4,
+            &mut self.arm_v4,
+            flows,
+            arms,
+        )
     }
     fn insert_many_v6(
         &mut self,
         flows: &[(FlowKeyV6, FlowV6)],
         arms: &[(ArmKeyV6, FlowKeyV6)],
     ) -> Result<(), MapError> {
-        let (fk, fv): (Vec<_>, Vec<_>) = flows.iter().copied().unzip();
-        let (ak, av): (Vec<_>, Vec<_>) = arms.iter().copied().unzip();
-        let flows_written = !self.no_batch && insert_batch(&self.flows_v6, &fk, &fv)?;
-        if flows_written && insert_batch(&self.arm_v6, &ak, &av)? {
-            return Ok(());
-        }
-        self.no_batch = true;
-        if !flows_written {
-            flows.iter().try_for_each(|(k, v)| self.insert_v6(k, v))?;
-        }
-        arms.iter().try_for_each(|(a, k)| self.insert_arm_v6(a, k))
+        insert_many(
+            &mut self.no_batch,
+            &mut self.flows_v6,
+            &mut self.arm_v6,
+            flows,
+            arms,
+        )
     }
     fn remove_arm_v6(&mut self, arm: &ArmKeyV6) {
         let _ = self.arm_v6.remove(arm);
