@@ -27,6 +27,7 @@ pub const MAP_ARM_V4: &str = "ARM_V4";
 pub const MAP_ARM_V6: &str = "ARM_V6";
 pub const MAP_BRIDGE_FDB: &str = "BRIDGE_FDB";
 pub const MAP_VLANS: &str = "VLANS";
+pub const MAP_PPPOE: &str = "PPPOE";
 
 /// Capacity of [`MAP_BRIDGE_FDB`] (MAC addresses behind all managed bridges).
 pub const FDB_CAPACITY: u32 = 8192;
@@ -39,6 +40,11 @@ pub const MAP_ACTIVE_V6: &str = "ACTIVE_V6";
 /// Name of the TC egress program that arms flow directions the kernel itself forwarded (see
 /// [`FlowV4::armed_generation`]).
 pub const ARM_PROG_NAME: &str = "xdp_router_arm";
+
+/// Name of the arming program for devices without a link-layer header (`ppp0`: the IP
+/// header is at offset 0 on its egress); otherwise the same as [`ARM_PROG_NAME`]. (At most
+/// 15 bytes: the kernel keeps no more of a program's name.)
+pub const ARM_L3_PROG_NAME: &str = "xdp_router_arm3";
 
 /// Name of the program's load-time global (`u32`, default 0) with extra `bpf_fib_lookup` flags;
 /// only [`FIB_LOOKUP_DIRECT`] is honoured. Set it with `EbpfLoader::override_global` before the
@@ -335,6 +341,20 @@ pub const IFACE_F_VLAN: u32 = 1 << 9;
 /// itself): its untagged frames go to the kernel (`Reason::PassVlanParentUntagged`).
 pub const IFACE_F_VLAN_PARENT: u32 = 1 << 10;
 
+/// The interface is a PPP device carrying a PPPoE session (`ppp0`) over the Ethernet (or
+/// VLAN) device [`IfaceInfo::lower_ifindex`]: the program runs on that device, where session
+/// frames of [`IfaceInfo::pppoe_sid_be`] from [`IfaceInfo::peer_mac`] ([`MAP_PPPOE`]) are
+/// routed as this device's (PPPoE and PPP headers removed), and a packet routed out of it gets
+/// them pushed and is sent to the peer from the lower device. Its own `IFACE_F_SHAPED` /
+/// `IFACE_F_EGRESS_HOOK` / `IFACE_F_INGRESS_HOOK` apply (the kernel passes the PPP device
+/// first), and the lower device's entry must allow the redirect too. `mac` is the lower
+/// device's MAC (session frames are sent from and to it).
+pub const IFACE_F_PPPOE: u32 = 1 << 12;
+/// The interface is managed only as the lower device of PPPoE sessions (it is not in the
+/// config itself): what it receives outside the sessions goes to the kernel
+/// (`Reason::PassPppoeLowerOther`).
+pub const IFACE_F_PPPOE_LOWER: u32 = 1 << 13;
+
 /// Value of [`MAP_IFACES`], keyed by ifindex (host order): a managed interface.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -359,9 +379,14 @@ pub struct IfaceInfo {
     /// For a VLAN device: its tag protocol, 0x8100 (802.1Q) or 0x88a8 (802.1ad), network
     /// order. Else 0.
     pub vlan_tpid_be: u16,
-    pub _pad: u16,
+    /// For a PPPoE device ([`IFACE_F_PPPOE`]): its session ID (network order). Else 0.
+    pub pppoe_sid_be: u16,
+    /// For a PPPoE device: the access concentrator's MAC, where its session frames come from
+    /// and go to. Else 0.
+    pub peer_mac: [u8; 6],
+    pub _pad: [u8; 2],
 }
-const _: () = assert!(core::mem::size_of::<IfaceInfo>() == 28);
+const _: () = assert!(core::mem::size_of::<IfaceInfo>() == 36);
 
 /// Key of [`MAP_VLANS`]: a VLAN tag as it arrives on a managed VLAN's parent. The value is
 /// the VLAN device's ifindex (host order), which has its own [`IfaceInfo`].
@@ -379,6 +404,23 @@ const _: () = assert!(core::mem::size_of::<VlanKey>() == 8);
 
 /// Capacity of [`MAP_VLANS`] (managed VLAN devices).
 pub const VLANS_CAPACITY: u32 = 64;
+
+/// Key of [`MAP_PPPOE`]: a PPPoE session as its frames arrive on the lower device. The value
+/// is the PPP device's ifindex (host order), whose [`IfaceInfo`] names the session's peer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PppoeKey {
+    /// The lower device's ifindex (host order): the Ethernet port, or the VLAN device the
+    /// session runs over.
+    pub lower_ifindex: u32,
+    /// The session ID (network order).
+    pub sid_be: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<PppoeKey>() == 8);
+
+/// Capacity of [`MAP_PPPOE`] (managed PPPoE sessions).
+pub const PPPOE_CAPACITY: u32 = 16;
 
 /// Key of [`MAP_BRIDGE_FDB`]: a MAC address behind a managed bridge (VLAN-unaware bridges:
 /// the kernel's FDB entries without a VLAN). The value is the port's ifindex (host order).
@@ -456,6 +498,6 @@ mod pod {
     }
     pod!(
         FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, Counter, Settings, FibCache, ArmKeyV4,
-        ArmKeyV6, FdbKey, VlanKey,
+        ArmKeyV6, FdbKey, VlanKey, PppoeKey,
     );
 }

@@ -48,6 +48,53 @@ pub const IPV4_MF: u16 = 0x2000;
 /// IPv4 fragment offset mask in the host-order flags/fragment-offset word.
 pub const IPV4_OFFSET_MASK: u16 = 0x1fff;
 
+/// EtherType of PPPoE session frames (host order).
+pub const ETH_P_PPP_SES: u16 = 0x8864;
+/// Length of a PPPoE session header (version/type, code, session ID, length) plus the PPP
+/// protocol field: what sits between the EtherType and the IP header.
+pub const PPPOE_HLEN: usize = 8;
+/// PPPoE version and type (both 1, RFC 2516), as the header's first byte.
+pub const PPPOE_VER_TYPE: u8 = 0x11;
+/// PPP protocol number of IPv4.
+pub const PPP_IP: u16 = 0x0021;
+/// PPP protocol number of IPv6.
+pub const PPP_IPV6: u16 = 0x0057;
+
+/// The fields of a PPPoE session header and the PPP protocol after it (host order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PppoeFields {
+    /// Version (high nibble) and type (low nibble): 0x11.
+    pub ver_type: u8,
+    /// Code: 0 for session data.
+    pub code: u8,
+    /// Length of the PPPoE payload (the PPP protocol field and what follows).
+    pub length: u16,
+    /// PPP protocol field.
+    pub proto: u16,
+    /// Bytes in the frame after the 6-byte PPPoE header (PPP protocol field included).
+    pub available: usize,
+}
+
+/// Decides whether a PPPoE session frame of a managed session may take the fast path: its
+/// network layer and how many bytes of it the PPPoE length covers (what the kernel keeps:
+/// `pppoe_rcv` trims the frame to the length, dropping shorter frames). LCP, IPCP, CCP,
+/// compressed datagrams and a compressed protocol field are pppd's and the PPP layer's.
+#[inline(always)]
+pub const fn check_pppoe(h: &PppoeFields) -> Result<(L3, usize), Reason> {
+    if h.ver_type != PPPOE_VER_TYPE || h.code != 0 {
+        return Err(Reason::PassMalformed);
+    }
+    let len = h.length as usize;
+    if len < 2 || len > h.available {
+        return Err(Reason::PassMalformed);
+    }
+    match h.proto {
+        PPP_IP => Ok((L3::V4, len - 2)),
+        PPP_IPV6 => Ok((L3::V6, len - 2)),
+        _ => Err(Reason::PassPppoeNotIp),
+    }
+}
+
 /// Network layer of a frame, from its EtherType.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum L3 {
@@ -308,6 +355,61 @@ mod tests {
             next_header: IPPROTO_TCP,
             hop_limit: 64,
             available: 60,
+        }
+    }
+
+    #[test]
+    fn pppoe_session_headers() {
+        let ok = PppoeFields {
+            ver_type: 0x11,
+            code: 0,
+            length: 62,
+            proto: PPP_IP,
+            available: 62,
+        };
+        assert_eq!(check_pppoe(&ok), Ok((L3::V4, 60)));
+        // Ethernet padding after the payload: the length decides.
+        assert_eq!(
+            check_pppoe(&PppoeFields {
+                available: 100,
+                ..ok
+            }),
+            Ok((L3::V4, 60))
+        );
+        assert_eq!(
+            check_pppoe(&PppoeFields {
+                proto: PPP_IPV6,
+                ..ok
+            }),
+            Ok((L3::V6, 60))
+        );
+        // Shorter than its length says (the kernel drops it), or no room for the protocol.
+        for length in [63, 1, 0] {
+            assert_eq!(
+                check_pppoe(&PppoeFields { length, ..ok }),
+                Err(Reason::PassMalformed),
+                "length {length}"
+            );
+        }
+        // Another version/type, a discovery code on a session frame.
+        for (ver_type, code) in [(0x12, 0), (0x21, 0), (0x11, 0x07), (0x11, 0xa7)] {
+            assert_eq!(
+                check_pppoe(&PppoeFields {
+                    ver_type,
+                    code,
+                    ..ok
+                }),
+                Err(Reason::PassMalformed)
+            );
+        }
+        // LCP, IPCP, IPV6CP, CCP, a compressed datagram, a compressed protocol field (one
+        // byte: 0x21 followed by the IP header's 0x45).
+        for proto in [0xc021, 0x8021, 0x8057, 0x80fd, 0x00fd, 0x2145] {
+            assert_eq!(
+                check_pppoe(&PppoeFields { proto, ..ok }),
+                Err(Reason::PassPppoeNotIp),
+                "{proto:#06x}"
+            );
         }
     }
 

@@ -105,11 +105,22 @@ pub enum Reason {
     /// Received on an interface where the program runs in generic (skb) mode: a packet
     /// rewritten there could keep a stale checksum state (see `IFACE_F_GENERIC_XDP`).
     PassGenericXdp = 37,
+    /// A PPPoE session frame whose session (ID, on the device it arrived on) is no managed
+    /// PPPoE device's, or whose source is not that session's access concentrator: the
+    /// kernel's PPPoE sockets (or nobody) take it.
+    PassPppoeUnknownSession = 38,
+    /// A PPPoE session frame of a managed session that carries no IPv4/IPv6 datagram (LCP,
+    /// IPCP, CCP, a compressed datagram, a compressed protocol field): pppd and the kernel's
+    /// PPP layer handle it.
+    PassPppoeNotIp = 39,
+    /// A frame that is not a PPPoE session frame on a device managed only as the lower
+    /// device of PPPoE sessions (discovery, other traffic): the kernel handles it.
+    PassPppoeLowerOther = 40,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 38;
+    pub const COUNT: u32 = 41;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -151,6 +162,9 @@ impl Reason {
         Reason::PassVlanPriorityTagged,
         Reason::PassVlanParentUntagged,
         Reason::PassGenericXdp,
+        Reason::PassPppoeUnknownSession,
+        Reason::PassPppoeNotIp,
+        Reason::PassPppoeLowerOther,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -194,6 +208,9 @@ impl Reason {
             Reason::PassVlanPriorityTagged => "vlan_priority_tagged",
             Reason::PassVlanParentUntagged => "vlan_parent_untagged",
             Reason::PassGenericXdp => "generic_xdp",
+            Reason::PassPppoeUnknownSession => "pppoe_unknown_session",
+            Reason::PassPppoeNotIp => "pppoe_not_ip",
+            Reason::PassPppoeLowerOther => "pppoe_lower_other",
         }
     }
 

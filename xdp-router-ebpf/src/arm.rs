@@ -41,9 +41,18 @@ struct Forwarded {
     mark_ok: bool,
 }
 
+/// What precedes the IP header on the device the arming program runs on.
+#[derive(Clone, Copy)]
+pub enum LinkHeader {
+    /// An Ethernet header (the VLAN tag, if any, is metadata on egress).
+    Ethernet,
+    /// Nothing (a PPP device): the family is the packet's protocol.
+    None,
+}
+
 /// Arms the flow direction of the packet in `ctx`, if it is one. Never changes the packet.
 #[inline(always)]
-pub fn try_arm(ctx: &TcContext) -> Option<()> {
+pub fn try_arm(ctx: &TcContext, link: LinkHeader) -> Option<()> {
     let settings = SETTINGS.get(0)?;
     // SAFETY: the context's skb pointer is valid for the program run.
     let (mark, ingress_ifindex) = unsafe { ((*ctx.skb.skb).mark, (*ctx.skb.skb).ingress_ifindex) };
@@ -53,10 +62,14 @@ pub fn try_arm(ctx: &TcContext) -> Option<()> {
         generation: settings.ruleset_generation,
         mark_ok: settings.flags & SETTINGS_F_FIB_MARK != 0,
     };
-    let ethertype = u16::from_be(ctx.load::<u16>(12).ok()?);
+    let (ethertype, l3) = match link {
+        LinkHeader::Ethernet => (u16::from_be(ctx.load::<u16>(12).ok()?), ETH_HLEN),
+        // SAFETY: the context's skb pointer is valid for the program run.
+        LinkHeader::None => (u16::from_be(unsafe { (*ctx.skb.skb).protocol } as u16), 0),
+    };
     match ethertype {
-        ETH_P_IP => arm_v4(ctx, &fwd),
-        ETH_P_IPV6 => arm_v6(ctx, &fwd),
+        ETH_P_IP => arm_v4(ctx, l3, &fwd),
+        ETH_P_IPV6 => arm_v6(ctx, l3, &fwd),
         _ => None,
     }
 }
@@ -79,10 +92,10 @@ fn decrypted_by_ipsec(ctx: &TcContext) -> bool {
     }
 }
 
-/// The raw source and destination ports after an IP header of `l3_len` bytes.
+/// The raw source and destination ports at offset `l4`.
 #[inline(always)]
-fn ports(ctx: &TcContext, l3_len: usize) -> Option<(u16, u16)> {
-    let ports: [u16; 2] = ctx.load(ETH_HLEN + l3_len).ok()?;
+fn ports(ctx: &TcContext, l4: usize) -> Option<(u16, u16)> {
+    let ports: [u16; 2] = ctx.load(l4).ok()?;
     Some((ports[0], ports[1]))
 }
 
@@ -157,9 +170,9 @@ fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
 }
 
 #[inline(always)]
-fn arm_v4(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
+fn arm_v4(ctx: &TcContext, l3: usize, fwd: &Forwarded) -> Option<()> {
     // version_ihl, tos, tot_len, id, frag_off, ttl, proto, check: the first 10 bytes.
-    let head: [u8; 10] = ctx.load(ETH_HLEN).ok()?;
+    let head: [u8; 10] = ctx.load(l3).ok()?;
     let [version_ihl, tos, _, _, _, _, frag0, frag1, ttl, proto] = head;
     // The fast path only forwards option-less, unfragmented TCP/UDP.
     if version_ihl != 0x45
@@ -168,8 +181,8 @@ fn arm_v4(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
     {
         return None;
     }
-    let addrs: [u32; 2] = ctx.load(ETH_HLEN + 12).ok()?;
-    let (sport_be, dport_be) = ports(ctx, 20)?;
+    let addrs: [u32; 2] = ctx.load(l3 + 12).ok()?;
+    let (sport_be, dport_be) = ports(ctx, l3 + 20)?;
     let key = ArmKeyV4 {
         src_be: addrs[0],
         dst_be: addrs[1],
@@ -200,23 +213,23 @@ fn arm_v4(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
             kernel_ttl: addr_of_mut!((*flow).kernel_ttl),
         }
     };
-    let syn = is_tcp_syn(ctx, proto, ETH_HLEN + 20);
+    let syn = is_tcp_syn(ctx, proto, l3 + 20);
     arm(fields, tos >> 2, ttl, syn, fwd);
     Some(())
 }
 
 #[inline(always)]
-fn arm_v6(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
+fn arm_v6(ctx: &TcContext, l3: usize, fwd: &Forwarded) -> Option<()> {
     // version/class/flow label (4), payload length (2), next header, hop limit.
-    let [next_header, hop_limit]: [u8; 2] = ctx.load(ETH_HLEN + 6).ok()?;
+    let [next_header, hop_limit]: [u8; 2] = ctx.load(l3 + 6).ok()?;
     // Version (4 bits) and traffic class (8 bits): the DSCP is the class's top 6 bits.
-    let vtc: [u8; 2] = ctx.load(ETH_HLEN).ok()?;
+    let vtc: [u8; 2] = ctx.load(l3).ok()?;
     let dscp = (u16::from_be_bytes(vtc) >> 6) as u8 & 0x3f;
     if next_header != IPPROTO_TCP && next_header != IPPROTO_UDP {
         return None;
     }
-    let addrs: [[u32; 4]; 2] = ctx.load(ETH_HLEN + 8).ok()?;
-    let (sport_be, dport_be) = ports(ctx, 40)?;
+    let addrs: [[u32; 4]; 2] = ctx.load(l3 + 8).ok()?;
+    let (sport_be, dport_be) = ports(ctx, l3 + 40)?;
     let key = ArmKeyV6 {
         src_be: addrs[0],
         dst_be: addrs[1],
@@ -246,7 +259,7 @@ fn arm_v6(ctx: &TcContext, fwd: &Forwarded) -> Option<()> {
             kernel_ttl: addr_of_mut!((*flow).kernel_ttl),
         }
     };
-    let syn = is_tcp_syn(ctx, next_header, ETH_HLEN + 40);
+    let syn = is_tcp_syn(ctx, next_header, l3 + 40);
     arm(fields, dscp, hop_limit, syn, fwd);
     Some(())
 }

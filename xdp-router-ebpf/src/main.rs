@@ -48,7 +48,15 @@ pub fn xdp_router(ctx: XdpContext) -> u32 {
 /// packet: `TC_ACT_UNSPEC` hands it to the next program / the qdisc unchanged.
 #[classifier]
 pub fn xdp_router_arm(ctx: TcContext) -> i32 {
-    let _ = arm::try_arm(&ctx);
+    let _ = arm::try_arm(&ctx, arm::LinkHeader::Ethernet);
+    TC_ACT_UNSPEC
+}
+
+/// The arming program for devices without a link-layer header (`ppp0`), where the IP header
+/// starts the packet on egress; see [`xdp_router_arm`].
+#[classifier]
+pub fn xdp_router_arm3(ctx: TcContext) -> i32 {
+    let _ = arm::try_arm(&ctx, arm::LinkHeader::None);
     TC_ACT_UNSPEC
 }
 

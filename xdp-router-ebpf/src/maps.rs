@@ -8,8 +8,8 @@ use aya_ebpf::{
 };
 use xdp_router_common::{
     ArmKeyV4, ArmKeyV6, Counter, DEFAULT_FLOW_CAPACITY, FDB_CAPACITY, FIB_LOOKUP_DIRECT, FdbKey,
-    FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, MAX_IFACE_SLOTS, STATS_ENTRIES, Settings,
-    VLANS_CAPACITY, VlanKey,
+    FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, MAX_IFACE_SLOTS, PPPOE_CAPACITY, PppoeKey,
+    STATS_ENTRIES, Settings, VLANS_CAPACITY, VlanKey,
 };
 
 /// `BPF_F_NO_PREALLOC`: entries are allocated on insert, so a map costs kernel memory for the
@@ -78,6 +78,12 @@ pub static BRIDGE_FDB: HashMap<FdbKey, u32> = HashMap::with_max_entries(FDB_CAPA
 /// from rtnetlink (`IFLA_LINK`, `IFLA_VLAN_ID`, `IFLA_VLAN_PROTOCOL`).
 #[map]
 pub static VLANS: HashMap<VlanKey, u32> = HashMap::with_max_entries(VLANS_CAPACITY, 0);
+
+/// The managed PPPoE sessions by session ID on their lower device (value: the PPP device's
+/// ifindex, whose `IFACES` entry names the peer and says how to encapsulate on egress),
+/// written by the daemon from the kernel's sessions (`/proc/net/pppoe`).
+#[map]
+pub static PPPOE: HashMap<PppoeKey, u32> = HashMap::with_max_entries(PPPOE_CAPACITY, 0);
 
 /// Per-CPU packets/bytes per (ingress slot, reason), at `stats_index(slot, reason)`.
 #[map]
