@@ -26,9 +26,10 @@ use aya::{
 };
 use xdp_router_common::{
     Counter, FLOW_F_REPLY, FdbKey, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
-    GLOBAL_FIB_FLAGS, IFACE_F_BRIDGE_PORT, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo,
-    MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS,
-    MAP_VLANS, PROG_NAME, SETTINGS_F_FIB_MARK, Settings, VlanKey,
+    GLOBAL_FIB_FLAGS, IFACE_F_BRIDGE_PORT, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN,
+    IFACE_F_VLAN_PARENT, IfaceInfo, MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES,
+    MAP_PPPOE, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAP_VLANS, PROG_NAME, PppoeKey,
+    SETTINGS_F_FIB_MARK, Settings, VlanKey,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -86,6 +87,9 @@ pub struct Bed {
     pub wan: u32,
     /// `mtu0` (MTU 1280).
     pub mtu: u32,
+    /// `sub0`: no addresses, no routes; stands in for a device the datapath only needs an
+    /// ifindex of (a VLAN device under a PPPoE session).
+    pub sub: u32,
 }
 
 impl Bed {
@@ -96,6 +100,7 @@ impl Bed {
             lan: ifindex("lan0"),
             wan: ifindex("wan0"),
             mtu: ifindex("mtu0"),
+            sub: ifindex("sub0"),
         }
     }
 }
@@ -105,6 +110,7 @@ pub fn build_topology(router: &Netns, hosts: &Netns) {
     router.veth("lan0", hosts, "lan0p");
     router.veth("wan0", hosts, "wan0p");
     router.veth("mtu0", hosts, "mtu0p");
+    router.veth("sub0", hosts, "sub0p");
     router.sh(&format!(
         "set -e
         ip link set lan0 address {lan}
@@ -351,6 +357,8 @@ pub struct Setup {
     pub fdb: Vec<((u32, [u8; 6]), u32)>,
     /// `VLANS` entries: tag on the parent → VLAN device ifindex.
     pub vlans: Vec<(VlanKey, u32)>,
+    /// `PPPOE` entries: session on the lower device → PPP device ifindex.
+    pub pppoe: Vec<(PppoeKey, u32)>,
     /// `SETTINGS[0].fastpath_enabled`.
     pub fastpath: bool,
     /// `SETTINGS[0].fib_generation` (0 disables the FIB cache).
@@ -403,6 +411,7 @@ impl Setup {
             tx_ports: vec![bed.lan, bed.wan, bed.mtu],
             fdb: Vec::new(),
             vlans: Vec::new(),
+            pppoe: Vec::new(),
             fastpath: true,
             // As the daemon runs it: the FIB cache on (here with a long enough age that every
             // repeated packet of a case uses it).
@@ -495,6 +504,62 @@ impl Setup {
         self
     }
 
+    /// `ppp` made the PPP device of PPPoE session `sid` (host order) with the access
+    /// concentrator `peer` over `lower` (`IFACE_F_PPPOE`: the lower device's MAC, no
+    /// `TX_PORTS` entry; its `PPPOE` entry). `lower_only` marks the lower device as managed
+    /// only for the session (`IFACE_F_PPPOE_LOWER`).
+    pub fn with_pppoe(
+        mut self,
+        ppp: u32,
+        lower: u32,
+        sid: u16,
+        peer: [u8; 6],
+        lower_only: bool,
+    ) -> Setup {
+        let lower_mac = self
+            .ifaces
+            .iter()
+            .find(|(i, _)| *i == lower)
+            .map(|(_, info)| info.mac)
+            .unwrap_or_else(|| panic!("lower device {lower} has no IFACES entry in the setup"));
+        for (i, info) in &mut self.ifaces {
+            if *i == ppp {
+                info.flags |= IFACE_F_PPPOE;
+                info.lower_ifindex = lower;
+                info.pppoe_sid_be = sid.to_be();
+                info.peer_mac = peer;
+                info.mac = lower_mac;
+            }
+            if *i == lower && lower_only {
+                info.flags |= IFACE_F_PPPOE_LOWER;
+            }
+        }
+        self.tx_ports.retain(|i| *i != ppp);
+        self.pppoe.push((
+            PppoeKey {
+                lower_ifindex: lower,
+                sid_be: sid.to_be(),
+                _pad: 0,
+            },
+            ppp,
+        ));
+        self
+    }
+
+    /// An `IFACES` entry (and `TX_PORTS` entry) for `ifindex` in stats slot `slot`.
+    pub fn with_iface(mut self, ifindex: u32, slot: u32, mac: [u8; 6]) -> Setup {
+        self.ifaces.push((
+            ifindex,
+            IfaceInfo {
+                slot,
+                mac,
+                ..IfaceInfo::default()
+            },
+        ));
+        self.tx_ports.push(ifindex);
+        self
+    }
+
     pub fn with_iface_flags(mut self, ifindex: u32, flags: u32) -> Setup {
         for (i, info) in &mut self.ifaces {
             if *i == ifindex {
@@ -549,6 +614,8 @@ pub struct Maps {
     pub fdb: HashMap<MapData, FdbKey, u32>,
     /// `VLANS`.
     pub vlans: HashMap<MapData, VlanKey, u32>,
+    /// `PPPOE`.
+    pub pppoe: HashMap<MapData, PppoeKey, u32>,
     /// `STATS`.
     pub stats: PerCpuArray<MapData, Counter>,
     /// `SETTINGS`.
@@ -593,6 +660,7 @@ pub fn load_object(object: &[u8], fib_flags: u32) -> (Ebpf, Maps) {
         tx_ports: take(&mut ebpf, MAP_TX_PORTS),
         fdb: take(&mut ebpf, MAP_BRIDGE_FDB),
         vlans: take(&mut ebpf, MAP_VLANS),
+        pppoe: take(&mut ebpf, MAP_PPPOE),
         stats: take(&mut ebpf, MAP_STATS),
         settings: take(&mut ebpf, MAP_SETTINGS),
     };
@@ -662,6 +730,13 @@ impl Maps {
         }
         for (key, vlan) in &s.vlans {
             self.vlans.insert(key, vlan, 0).expect("insert vlan entry");
+        }
+        let keys: Vec<_> = self.pppoe.keys().map(|k| k.expect("pppoe key")).collect();
+        for k in keys {
+            self.pppoe.remove(&k).expect("remove pppoe entry");
+        }
+        for (key, ppp) in &s.pppoe {
+            self.pppoe.insert(key, ppp, 0).expect("insert pppoe entry");
         }
         self.write_settings(s);
     }

@@ -161,6 +161,26 @@ pub fn with_tag(frame: &[u8], tpid: u16, tci: u16) -> Vec<u8> {
     f
 }
 
+/// The untagged IPv4/IPv6 frame as a PPPoE session frame of session `sid`: EtherType 0x8864,
+/// the session header (length: the PPP protocol field and the datagram) and the PPP protocol
+/// (0x0021 / 0x0057) inserted after the MACs, in place of the EtherType.
+pub fn with_pppoe(frame: &[u8], sid: u16) -> Vec<u8> {
+    let proto: u16 = match u16::from_be_bytes([frame[12], frame[13]]) {
+        0x0800 => 0x0021,
+        0x86dd => 0x0057,
+        t => panic!("with_pppoe: EtherType {t:#06x} is not IP"),
+    };
+    let len = u16::try_from(frame.len() - 14 + 2).expect("datagram below 64 KiB");
+    let mut f = frame[..12].to_vec();
+    f.extend_from_slice(&0x8864u16.to_be_bytes());
+    f.extend_from_slice(&[0x11, 0x00]);
+    f.extend_from_slice(&sid.to_be_bytes());
+    f.extend_from_slice(&len.to_be_bytes());
+    f.extend_from_slice(&proto.to_be_bytes());
+    f.extend_from_slice(&frame[14..]);
+    f
+}
+
 /// An ICMPv4 echo request.
 pub fn icmpv4_echo(eth_src: [u8; 6], eth_dst: [u8; 6], src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -285,6 +305,18 @@ pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
         let mut untagged = frame[..12].to_vec();
         untagged.extend_from_slice(&frame[16..]);
         return verify_checksums(&untagged);
+    }
+    if ethertype == 0x8864 {
+        // A PPPoE session frame: the IP packet behind the session header and PPP protocol.
+        let ethertype: u16 = match u16::from_be_bytes([frame[20], frame[21]]) {
+            0x0021 => 0x0800,
+            0x0057 => 0x86dd,
+            p => return Err(format!("PPP protocol {p:#06x} is not IP")),
+        };
+        let mut plain = frame[..12].to_vec();
+        plain.extend_from_slice(&ethertype.to_be_bytes());
+        plain.extend_from_slice(&frame[22..]);
+        return verify_checksums(&plain);
     }
     let (pseudo, l4, proto) = match ethertype {
         0x0800 => {

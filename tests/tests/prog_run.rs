@@ -30,8 +30,8 @@ use xdp_router_tests::{
         ETH_LEN, Spec, Transport, arp_request, fix_ipv4_checksum, icmpv4_echo, icmpv6_echo,
         tcp_flags::{ACK, FIN, PSH, RST, SYN},
         verify_checksums, with_bad_ipv4_checksum, with_bad_l4_checksum, with_eth_dst,
-        with_ipv4_frag, with_ipv4_options, with_ipv6_ext, with_l4_checksum_ffff, with_tag,
-        with_tcp_doff, with_tcp_flags, with_trailer, with_udp_len, with_vlan_tag,
+        with_ipv4_frag, with_ipv4_options, with_ipv6_ext, with_l4_checksum_ffff, with_pppoe,
+        with_tag, with_tcp_doff, with_tcp_flags, with_trailer, with_udp_len, with_vlan_tag,
         with_zero_udp_checksum,
     },
 };
@@ -897,15 +897,16 @@ fn cases(bed: &Bed) -> Vec<Case> {
 
     bridge_cases(b, &good4, m4(), &mut c);
     vlan_cases(b, &mut c);
+    pppoe_cases(b, &mut c);
     kernel_checks(b, &mut c);
     c
 }
 
-/// A forwarding case whose frames carry VLAN tags: `pkt` arrives as `input` on `ingress`
-/// (counted in `slot`), its flow direction is keyed on `flow_iif` (the VLAN device when the
-/// frame is tagged for one), and it must leave as `output` of the forwarded packet.
+/// A forwarding case whose frames carry VLAN tags or PPPoE headers: `pkt` arrives as `input`
+/// on `ingress` (counted in `slot`), its flow direction is keyed on `flow_iif` (the VLAN or
+/// PPP device the frame belongs to), and it must leave as `output` of the forwarded packet.
 #[expect(clippy::too_many_arguments, reason = "one row of the fixture table")]
-fn vlan_forward(
+fn encap_forward(
     name: &str,
     (ingress, slot, flow_iif): (u32, u32, u32),
     pkt: &Spec,
@@ -958,7 +959,7 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
 
     // Tagged in (WAN VLAN 7), untagged out (LAN): reply direction, reverse NAT.
     let r4 = wan_pkt(server4, router4, 61_000, tcp);
-    c.push(vlan_forward(
+    c.push(encap_forward(
         "vlan: tagged in, untagged out (v4 reply)",
         (b.mtu, WAN_SLOT, b.wan),
         &r4,
@@ -971,7 +972,7 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
         same,
         b,
     ));
-    c.push(vlan_forward(
+    c.push(encap_forward(
         "vlan: tagged in with priority 5, untagged out (v4 reply)",
         (b.mtu, WAN_SLOT, b.wan),
         &r4,
@@ -985,7 +986,7 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
         b,
     ));
     let r6 = wan_pkt(server6, router6, 61_000, Transport::Udp);
-    c.push(vlan_forward(
+    c.push(encap_forward(
         "vlan: tagged in, untagged out (v6 udp reply)",
         (b.mtu, WAN_SLOT, b.wan),
         &r6,
@@ -1000,7 +1001,7 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
     ));
     // Untagged in (LAN), tagged out (WAN VLAN 7): original direction, SNAT.
     let o4 = lan_pkt(client4, server4, tcp, 100);
-    c.push(vlan_forward(
+    c.push(encap_forward(
         "vlan: untagged in, tagged out (v4 snat original)",
         (b.lan, LAN_SLOT, b.lan),
         &o4,
@@ -1014,7 +1015,7 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
         b,
     ));
     let o6 = lan_pkt(client6, server6, Transport::Udp, 64);
-    c.push(vlan_forward(
+    c.push(encap_forward(
         "vlan: untagged in, tagged out (v6 udp snat original)",
         (b.lan, LAN_SLOT, b.lan),
         &o6,
@@ -1028,7 +1029,7 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
         b,
     ));
     // Tagged in (LAN VLAN 10), tagged out (WAN VLAN 7), both on the same parent.
-    c.push(vlan_forward(
+    c.push(encap_forward(
         "vlan: tagged in, tagged out (v4 snat original, router on a stick)",
         (b.mtu, LAN_SLOT, b.lan),
         &o4,
@@ -1041,7 +1042,7 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
         tag7,
         b,
     ));
-    c.push(vlan_forward(
+    c.push(encap_forward(
         "vlan: tagged in, tagged out (v4 reply)",
         (b.mtu, WAN_SLOT, b.wan),
         &r4,
@@ -1056,7 +1057,7 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
     ));
     // A bridged LAN (the LAN a bridge with the LAN's own ifindex, its port, the client behind
     // it) and a VLAN WAN: from the port, tagged out of the parent.
-    c.push(vlan_forward(
+    c.push(encap_forward(
         "vlan: from a bridge port, tagged out (v4 snat original)",
         (b.lan, LAN_SLOT, b.lan),
         &o4,
@@ -1074,7 +1075,7 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
         b,
     ));
     // 802.1ad, when the VLAN device is one.
-    c.push(vlan_forward(
+    c.push(encap_forward(
         "vlan: 802.1ad tagged in, 802.1ad tagged out",
         (b.mtu, LAN_SLOT, b.lan),
         &o4,
@@ -1232,6 +1233,316 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
         to_parent.frame(),
         wan7(Setup::managed(b, vec![routed(b.lan, &to_parent, false)])),
         Reason::PassEgressNotManaged,
+    ));
+}
+
+/// PPPoE WAN. `wan0` stands in for the PPP device (`ppp0`: this kernel has no pppoe module,
+/// and the datapath only needs its ifindex and routes), `mtu0` for the Ethernet port the
+/// session runs over, `MTU_PEER_MAC` for the access concentrator; `sub0` stands in for a VLAN
+/// device between them (PPPoE over VLAN 7). The session ID's two bytes differ, so a byte-order
+/// mistake shows. Every forwarded frame's bytes are compared whole.
+fn pppoe_cases(b: &Bed, c: &mut Vec<Case>) {
+    const SID: u16 = 0x1234;
+    const PEER: [u8; 6] = MTU_PEER_MAC;
+    const SUB_SLOT: u32 = 4;
+    let tcp = Transport::Tcp(ACK | PSH);
+    let (client4, client6) = (v4("192.0.2.10"), v6("2001:db8:1::10"));
+    let (server4, server6) = (v4("198.18.0.7"), v6("2001:db8:ff::7"));
+    let (router4, router6) = (v4("198.51.100.1"), v6("2001:db8:2::1"));
+    let to_peer = (MTU_MAC, PEER);
+    let to_lan = (LAN_MAC, CLIENT_MAC);
+    let session = |s: Setup| s.with_pppoe(b.wan, b.mtu, SID, PEER, true);
+    let over_vlan = |s: Setup| {
+        s.with_iface(b.sub, SUB_SLOT, MTU_MAC)
+            .with_vlan(b.sub, b.mtu, 7, 0x8100, true)
+            .with_pppoe(b.wan, b.sub, SID, PEER, true)
+    };
+    let same = |f: &[u8]| f.to_vec();
+    let ses = |f: &[u8]| with_pppoe(f, SID);
+    let ses7 = |f: &[u8]| with_vlan_tag(&with_pppoe(f, SID), 7);
+    // What the access concentrator sends: from its MAC to the lower device's.
+    let from_peer = |p: Spec| Spec {
+        eth_src: PEER,
+        eth_dst: MTU_MAC,
+        ..p
+    };
+
+    // Session in (decapsulated), untagged out to the LAN: reply direction, reverse NAT.
+    let r4 = from_peer(wan_pkt(server4, router4, 61_000, tcp));
+    let r6 = from_peer(wan_pkt(server6, router6, 61_000, Transport::Udp));
+    for (name, pkt, client) in [
+        ("pppoe: session in, out to the LAN (v4 reply)", &r4, client4),
+        (
+            "pppoe: session in, out to the LAN (v6 udp reply)",
+            &r6,
+            client6,
+        ),
+    ] {
+        let server = pkt.src;
+        c.push(encap_forward(
+            name,
+            (b.mtu, WAN_SLOT, b.wan),
+            pkt,
+            (server, 443),
+            (client, 40_000),
+            true,
+            to_lan,
+            session,
+            ses,
+            same,
+            b,
+        ));
+    }
+    c.push(encap_forward(
+        "pppoe: session in with Ethernet padding after the payload (trimmed)",
+        (b.mtu, WAN_SLOT, b.wan),
+        &r4,
+        (server4, 443),
+        (client4, 40_000),
+        true,
+        to_lan,
+        session,
+        |f| with_trailer(&with_pppoe(f, SID), &[0; 10]),
+        same,
+        b,
+    ));
+    // From the LAN, encapsulated into the session: original direction, SNAT.
+    let o4 = lan_pkt(client4, server4, tcp, 100);
+    let o6 = lan_pkt(client6, server6, Transport::Udp, 64);
+    for (name, pkt, router) in [
+        (
+            "pppoe: LAN in, session out (v4 snat original)",
+            &o4,
+            router4,
+        ),
+        (
+            "pppoe: LAN in, session out (v6 udp snat original)",
+            &o6,
+            router6,
+        ),
+    ] {
+        let server = pkt.dst;
+        c.push(encap_forward(
+            name,
+            (b.lan, LAN_SLOT, b.lan),
+            pkt,
+            (router, 61_000),
+            (server, 443),
+            false,
+            to_peer,
+            session,
+            same,
+            ses,
+            b,
+        ));
+    }
+    // A next hop the kernel has no neighbour entry for: a PPP device needs none (the FIB
+    // answers "no neighbour" with the egress and the MTU check done).
+    let far = v4("203.0.113.200");
+    let o4_far = lan_pkt(client4, far, tcp, 100);
+    c.push(encap_forward(
+        "pppoe: session out, next hop without a neighbour entry",
+        (b.lan, LAN_SLOT, b.lan),
+        &o4_far,
+        (router4, 61_000),
+        (far, 443),
+        false,
+        to_peer,
+        session,
+        same,
+        ses,
+        b,
+    ));
+    // PPPoE over VLAN 7: tag and session header popped together, and pushed together.
+    c.push(encap_forward(
+        "pppoe over vlan: tagged session in, out to the LAN (v4 reply)",
+        (b.mtu, WAN_SLOT, b.wan),
+        &r4,
+        (server4, 443),
+        (client4, 40_000),
+        true,
+        to_lan,
+        over_vlan,
+        ses7,
+        same,
+        b,
+    ));
+    c.push(encap_forward(
+        "pppoe over vlan: LAN in, tagged session out (v6 udp snat original)",
+        (b.lan, LAN_SLOT, b.lan),
+        &o6,
+        (router6, 61_000),
+        (server6, 443),
+        false,
+        to_peer,
+        over_vlan,
+        same,
+        ses7,
+        b,
+    ));
+
+    // Passed to the kernel untouched.
+    let reply_flow = |s: Setup| {
+        session(Setup {
+            flows: vec![flow(b.wan, &r4, (server4, 443), (client4, 40_000), true)],
+            ..s
+        })
+    };
+    let m = || reply_flow(Setup::managed(b, Vec::new()));
+    let r4s = with_pppoe(&r4.frame(), SID);
+    let patched = |at: usize, bytes: &[u8]| {
+        let mut f = r4s.clone();
+        f[at..at + bytes.len()].copy_from_slice(bytes);
+        f
+    };
+    let on_lower =
+        |name: &str, frame: Vec<u8>, setup: Setup, r: Reason| pass(b, name, b.mtu, frame, setup, r);
+    c.push(on_lower(
+        "pppoe: unknown session ID",
+        with_pppoe(&r4.frame(), SID + 1),
+        m(),
+        Reason::PassPppoeUnknownSession,
+    ));
+    c.push(on_lower(
+        "pppoe: the session's ID from another MAC than the peer's",
+        with_pppoe(
+            &Spec {
+                eth_src: GW_MAC,
+                ..r4.clone()
+            }
+            .frame(),
+            SID,
+        ),
+        m(),
+        Reason::PassPppoeUnknownSession,
+    ));
+    c.push(pass(
+        b,
+        "pppoe: the session's ID on another device",
+        b.lan,
+        with_eth_dst(&r4s, LAN_MAC),
+        m(),
+        Reason::PassPppoeUnknownSession,
+    ));
+    // Offsets in the session frame: 14 version/type, 15 code, 18 length, 20 PPP protocol.
+    c.push(on_lower(
+        "pppoe: LCP on the session",
+        patched(20, &0xc021u16.to_be_bytes()),
+        m(),
+        Reason::PassPppoeNotIp,
+    ));
+    c.push(on_lower(
+        "pppoe: compressed datagram (CCP) on the session",
+        patched(20, &0x00fdu16.to_be_bytes()),
+        m(),
+        Reason::PassPppoeNotIp,
+    ));
+    let longer = u16::from_be_bytes([r4s[18], r4s[19]]) + 1;
+    c.push(on_lower(
+        "pppoe: length beyond the frame",
+        patched(18, &longer.to_be_bytes()),
+        m(),
+        Reason::PassMalformed,
+    ));
+    c.push(on_lower(
+        "pppoe: discovery code on a session frame",
+        patched(15, &[0xa7]),
+        m(),
+        Reason::PassMalformed,
+    ));
+    c.push(on_lower(
+        "pppoe: discovery (PADT) on a lower device managed only for its session",
+        patched(12, &[0x88, 0x63, 0x11, 0xa7]),
+        m(),
+        Reason::PassPppoeLowerOther,
+    ));
+    c.push(on_lower(
+        "pppoe: plain IPv4 on a lower device managed only for its session",
+        r4.frame(),
+        m(),
+        Reason::PassPppoeLowerOther,
+    ));
+    c.push(on_lower(
+        "pppoe: session frame to another MAC than the lower device's",
+        with_eth_dst(&r4s, [2, 0, 0, 0, 0, 0x99]),
+        m(),
+        Reason::PassDstMacNotOurs,
+    ));
+    let mut session_pass = |name: &str, setup: Setup, r: Reason| {
+        let mut case = on_lower(name, r4s.clone(), setup, r);
+        // A managed session's frame: counted as the PPP device's.
+        case.slot = WAN_SLOT;
+        c.push(case);
+    };
+    session_pass(
+        "pppoe: ingress hook on the PPP device",
+        m().with_iface_flags(b.wan, IFACE_F_INGRESS_HOOK),
+        Reason::PassIngressHook,
+    );
+    session_pass(
+        "pppoe: no flow keyed on the PPP device",
+        Setup {
+            flows: vec![flow(b.mtu, &r4, (server4, 443), (client4, 40_000), true)],
+            ..m()
+        },
+        Reason::PassNoFlow,
+    );
+    // Egress through the PPP device: its own and its lower device's egress must allow a
+    // redirect.
+    let o = || {
+        session(Setup::managed(
+            b,
+            vec![flow(b.lan, &o4, (router4, 61_000), (server4, 443), false)],
+        ))
+    };
+    let o4f = o4.frame();
+    for (name, setup, r) in [
+        (
+            "pppoe egress: PPP device shaped",
+            o().with_iface_flags(b.wan, IFACE_F_SHAPED),
+            Reason::PassEgressShaped,
+        ),
+        (
+            "pppoe egress: lower device shaped",
+            o().with_iface_flags(b.mtu, IFACE_F_SHAPED),
+            Reason::PassEgressShaped,
+        ),
+        (
+            "pppoe egress: egress hook on the PPP device",
+            o().with_iface_flags(b.wan, IFACE_F_EGRESS_HOOK),
+            Reason::PassEgressHook,
+        ),
+        (
+            "pppoe egress: lower device cannot transmit XDP frames",
+            o().with_iface_flags(b.mtu, IFACE_F_NO_XDP_XMIT),
+            Reason::PassEgressNoXdpXmit,
+        ),
+        (
+            "pppoe egress: lower device not managed",
+            o().without_iface(b.mtu),
+            Reason::PassEgressNotManaged,
+        ),
+        (
+            "pppoe egress: lower device not a redirect target",
+            o().without_tx_port(b.mtu),
+            Reason::PassEgressNotManaged,
+        ),
+        (
+            "pppoe egress: lower device is a bridge port",
+            o().with_bridge_port(b.mtu, b.lan),
+            Reason::PassEgressNotManaged,
+        ),
+    ] {
+        c.push(pass(b, name, b.lan, o4f.clone(), setup, r));
+    }
+    // Without the session the same unresolved next hop is the kernel's to resolve.
+    c.push(pass(
+        b,
+        "pppoe: next hop without a neighbour entry on a device that is not PPPoE",
+        b.lan,
+        o4_far.frame(),
+        Setup::managed(b, vec![routed(b.lan, &o4_far, false)]),
+        Reason::PassNoNeighbour,
     ));
 }
 
@@ -1878,6 +2189,7 @@ fn table_covers_every_reason() {
         lan: 11,
         wan: 12,
         mtu: 13,
+        sub: 14,
     };
     let covered: BTreeSet<u32> = cases(&bed).iter().map(|c| c.reason() as u32).collect();
     let missing: Vec<_> = Reason::ALL

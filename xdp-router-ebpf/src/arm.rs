@@ -1,6 +1,7 @@
 //! Arming: the TC egress program that records which flow directions the kernel itself forwards.
 //!
-//! It runs on every managed interface after the kernel's whole forwarding path (FORWARD,
+//! It runs on every managed interface (on a PPP device as `xdp_router_arm3`, which finds the
+//! IP header at the start of the packet) after the kernel's whole forwarding path (FORWARD,
 //! POSTROUTING, NAT). A packet seen here was accepted by the firewall as it is now; the fast
 //! path's own packets are redirected by XDP and never pass here. For a packet that belongs to an
 //! offloaded flow direction (found by its post-NAT tuple in `ARM_V4`/`ARM_V6`, arriving on the

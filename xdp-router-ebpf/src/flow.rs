@@ -23,13 +23,14 @@ use xdp_router_common::{
     FIB_LOOKUP_MARK, FLOW_DSCP_KNOWN, FLOW_F_REPLY, FLOW_TTL_KNOWN, FdbKey, FibCache, FlowCounters,
     FlowKeyV4, FlowKeyV6, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_EGRESS_HOOK,
     IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING,
-    IFACE_F_SHAPED, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, Reason, SETTINGS_F_FIB_MARK,
-    VlanKey,
+    IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_SHAPED, IFACE_F_VLAN, IFACE_F_VLAN_PARENT,
+    IfaceInfo, Reason, SETTINGS_F_FIB_MARK, VlanKey,
     checksum::{pseudo_v4, pseudo_v6},
     parse::{
-        ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN, Ipv4Fields, Ipv6Fields, L3,
+        ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ETH_P_PPP_SES, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN,
+        IPV6_HLEN, Ipv4Fields, Ipv6Fields, L3, PPP_IP, PPP_IPV6, PPPOE_HLEN, PPPOE_VER_TYPE,
         VLAN_HLEN, check_fib_result, check_ipv4, check_ipv6, check_tcp, check_udp, check_vlan_tag,
-        classify_ethertype, is_vlan_tpid,
+        classify_ethertype, fib, is_vlan_tpid,
     },
 };
 
@@ -38,7 +39,8 @@ use crate::{
         ACTIVE_V4, ACTIVE_V6, BRIDGE_FDB, FLOWS_V4, FLOWS_V6, IFACES, SETTINGS, TX_PORTS, VLANS,
         fib_flags,
     },
-    parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, VlanHdr, VlanTag, ptr_at_mut},
+    parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, PppoeHdr, TcpHdr, UdpHdr, VlanHdr, VlanTag, ptr_at_mut},
+    pppoe,
     rewrite::{self, L4, NextHop},
     verify,
 };
@@ -57,8 +59,9 @@ pub struct Forwarded {
 }
 
 /// Forwards the packet in `ctx`, received on `ifindex` (whose `IFACES` entry is `info`), or
-/// says why the kernel must have it. A frame tagged for a managed VLAN device is counted
-/// under that device's stats slot: `slot` is set to it.
+/// says why the kernel must have it. A frame tagged for a managed VLAN device, or a session
+/// frame of a managed PPPoE device, is counted under that device's stats slot: `slot` is set
+/// to it.
 #[inline(always)]
 pub fn try_forward(
     ctx: &XdpContext,
@@ -122,7 +125,8 @@ pub fn try_forward(
     };
     let mut l3_info = info;
     let mut l2 = ETH_HLEN;
-    let l3 = if is_vlan_tpid(ethertype) {
+    let tagged = is_vlan_tpid(ethertype);
+    let ethertype = if tagged {
         // The kernel hands a frame tagged for one of its VLAN devices to that device
         // (`vlan_do_receive`): the IP layer sees it as received there, untagged. Flow keys,
         // FIB lookups and the MAC check use the VLAN device, as conntrack and routing do.
@@ -136,20 +140,46 @@ pub fn try_forward(
         iif = vlan.ifindex;
         l3_info = Some(vlan.info);
         l2 = ETH_HLEN + VLAN_HLEN;
-        classify_ethertype(vlan.inner_ethertype)?
+        vlan.inner_ethertype
     } else {
-        if flags & IFACE_F_VLAN_PARENT != 0 {
+        ethertype
+    };
+    let (l3, ip_len_max) = if ethertype == ETH_P_PPP_SES {
+        // A PPPoE session frame: the kernel hands it to the session's PPP device, where the IP
+        // layer sees it (flow keys, FIB lookups), without the PPPoE and PPP headers. It is
+        // addressed to the lower device.
+        verify::dst_mac_is_ours(eth, l3_info)?;
+        // SAFETY: ptr_at_mut checked that the header is inside the frame.
+        let src = unsafe { (*eth).src };
+        let session = pppoe::session(ctx, iif, l2, src)?;
+        *slot = crate::stats::ingress_slot(Some(session.info));
+        // SAFETY: a map value pointer returned by the kernel is valid for reads.
+        if unsafe { (*session.info).flags } & IFACE_F_INGRESS_HOOK != 0 {
+            // Hooks on the PPP device run after XDP too.
+            return Err(Reason::PassIngressHook);
+        }
+        iif = session.ifindex;
+        l2 += PPPOE_HLEN;
+        (session.l3, session.ip_len_max)
+    } else {
+        if !tagged && flags & IFACE_F_VLAN_PARENT != 0 {
             // The parent device itself is not managed: the kernel routes what it receives
             // untagged. (A frame whose tag the NIC stripped into metadata, rx VLAN offload,
             // also arrives here and so also goes to the kernel, which knows its VLAN.)
             return Err(Reason::PassVlanParentUntagged);
         }
-        classify_ethertype(ethertype)?
+        // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
+        if l3_info.is_some_and(|i| unsafe { (*i).flags } & IFACE_F_PPPOE_LOWER != 0) {
+            // Managed only for its PPPoE sessions: the kernel routes the rest.
+            return Err(Reason::PassPppoeLowerOther);
+        }
+        let l3 = classify_ethertype(ethertype)?;
+        verify::dst_mac_is_ours(eth, l3_info)?;
+        (l3, frame_len(ctx) - l2)
     };
-    verify::dst_mac_is_ours(eth, l3_info)?;
     match l3 {
-        L3::V4 => try_forward_v4(ctx, iif, l2, &cache, verify_l4),
-        L3::V6 => try_forward_v6(ctx, iif, l2, &cache, verify_l4),
+        L3::V4 => try_forward_v4(ctx, iif, l2, ip_len_max, &cache, verify_l4),
+        L3::V6 => try_forward_v6(ctx, iif, l2, ip_len_max, &cache, verify_l4),
     }
 }
 
@@ -257,22 +287,26 @@ fn l4_ports(
 }
 
 /// The frame as it leaves: its Ethernet header, the VLAN tag to write after the MACs (when
-/// the egress is a VLAN device) and the IP header, all re-derived after the resize.
+/// the egress is a VLAN device, or a PPPoE session over one), the EtherType after it, the
+/// PPPoE header after that (when the egress is a PPPoE device) and the IP header, all
+/// re-derived after the resize.
 struct Reframed<T> {
     eth: *mut EthHdr,
     tag: Option<*mut VlanTag>,
+    ethertype: *mut u16,
+    pppoe: Option<*mut PppoeHdr>,
     ip: *mut T,
-    /// Length of the Ethernet header plus tag as the frame leaves.
+    /// Length of the Ethernet header, tag and PPPoE header as the frame leaves.
     l2: usize,
 }
 
 /// Gives the frame the L2 header its egress needs and cuts it down to that header plus the
-/// `ip_len`-byte IP datagram. `l2_in` is the received header's length (14, or 18 with a tag);
-/// the outgoing one is 18 when `tag` is set (the egress is a VLAN device), else 14:
-/// `bpf_xdp_adjust_head` pops the received tag's 4 bytes or makes room for the new one (the
-/// EtherType of the payload then sits right where the tagged frame needs it; the MACs and the
-/// tag are written by the caller). Done before anything is written, so a failed resize passes
-/// the frame as received.
+/// `ip_len`-byte IP datagram. `l2_in` is the received header's length (14, plus 4 with a tag,
+/// plus 8 for a PPPoE session); the outgoing one is 14, plus 4 when `tag` has a VLAN tag,
+/// plus 8 when it has a PPPoE session: `bpf_xdp_adjust_head` removes what the received
+/// header has more or makes room for what the new one needs (the MACs, tag, EtherType and
+/// PPPoE header are written by the caller). Done before anything is written, so a failed
+/// resize passes the frame as received.
 ///
 /// Bytes beyond the datagram (Ethernet padding, garbage) are cut as the kernel trims the skb
 /// (`pskb_trim_rcsum` in `ip_rcv_core` / `ip6_rcv_core`): they must not leave, and would count
@@ -285,13 +319,11 @@ fn reframe<T>(
     ip_len: usize,
     tag: &EgressTag,
 ) -> Result<Reframed<T>, Reason> {
-    let l2 = if tag.tpid_be != 0 {
-        ETH_HLEN + VLAN_HLEN
-    } else {
-        ETH_HLEN
-    };
+    let vlan = if tag.tpid_be != 0 { VLAN_HLEN } else { 0 };
+    let session = if tag.pppoe { PPPOE_HLEN } else { 0 };
+    let l2 = ETH_HLEN + vlan + session;
     if l2 != l2_in {
-        // +4 pops the received tag, -4 makes room for a new one.
+        // A positive delta pops received headers, a negative one makes room for new ones.
         let delta = l2_in as i32 - l2 as i32;
         // SAFETY: a helper on this program's own context; XDP frames have 256 bytes of
         // headroom (XDP_PACKET_HEADROOM) and the frame is longer than the tag.
@@ -314,23 +346,52 @@ fn reframe<T>(
     } else {
         None
     };
+    let pppoe_ptr = if tag.pppoe {
+        Some(ptr_at_mut(ctx, ETH_HLEN + vlan)?)
+    } else {
+        None
+    };
     Ok(Reframed {
         eth: ptr_at_mut(ctx, 0)?,
         tag: tag_ptr,
+        ethertype: ptr_at_mut(ctx, 12 + vlan)?,
+        pppoe: pppoe_ptr,
         ip: ptr_at_mut(ctx, l2)?,
         l2,
     })
 }
 
-/// Writes the VLAN tag of the egress, if any (after the rewrite: nothing can fail by then).
+/// Writes the egress's headers between the MACs and the IP header of an `ip_len`-byte
+/// datagram of family `l3`: the VLAN tag, the EtherType and the PPPoE session header, as far
+/// as the egress has them (after the rewrite: nothing can fail by then). The EtherType is
+/// always written: a received PPPoE frame's was 0x8864.
 #[inline(always)]
-fn write_tag(at: Option<*mut VlanTag>, tag: &EgressTag) {
-    if let Some(t) = at {
+fn write_l2<T>(out: &Reframed<T>, tag: &EgressTag, l3: L3, ip_len: usize) {
+    if let Some(t) = out.tag {
         // SAFETY: bounds checked by ptr_at_mut in `reframe`.
         unsafe {
             (*t).tpid_be = tag.tpid_be;
             (*t).tci_be = tag.tci_be;
         }
+    }
+    let (ethertype, ppp_proto) = match l3 {
+        L3::V4 => (ETH_P_IP, PPP_IP),
+        L3::V6 => (ETH_P_IPV6, PPP_IPV6),
+    };
+    if let Some(h) = out.pppoe {
+        // SAFETY: bounds checked by ptr_at_mut in `reframe`.
+        unsafe {
+            *out.ethertype = ETH_P_PPP_SES.to_be();
+            (*h).ver_type = PPPOE_VER_TYPE;
+            (*h).code = 0;
+            (*h).sid_be = tag.pppoe_sid_be;
+            // The PPP protocol field and the datagram (below 64 KiB: checked by the parser).
+            (*h).length_be = (ip_len as u16).wrapping_add(2).to_be();
+            (*h).proto_be = ppp_proto.to_be();
+        }
+    } else {
+        // SAFETY: bounds checked by ptr_at_mut in `reframe`.
+        unsafe { *out.ethertype = ethertype.to_be() };
     }
 }
 
@@ -630,7 +691,11 @@ fn next_hop(
             lookup_flags(mark),
         )
     };
-    check_fib_result(rc)?;
+    // A PPP device has no neighbours to resolve (the session names the peer's MAC), so the
+    // helper may well answer "no neighbour" for it, with the egress and the MTU check done.
+    if rc != fib::NO_NEIGH || !is_pppoe(params.ifindex) {
+        check_fib_result(rc)?;
+    }
     let hop = NextHop {
         ifindex: params.ifindex,
         smac: params.smac,
@@ -640,10 +705,19 @@ fn next_hop(
     Ok(hop)
 }
 
+/// Whether `ifindex` is a managed PPPoE device.
+#[inline(always)]
+fn is_pppoe(ifindex: u32) -> bool {
+    // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
+    IFACES
+        .get_ptr(ifindex)
+        .is_some_and(|i| unsafe { (*i).flags } & IFACE_F_PPPOE != 0)
+}
+
 /// Why the fast path must not send out of an interface with `IFACE_F_*` flags `flags`, if
 /// anything.
 #[inline(always)]
-fn check_egress(flags: u32) -> Result<(), Reason> {
+pub fn check_egress(flags: u32) -> Result<(), Reason> {
     if flags & IFACE_F_NO_XDP_XMIT != 0 {
         // The device would drop a redirected frame (no ndo_xdp_xmit, or a veth whose peer
         // has neither XDP nor GRO): the kernel's own output path can send it.
@@ -703,10 +777,15 @@ fn bridge_port(bridge: u32, flags: u32, dmac: [u8; 6]) -> Result<u32, Reason> {
     Ok(port)
 }
 
-/// The VLAN tag a packet leaves with (raw wire values); `tpid_be` 0 = untagged.
+/// The headers a packet leaves with between its MACs and its IP header, besides the
+/// EtherType (raw wire values): a VLAN tag (`tpid_be` 0 = untagged) and a PPPoE session.
 pub struct EgressTag {
-    tpid_be: u16,
-    tci_be: u16,
+    pub tpid_be: u16,
+    pub tci_be: u16,
+    /// The PPPoE session's ID, when `pppoe`.
+    pub pppoe_sid_be: u16,
+    /// The egress is a PPPoE device: the session header goes after the EtherType.
+    pub pppoe: bool,
 }
 
 /// Where a packet goes once the FIB named its egress.
@@ -720,7 +799,7 @@ struct Egress {
 /// The parent a packet routed out of the VLAN device `info` is sent from, once the VLAN
 /// device's own egress and the parent's allow a redirect; the tag to push goes to `tag`.
 #[inline(always)]
-fn vlan_parent(info: *const IfaceInfo, flags: u32, tag: &mut EgressTag) -> Result<u32, Reason> {
+pub fn vlan_parent(info: *const IfaceInfo, flags: u32, tag: &mut EgressTag) -> Result<u32, Reason> {
     // The kernel sends a packet routed out of a VLAN device through the device (its qdisc,
     // its egress hooks), then tagged out of the parent; the VLAN device transmits nothing
     // itself.
@@ -748,11 +827,14 @@ fn vlan_parent(info: *const IfaceInfo, flags: u32, tag: &mut EgressTag) -> Resul
     Ok(parent)
 }
 
-/// The redirect set up once `egress` (and, for a bridge, the port `dmac` is behind; for a
-/// VLAN device, its parent) may send the packet. Checked on every packet, cached next hop or
-/// not: the daemon flips these live, and FDB moves are followed from the next packet on.
+/// The redirect set up once the FIB's egress `hop.ifindex` (and, for a bridge, the port
+/// `hop.dmac` is behind; for a VLAN device, its parent; for a PPPoE device, its lower device)
+/// may send the packet. Checked on every packet, cached next hop or not: the daemon flips
+/// these live, and FDB moves are followed from the next packet on. For a PPPoE device the
+/// session's MACs replace the hop's.
 #[inline(always)]
-fn redirect_to(egress: u32, dmac: [u8; 6]) -> Result<Egress, Reason> {
+fn redirect_to(hop: &mut NextHop) -> Result<Egress, Reason> {
+    let egress = hop.ifindex;
     // Only interfaces the daemon manages are fast-path targets (their neighbours, qdiscs and
     // counters are known); anything else keeps the kernel's full output path.
     let Some(info) = IFACES.get_ptr(egress) else {
@@ -763,11 +845,15 @@ fn redirect_to(egress: u32, dmac: [u8; 6]) -> Result<Egress, Reason> {
     let mut tag = EgressTag {
         tpid_be: 0,
         tci_be: 0,
+        pppoe_sid_be: 0,
+        pppoe: false,
     };
-    let target = if flags & IFACE_F_VLAN != 0 {
+    let target = if flags & IFACE_F_PPPOE != 0 {
+        pppoe::lower(info, flags, hop, &mut tag)?
+    } else if flags & IFACE_F_VLAN != 0 {
         vlan_parent(info, flags, &mut tag)?
     } else if flags & IFACE_F_BRIDGE != 0 {
-        bridge_port(egress, flags, dmac)?
+        bridge_port(egress, flags, hop.dmac)?
     } else if flags & (IFACE_F_BRIDGE_PORT | IFACE_F_VLAN_PARENT) != 0 {
         // The kernel never routes out of a bridge port itself; a VLAN parent that is not
         // in the config is only managed for its VLANs' tagged frames.
@@ -848,6 +934,7 @@ fn try_forward_v4(
     ctx: &XdpContext,
     ifindex: u32,
     l2: usize,
+    ip_len_max: usize,
     cache: &FibCachePolicy,
     verify_l4: bool,
 ) -> Result<Forwarded, Reason> {
@@ -861,7 +948,7 @@ fn try_forward_v4(
                 frag_off: (*ip).frag_off(),
                 ttl: (*ip).ttl,
                 proto: (*ip).proto,
-                available: frame_len(ctx) - l2,
+                available: ip_len_max,
             },
             (*ip).tos,
             (*ip).src_be,
@@ -940,13 +1027,14 @@ fn try_forward_v4(
         tos_word,
         mark,
     )?;
-    let egress = redirect_to(hop.ifindex, hop.dmac)?;
+    let mut hop = hop;
+    let egress = redirect_to(&mut hop)?;
 
     let out = reframe::<Ipv4Hdr>(ctx, l2, fields.tot_len as usize, &egress.tag)?;
     let l4 = L4::at(ctx, out.l2 + IPV4_HLEN, fields.proto == IPPROTO_UDP)?;
     // Every check passed: from here on the packet is ours.
     rewrite::rewrite_v4(out.eth, out.ip, l4, &nat, &hop);
-    write_tag(out.tag, &egress.tag);
+    write_l2(&out, &egress.tag, L3::V4, fields.tot_len as usize);
     // SAFETY: `flow` is a live map value pointer.
     let counters = unsafe { addr_of_mut!((*flow).counters) };
     if first_in_pass(counters, cache) {
@@ -982,6 +1070,7 @@ fn try_forward_v6(
     ctx: &XdpContext,
     ifindex: u32,
     l2: usize,
+    ip_len_max: usize,
     cache: &FibCachePolicy,
     verify_l4: bool,
 ) -> Result<Forwarded, Reason> {
@@ -994,7 +1083,7 @@ fn try_forward_v6(
                 payload_len: (*ip).payload_len(),
                 next_header: (*ip).next_header,
                 hop_limit: (*ip).hop_limit,
-                available: frame_len(ctx) - l2,
+                available: ip_len_max,
             },
             (*ip).flowinfo_be(),
             (*ip).src_be,
@@ -1066,13 +1155,14 @@ fn try_forward_v6(
     // SAFETY: `flow` is a live map value pointer.
     let fib_cache = unsafe { addr_of_mut!((*flow).fib) };
     let hop = next_hop(ctx, fib_cache, cache, now, &mut params, len, flowinfo, mark)?;
-    let egress = redirect_to(hop.ifindex, hop.dmac)?;
+    let mut hop = hop;
+    let egress = redirect_to(&mut hop)?;
 
     let out = reframe::<Ipv6Hdr>(ctx, l2, len as usize, &egress.tag)?;
     let l4 = L4::at(ctx, out.l2 + IPV6_HLEN, fields.next_header == IPPROTO_UDP)?;
     // Every check passed: from here on the packet is ours.
     rewrite::rewrite_v6(out.eth, out.ip, l4, &nat, &hop);
-    write_tag(out.tag, &egress.tag);
+    write_l2(&out, &egress.tag, L3::V6, len as usize);
     // SAFETY: `flow` is a live map value pointer.
     let counters = unsafe { addr_of_mut!((*flow).counters) };
     if first_in_pass(counters, cache) {

@@ -12,6 +12,7 @@ mod arm;
 mod flow;
 mod maps;
 mod parse;
+mod pppoe;
 mod rewrite;
 mod stats;
 mod verify;

@@ -63,6 +63,22 @@ pub struct VlanTag {
     pub tci_be: u16,
 }
 
+/// A PPPoE session header and the PPP protocol field after it (RFC 2516), between the
+/// EtherType 0x8864 and the IP header.
+#[repr(C, packed(2))]
+pub struct PppoeHdr {
+    /// Version and type: 0x11.
+    pub ver_type: u8,
+    /// 0 for session data.
+    pub code: u8,
+    /// Session ID (network order).
+    pub sid_be: u16,
+    /// Length of the PPP protocol field and what follows (network order).
+    pub length_be: u16,
+    /// PPP protocol (network order): 0x0021 IPv4, 0x0057 IPv6.
+    pub proto_be: u16,
+}
+
 /// IPv4 header without options.
 #[repr(C, packed(2))]
 pub struct Ipv4Hdr {

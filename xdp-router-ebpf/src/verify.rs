@@ -14,7 +14,7 @@ use crate::parse::{EthHdr, ptr_at_mut};
 
 /// A MAC address as a 32-bit and a 16-bit raw word (compared without a `memcmp`).
 #[inline(always)]
-fn mac_words(m: [u8; 6]) -> (u32, u16) {
+pub fn mac_words(m: [u8; 6]) -> (u32, u16) {
     let [a, b, c, d, e, f] = m;
     (u32::from_ne_bytes([a, b, c, d]), u16::from_ne_bytes([e, f]))
 }
