@@ -108,9 +108,30 @@ pub struct IfaceStatus {
     #[serde(default)]
     pub fdb_entries: Option<u64>,
     /// For a VLAN device: its VLAN and parent (`VLAN 7 (802.1Q) on eth0`, the program runs
-    /// there); for a parent managed only for its VLANs: `parent of eth0.7`.
+    /// there); for a parent managed only for its VLANs: `parent of eth0.7`. For a PPP device:
+    /// its PPPoE session (`PPPoE session 0x0001 over eth0 (peer 52:54:00:12:34:56)`, the
+    /// program runs on eth0), or `PPPoE: not accelerated` when it has none; for a device
+    /// managed only for a session: `lower device of ppp0`.
     #[serde(default)]
     pub encap: Option<String>,
+    /// For a PPP device: its PPPoE session as the fast path uses it (null for other
+    /// interfaces).
+    #[serde(default)]
+    pub pppoe: Option<PppoeStatus>,
+}
+
+/// A managed PPP device's PPPoE session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PppoeStatus {
+    /// The session ID (host order, as pppd logs it); null while no session is bound.
+    pub session_id: Option<u16>,
+    /// The device the session runs over, where the program runs.
+    pub lower: Option<String>,
+    /// The access concentrator's MAC.
+    pub peer_mac: Option<String>,
+    /// Why the fast path carries nothing of the PPP device (no session, several sessions
+    /// and no `pppoe_device`, ...); null while a session is bound.
+    pub not_accelerated_because: Option<String>,
 }
 
 /// Flow map occupancy.
@@ -232,6 +253,13 @@ impl Status {
             }
             if let Some(why) = &i.no_xdp_xmit_because {
                 let _ = writeln!(s, "    not sent out of by the fast path: {why}");
+            }
+            if let Some(why) = i
+                .pppoe
+                .as_ref()
+                .and_then(|p| p.not_accelerated_because.as_ref())
+            {
+                let _ = writeln!(s, "    PPPoE not accelerated: {why}");
             }
         }
         let _ = writeln!(
