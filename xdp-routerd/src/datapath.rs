@@ -581,11 +581,13 @@ impl Datapath {
 
     /// Binds the PPP device `ifindex` (registered by [`Datapath::attach_ppp`]) to `session`,
     /// or unbinds it (`None`). In the order that never forwards into a session that is not
-    /// the current one: the old `PPPOE` key goes first; then the lower device is registered
-    /// (XDP attached in `mode`, `IFACE_F_PPPOE_LOWER`, unless it is registered already), the
-    /// PPP device's entry rewritten (`IFACE_F_PPPOE`, session ID, peer, lower device and its
-    /// MAC), and the new key added last; a lower device managed only for the old session is
-    /// released at the end. On error the PPP device is left unbound.
+    /// the current one: the old session goes first (the PPP device's entry loses
+    /// `IFACE_F_PPPOE`, so nothing is sent into it, then its `PPPOE` key goes, so nothing of
+    /// it is received as the PPP device's); then the lower device is registered (XDP attached
+    /// in `mode`, `IFACE_F_PPPOE_LOWER`, unless it is registered already), the PPP device's
+    /// entry rewritten (`IFACE_F_PPPOE`, session ID, peer, lower device and its MAC), and the
+    /// new key added last; a lower device managed only for the old session is released at
+    /// the end. On error the PPP device is left unbound.
     pub fn set_pppoe(
         &mut self,
         name: &str,
@@ -596,22 +598,25 @@ impl Datapath {
         let Some(old) = self.ppp_devices.get(&ifindex).copied() else {
             bail!("{name}: not a registered PPP device");
         };
+        let mut info = self.iface(ifindex)?;
+        // The PPP device's entry without a session: its packets go to the kernel.
+        let unbound = |i: IfaceInfo| IfaceInfo {
+            slot: i.slot,
+            flags: i.flags & !IFACE_F_PPPOE,
+            ..IfaceInfo::default()
+        };
         if let Some(key) = old {
+            info = unbound(info);
+            self.update_iface(ifindex, info)?;
             let _ = self.pppoe.remove(&key);
             self.ppp_devices.insert(ifindex, None);
         }
-        let mut info = self.iface(ifindex)?;
         let result = match session {
             Some(s) => self.bind_pppoe(name, ifindex, &mut info, s, mode),
             None => Ok(()),
         };
         if session.is_none() || result.is_err() {
-            info = IfaceInfo {
-                slot: info.slot,
-                flags: info.flags & !IFACE_F_PPPOE,
-                ..IfaceInfo::default()
-            };
-            self.update_iface(ifindex, info)?;
+            self.update_iface(ifindex, unbound(info))?;
         }
         if let Some(key) = old
             && (result.is_err() || session.is_none_or(|s| s.lower.ifindex != key.lower_ifindex))

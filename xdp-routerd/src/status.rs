@@ -652,6 +652,73 @@ mod tests {
         );
     }
 
+    fn ppp0(pppoe: PppoeStatus, encap: Option<&str>) -> IfaceStatus {
+        IfaceStatus {
+            name: "ppp0".into(),
+            ifindex: 12,
+            role: "wan".into(),
+            attach_mode: "lower".into(),
+            shaped: false,
+            shaped_config: "auto".into(),
+            shaped_by: None,
+            egress_qdisc: None,
+            xdp_xmit: pppoe.session_id.is_some(),
+            no_xdp_xmit_because: None,
+            generic_because: None,
+            bridge: None,
+            fdb_entries: None,
+            encap: encap.map(str::to_string),
+            pppoe: Some(pppoe),
+        }
+    }
+
+    #[test]
+    fn a_ppp_device_shows_its_session_or_why_it_has_none() {
+        let mut st = status(&[]);
+        st.interfaces.push(ppp0(
+            PppoeStatus {
+                session_id: Some(1),
+                lower: Some("eth0".into()),
+                peer_mac: Some("52:54:00:12:34:56".into()),
+                not_accelerated_because: None,
+            },
+            Some("PPPoE session 0x0001 over eth0 (peer 52:54:00:12:34:56)"),
+        ));
+        let text = st.render();
+        assert!(
+            text.contains("ppp0         ifindex 12   role wan  xdp lower (PPPoE session 0x0001 over eth0 (peer 52:54:00:12:34:56))\n"),
+            "{text}"
+        );
+        assert!(!text.contains("PPPoE not accelerated"), "{text}");
+        st.interfaces[0] = ppp0(
+            PppoeStatus {
+                not_accelerated_because: Some("no PPPoE session in /proc/net/pppoe".into()),
+                ..PppoeStatus::default()
+            },
+            None,
+        );
+        let text = st.render();
+        assert!(
+            text.contains("\n    PPPoE not accelerated: no PPPoE session in /proc/net/pppoe\n"),
+            "{text}"
+        );
+        // JSON round trip; an older daemon's status (no `pppoe`) still parses.
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(
+            json["interfaces"][0]["pppoe"]["session_id"],
+            serde_json::Value::Null
+        );
+        let back: Status = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(back.interfaces[0].pppoe, st.interfaces[0].pppoe);
+        let mut old = json;
+        old["interfaces"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("pppoe");
+        let back: Status = serde_json::from_value(old).unwrap();
+        assert_eq!(back.interfaces[0].pppoe, None);
+    }
+
     #[test]
     fn reasons_travel_as_their_stable_names_in_json() {
         let mut st = status(&[("wan0", "no_flow", 3, 180)]);
