@@ -1065,7 +1065,7 @@ impl<D: Ports> State<D> {
             .iter()
             .filter_map(|m| Some((m.ifindex?, m.mode.is_some())))
             .collect();
-        let mut new_lower = false;
+        let (mut new_lower, mut rebound) = (false, false);
         let State {
             dp,
             ifaces,
@@ -1106,6 +1106,7 @@ impl<D: Ports> State<D> {
                 }),
             };
             let binding = want.map(|s| session_binding(s, xmit, &mut slot));
+            rebound = true;
             match dp.set_pppoe(name, ifindex, binding.as_ref(), *xdp_mode) {
                 Ok(()) => {
                     let lower = |b: &Option<SessionRead>| b.as_ref().map(|b| b.lower.ifindex);
@@ -1132,7 +1133,9 @@ impl<D: Ports> State<D> {
                 }
             }
         }
-        self.write_session_flags();
+        if rebound {
+            self.write_session_flags();
+        }
         new_lower
     }
 
