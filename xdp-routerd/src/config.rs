@@ -76,6 +76,11 @@ pub struct InterfaceConfig {
     /// (default `false`: directions that would meet one stay in the kernel).
     #[serde(default)]
     pub bypass_hooks: bool,
+    /// For a PPP device carrying a PPPoE session (`ppp0`): the device its session runs over
+    /// (`eth0.7`). Only needed when the namespace has several PPPoE sessions (see
+    /// [`crate::sync::pppoe::pair`]); ignored, with a warning, on any other device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pppoe_device: Option<String>,
 }
 
 /// `shaped = "auto" | true | false`.
@@ -240,6 +245,11 @@ mod listen_addr {
     }
 }
 
+/// Whether `name` can be a kernel interface name (1 to 15 bytes, no `/` or whitespace).
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 15 && !name.contains(|c: char| c == '/' || c.is_whitespace())
+}
+
 /// A configuration error, already formatted for the user (`file:line: message`).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -308,19 +318,34 @@ impl Config {
             .collect()
     }
 
-    /// Checks what serde cannot: at least one interface, valid and unique names, at most
-    /// `MAX_IFACE_SLOTS - 1` interfaces, and the capacities' and intervals' ranges.
+    /// Checks what serde cannot: at least one interface, valid and unique names (`pppoe_device`
+    /// included), at most `MAX_IFACE_SLOTS - 1` interfaces, and the capacities' and intervals'
+    /// ranges.
     fn validate(&self) -> Result<(), String> {
         if self.interfaces.is_empty() {
             return Err("no [[interface]] configured: list the LAN and WAN interfaces".into());
         }
         let mut seen = HashSet::new();
         for i in &self.interfaces {
-            if i.name.is_empty() || i.name.len() > 15 || i.name.contains(['/', ' ']) {
+            if !valid_name(&i.name) {
                 return Err(format!("invalid interface name {:?}", i.name));
             }
             if !seen.insert(i.name.as_str()) {
                 return Err(format!("interface {:?} is listed twice", i.name));
+            }
+            if let Some(d) = &i.pppoe_device {
+                if !valid_name(d) {
+                    return Err(format!(
+                        "interface {:?}: invalid pppoe_device {d:?} (the device its PPPoE session runs over, e.g. \"eth0.7\")",
+                        i.name
+                    ));
+                }
+                if *d == i.name {
+                    return Err(format!(
+                        "interface {:?}: pppoe_device names the interface itself; it names the device the PPPoE session runs over (e.g. \"eth0\")",
+                        i.name
+                    ));
+                }
             }
         }
         if self.interfaces.len() as u32 >= xdp_router_common::MAX_IFACE_SLOTS {
@@ -442,6 +467,33 @@ mod tests {
             let again = Config::parse(&toml::to_string(&c).unwrap(), "t").unwrap();
             assert_eq!(again, c, "{v}");
         }
+    }
+
+    #[test]
+    fn pppoe_device_is_optional_and_checked() {
+        let parse = |extra: &str| {
+            Config::parse(
+                &format!("[[interface]]\nname = \"ppp0\"\nrole = \"wan\"\n{extra}"),
+                "x.toml",
+            )
+        };
+        assert_eq!(parse("").unwrap().interfaces[0].pppoe_device, None);
+        let c = parse("pppoe_device = \"eth0.7\"\n").unwrap();
+        assert_eq!(c.interfaces[0].pppoe_device.as_deref(), Some("eth0.7"));
+        let again = Config::parse(&toml::to_string(&c).unwrap(), "t").unwrap();
+        assert_eq!(again, c);
+        for bad in ["\"\"", "\"eth 0\"", "\"a-name-far-too-long\"", "\"ppp0\""] {
+            let err = parse(&format!("pppoe_device = {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("x.toml: interface \"ppp0\""),
+                "{bad}: {err}"
+            );
+            assert!(!err.contains('\n'), "{err}");
+        }
+        let err = parse("pppoe_device = 7\n").unwrap_err().to_string();
+        assert!(err.starts_with("x.toml:4:"), "{err}");
     }
 
     #[test]

@@ -43,6 +43,7 @@ pub async fn run(
         Duration::from_millis(config.keepalive_interval_ms),
     ));
     tasks.spawn(tasks::rtnetlink::run(shared.clone(), s.rt_events));
+    tasks.spawn(tasks::pppoe::run(shared.clone()));
     tasks.spawn(tasks::rtnetlink::revalidate(
         shared.clone(),
         s.revalidate_lookup,

@@ -21,11 +21,12 @@ use aya::{
 };
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
-    ARM_PROG_NAME, ArmKeyV4, ArmKeyV6, Counter, FdbKey, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
-    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT, IFACE_F_VLAN,
-    IFACE_F_VLAN_PARENT, IfaceInfo, MAP_ACTIVE_V4, MAP_ACTIVE_V6, MAP_ARM_V4, MAP_ARM_V6,
-    MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS,
-    MAP_VLANS, MAX_IFACE_SLOTS, PROG_NAME, Reason, SETTINGS_F_FIB_MARK, Settings, VlanKey,
+    ARM_L3_PROG_NAME, ARM_PROG_NAME, ArmKeyV4, ArmKeyV6, Counter, FdbKey, FlowKeyV4, FlowKeyV6,
+    FlowV4, FlowV6, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT,
+    IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo,
+    MAP_ACTIVE_V4, MAP_ACTIVE_V6, MAP_ARM_V4, MAP_ARM_V6, MAP_BRIDGE_FDB, MAP_FLOWS_V4,
+    MAP_FLOWS_V6, MAP_IFACES, MAP_PPPOE, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAP_VLANS,
+    MAX_IFACE_SLOTS, PROG_NAME, PppoeKey, Reason, SETTINGS_F_FIB_MARK, Settings, VlanKey,
     stats_index,
 };
 
@@ -42,6 +43,9 @@ pub enum AttachMode {
     Generic,
     /// A bridge: the program runs on its ports (each with its own mode), not on it.
     Ports,
+    /// A PPP device: never on it; the program runs on its PPPoE session's lower device (see
+    /// [`Datapath::attach_ppp`]).
+    Lower,
 }
 
 impl AttachMode {
@@ -51,12 +55,14 @@ impl AttachMode {
             AttachMode::Native => "native",
             AttachMode::Generic => "generic",
             AttachMode::Ports => "ports",
+            AttachMode::Lower => "lower",
         }
     }
 }
 
 /// The parent of a managed VLAN device, where the program runs (see
-/// [`Datapath::attach_vlan`]).
+/// [`Datapath::attach_vlan`]); also the lower device of a managed PPPoE session (see
+/// [`PppoeBinding`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VlanParent {
     pub name: String,
@@ -66,6 +72,21 @@ pub struct VlanParent {
     /// Its `IFACE_F_*` flags (XDP transmit, shaping, hooks), as for a managed interface.
     pub flags: u32,
     pub mac: [u8; 6],
+}
+
+/// A PPPoE session as [`Datapath::set_pppoe`] binds it to its PPP device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PppoeBinding {
+    /// The session ID as the kernel holds it (network order).
+    pub sid_be: u16,
+    /// The access concentrator's MAC.
+    pub peer_mac: [u8; 6],
+    /// The device the session runs over, where its frames arrive; `slot` and `flags` are used
+    /// when it is registered for the session only.
+    pub lower: VlanParent,
+    /// When `lower` is a VLAN device: its VLAN ID and tag protocol, and its parent, where the
+    /// program then runs.
+    pub vlan: Option<((u16, u16), VlanParent)>,
 }
 
 /// The loaded object, its attachments and typed map handles.
@@ -89,8 +110,9 @@ pub struct Datapath {
     /// Connections the datapath forwarded packets of in the current keep-alive pass.
     active_v4: HashMap<MapData, FlowKeyV4, u8>,
     active_v6: HashMap<MapData, FlowKeyV6, u8>,
-    /// TC egress (TCX) links of the arming program, by ifindex.
-    armed_ifaces: BTreeMap<u32, SchedClassifierLinkId>,
+    /// TC egress (TCX) links of the arming programs, by ifindex, with the program's name
+    /// ([`ARM_PROG_NAME`], or [`ARM_L3_PROG_NAME`] on a PPP device).
+    armed_ifaces: BTreeMap<u32, (&'static str, SchedClassifierLinkId)>,
     /// Successful [`Datapath::bump_ruleset_generation`] calls.
     ruleset_changes: u64,
     /// Why the interfaces in generic mode did not get native XDP (config asked for native).
@@ -105,6 +127,10 @@ pub struct Datapath {
     vlan_keys: BTreeMap<u32, VlanKey>,
     /// The kernel refused `BPF_MAP_UPDATE_BATCH` (before 5.6): one update per entry.
     no_batch: bool,
+    /// The managed PPPoE sessions, by their frames on the lower device.
+    pppoe: HashMap<MapData, PppoeKey, u32>,
+    /// The registered PPP devices (ifindex → the `PPPOE` key of their session, when bound).
+    ppp_devices: BTreeMap<u32, Option<PppoeKey>>,
 }
 
 /// `BPF_MAP_UPDATE_BATCH` (Linux 5.6) on the map `fd`: `keys[i]` → `values[i]` in one system
@@ -217,8 +243,13 @@ fn insert_batch<K: aya::Pod, V: aya::Pod>(
 
 /// The `IFACE_F_*` bits the datapath owns, kept when the state rewrites an interface's flags:
 /// what the interface is, and whether the program runs on it in generic mode.
-const DATAPATH_FLAGS: u32 =
-    IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT | IFACE_F_VLAN | IFACE_F_VLAN_PARENT | IFACE_F_GENERIC_XDP;
+const DATAPATH_FLAGS: u32 = IFACE_F_BRIDGE
+    | IFACE_F_BRIDGE_PORT
+    | IFACE_F_VLAN
+    | IFACE_F_VLAN_PARENT
+    | IFACE_F_PPPOE
+    | IFACE_F_PPPOE_LOWER
+    | IFACE_F_GENERIC_XDP;
 
 /// The `BRIDGE_FDB` key of `mac` behind `bridge`.
 fn fdb_key(bridge: u32, mac: [u8; 6]) -> FdbKey {
@@ -280,6 +311,13 @@ impl Datapath {
                      bpf_skb_get_xfrm_state): {e:#}"
             )
         })?;
+        let arm3: &mut SchedClassifier = ebpf
+            .program_mut(ARM_L3_PROG_NAME)
+            .ok_or_else(|| anyhow!("eBPF object has no program {ARM_L3_PROG_NAME}"))?
+            .try_into()?;
+        arm3.load().map_err(|e| {
+            anyhow!("the kernel rejected the TC arming program for PPP devices: {e:#}")
+        })?;
         // bpf_fib_lookup takes the packet mark from Linux 6.10 (BPF_FIB_LOOKUP_MARK); before,
         // marked flow directions are never armed (policy routing by mark stays in the kernel).
         let fib_mark = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 10, 0));
@@ -317,6 +355,8 @@ impl Datapath {
             vlan_keys: BTreeMap::new(),
             modes: BTreeMap::new(),
             no_batch: false,
+            pppoe: take(&mut ebpf, MAP_PPPOE)?,
+            ppp_devices: BTreeMap::new(),
             ebpf,
         };
         dp.write_settings()?;
@@ -406,7 +446,7 @@ impl Datapath {
         self.ifaces
             .insert(ifindex, info, 0)
             .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
-        self.attach_arming(name, ifindex);
+        self.attach_arming(name, ifindex, ARM_PROG_NAME);
         info!(interface = name, ifindex, "bridge: XDP runs on its ports");
         Ok(AttachMode::Ports)
     }
@@ -468,7 +508,11 @@ impl Datapath {
             .insert(key, ifindex, 0)
             .with_context(|| format!("{name}: cannot add to {MAP_VLANS}"))?;
         self.vlan_keys.insert(ifindex, key);
-        self.attach_arming(name, ifindex);
+        // A VLAN device managed only as a PPPoE session's lower device: the kernel's routed
+        // packets leave through the PPP device, where its own arming program runs.
+        if flags & IFACE_F_PPPOE_LOWER == 0 {
+            self.attach_arming(name, ifindex, ARM_PROG_NAME);
+        }
         info!(
             interface = name,
             ifindex,
@@ -496,6 +540,223 @@ impl Datapath {
             .is_ok_and(|i| i.flags & IFACE_F_VLAN_PARENT != 0);
         if !in_use && parent_only {
             self.detach(parent);
+        }
+    }
+
+    /// Registers the PPP device `ifindex` (`ppp0`): its `IFACES` entry (stats slot, its own
+    /// `flags`) and the L3 arming program on its egress, where the kernel's routed packets
+    /// leave without a link-layer header. Never XDP (it would only run generic there, and
+    /// never see a session frame) and never a `TX_PORTS` entry (the lower device transmits).
+    /// The entry gets `IFACE_F_PPPOE` only while a session is bound ([`Datapath::set_pppoe`]):
+    /// until then packets routed out of it go to the kernel.
+    pub fn attach_ppp(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+    ) -> anyhow::Result<AttachMode> {
+        if slot == 0 || slot >= MAX_IFACE_SLOTS {
+            bail!("interface slot {slot} out of range");
+        }
+        let info = IfaceInfo {
+            slot,
+            flags: flags & !(IFACE_F_PPPOE | IFACE_F_PPPOE_LOWER),
+            ..IfaceInfo::default()
+        };
+        self.ifaces
+            .insert(ifindex, info, 0)
+            .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
+        self.ppp_devices.insert(ifindex, None);
+        let _ = self.tx_ports.remove(ifindex);
+        if !self.armed_ifaces.contains_key(&ifindex) {
+            self.attach_arming(name, ifindex, ARM_L3_PROG_NAME);
+        }
+        info!(
+            interface = name,
+            ifindex, "PPP device: XDP runs on its PPPoE session's lower device"
+        );
+        Ok(AttachMode::Lower)
+    }
+
+    /// Binds the PPP device `ifindex` (registered by [`Datapath::attach_ppp`]) to `session`,
+    /// or unbinds it (`None`). In the order that never forwards into a session that is not
+    /// the current one: the old session goes first (the PPP device's entry loses
+    /// `IFACE_F_PPPOE`, so nothing is sent into it, then its `PPPOE` key goes, so nothing of
+    /// it is received as the PPP device's); then the lower device is registered (XDP attached
+    /// in `mode`, `IFACE_F_PPPOE_LOWER`, unless it is registered already), the PPP device's
+    /// entry rewritten (`IFACE_F_PPPOE`, session ID, peer, lower device and its MAC), and the
+    /// new key added last; a lower device managed only for the old session is released at
+    /// the end. On error the PPP device is left unbound.
+    pub fn set_pppoe(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        session: Option<&PppoeBinding>,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<()> {
+        let Some(old) = self.ppp_devices.get(&ifindex).copied() else {
+            bail!("{name}: not a registered PPP device");
+        };
+        let mut info = self.iface(ifindex)?;
+        // The PPP device's entry without a session: its packets go to the kernel.
+        let unbound = |i: IfaceInfo| IfaceInfo {
+            slot: i.slot,
+            flags: i.flags & !IFACE_F_PPPOE,
+            ..IfaceInfo::default()
+        };
+        if let Some(key) = old {
+            info = unbound(info);
+            self.update_iface(ifindex, info)?;
+            let _ = self.pppoe.remove(&key);
+            self.ppp_devices.insert(ifindex, None);
+        }
+        let result = match session {
+            Some(s) => self.bind_pppoe(name, ifindex, &mut info, s, mode),
+            None => Ok(()),
+        };
+        if session.is_none() || result.is_err() {
+            self.update_iface(ifindex, unbound(info))?;
+        }
+        if let Some(key) = old
+            && (result.is_err() || session.is_none_or(|s| s.lower.ifindex != key.lower_ifindex))
+        {
+            self.release_lower(key.lower_ifindex);
+        }
+        if let (Err(_), Some(s)) = (&result, session) {
+            self.release_lower(s.lower.ifindex);
+        }
+        result
+    }
+
+    /// [`Datapath::set_pppoe`] with a session: lower device, entry, key.
+    fn bind_pppoe(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        info: &mut IfaceInfo,
+        s: &PppoeBinding,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<()> {
+        let lower = &s.lower;
+        match self.ifaces.get(&lower.ifindex, 0) {
+            Ok(l) if l.flags & (IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT) != 0 => {
+                bail!(
+                    "{name}: its PPPoE session runs over a bridge or bridge port ({})",
+                    lower.name
+                )
+            }
+            Ok(mut l)
+                if l.flags & IFACE_F_VLAN_PARENT != 0 && l.flags & IFACE_F_PPPOE_LOWER == 0 =>
+            {
+                // Managed only as the parent of VLANs so far: now its session frames too.
+                l.flags |= IFACE_F_PPPOE_LOWER;
+                self.update_iface(lower.ifindex, l)?;
+            }
+            Ok(mut l) if l.flags & IFACE_F_PPPOE_LOWER != 0 && l.mac != lower.mac => {
+                // Managed for sessions (this one, another): its MAC as read now.
+                l.mac = lower.mac;
+                self.update_iface(lower.ifindex, l)?;
+            }
+            // Managed itself, or for another session already: the program runs there.
+            Ok(_) => {}
+            Err(_) => {
+                let flags = lower.flags | IFACE_F_PPPOE_LOWER;
+                match &s.vlan {
+                    Some((vlan, parent)) => {
+                        self.attach_vlan(
+                            &lower.name,
+                            lower.ifindex,
+                            lower.slot,
+                            flags,
+                            lower.mac,
+                            *vlan,
+                            parent,
+                            mode,
+                        )?;
+                    }
+                    None => {
+                        let l = IfaceInfo {
+                            slot: lower.slot,
+                            flags,
+                            mac: lower.mac,
+                            ..IfaceInfo::default()
+                        };
+                        self.register(&lower.name, lower.ifindex, l, mode, false)?;
+                    }
+                }
+            }
+        }
+        *info = IfaceInfo {
+            slot: info.slot,
+            flags: info.flags | IFACE_F_PPPOE,
+            mac: lower.mac,
+            lower_ifindex: lower.ifindex,
+            pppoe_sid_be: s.sid_be,
+            peer_mac: s.peer_mac,
+            ..IfaceInfo::default()
+        };
+        self.update_iface(ifindex, *info)?;
+        let key = PppoeKey {
+            lower_ifindex: lower.ifindex,
+            sid_be: s.sid_be,
+            _pad: 0,
+        };
+        self.pppoe
+            .insert(key, ifindex, 0)
+            .with_context(|| format!("{name}: cannot add to {MAP_PPPOE}"))?;
+        self.ppp_devices.insert(ifindex, Some(key));
+        info!(
+            interface = name,
+            ifindex,
+            lower = %lower.name,
+            session_id = format!("{:#06x}", u16::from_be(s.sid_be)),
+            "PPPoE session: XDP runs on its lower device, PPPoE and PPP headers popped and pushed there"
+        );
+        Ok(())
+    }
+
+    /// Whether a bound PPPoE session runs over `ifindex`.
+    fn pppoe_lower_in_use(&self, ifindex: u32) -> bool {
+        self.ppp_devices
+            .values()
+            .flatten()
+            .any(|k| k.lower_ifindex == ifindex)
+    }
+
+    /// Stops managing `lower` as a PPPoE lower device when no bound session runs over it any
+    /// more: detached when it was managed only for sessions, the flag cleared when it is
+    /// still a VLAN parent. A device managed for itself is left as it is.
+    fn release_lower(&mut self, lower: u32) {
+        if self.pppoe_lower_in_use(lower) {
+            return;
+        }
+        let Ok(mut info) = self.iface(lower) else {
+            return;
+        };
+        if info.flags & IFACE_F_PPPOE_LOWER == 0 {
+            return;
+        }
+        let vlan_parent = self.vlan_keys.values().any(|k| k.parent_ifindex == lower);
+        if vlan_parent {
+            info.flags &= !IFACE_F_PPPOE_LOWER;
+            let _ = self.update_iface(lower, info);
+        } else {
+            self.detach(lower);
+        }
+    }
+
+    /// Forgets the PPP device `ifindex`: its session's key, its entry and arming program, and
+    /// the lower device when it was managed only for this session.
+    fn detach_ppp(&mut self, ifindex: u32) {
+        let key = self.ppp_devices.remove(&ifindex).flatten();
+        if let Some(key) = key {
+            let _ = self.pppoe.remove(&key);
+        }
+        self.detach_arming(ifindex);
+        let _ = self.ifaces.remove(&ifindex);
+        if let Some(key) = key {
+            self.release_lower(key.lower_ifindex);
         }
     }
 
@@ -532,6 +793,11 @@ impl Datapath {
             .filter_map(Result::ok)
             .filter(|k| k.bridge_ifindex == bridge)
             .count()
+    }
+
+    /// The mode the program runs in on `ifindex`; `None` where it is not attached.
+    pub fn mode_of(&self, ifindex: u32) -> Option<AttachMode> {
+        self.modes.get(&ifindex).copied()
     }
 
     /// The mode the program got on `ifindex`, where it is attached.
@@ -588,19 +854,21 @@ impl Datapath {
             self.update_iface(ifindex, IfaceInfo { flags, ..info })?;
         }
         if arm && !self.armed_ifaces.contains_key(&ifindex) {
-            self.attach_arming(name, ifindex);
+            self.attach_arming(name, ifindex, ARM_PROG_NAME);
         }
         Ok(mode)
     }
 
-    /// Attaches the arming program to the egress of `name` as a TCX bpf_link (Linux 6.6), owned
-    /// by this process like the XDP links. Without it no flow direction is ever armed: the
-    /// kernel keeps forwarding every packet of that interface's flows (correct, not faster).
-    fn attach_arming(&mut self, name: &str, ifindex: u32) {
+    /// Attaches the arming program `prog` ([`ARM_PROG_NAME`], or [`ARM_L3_PROG_NAME`] for a
+    /// device without a link-layer header) to the egress of `name` as a TCX bpf_link (Linux
+    /// 6.6), owned by this process like the XDP links. Without it no flow direction is ever
+    /// armed: the kernel keeps forwarding every packet of that interface's flows (correct, not
+    /// faster).
+    fn attach_arming(&mut self, name: &str, ifindex: u32, prog: &'static str) {
         let result = self
             .ebpf
-            .program_mut(ARM_PROG_NAME)
-            .ok_or_else(|| anyhow!("eBPF object has no program {ARM_PROG_NAME}"))
+            .program_mut(prog)
+            .ok_or_else(|| anyhow!("eBPF object has no program {prog}"))
             .and_then(|p| Ok(<&mut SchedClassifier>::try_from(p)?))
             .and_then(|p| {
                 // A netlink (clsact) attachment would outlive the daemon: TCX links only.
@@ -612,7 +880,7 @@ impl Datapath {
             });
         match result {
             Ok(link) => {
-                self.armed_ifaces.insert(ifindex, link);
+                self.armed_ifaces.insert(ifindex, (prog, link));
             }
             Err(e) => error!(
                 interface = name,
@@ -709,36 +977,48 @@ impl Datapath {
         Ok(n)
     }
 
-    /// Detaches from `ifindex` (if attached) and forgets it in the maps. Used when an interface
-    /// disappears; the kernel already dropped the link if the device is gone.
-    pub fn detach(&mut self, ifindex: u32) {
-        self.detach_vlan(ifindex);
-        if self.vlan_keys.values().any(|k| k.parent_ifindex == ifindex)
-            && let Ok(mut info) = self.iface(ifindex)
-        {
-            // A managed interface that is also the parent of managed VLANs: the program
-            // stays for them, the interface itself is now managed only as their parent.
-            info.flags |= IFACE_F_VLAN_PARENT;
-            let _ = self.update_iface(ifindex, info);
-            let _ = self.tx_ports.remove(ifindex);
-            if let Some(link) = self.armed_ifaces.remove(&ifindex)
-                && let Some(Ok(prog)) = self
-                    .ebpf
-                    .program_mut(ARM_PROG_NAME)
-                    .map(<&mut SchedClassifier>::try_from)
-            {
-                let _ = prog.detach(link);
-            }
-            return;
-        }
-        if let Some(link) = self.armed_ifaces.remove(&ifindex)
+    /// Detaches the arming program from `ifindex`, if it is attached there.
+    fn detach_arming(&mut self, ifindex: u32) {
+        if let Some((name, link)) = self.armed_ifaces.remove(&ifindex)
             && let Some(Ok(prog)) = self
                 .ebpf
-                .program_mut(ARM_PROG_NAME)
+                .program_mut(name)
                 .map(<&mut SchedClassifier>::try_from)
         {
             let _ = prog.detach(link);
         }
+    }
+
+    /// Detaches from `ifindex` (if attached) and forgets it in the maps. Used when an interface
+    /// disappears; the kernel already dropped the link if the device is gone.
+    pub fn detach(&mut self, ifindex: u32) {
+        self.detach_vlan(ifindex);
+        if self.ppp_devices.contains_key(&ifindex) {
+            self.detach_ppp(ifindex);
+            return;
+        }
+        let vlan_parent = self.vlan_keys.values().any(|k| k.parent_ifindex == ifindex);
+        let pppoe_lower = self.pppoe_lower_in_use(ifindex);
+        if (vlan_parent || pppoe_lower)
+            && let Ok(mut info) = self.iface(ifindex)
+        {
+            // A managed interface that is also the parent of managed VLANs or the lower
+            // device of a managed PPPoE session: the program stays for them, the interface
+            // itself is now managed only as their parent / lower device.
+            if vlan_parent {
+                info.flags |= IFACE_F_VLAN_PARENT;
+            }
+            if pppoe_lower {
+                info.flags |= IFACE_F_PPPOE_LOWER;
+            } else {
+                // Only its VLANs' tagged frames are sent out of it.
+                let _ = self.tx_ports.remove(ifindex);
+            }
+            let _ = self.update_iface(ifindex, info);
+            self.detach_arming(ifindex);
+            return;
+        }
+        self.detach_arming(ifindex);
         if let Some(link) = self.attached.remove(&ifindex)
             && let Ok(prog) = self.program()
         {
@@ -753,9 +1033,11 @@ impl Datapath {
     /// Detaches from every interface (shutdown): the kernel carries everything again, whoever
     /// still holds a reference to the datapath.
     pub fn detach_all(&mut self) {
+        // The PPP devices first: their lower devices are then detached, not kept for them.
         let ifindexes: Vec<u32> = self
-            .attached
+            .ppp_devices
             .keys()
+            .chain(self.attached.keys())
             .chain(self.armed_ifaces.keys())
             .copied()
             .collect();
@@ -777,8 +1059,10 @@ impl Datapath {
         // What the interface is (bridge, port, VLAN device, VLAN parent) and how the program
         // is attached to it stay.
         let flags = flags | (info.flags & DATAPATH_FLAGS);
-        // A bridge or VLAN device transmits nothing itself: no TX_PORTS entry.
-        let xmit = flags & IFACE_F_NO_XDP_XMIT == 0 && flags & (IFACE_F_BRIDGE | IFACE_F_VLAN) == 0;
+        // A bridge, VLAN device or PPP device transmits nothing itself: no TX_PORTS entry.
+        let xmit = flags & IFACE_F_NO_XDP_XMIT == 0
+            && flags & (IFACE_F_BRIDGE | IFACE_F_VLAN) == 0
+            && !self.ppp_devices.contains_key(&ifindex);
         if xmit {
             self.tx_ports
                 .insert(ifindex, ifindex, None, 0)

@@ -43,7 +43,7 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// The attach modes an interface can be in (`xdp_router_interface_attach_mode{mode}`); one
 /// series per mode, 1 for the current one, so a change shows as a 0 → 1 flip.
-const ATTACH_MODES: [&str; 4] = ["native", "generic", "ports", "detached"];
+const ATTACH_MODES: [&str; 5] = ["native", "generic", "ports", "lower", "detached"];
 
 /// Reads a [`Status`] per scrape and turns it into metric families.
 struct StatusCollector {
@@ -206,7 +206,7 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
     gauges(
         enc,
         "interface_attach_mode",
-        "1 for the XDP attach mode each managed interface is in (native, generic, or detached when it is missing), 0 for the others.",
+        "1 for the XDP attach mode each managed interface is in (native, generic, ports for a bridge, lower for a PPP device, or detached when it is missing), 0 for the others.",
         None,
         s.interfaces.iter().flat_map(|i| {
             ATTACH_MODES.iter().map(move |m| {
@@ -243,6 +243,19 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
                 vec![("interface", i.name.clone()), ("role", i.role.clone())],
                 u64::from(i.xdp_xmit),
             )
+        }),
+    )?;
+    gauges(
+        enc,
+        "interface_pppoe_session",
+        "1 while the PPPoE session of a managed PPP device is accelerated (the program on its lower device takes its session frames off the wire and sends packets routed out of the PPP device as session frames); 0 while it is not (no session, several sessions and no pppoe_device: see status).",
+        None,
+        s.interfaces.iter().filter_map(|i| {
+            let p = i.pppoe.as_ref()?;
+            Some((
+                vec![("interface", i.name.clone()), ("role", i.role.clone())],
+                u64::from(p.session_id.is_some()),
+            ))
         }),
     )?;
     let families = [("ipv4", s.flows.ipv4), ("ipv6", s.flows.ipv6)];
@@ -515,7 +528,8 @@ mod tests {
 
     use super::*;
     use crate::status::{
-        ConntrackStatus, CounterRow, FibCacheStatus, FlowCounts, IfaceStatus, RulesetStatus,
+        ConntrackStatus, CounterRow, FibCacheStatus, FlowCounts, IfaceStatus, PppoeStatus,
+        RulesetStatus,
     };
 
     /// A status with every family populated (also used to list the exported names).
@@ -550,6 +564,7 @@ mod tests {
                     bridge: None,
                     fdb_entries: None,
                     encap: None,
+                    pppoe: None,
                 },
                 IfaceStatus {
                     name: "wan0".into(),
@@ -566,6 +581,12 @@ mod tests {
                     bridge: None,
                     fdb_entries: None,
                     encap: None,
+                    pppoe: Some(PppoeStatus {
+                        session_id: Some(1),
+                        lower: Some("eth0".into()),
+                        peer_mac: Some("52:54:00:12:34:56".into()),
+                        not_accelerated_because: None,
+                    }),
                 },
             ],
             flows: FlowCounts {
@@ -740,6 +761,17 @@ mod tests {
                 r#"xdp_router_interface_xdp_xmit{interface="wan0",role="wan"}"#
             ),
             0.0
+        );
+        assert_eq!(
+            value(
+                &t,
+                r#"xdp_router_interface_pppoe_session{interface="wan0",role="wan"}"#
+            ),
+            1.0
+        );
+        assert!(
+            !t.contains(r#"xdp_router_interface_pppoe_session{interface="lan0""#),
+            "only PPP devices have a session: {t}"
         );
         assert!(t.contains("# UNIT xdp_router_fastpath_bytes bytes"), "{t}");
         assert!(t.ends_with("# EOF\n"), "{t}");

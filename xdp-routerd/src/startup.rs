@@ -18,7 +18,7 @@ use crate::{
         ctnetlink::{CtNetlink, CtSubscription, conntrack_checksum},
         hooks,
         nftables::{self, RulesetEvent},
-        qdisc,
+        pppoe, qdisc,
         routes::RouteLookup,
         rtnl::{self, RtEvent},
         xdp_xmit::{self, Capabilities, XmitEvent},
@@ -123,6 +123,12 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     if state.has_vlans() {
         // The VLAN parents' qdiscs (a parent not managed itself is attached only now).
         state.apply_qdiscs(qdisc::read_all().await);
+    }
+    // The PPP devices' sessions, then the qdiscs and hooks of the devices they run over.
+    let ppp = state.pppoe_devices();
+    if !ppp.is_empty() && state.apply_pppoe(&pppoe::read(&ppp)) {
+        state.apply_qdiscs(qdisc::read_all().await);
+        state.apply_hooks(&hooks::read(&state.hook_names()).await);
     }
     if state.has_bridges() {
         // The bridges' ports, their FDBs, then the ports' qdiscs and hooks.

@@ -28,13 +28,16 @@ use xdp_router_common::{
 
 use crate::{
     config::{InterfaceConfig, Shaped, XdpModeConfig},
-    datapath::{AttachMode, Datapath, VlanParent},
+    datapath::{AttachMode, Datapath, PppoeBinding, VlanParent},
     flows::{DirKey, FlowManager, FlowTable, Offloaded},
     paths::Stale,
-    status::{ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, Status},
+    status::{
+        ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, PppoeStatus, Status,
+    },
     sync::{
         bridge::{BridgeKind, BridgeRead, BridgeReads, FdbEvent},
         hooks::{self, Hooks},
+        pppoe::{PppoeReads, SessionRead},
         qdisc::{self, Egress, Qdisc},
         vlan::VlanRead,
         xdp_xmit::{Capabilities, XdpXmit, XmitEvent},
@@ -43,8 +46,10 @@ use crate::{
 
 pub mod bridge;
 pub mod lock_stats;
+pub mod pppoe;
 
 use bridge::{BridgeView, Ports as BridgePorts};
+use pppoe::PppoeState;
 
 /// What [`State`] needs from the datapath besides the flow maps: the managed interfaces'
 /// attachments and `IFACES` entries. Implemented by [`Datapath`]; unit tests use a fake.
@@ -106,6 +111,23 @@ pub trait Ports: FlowTable {
         parent: &VlanParent,
         mode: XdpModeConfig,
     ) -> anyhow::Result<AttachMode>;
+    /// Registers the PPP device `ifindex` (the program runs on its session's lower device,
+    /// see [`Ports::set_pppoe`]).
+    fn attach_ppp(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+    ) -> anyhow::Result<AttachMode>;
+    /// Binds the registered PPP device `ifindex` to `session`, or unbinds it (`None`).
+    fn set_pppoe(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        session: Option<&PppoeBinding>,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<()>;
     /// `mac` is behind `port` of `bridge` (the FDB copy).
     fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], port: u32) -> anyhow::Result<()>;
     /// `mac` is no longer known to `bridge`.
@@ -179,6 +201,24 @@ impl Ports for Datapath {
     ) -> anyhow::Result<AttachMode> {
         Datapath::attach_vlan(self, name, ifindex, slot, flags, mac, vlan, parent, mode)
     }
+    fn attach_ppp(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+    ) -> anyhow::Result<AttachMode> {
+        Datapath::attach_ppp(self, name, ifindex, slot, flags)
+    }
+    fn set_pppoe(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        session: Option<&PppoeBinding>,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<()> {
+        Datapath::set_pppoe(self, name, ifindex, session, mode)
+    }
     fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], port: u32) -> anyhow::Result<()> {
         Datapath::fdb_learn(self, bridge, mac, port)
     }
@@ -217,6 +257,9 @@ pub struct Managed {
     pub parent_shaper: Option<String>,
     /// The VLAN parent's hooks as last read.
     pub parent_hooks: Hooks,
+    /// For a PPP device (link kind `ppp`): its PPPoE session (see [`pppoe`]); `None` for
+    /// any other device.
+    pub pppoe: Option<PppoeState>,
 }
 
 /// `shaped_by` while `shaped = "auto"` and the qdiscs are not known yet: in doubt the fast
@@ -234,6 +277,41 @@ impl Managed {
                 Some(e) => e.shaper.clone(),
                 None => Some(SHAPED_UNKNOWN.into()),
             },
+        }
+    }
+
+    /// What `status` says of its PPPoE session: the bound session (`PPPoE session 0x0001 over
+    /// eth0 (peer ...)`); `None` for any other device or while none is bound.
+    pub fn pppoe_encap(&self) -> Option<String> {
+        let b = self.pppoe.as_ref()?.bound.as_ref()?;
+        Some(b.session.to_string())
+    }
+
+    /// Its PPPoE session for `status` (`None` unless it is a PPP device).
+    pub fn pppoe_status(&self) -> Option<PppoeStatus> {
+        let p = self.pppoe.as_ref()?;
+        let b = p.bound.as_ref();
+        Some(PppoeStatus {
+            session_id: b.map(|b| b.session.id()),
+            lower: b.map(|b| b.session.lower.clone()),
+            peer_mac: b.map(|b| crate::sync::pppoe::fmt_mac(b.session.peer)),
+            not_accelerated_because: p.not_accelerated_because(),
+        })
+    }
+
+    /// Whether it is a PPP device (`ppp0`), as last read.
+    pub fn is_ppp(&self) -> bool {
+        self.link_kind.as_deref() == Some("ppp")
+    }
+
+    /// Records its link kind as read; a PPP device starts without a session (read next).
+    fn set_link_kind(&mut self, kind: Option<String>) {
+        self.link_kind = kind;
+        self.pppoe = self.is_ppp().then(PppoeState::default);
+        if let (Some(d), Some(_), false) = (&self.cfg.pppoe_device, &self.link_kind, self.is_ppp())
+        {
+            let name = &self.cfg.name;
+            warn!(interface = %name, "{name}: pppoe_device = {d:?} is ignored: {name} is not a PPP device");
         }
     }
 
@@ -314,7 +392,8 @@ impl Managed {
     }
 
     /// Attaches to the interface (now `ifindex`, with `mac`): to its ports when it is a bridge,
-    /// to `parent` when it is a VLAN device.
+    /// to `parent` when it is a VLAN device; a PPP device is only registered (its session is
+    /// bound by [`State::apply_pppoe`]).
     fn attach<D: Ports>(
         &mut self,
         dp: &mut D,
@@ -338,6 +417,8 @@ impl Managed {
             )
         } else if self.ports.is_some() {
             dp.attach_bridge(&self.cfg.name, ifindex, self.slot, self.flags(), mac)
+        } else if self.is_ppp() {
+            dp.attach_ppp(&self.cfg.name, ifindex, self.slot, self.flags())
         } else {
             dp.attach(
                 &self.cfg.name,
@@ -364,6 +445,10 @@ impl Managed {
         if self.ports.is_some() {
             dp.fdb_clear(ifindex);
         }
+        // The datapath forgets the session with the PPP device.
+        if let Some(p) = &mut self.pppoe {
+            *p = PppoeState::default();
+        }
         dp.detach(ifindex);
     }
 
@@ -375,8 +460,9 @@ impl Managed {
         self.xmit = xmit;
         let name = &self.cfg.name;
         match (before, self.xmit.why_not()) {
-            // A bridge transmits nothing itself: its ports do; a VLAN device: its parent.
-            _ if self.ports.is_some() || self.vlan.is_some() => {}
+            // A bridge transmits nothing itself: its ports do; a VLAN device: its parent; a
+            // PPP device: its session's lower device.
+            _ if self.ports.is_some() || self.vlan.is_some() || self.is_ppp() => {}
             (true, Some(why)) => {
                 warn!(interface = %name, "{name}: {why}: the fast path does not send out of it (egress_no_xdp_xmit)")
             }
@@ -476,6 +562,8 @@ pub struct Shared {
     stale: parking_lot::Mutex<Stale>,
     /// The last status built, and when: answers a status read that finds the state busy.
     published: parking_lot::Mutex<Option<(Instant, Arc<Status>)>>,
+    /// Asks the PPPoE task to read the sessions now (links changed).
+    pppoe_read: Notify,
 }
 
 /// How long a status read waits for the state lock before it answers from the last status
@@ -495,6 +583,7 @@ impl Shared {
             revalidate: Notify::new(),
             stale: parking_lot::Mutex::new(Stale::default()),
             published: parking_lot::Mutex::new(None),
+            pppoe_read: Notify::new(),
         }
     }
 
@@ -593,6 +682,17 @@ impl Shared {
         self.revalidate.notify_one();
     }
 
+    /// Asks the PPPoE task for a read of the sessions (see [`crate::tasks::pppoe`]); requests
+    /// made before it starts the read coalesce.
+    pub fn request_pppoe_read(&self) {
+        self.pppoe_read.notify_one();
+    }
+
+    /// Resolves when a read of the PPPoE sessions was asked for.
+    pub async fn pppoe_read_requested(&self) {
+        self.pppoe_read.notified().await;
+    }
+
     /// Resolves when a revalidation was asked for, with what it must re-check.
     pub async fn revalidation_requested(&self) -> Stale {
         loop {
@@ -682,6 +782,7 @@ impl<D: Ports> State<D> {
                 parent_slot: 0,
                 parent_shaper: Some(SHAPED_UNKNOWN.into()),
                 parent_hooks: Hooks::default(),
+                pppoe: None,
             })
             .collect();
         State {
@@ -704,7 +805,7 @@ impl<D: Ports> State<D> {
         for m in &mut self.ifaces {
             let read = found.get(&m.cfg.name).cloned().unwrap_or_default();
             m.set_bridge_kind(read.kind);
-            m.link_kind = read.link_kind;
+            m.set_link_kind(read.link_kind);
             m.vlan = read.vlan;
             m.set_xmit(
                 self.xmit
@@ -730,7 +831,7 @@ impl<D: Ports> State<D> {
             let Some(ifindex) = m.ifindex else {
                 continue;
             };
-            let mac = mac_or_zero(&m.cfg.name, *mac);
+            let mac = mac_or_zero(&m.cfg.name, *mac, m.is_ppp());
             let parent = m.vlan_parent(&self.xmit, &mut self.parent_slots, &mut self.next_slot);
             m.mode = Some(m.attach(&mut self.dp, ifindex, mac, self.xdp_mode, parent)?);
         }
@@ -763,9 +864,14 @@ impl<D: Ports> State<D> {
                     .iter()
                     .flat_map(|p| p.values().map(|p| p.name.clone()));
                 let parent = m.vlan.iter().map(|v| v.parent_name.clone());
+                let session = m
+                    .pppoe
+                    .iter()
+                    .flat_map(|p| p.sides().into_iter().map(|d| d.name.to_string()));
                 std::iter::once(m.cfg.name.clone())
                     .chain(ports)
                     .chain(parent)
+                    .chain(session)
             })
             .collect()
     }
@@ -802,7 +908,7 @@ impl<D: Ports> State<D> {
             m.detach(&mut self.dp, old);
         }
         m.set_bridge_kind(read.kind);
-        m.link_kind = read.link_kind.clone();
+        m.set_link_kind(read.link_kind.clone());
         m.vlan = read.vlan.clone();
         // A new device: its qdiscs are read right after this (the caller's job); until then
         // `auto` counts it as shaped.
@@ -810,7 +916,7 @@ impl<D: Ports> State<D> {
         m.mode = None;
         m.ifindex = Some(ifindex);
         m.set_xmit(self.xmit.of(ifindex, m.link_kind.as_deref()));
-        let mac = mac_or_zero(name, mac);
+        let mac = mac_or_zero(name, mac, m.is_ppp());
         let parent = m.vlan_parent(&self.xmit, &mut self.parent_slots, &mut self.next_slot);
         match m.attach(&mut self.dp, ifindex, mac, xdp_mode, parent) {
             Ok(mode) => m.mode = Some(mode),
@@ -887,6 +993,7 @@ impl<D: Ports> State<D> {
             m.ports = ports;
         }
         self.apply_parent_qdiscs(by_ifindex.as_ref());
+        self.apply_session_qdiscs(by_ifindex.as_ref());
     }
 
     /// The parents of managed VLAN devices that are not managed themselves: a shaped parent
@@ -938,6 +1045,147 @@ impl<D: Ports> State<D> {
         }
     }
 
+    /// The present, attached PPP devices whose sessions must be read, with their
+    /// `pppoe_device` (see [`crate::sync::pppoe::read`]).
+    pub fn pppoe_devices(&self) -> Vec<(String, Option<String>)> {
+        self.ifaces
+            .iter()
+            .filter(|m| m.pppoe.is_some() && m.mode.is_some() && m.ifindex.is_some())
+            .map(|m| (m.cfg.name.clone(), m.cfg.pppoe_device.clone()))
+            .collect()
+    }
+
+    /// Binds each attached PPP device to the session a read found for it (`found`, by name;
+    /// see [`crate::sync::pppoe::read`]): rebinds when the session (ID, peer, lower device)
+    /// changed, unbinds when it is gone or ambiguous (one warning per change). Returns
+    /// whether a session now runs over another device (its qdiscs and hooks must be read).
+    pub fn apply_pppoe(&mut self, found: &PppoeReads) -> bool {
+        let configured: BTreeMap<u32, bool> = self
+            .ifaces
+            .iter()
+            .filter_map(|m| Some((m.ifindex?, m.mode.is_some())))
+            .collect();
+        let (mut new_lower, mut rebound) = (false, false);
+        let State {
+            dp,
+            ifaces,
+            xmit,
+            next_slot,
+            parent_slots,
+            xdp_mode,
+            ..
+        } = self;
+        for m in ifaces.iter_mut() {
+            let (Some(p), Some(ifindex), Some(_)) = (&mut m.pppoe, m.ifindex, m.mode) else {
+                continue;
+            };
+            let Some(f) = found.get(&m.cfg.name) else {
+                continue;
+            };
+            // Unchanged: bound already, or its binding failed (retried when it changes).
+            if p.found.as_ref() == Some(f) {
+                continue;
+            }
+            p.found = Some(f.clone());
+            p.bind_error = None;
+            let want = f.as_ref().ok();
+            let name = &m.cfg.name;
+            if want == p.bound.as_ref() {
+                // Nothing bound before or now, for another reason.
+                if let Err(why) = f {
+                    warn!(interface = %name, "{name}: not accelerated: {why}");
+                }
+                continue;
+            }
+            let mut slot = |i: u32| match configured.get(&i) {
+                // The program runs there for the interface itself: its own entry stays.
+                Some(true) => 0,
+                _ => *parent_slots.entry(i).or_insert_with(|| {
+                    *next_slot += 1;
+                    *next_slot - 1
+                }),
+            };
+            let binding = want.map(|s| session_binding(s, xmit, &mut slot));
+            rebound = true;
+            match dp.set_pppoe(name, ifindex, binding.as_ref(), *xdp_mode) {
+                Ok(()) => {
+                    let lower = |b: &Option<SessionRead>| b.as_ref().map(|b| b.lower.ifindex);
+                    if lower(&p.bound) != want.map(|s| s.lower.ifindex) {
+                        p.lower = Default::default();
+                        p.parent = Default::default();
+                        // A device managed for itself has its qdiscs and hooks read already.
+                        new_lower |=
+                            want.is_some_and(|s| configured.get(&s.lower.ifindex) != Some(&true));
+                    }
+                    p.bound = want.cloned();
+                    match f {
+                        Ok(s) => {
+                            info!(interface = %name, "{name}: {}: the fast path carries it", s.session)
+                        }
+                        Err(why) => warn!(interface = %name, "{name}: not accelerated: {why}"),
+                    }
+                }
+                Err(e) => {
+                    let e = format!("{e:#}");
+                    error!(interface = %name, error = %e, "{name}: cannot bind its PPPoE session: not accelerated");
+                    p.bound = None;
+                    p.bind_error = Some(e);
+                }
+            }
+        }
+        if rebound {
+            self.write_session_flags();
+        }
+        new_lower
+    }
+
+    /// The lower devices of the bound sessions that are not managed themselves (and their
+    /// VLAN parents): a shaped device (`None`: qdiscs unknown) is not sent out of.
+    fn apply_session_qdiscs(&mut self, by_ifindex: Option<&BTreeMap<u32, Egress>>) {
+        for p in self.ifaces.iter_mut().filter_map(|m| m.pppoe.as_mut()) {
+            let shaper = |i: u32| match by_ifindex {
+                Some(b) => b.get(&i).and_then(|e| e.shaper.clone()),
+                None => Some(SHAPED_UNKNOWN.into()),
+            };
+            let shapers: Vec<Option<String>> =
+                p.sides().iter().map(|d| shaper(d.ifindex)).collect();
+            let mut shapers = shapers.into_iter();
+            if let Some(s) = shapers.next() {
+                p.lower.shaper = s;
+            }
+            if let Some(s) = shapers.next() {
+                p.parent.shaper = s;
+            }
+        }
+        self.write_session_flags();
+    }
+
+    /// Writes the flags of every device a bound session runs over that is not managed
+    /// itself (see [`pppoe::side_flags`]).
+    fn write_session_flags(&mut self) {
+        let configured: Vec<u32> = self.ifaces.iter().filter_map(|m| m.ifindex).collect();
+        for m in &self.ifaces {
+            let (Some(p), Some(_)) = (&m.pppoe, m.mode) else {
+                continue;
+            };
+            for d in p.sides() {
+                let Some(&slot) = self.parent_slots.get(&d.ifindex) else {
+                    continue;
+                };
+                if configured.contains(&d.ifindex) {
+                    continue;
+                }
+                let flags = pppoe::side_flags(&self.xmit, &d, m.cfg.bypass_hooks);
+                if let Some(kind) = &d.side.shaper {
+                    debug!(interface = %m.cfg.name, lower = %d.name, qdisc = %kind, "{}: its session's device {} is shaped by {kind}: the fast path does not send out of {}", m.cfg.name, d.name, m.cfg.name);
+                }
+                if let Err(e) = self.dp.set_iface_flags(d.ifindex, slot, flags) {
+                    debug!(interface = %d.name, error = %format!("{e:#}"), "cannot update the PPPoE lower device's flags");
+                }
+            }
+        }
+    }
+
     /// Follows a change of the kernel's XDP features (a veth peer got or lost XDP/GRO, a
     /// device came or went): flips `IFACE_F_NO_XDP_XMIT` where the judgement changed, on the
     /// managed interfaces, the bridges' ports and the VLAN parents.
@@ -958,8 +1206,9 @@ impl<D: Ports> State<D> {
             }
             m.ports = ports;
         }
-        // The VLAN parents' own judgement.
+        // The VLAN parents' and PPPoE lower devices' own judgement.
         self.write_parent_flags();
+        self.write_session_flags();
     }
 
     /// Follows the ports of every managed bridge as read (`found`, by bridge name; see
@@ -1060,22 +1309,79 @@ impl<D: Ports> State<D> {
             if let Some(v) = &m.vlan {
                 m.parent_hooks = found.device(&v.parent_name);
             }
+            if let Some(p) = &mut m.pppoe {
+                p.set_hooks(|name| found.device(name));
+            }
         }
         self.write_parent_flags();
+        self.write_session_flags();
     }
 }
 
 /// The MAC address frames must be sent to for the fast path to forward them. An interface
 /// without an Ethernet address gets all zeros, which no frame carries: everything it receives
-/// goes to the kernel.
-fn mac_or_zero(name: &str, mac: Option<[u8; 6]>) -> [u8; 6] {
+/// goes to the kernel. (A PPP device has none, and needs none: its session's frames are sent
+/// to its lower device's.)
+fn mac_or_zero(name: &str, mac: Option<[u8; 6]>, ppp: bool) -> [u8; 6] {
     mac.unwrap_or_else(|| {
-        warn!(
-            interface = name,
-            "no Ethernet address: the fast path forwards nothing it receives"
-        );
+        if !ppp {
+            warn!(
+                interface = name,
+                "no Ethernet address: the fast path forwards nothing it receives"
+            );
+        }
         [0; 6]
     })
+}
+
+/// What the datapath gets to bind `s`: the lower device (and, for a VLAN lower device, its
+/// parent) with a stats slot from `slot` and, for when it is registered for the session only,
+/// its XDP transmit judgement, shaped until its qdiscs are read (see
+/// [`State::apply_session_qdiscs`]).
+fn session_binding(
+    s: &SessionRead,
+    xmit: &Capabilities,
+    slot: &mut impl FnMut(u32) -> u32,
+) -> PppoeBinding {
+    let flags = |ifindex: u32, kind: Option<&str>| {
+        let mut f = IFACE_F_SHAPED;
+        if !xmit.of(ifindex, kind).allowed() {
+            f |= IFACE_F_NO_XDP_XMIT;
+        }
+        f
+    };
+    let l = &s.lower;
+    PppoeBinding {
+        sid_be: s.session.sid_be,
+        peer_mac: s.session.peer,
+        lower: VlanParent {
+            name: s.session.lower.clone(),
+            ifindex: l.ifindex,
+            slot: slot(l.ifindex),
+            flags: flags(l.ifindex, l.kind.as_deref()),
+            mac: l.mac.unwrap_or_default(),
+        },
+        vlan: l.vlan.as_ref().map(|v| {
+            let parent = VlanParent {
+                name: v.parent_name.clone(),
+                ifindex: v.link.parent,
+                slot: slot(v.link.parent),
+                flags: flags(v.link.parent, v.parent_kind.as_deref()),
+                mac: v.parent_mac.unwrap_or_default(),
+            };
+            ((v.link.vid, v.link.tpid), parent)
+        }),
+    }
+}
+
+/// `VLAN 7 (802.1Q) on eth0`.
+fn vlan_encap(v: &VlanRead) -> String {
+    let proto = if v.link.tpid == 0x88a8 {
+        "802.1ad"
+    } else {
+        "802.1Q"
+    };
+    format!("VLAN {} ({proto}) on {}", v.link.vid, v.parent_name)
 }
 
 impl State<Datapath> {
@@ -1084,10 +1390,11 @@ impl State<Datapath> {
         let mut counters = Vec::new();
         let mut seen_parents = std::collections::BTreeSet::new();
         let mut slots = Vec::new();
+        let configured: Vec<u32> = self.ifaces.iter().filter_map(|m| m.ifindex).collect();
         for m in &self.ifaces {
-            slots.push((&m.cfg.name, m.slot));
+            slots.push((m.cfg.name.clone(), m.slot));
             for p in m.ports.iter().flat_map(|p| p.values()) {
-                slots.push((&p.name, p.slot));
+                slots.push((p.name.clone(), p.slot));
             }
             // A parent over several VLANs: one row; none for a parent in the config (it
             // counts in its own slot).
@@ -1096,7 +1403,16 @@ impl State<Datapath> {
                 && !self.ifaces.iter().any(|o| o.ifindex == Some(v.link.parent))
                 && seen_parents.insert(m.parent_slot)
             {
-                slots.push((&v.parent_name, m.parent_slot));
+                slots.push((v.parent_name.clone(), m.parent_slot));
+            }
+            // The devices managed only for a PPPoE session: one row each, like a VLAN parent.
+            for d in m.pppoe.iter().flat_map(PppoeState::sides) {
+                if let Some(&slot) = self.parent_slots.get(&d.ifindex)
+                    && !configured.contains(&d.ifindex)
+                    && seen_parents.insert(slot)
+                {
+                    slots.push((d.name.to_string(), slot));
+                }
             }
         }
         for (name, slot) in slots {
@@ -1121,13 +1437,19 @@ impl State<Datapath> {
                 shaped_config: m.cfg.shaped.to_string(),
                 shaped_by: m.shaped_by(),
                 egress_qdisc: m.egress.as_ref().and_then(|e| e.root.clone()),
-                xdp_xmit: m.ifindex.is_some() && m.xmit.allowed(),
-                no_xdp_xmit_because: match (&m.ports, m.ifindex) {
-                    (_, None) => None,
-                    (Some(_), Some(_)) => Some(
+                xdp_xmit: match &m.pppoe {
+                    Some(p) => p.bound.is_some(),
+                    None => m.ifindex.is_some() && m.xmit.allowed(),
+                },
+                no_xdp_xmit_because: match (&m.ports, m.ifindex, &m.pppoe) {
+                    (_, None, _) => None,
+                    (Some(_), Some(_), _) => Some(
                         "a bridge: the fast path sends to the port its FDB names instead".into(),
                     ),
-                    (None, Some(_)) => m.xmit.why_not(),
+                    (None, Some(_), Some(p)) => p.bound.is_none().then(|| {
+                        "a PPP device without an accelerated PPPoE session: packets routed out of it stay in the kernel".into()
+                    }),
+                    (None, Some(_), None) => m.xmit.why_not(),
                 },
                 generic_because: m
                     .ifindex
@@ -1139,14 +1461,8 @@ impl State<Datapath> {
                     .as_ref()
                     .and(m.ifindex)
                     .map(|i| self.dp.fdb_len(i) as u64),
-                encap: m.vlan.as_ref().map(|v| {
-                    let proto = if v.link.tpid == 0x88a8 {
-                        "802.1ad"
-                    } else {
-                        "802.1Q"
-                    };
-                    format!("VLAN {} ({proto}) on {}", v.link.vid, v.parent_name)
-                }),
+                encap: m.vlan.as_ref().map(vlan_encap).or_else(|| m.pppoe_encap()),
+                pppoe: m.pppoe_status(),
             });
             if let (Some(v), Some(_)) = (&m.vlan, m.mode)
                 && !self.ifaces.iter().any(|o| o.ifindex == Some(v.link.parent))
@@ -1170,6 +1486,58 @@ impl State<Datapath> {
                     bridge: None,
                     fdb_entries: None,
                     encap: Some(format!("parent of {}", m.cfg.name)),
+                    pppoe: None,
+                });
+            }
+            for d in m.pppoe.iter().flat_map(PppoeState::sides) {
+                if configured.contains(&d.ifindex) {
+                    continue;
+                }
+                let lower_of = format!("lower device of {}", m.cfg.name);
+                if let Some(row) = interfaces.iter_mut().find(|i| i.ifindex == d.ifindex) {
+                    // Listed already (a VLAN parent, another session's lower device).
+                    if let Some(e) = &mut row.encap
+                        && !e.contains(&lower_of)
+                    {
+                        e.push_str(&format!(", {lower_of}"));
+                    }
+                    continue;
+                }
+                let b = m.pppoe.as_ref().and_then(|p| p.bound.as_ref());
+                let vlan = b
+                    .and_then(|b| b.lower.vlan.as_ref())
+                    .filter(|_| d.ifindex == b.map_or(0, |b| b.lower.ifindex));
+                let encap = match vlan {
+                    Some(v) => format!("{}, {lower_of}", vlan_encap(v)),
+                    None if b.is_some_and(|b| b.lower.ifindex == d.ifindex) => lower_of,
+                    None => format!("parent of {}", b.map_or("", |b| b.session.lower.as_str())),
+                };
+                let judged = self.xmit.of(d.ifindex, d.kind);
+                let runs_on = vlan.map_or(d.ifindex, |v| v.link.parent);
+                interfaces.push(IfaceStatus {
+                    name: d.name.to_string(),
+                    ifindex: d.ifindex,
+                    role: m.cfg.role.to_string(),
+                    attach_mode: self
+                        .dp
+                        .mode_of(runs_on)
+                        .map(AttachMode::as_str)
+                        .unwrap_or("detached")
+                        .into(),
+                    shaped: d.side.shaper.is_some(),
+                    shaped_config: "auto".into(),
+                    shaped_by: d.side.shaper.clone(),
+                    egress_qdisc: None,
+                    xdp_xmit: vlan.is_none() && judged.allowed(),
+                    no_xdp_xmit_because: match vlan {
+                        Some(_) => Some("a VLAN device: its parent sends its frames".into()),
+                        None => judged.why_not(),
+                    },
+                    generic_because: self.dp.generic_because(runs_on).map(str::to_string),
+                    bridge: None,
+                    fdb_entries: None,
+                    encap: Some(encap),
+                    pppoe: None,
                 });
             }
             for (ifindex, p) in m.ports.iter().flatten() {
@@ -1188,6 +1556,7 @@ impl State<Datapath> {
                     bridge: Some(m.cfg.name.clone()),
                     fdb_entries: None,
                     encap: None,
+                    pppoe: None,
                 });
             }
         }

@@ -108,9 +108,30 @@ pub struct IfaceStatus {
     #[serde(default)]
     pub fdb_entries: Option<u64>,
     /// For a VLAN device: its VLAN and parent (`VLAN 7 (802.1Q) on eth0`, the program runs
-    /// there); for a parent managed only for its VLANs: `parent of eth0.7`.
+    /// there); for a parent managed only for its VLANs: `parent of eth0.7`. For a PPP device:
+    /// its PPPoE session (`PPPoE session 0x0001 over eth0 (peer 52:54:00:12:34:56)`, the
+    /// program runs on eth0), or `PPPoE: not accelerated` when it has none; for a device
+    /// managed only for a session: `lower device of ppp0`.
     #[serde(default)]
     pub encap: Option<String>,
+    /// For a PPP device: its PPPoE session as the fast path uses it (null for other
+    /// interfaces).
+    #[serde(default)]
+    pub pppoe: Option<PppoeStatus>,
+}
+
+/// A managed PPP device's PPPoE session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PppoeStatus {
+    /// The session ID (host order, as pppd logs it); null while no session is bound.
+    pub session_id: Option<u16>,
+    /// The device the session runs over, where the program runs.
+    pub lower: Option<String>,
+    /// The access concentrator's MAC.
+    pub peer_mac: Option<String>,
+    /// Why the fast path carries nothing of the PPP device (no session, several sessions
+    /// and no `pppoe_device`, ...); null while a session is bound.
+    pub not_accelerated_because: Option<String>,
 }
 
 /// Flow map occupancy.
@@ -232,6 +253,13 @@ impl Status {
             }
             if let Some(why) = &i.no_xdp_xmit_because {
                 let _ = writeln!(s, "    not sent out of by the fast path: {why}");
+            }
+            if let Some(why) = i
+                .pppoe
+                .as_ref()
+                .and_then(|p| p.not_accelerated_because.as_ref())
+            {
+                let _ = writeln!(s, "    PPPoE not accelerated: {why}");
             }
         }
         let _ = writeln!(
@@ -622,6 +650,73 @@ mod tests {
             st.render()
                 .starts_with("(the daemon is busy: these figures are 1250 ms old)\nfast path:")
         );
+    }
+
+    fn ppp0(pppoe: PppoeStatus, encap: Option<&str>) -> IfaceStatus {
+        IfaceStatus {
+            name: "ppp0".into(),
+            ifindex: 12,
+            role: "wan".into(),
+            attach_mode: "lower".into(),
+            shaped: false,
+            shaped_config: "auto".into(),
+            shaped_by: None,
+            egress_qdisc: None,
+            xdp_xmit: pppoe.session_id.is_some(),
+            no_xdp_xmit_because: None,
+            generic_because: None,
+            bridge: None,
+            fdb_entries: None,
+            encap: encap.map(str::to_string),
+            pppoe: Some(pppoe),
+        }
+    }
+
+    #[test]
+    fn a_ppp_device_shows_its_session_or_why_it_has_none() {
+        let mut st = status(&[]);
+        st.interfaces.push(ppp0(
+            PppoeStatus {
+                session_id: Some(1),
+                lower: Some("eth0".into()),
+                peer_mac: Some("52:54:00:12:34:56".into()),
+                not_accelerated_because: None,
+            },
+            Some("PPPoE session 0x0001 over eth0 (peer 52:54:00:12:34:56)"),
+        ));
+        let text = st.render();
+        assert!(
+            text.contains("ppp0         ifindex 12   role wan  xdp lower (PPPoE session 0x0001 over eth0 (peer 52:54:00:12:34:56))\n"),
+            "{text}"
+        );
+        assert!(!text.contains("PPPoE not accelerated"), "{text}");
+        st.interfaces[0] = ppp0(
+            PppoeStatus {
+                not_accelerated_because: Some("no PPPoE session in /proc/net/pppoe".into()),
+                ..PppoeStatus::default()
+            },
+            None,
+        );
+        let text = st.render();
+        assert!(
+            text.contains("\n    PPPoE not accelerated: no PPPoE session in /proc/net/pppoe\n"),
+            "{text}"
+        );
+        // JSON round trip; an older daemon's status (no `pppoe`) still parses.
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(
+            json["interfaces"][0]["pppoe"]["session_id"],
+            serde_json::Value::Null
+        );
+        let back: Status = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(back.interfaces[0].pppoe, st.interfaces[0].pppoe);
+        let mut old = json;
+        old["interfaces"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("pppoe");
+        let back: Status = serde_json::from_value(old).unwrap();
+        assert_eq!(back.interfaces[0].pppoe, None);
     }
 
     #[test]

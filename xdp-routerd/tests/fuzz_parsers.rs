@@ -1,5 +1,5 @@
 //! Fuzzing (proptest) of the parsers that take input from users and the kernel: the config file,
-//! rtnetlink notifications and nftables notifications. None may panic, whatever arrives: a
+//! rtnetlink notifications, nftables notifications and `/proc/net/pppoe`. None may panic, whatever arrives: a
 //! config error is a one-line message, an unparseable notification is an event or nothing. (The
 //! ctnetlink decoder is fuzzed from its golden messages in `sync::conntrack`'s unit tests.)
 //! Run with `cargo test`, a few hundred cases per property; `PROPTEST_CASES=100000` for longer.
@@ -7,7 +7,7 @@
 use proptest::prelude::*;
 use xdp_routerd::{
     config::Config,
-    sync::{nftables, rtnl},
+    sync::{nftables, pppoe, rtnl},
 };
 
 /// The commented example config that ships in `config/`.
@@ -115,6 +115,18 @@ proptest! {
         }
         data.extend(tail);
         let _ = rtnl::events_in(&data);
+    }
+
+    /// `/proc/net/pppoe` as the kernel prints it, edited: sessions or nothing, never a panic,
+    /// and every session found has a valid ID and MAC and a device name.
+    #[test]
+    fn edited_pppoe_tables_never_panic(edits in prop::collection::vec(edit(), 1..6)) {
+        let table = "Id       Address              Device\n\
+                     00000100 52:54:00:12:34:56     eth0\n\
+                     0000D204 02:00:00:00:00:aa   eth0.7\n";
+        for s in pppoe::parse(&apply(table, &edits)) {
+            prop_assert!(!s.lower.is_empty() && !s.lower.contains(char::is_whitespace));
+        }
     }
 
     /// nftables notifications: NEWGEN (subsystem 10, message 15) and other nftables messages

@@ -3,6 +3,7 @@
 //! [`crate::state`]:
 //! - [`conntrack`]: conntrack events (and resyncs) become flows;
 //! - [`keepalive`]: conntrack timeouts of connections the fast path carried are refreshed;
+//! - [`pppoe`]: the managed PPP devices' PPPoE sessions are followed;
 //! - [`rtnetlink`]: links come and go, routes and addresses change, qdiscs change;
 //! - [`ruleset`]: nftables commits and iptables-legacy changes disarm every flow;
 //! - [`xdp_xmit`]: the kernel's XDP features change (which devices can transmit XDP frames);
@@ -18,6 +19,7 @@ pub mod conntrack;
 pub mod control;
 pub mod keepalive;
 pub mod metrics;
+pub mod pppoe;
 pub mod rtnetlink;
 pub mod ruleset;
 pub mod status;

@@ -1,4 +1,5 @@
-//! rtnetlink notifications: managed links come and go (attach, detach, MAC changes), their
+//! rtnetlink notifications: managed links come and go (attach, detach, MAC changes; the PPPoE
+//! sessions are read again, see [`super::pppoe`]), their
 //! qdiscs and hooks change (`shaped = "auto"`, netdev chains), a managed bridge's ports and FDB
 //! change, and routes, addresses or rules change (cached FIB answers are dropped; offloaded
 //! flows are revalidated).
@@ -65,6 +66,10 @@ pub async fn run(
             planned
         };
         shared.request_revalidation(stale);
+        if !bridges.is_empty() {
+            // Links changed: a PPP device or its session's lower device may have come or gone.
+            shared.request_pppoe_read();
+        }
         if reread_qdiscs {
             let qdiscs = qdisc::read_all().await;
             shared.lock().apply_qdiscs(qdiscs);
