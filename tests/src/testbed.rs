@@ -1654,3 +1654,50 @@ mod tests {
         assert_eq!(&udp_payload(7, 100)[..8], &7u64.to_be_bytes());
     }
 }
+
+/// What one measured exchange did.
+pub struct Measured {
+    pub sent: u64,
+    /// XDP forwarded, original direction (counted on the LAN ingress).
+    pub orig: u64,
+    /// XDP forwarded, reply direction (counted on the WAN device the flow enters by).
+    pub reply: u64,
+    /// Packets on the router's LAN and WAN wires (rx_packets; GRO is off on them).
+    pub wire_lan: u64,
+    pub wire_wan: u64,
+    /// FORWARD ESTABLISHED rule increase.
+    pub established: u64,
+}
+
+/// 50 datagrams each way on the connection of `sock` (armed first), every one answered intact;
+/// the XDP counters of the original direction on `lan` and of the reply on `wan` (the device
+/// the kernel sees the replies arrive on: a VLAN or PPP device).
+pub fn measure_udp(
+    tb: &Testbed,
+    sock: &UdpSocket,
+    server: SocketAddr,
+    seq: &mut u64,
+    lan: &str,
+    wan: &str,
+) -> Measured {
+    // A newly offloaded direction is armed by its first packet the kernel forwards.
+    let arm = ping_pong(sock, server, *seq, 2, PING_DGRAM, PING_TICK);
+    *seq += arm.sent;
+    let before = tb.snapshot();
+    let pp = ping_pong(sock, server, *seq, 50, PING_DGRAM, PING_TICK);
+    *seq += pp.sent;
+    let after = tb.snapshot();
+    assert_eq!(
+        (pp.good, pp.lost, pp.corrupt),
+        (pp.sent, 0, 0),
+        "every datagram must come back intact: {pp:?}"
+    );
+    Measured {
+        sent: pp.sent,
+        orig: after.packets_since(&before, lan, "forwarded_original"),
+        reply: after.packets_since(&before, wan, "forwarded_reply"),
+        wire_lan: after.rx_lan_since(&before),
+        wire_wan: after.rx_wan_since(&before),
+        established: after.established_since(&before, server.is_ipv6()),
+    }
+}

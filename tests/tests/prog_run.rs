@@ -1535,6 +1535,30 @@ fn pppoe_cases(b: &Bed, c: &mut Vec<Case>) {
     ] {
         c.push(pass(b, name, b.lan, o4f.clone(), setup, r));
     }
+    // The FIB routes out of the lower device itself, which is managed only for the session.
+    let to_lower = lan_pkt(client4, v4("203.0.113.130"), tcp, 100);
+    c.push(pass(
+        b,
+        "pppoe: routed out of a lower device managed only for its session",
+        b.lan,
+        to_lower.frame(),
+        session(Setup::managed(b, vec![routed(b.lan, &to_lower, false)])),
+        Reason::PassEgressNotManaged,
+    ));
+    // A PPP device without a session (pppd redialling): not PPPoE, cannot transmit.
+    c.push(pass(
+        b,
+        "pppoe: PPP device without a session",
+        b.lan,
+        o4f.clone(),
+        Setup::managed(
+            b,
+            vec![flow(b.lan, &o4, (router4, 61_000), (server4, 443), false)],
+        )
+        .with_iface_flags(b.wan, IFACE_F_NO_XDP_XMIT)
+        .without_tx_port(b.wan),
+        Reason::PassEgressNoXdpXmit,
+    ));
     // Without the session the same unresolved next hop is the kernel's to resolve.
     c.push(pass(
         b,

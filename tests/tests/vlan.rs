@@ -21,7 +21,7 @@ use xdp_router_tests::{
         HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, PING_DGRAM, PING_TICK, Plan, ROUTER_LAN_V4,
         ROUTER_LAN_V6, ROUTER_WAN_V4, ROUTER_WAN_V6, Testbed, Transfer, UdpEcho, WAN_HOST_V4,
         WAN_HOST_V6, WAN_IF, any_v4, any_v6, assert_encapsulated_wan_left_to_kernel, assert_intact,
-        ping_pong, ready, route_wan_through, udp_and_tcp_are_intact, udp_socket,
+        measure_udp, ping_pong, ready, route_wan_through, udp_and_tcp_are_intact, udp_socket,
         wan_lan_interfaces, wan_v4, wan_v6,
     },
 };
@@ -134,50 +134,6 @@ fn offload(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
     }
 }
 
-/// What one measured exchange did.
-struct Measured {
-    sent: u64,
-    /// XDP forwarded, original direction (counted on the LAN ingress).
-    orig: u64,
-    /// XDP forwarded, reply direction (counted on the WAN VLAN device).
-    reply: u64,
-    /// Packets on the router's LAN and WAN wires (rx_packets; GRO is off on them).
-    wire_lan: u64,
-    wire_wan: u64,
-    /// FORWARD ESTABLISHED rule increase.
-    established: u64,
-}
-
-/// 50 datagrams each way on the connection of `sock` (armed first), every one answered intact.
-fn measure(
-    tb: &Testbed,
-    sock: &UdpSocket,
-    server: SocketAddr,
-    seq: &mut u64,
-    lan: &str,
-) -> Measured {
-    // A newly offloaded direction is armed by its first packet the kernel forwards.
-    let arm = ping_pong(sock, server, *seq, 2, PING_DGRAM, PING_TICK);
-    *seq += arm.sent;
-    let before = tb.snapshot();
-    let pp = ping_pong(sock, server, *seq, 50, PING_DGRAM, PING_TICK);
-    *seq += pp.sent;
-    let after = tb.snapshot();
-    assert_eq!(
-        (pp.good, pp.lost, pp.corrupt),
-        (pp.sent, 0, 0),
-        "every datagram must come back intact: {pp:?}"
-    );
-    Measured {
-        sent: pp.sent,
-        orig: after.packets_since(&before, lan, "forwarded_original"),
-        reply: after.packets_since(&before, &vlan_of(WAN_IF), "forwarded_reply"),
-        wire_lan: after.rx_lan_since(&before),
-        wire_wan: after.rx_wan_since(&before),
-        established: after.established_since(&before, server.is_ipv6()),
-    }
-}
-
 /// UDP over IPv4 and IPv6 and a 2 MiB TCP transfer through the VLAN WAN (and VLAN LAN when
 /// `lan` is `eth1.10`): fast-pathed both ways, then the negative control with the fast path
 /// off.
@@ -214,7 +170,7 @@ fn vlan_traffic_is_fast_pathed(tb: &mut Testbed, lan: &str) {
         let echo = UdpEcho::start(&tb.wan, server);
         let mut seq = 0;
         offload(tb, &sock, server, &mut seq);
-        let m = measure(tb, &sock, server, &mut seq, lan);
+        let m = measure_udp(tb, &sock, server, &mut seq, lan, &wan_vlan);
         println!(
             "{server} over VLAN {VID}: {} datagrams each way; XDP forwarded {} original (on \
              {lan}, tagged out of {WAN_IF}), {} reply (tagged on {WAN_IF}, popped); wire \
@@ -246,7 +202,7 @@ fn vlan_traffic_is_fast_pathed(tb: &mut Testbed, lan: &str) {
 
         // Negative control: the fast path off, the same exchange goes through netfilter.
         tb.daemon().set_fastpath(false);
-        let off = measure(tb, &sock, server, &mut seq, lan);
+        let off = measure_udp(tb, &sock, server, &mut seq, lan, &wan_vlan);
         tb.daemon().set_fastpath(true);
         println!(
             "{server}, fast path off: XDP forwarded {} original, {} reply; FORWARD \

@@ -854,9 +854,10 @@ fn redirect_to(hop: &mut NextHop) -> Result<Egress, Reason> {
         vlan_parent(info, flags, &mut tag)?
     } else if flags & IFACE_F_BRIDGE != 0 {
         bridge_port(egress, flags, hop.dmac)?
-    } else if flags & (IFACE_F_BRIDGE_PORT | IFACE_F_VLAN_PARENT) != 0 {
-        // The kernel never routes out of a bridge port itself; a VLAN parent that is not
-        // in the config is only managed for its VLANs' tagged frames.
+    } else if flags & (IFACE_F_BRIDGE_PORT | IFACE_F_VLAN_PARENT | IFACE_F_PPPOE_LOWER) != 0 {
+        // The kernel never routes out of a bridge port itself; a VLAN parent or a PPPoE
+        // lower device that is not in the config is only managed for its VLANs' tagged frames
+        // or its sessions' frames.
         return Err(Reason::PassEgressNotManaged);
     } else {
         check_egress(flags)?;
