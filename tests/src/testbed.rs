@@ -1655,6 +1655,37 @@ mod tests {
     }
 }
 
+/// Ping-pongs from `sock` until the daemon has the connection to `server` offloaded (both
+/// directions in the flow map of its family; 8 s at most).
+pub fn offload_udp_family(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
+    let deadline = Instant::now() + Duration::from_secs(8);
+    loop {
+        let pp = ping_pong(sock, server, *seq, 10, PING_DGRAM, PING_TICK);
+        *seq += pp.sent;
+        assert_eq!(
+            (pp.good, pp.lost, pp.corrupt),
+            (pp.sent, 0, 0),
+            "before offload: {pp:?}"
+        );
+        let st = tb.daemon().status();
+        let dirs = if server.is_ipv6() {
+            st.flows.ipv6
+        } else {
+            st.flows.ipv4
+        };
+        if dirs >= 2 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "UDP to {server} not offloaded within 8 s: {:?} {:?}\n{}",
+            st.flows,
+            st.conntrack,
+            tb.daemon().log_tail()
+        );
+    }
+}
+
 /// What one measured exchange did.
 pub struct Measured {
     pub sent: u64,

@@ -21,10 +21,10 @@ use std::{
 use xdp_router_tests::{
     netns::Netns,
     testbed::{
-        HOST_IF, LAN_IF, Plan, ROUTER_WAN_V4, TempDir, Testbed, Transfer, UdpEcho, WAN_HOST_V4,
-        WAN_IF, any_v4, assert_encapsulated_wan_left_to_kernel, assert_intact, measure_udp,
-        offload_udp, ready, udp_and_tcp_are_intact, udp_socket, wait_until, wan_lan_interfaces,
-        wan_v4,
+        HOST_IF, LAN_IF, Plan, ROUTER_WAN_V4, ROUTER_WAN_V6, TempDir, Testbed, Transfer, UdpEcho,
+        WAN_HOST_V4, WAN_HOST_V6, WAN_IF, any_v4, any_v6, assert_encapsulated_wan_left_to_kernel,
+        assert_intact, measure_udp, offload_udp_family, ready, udp_and_tcp_are_intact, udp_socket,
+        wait_until, wan_lan_interfaces, wan_v4, wan_v6,
     },
 };
 
@@ -66,22 +66,40 @@ fn spawn(ns: &Netns, prog: &str, args: &[&str]) -> Child {
         .unwrap_or_else(|e| panic!("start {prog} in {}: {e}", ns.name()))
 }
 
-/// The test bed with its IPv4 WAN moved onto a PPPoE session over the WAN link: the WAN host
-/// serves 10.0.2.2, the router gets 10.0.2.1 on ppp0; NAT and FORWARD rules name ppp0, and
-/// TCP's MSS is clamped to the path MTU, as every PPPoE router does.
-fn pppoe_testbed(tag: &str) -> (Testbed, Session) {
+/// The test bed with its WAN moved onto a PPPoE session over the WAN link (over VLAN `vlan` on
+/// it, when given, as many fiber ISPs deliver it): the WAN host serves 10.0.2.2, the router
+/// gets 10.0.2.1 on ppp0, and both move their IPv6 WAN addresses onto their PPP devices
+/// (IPV6CP up); NAT and FORWARD rules name ppp0, and TCP's MSS is clamped to the path MTU, as
+/// every PPPoE router does.
+fn pppoe_testbed(tag: &str, vlan: Option<u16>) -> (Testbed, Session) {
     let tb = Testbed::new(tag);
     tb.router
-        .sh(&format!("ip -4 addr flush dev {WAN_IF} scope global"));
+        .sh(&format!("ip addr flush dev {WAN_IF} scope global"));
     tb.wan
-        .sh(&format!("ip -4 addr flush dev {HOST_IF} scope global"));
+        .sh(&format!("ip addr flush dev {HOST_IF} scope global"));
+    // The devices the session runs over; a VLAN's tag is inserted in software (`txvlan off`),
+    // so it is in the frames' bytes as on a wire, where XDP sees it.
+    let (router_lower, host_lower) = match vlan {
+        Some(vid) => {
+            for (ns, dev) in [(&tb.router, WAN_IF), (&tb.wan, HOST_IF)] {
+                ns.sh(&format!(
+                    "ip link add link {dev} name {dev}.{vid} type vlan id {vid}
+                     ip link set {dev}.{vid} up
+                     ethtool -K {dev}.{vid} tx off rx off gro off gso off tso off >/dev/null 2>&1 || true
+                     ethtool -K {dev} txvlan off >/dev/null"
+                ));
+            }
+            (format!("{WAN_IF}.{vid}"), format!("{HOST_IF}.{vid}"))
+        }
+        None => (WAN_IF.to_string(), HOST_IF.to_string()),
+    };
     let dir = TempDir::new();
     let options = dir.path().join("pppoe-server-options");
     // The access concentrator asks for no authentication and sends no LCP echoes (an emulated
     // guest is slow); /etc/ppp/options (`auth`, serial settings) is overridden here.
     fs::write(
         &options,
-        "noauth\nlcp-echo-interval 0\nnoccp\nnovj\nnodefaultroute\n",
+        "noauth\nlcp-echo-interval 0\nnoccp\nnovj\nnodefaultroute\n+ipv6\n",
     )
     .unwrap_or_else(|e| panic!("write {}: {e}", options.display()));
     let options = options.to_string_lossy().into_owned();
@@ -91,7 +109,7 @@ fn pppoe_testbed(tag: &str) -> (Testbed, Session) {
         &[
             "-F",
             "-I",
-            HOST_IF,
+            &host_lower,
             "-L",
             &WAN_HOST_V4.to_string(),
             "-R",
@@ -108,7 +126,7 @@ fn pppoe_testbed(tag: &str) -> (Testbed, Session) {
         &[
             "plugin",
             "pppoe.so",
-            WAN_IF,
+            &router_lower,
             "nodetach",
             "noauth",
             "user",
@@ -125,6 +143,7 @@ fn pppoe_testbed(tag: &str) -> (Testbed, Session) {
             "0",
             "noccp",
             "novj",
+            "+ipv6",
         ],
     );
     let session = Session {
@@ -144,8 +163,22 @@ fn pppoe_testbed(tag: &str) -> (Testbed, Session) {
         "no PPPoE session within 60 s: router links:\n{}",
         tb.router.exec_ok("ip", &["addr"])
     );
+    // IPv6 over the session: the global addresses on both PPP devices (the access
+    // concentrator's is the only PPP device in the WAN host's namespace).
+    let host_ppp = tb
+        .wan
+        .exec_ok("sh", &["-c", "ip -o link show type ppp | cut -d: -f2"])
+        .trim()
+        .to_string();
+    assert!(!host_ppp.is_empty(), "no PPP device in the WAN host");
+    tb.wan.sh(&format!(
+        "ip addr add {WAN_HOST_V6}/64 dev {host_ppp} nodad
+         ip -6 route replace default via {ROUTER_WAN_V6} dev {host_ppp}"
+    ));
     tb.router.sh(&format!(
-        "iptables -w -t nat -D POSTROUTING -o {WAN_IF} -j MASQUERADE
+        "ip addr add {ROUTER_WAN_V6}/64 dev {PPP_IF} nodad
+         ip6tables -w -A FORWARD -i {LAN_IF} -o {PPP_IF} -j ACCEPT
+         iptables -w -t nat -D POSTROUTING -o {WAN_IF} -j MASQUERADE
          iptables -w -t nat -A POSTROUTING -o {PPP_IF} -j MASQUERADE
          iptables -w -A FORWARD -i {LAN_IF} -o {PPP_IF} -j ACCEPT
          iptables -w -t mangle -A FORWARD -o {PPP_IF} -p tcp --tcp-flags SYN,RST SYN \
@@ -153,105 +186,103 @@ fn pppoe_testbed(tag: &str) -> (Testbed, Session) {
          ethtool -K {PPP_IF} tx off rx off gro off gso off tso off >/dev/null 2>&1 || true"
     ));
     tb.lan.sh(&format!(
-        "for i in 1 2 3 4 5; do ping -c1 -W1 {WAN_HOST_V4} >/dev/null && exit 0; done
+        "for i in 1 2 3 4 5; do ping -c1 -W1 {WAN_HOST_V4} >/dev/null && break; done
+         for i in 1 2 3 4 5; do ping -6 -c1 -W1 {WAN_HOST_V6} >/dev/null && exit 0; done
          echo 'no path LAN -> WAN over PPPoE' >&2; exit 1"
     ));
     (tb, session)
 }
 
-/// The WAN named as the PPP device (`name = "ppp0"`): the daemon finds the session (its ID,
-/// the access concentrator's MAC, the Ethernet port under it) in /proc/net/pppoe; UDP and a
-/// 2 MiB TCP transfer are forwarded by XDP on eth0 both ways, and the negative control (fast
-/// path off) sends the same exchange through netfilter.
-#[test]
-#[ignore = "needs the pppoe module: cargo xtask test runs it in a Debian-kernel guest"]
-fn wan_as_ppp_device_is_fast_pathed() {
-    if !ready("wan_as_ppp_device_is_fast_pathed") {
-        return;
-    }
-    let (mut tb, _session) = pppoe_testbed("pd");
+/// With the PPP device as the WAN in the config (`name = "ppp0"`), the daemon finds the
+/// session (its ID, the access concentrator's MAC, the device under it, `lower`) in
+/// /proc/net/pppoe; UDP over IPv4 and IPv6 and a 2 MiB TCP transfer are forwarded by XDP on
+/// eth0 both ways, and the negative control (fast path off) sends the same exchanges through
+/// netfilter.
+fn ppp_traffic_is_fast_pathed(tb: &mut Testbed, lower: &str) {
     tb.start_daemon_config(&format!(
         "xdp_mode = \"native\"\n{}",
         wan_lan_interfaces(PPP_IF)
     ));
     let st = tb.daemon().status();
-    let row = |name: &str| {
+    let encap = |name: &str| {
         st.interfaces
             .iter()
             .find(|i| i.name == name)
             .unwrap_or_else(|| panic!("no status row for {name}: {:?}", st.interfaces))
+            .encap
             .clone()
     };
-    let ppp = row(PPP_IF);
     println!(
-        "status: {PPP_IF}: {:?}; {WAN_IF}: {:?}",
-        ppp.encap,
-        row(WAN_IF).encap
+        "status: {PPP_IF}: {:?}; {lower}: {:?}",
+        encap(PPP_IF),
+        encap(lower)
     );
+    let want = format!("PPPoE session 0x0001 over {lower} (peer ");
     assert!(
-        ppp.encap
-            .as_deref()
-            .is_some_and(|e| e.starts_with("PPPoE session") && e.contains(WAN_IF)),
-        "{ppp:?}"
-    );
-    assert_eq!(row(WAN_IF).attach_mode, "native", "{:?}", row(WAN_IF));
-
-    let server = wan_v4(6207);
-    let sock = udp_socket(&tb.lan, any_v4(), 64);
-    let echo = UdpEcho::start(&tb.wan, server);
-    let mut seq = 0;
-    offload_udp(&tb, &sock, server, &mut seq);
-    let m = measure_udp(&tb, &sock, server, &mut seq, LAN_IF, PPP_IF);
-    println!(
-        "{server} over PPPoE: {} datagrams each way; XDP forwarded {} original (on {LAN_IF}, \
-         encapsulated out of {WAN_IF}), {} reply (session frames on {WAN_IF}, decapsulated); \
-         wire packets {} on {LAN_IF}, {} on {WAN_IF}: fast-path share {:.0} % / {:.0} %; \
-         FORWARD ESTABLISHED +{}",
-        m.sent,
-        m.orig,
-        m.reply,
-        m.wire_lan,
-        m.wire_wan,
-        100.0 * m.orig as f64 / m.wire_lan.max(1) as f64,
-        100.0 * m.reply as f64 / m.wire_wan.max(1) as f64,
-        m.established
-    );
-    assert_eq!(
-        (m.orig, m.reply),
-        (m.sent, m.sent),
-        "every datagram fast-pathed both ways"
-    );
-    assert!(
-        m.wire_wan >= m.sent && m.wire_lan >= m.sent,
-        "fewer wire packets than datagrams: GRO on the router's veths?"
-    );
-    assert!(
-        m.established <= 2,
-        "netfilter saw {} packets of the offloaded flow",
-        m.established
+        encap(PPP_IF).is_some_and(|e| e.starts_with(&want)),
+        "{PPP_IF}: {:?}, want {want}…",
+        encap(PPP_IF)
     );
 
-    // Negative control: the fast path off, the same exchange goes through netfilter.
-    tb.daemon().set_fastpath(false);
-    let off = measure_udp(&tb, &sock, server, &mut seq, LAN_IF, PPP_IF);
-    tb.daemon().set_fastpath(true);
-    println!(
-        "{server} over PPPoE, fast path off: XDP forwarded {} original, {} reply; FORWARD \
-         ESTABLISHED +{} for {} datagrams each way",
-        off.orig, off.reply, off.established, off.sent
-    );
-    assert_eq!((off.orig, off.reply), (0, 0), "fast path off");
-    assert!(
-        off.established >= 2 * off.sent,
-        "with the fast path off netfilter must see every packet: +{}",
-        off.established
-    );
-    assert_eq!(echo.finish().corrupt, 0);
+    for (server, sock) in [
+        (wan_v4(6207), udp_socket(&tb.lan, any_v4(), 64)),
+        (wan_v6(6208), udp_socket(&tb.lan, any_v6(), 64)),
+    ] {
+        let echo = UdpEcho::start(&tb.wan, server);
+        let mut seq = 0;
+        offload_udp_family(tb, &sock, server, &mut seq);
+        let m = measure_udp(tb, &sock, server, &mut seq, LAN_IF, PPP_IF);
+        println!(
+            "{server} over PPPoE ({lower}): {} datagrams each way; XDP forwarded {} original \
+             (on {LAN_IF}, encapsulated out of {WAN_IF}), {} reply (session frames on \
+             {WAN_IF}, decapsulated); wire packets {} on {LAN_IF}, {} on {WAN_IF}: fast-path \
+             share {:.0} % / {:.0} %; FORWARD ESTABLISHED +{}",
+            m.sent,
+            m.orig,
+            m.reply,
+            m.wire_lan,
+            m.wire_wan,
+            100.0 * m.orig as f64 / m.wire_lan.max(1) as f64,
+            100.0 * m.reply as f64 / m.wire_wan.max(1) as f64,
+            m.established
+        );
+        assert_eq!(
+            (m.orig, m.reply),
+            (m.sent, m.sent),
+            "every datagram fast-pathed both ways"
+        );
+        assert!(
+            m.wire_wan >= m.sent && m.wire_lan >= m.sent,
+            "fewer wire packets than datagrams: GRO on the router's veths?"
+        );
+        assert!(
+            m.established <= 2,
+            "netfilter saw {} packets of the offloaded flow",
+            m.established
+        );
+
+        // Negative control: the fast path off, the same exchange goes through netfilter.
+        tb.daemon().set_fastpath(false);
+        let off = measure_udp(tb, &sock, server, &mut seq, LAN_IF, PPP_IF);
+        tb.daemon().set_fastpath(true);
+        println!(
+            "{server} over PPPoE, fast path off: XDP forwarded {} original, {} reply; FORWARD \
+             ESTABLISHED +{} for {} datagrams each way",
+            off.orig, off.reply, off.established, off.sent
+        );
+        assert_eq!((off.orig, off.reply), (0, 0), "fast path off");
+        assert!(
+            off.established >= 2 * off.sent,
+            "with the fast path off netfilter must see every packet: +{}",
+            off.established
+        );
+        assert_eq!(echo.finish().corrupt, 0);
+    }
 
     // TCP: a 2 MiB transfer, intact and masqueraded; most of it fast-pathed once established.
     let before = tb.snapshot();
     let r = Transfer::start(
-        &tb,
+        tb,
         wan_v4(6210),
         Plan {
             bytes: 2 << 20,
@@ -266,8 +297,8 @@ fn wan_as_ppp_device_is_fast_pathed() {
     let reply = after.packets_since(&before, PPP_IF, "forwarded_reply");
     let wire = after.rx_lan_since(&before) + after.rx_wan_since(&before);
     println!(
-        "TCP 2 MiB over PPPoE: XDP forwarded {orig} original + {reply} reply of {wire} wire \
-         packets ({:.0} %), FORWARD ESTABLISHED +{}",
+        "TCP 2 MiB over PPPoE ({lower}): XDP forwarded {orig} original + {reply} reply of \
+         {wire} wire packets ({:.0} %), FORWARD ESTABLISHED +{}",
         100.0 * (orig + reply) as f64 / wire.max(1) as f64,
         after.established_since(&before, false)
     );
@@ -275,6 +306,29 @@ fn wan_as_ppp_device_is_fast_pathed() {
         orig > 0 && reply > 0,
         "TCP not fast-pathed both ways over PPPoE: {orig} original, {reply} reply"
     );
+}
+
+/// PPPoE straight over the Ethernet port (DSL, much fiber).
+#[test]
+#[ignore = "needs the pppoe module: cargo xtask test runs it in a Debian-kernel guest"]
+fn wan_as_ppp_device_is_fast_pathed() {
+    if !ready("wan_as_ppp_device_is_fast_pathed") {
+        return;
+    }
+    let (mut tb, _session) = pppoe_testbed("pd", None);
+    ppp_traffic_is_fast_pathed(&mut tb, WAN_IF);
+}
+
+/// PPPoE over VLAN 7 on the Ethernet port (many fiber ISPs): tag and session header popped
+/// and pushed together on eth0; the VLAN device needs no entry in the config.
+#[test]
+#[ignore = "needs the pppoe and 8021q modules: cargo xtask test runs it in a Debian-kernel guest"]
+fn wan_as_ppp_device_over_vlan_is_fast_pathed() {
+    if !ready("wan_as_ppp_device_over_vlan_is_fast_pathed") {
+        return;
+    }
+    let (mut tb, _session) = pppoe_testbed("pv", Some(7));
+    ppp_traffic_is_fast_pathed(&mut tb, &format!("{WAN_IF}.7"));
 }
 
 /// The WAN named as the Ethernet port under the session (`name = "eth0"`): session frames of
@@ -287,7 +341,7 @@ fn wan_as_pppoe_ethernet_leaves_session_frames_to_the_kernel() {
     if !ready("wan_as_pppoe_ethernet_leaves_session_frames_to_the_kernel") {
         return;
     }
-    let (mut tb, _session) = pppoe_testbed("pe");
+    let (mut tb, _session) = pppoe_testbed("pe", None);
     tb.start_daemon_config(&wan_lan_interfaces(WAN_IF));
     let (before, after) = udp_and_tcp_are_intact(&tb, 6217, "PPPoE (Ethernet port managed)");
     assert_encapsulated_wan_left_to_kernel(

@@ -1535,6 +1535,32 @@ fn pppoe_cases(b: &Bed, c: &mut Vec<Case>) {
     ] {
         c.push(pass(b, name, b.lan, o4f.clone(), setup, r));
     }
+    // The MTU check is the PPP device's (the kernel's `ip_forward` checks ppp0's 1492): here
+    // `mtu0` (MTU 1280) stands in for the PPP device, over `wan0`.
+    let big = lan_pkt(client4, v4("203.0.113.130"), tcp, 1300);
+    c.push(pass(
+        b,
+        "pppoe: datagram over the PPP device's MTU",
+        b.lan,
+        big.frame(),
+        Setup::managed(b, vec![routed(b.lan, &big, false)])
+            .with_pppoe(b.mtu, b.wan, SID, PEER, false),
+        Reason::PassFragNeeded,
+    ));
+    let fits = lan_pkt(client4, v4("203.0.113.130"), tcp, 1200);
+    c.push(encap_forward(
+        "pppoe: datagram within the PPP device's MTU",
+        (b.lan, LAN_SLOT, b.lan),
+        &fits,
+        (client4, 40_000),
+        (v4("203.0.113.130"), 443),
+        false,
+        (WAN_MAC, PEER),
+        |s| s.with_pppoe(b.mtu, b.wan, SID, PEER, false),
+        same,
+        ses,
+        b,
+    ));
     // The FIB routes out of the lower device itself, which is managed only for the session.
     let to_lower = lan_pkt(client4, v4("203.0.113.130"), tcp, 100);
     c.push(pass(

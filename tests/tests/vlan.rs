@@ -10,18 +10,15 @@
 //! rule not rising, every byte intact), and stops doing so when switched off (the negative
 //! control); with only the parent in the config, tagged frames stay with the kernel.
 
-use std::{
-    net::{IpAddr, SocketAddr, UdpSocket},
-    time::{Duration, Instant},
-};
+use std::net::IpAddr;
 
 use xdp_router_tests::{
     netns::Netns,
     testbed::{
-        HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, PING_DGRAM, PING_TICK, Plan, ROUTER_LAN_V4,
-        ROUTER_LAN_V6, ROUTER_WAN_V4, ROUTER_WAN_V6, Testbed, Transfer, UdpEcho, WAN_HOST_V4,
-        WAN_HOST_V6, WAN_IF, any_v4, any_v6, assert_encapsulated_wan_left_to_kernel, assert_intact,
-        measure_udp, ping_pong, ready, route_wan_through, udp_and_tcp_are_intact, udp_socket,
+        HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, Plan, ROUTER_LAN_V4, ROUTER_LAN_V6,
+        ROUTER_WAN_V4, ROUTER_WAN_V6, Testbed, Transfer, UdpEcho, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
+        any_v4, any_v6, assert_encapsulated_wan_left_to_kernel, assert_intact, measure_udp,
+        offload_udp_family, ready, route_wan_through, udp_and_tcp_are_intact, udp_socket,
         wan_lan_interfaces, wan_v4, wan_v6,
     },
 };
@@ -103,37 +100,6 @@ fn vlan_testbed(tag: &str, lan_vlan: bool) -> Testbed {
     tb
 }
 
-/// Ping-pongs from `sock` until the daemon has the connection to `server` offloaded (both
-/// directions in the flow map of its family; 8 s at most).
-fn offload(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
-    let deadline = Instant::now() + Duration::from_secs(8);
-    loop {
-        let pp = ping_pong(sock, server, *seq, 10, PING_DGRAM, PING_TICK);
-        *seq += pp.sent;
-        assert_eq!(
-            (pp.good, pp.lost, pp.corrupt),
-            (pp.sent, 0, 0),
-            "before offload: {pp:?}"
-        );
-        let st = tb.daemon().status();
-        let dirs = if server.is_ipv6() {
-            st.flows.ipv6
-        } else {
-            st.flows.ipv4
-        };
-        if dirs >= 2 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "UDP to {server} not offloaded within 8 s: {:?} {:?}\n{}",
-            st.flows,
-            st.conntrack,
-            tb.daemon().log_tail()
-        );
-    }
-}
-
 /// UDP over IPv4 and IPv6 and a 2 MiB TCP transfer through the VLAN WAN (and VLAN LAN when
 /// `lan` is `eth1.10`): fast-pathed both ways, then the negative control with the fast path
 /// off.
@@ -169,7 +135,7 @@ fn vlan_traffic_is_fast_pathed(tb: &mut Testbed, lan: &str) {
     ] {
         let echo = UdpEcho::start(&tb.wan, server);
         let mut seq = 0;
-        offload(tb, &sock, server, &mut seq);
+        offload_udp_family(tb, &sock, server, &mut seq);
         let m = measure_udp(tb, &sock, server, &mut seq, lan, &wan_vlan);
         println!(
             "{server} over VLAN {VID}: {} datagrams each way; XDP forwarded {} original (on \
