@@ -486,6 +486,18 @@ pub struct IfaceStatus {
     /// VLANs: `parent of eth0.7`.
     #[serde(default)]
     pub encap: Option<String>,
+    /// For a PPP device: its PPPoE session.
+    #[serde(default)]
+    pub pppoe: Option<PppoeStatus>,
+}
+
+/// The `pppoe` object of a PPP device in `status --json`, the fields the tests use.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PppoeStatus {
+    /// The bound session's ID; null while none is bound.
+    pub session_id: Option<u16>,
+    /// Why the fast path carries nothing of the PPP device; null while a session is bound.
+    pub not_accelerated_because: Option<String>,
 }
 
 /// Flow map occupancy in `status --json`.
@@ -1590,71 +1602,6 @@ pub fn udp_and_tcp_are_intact(tb: &Testbed, port: u16, what: &str) -> (Status, S
     (before, tb.daemon().status())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn established_counter_is_parsed_from_iptables_listing() {
-        let listing = "Chain FORWARD (policy DROP 3 packets, 180 bytes)
-    pkts      bytes target     prot opt in     out     source               destination
-   12345  9876543 ACCEPT     all  --  *      *       0.0.0.0/0            0.0.0.0/0            ctstate RELATED,ESTABLISHED
-       7      420 ACCEPT     all  --  eth1   eth0    0.0.0.0/0            0.0.0.0/0
-";
-        assert_eq!(parse_established(listing), Some(12345));
-        assert_eq!(parse_established("Chain FORWARD (policy ACCEPT)\n"), None);
-        assert_eq!(parse_forward_total(listing), Some(3 + 12345 + 7));
-    }
-
-    #[test]
-    fn fraction_handles_zero_wire_packets() {
-        assert_eq!(fastpath_fraction(0, 0), 0.0);
-        assert!((fastpath_fraction(9, 10) - 0.9).abs() < 1e-9);
-    }
-
-    /// A captured-by-hand IPv4 UDP frame (checksums computed by the kernel) parses and verifies;
-    /// flipping a payload bit breaks the UDP checksum, flipping the TTL breaks the IP checksum.
-    #[test]
-    fn udp_frame_checksums_are_verified() {
-        // 10.0.2.1:40000 -> 10.0.2.2:9999, TTL 63, payload "hello".
-        let mut f = vec![0u8; 14];
-        f[12] = 0x08;
-        let mut ip = vec![
-            0x45, 0, 0, 33, 0x12, 0x34, 0x40, 0, 63, 17, 0, 0, 10, 0, 2, 1, 10, 0, 2, 2,
-        ];
-        let c = !csum_fold(csum_add(0, &ip));
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
-        let mut udp = vec![0x9c, 0x40, 0x27, 0x0f, 0, 13, 0, 0];
-        udp.extend_from_slice(b"hello");
-        let pseudo = [10, 0, 2, 1, 10, 0, 2, 2, 0, 17, 0, 13];
-        let c = !csum_fold(csum_add(csum_add(0, &pseudo), &udp));
-        udp[6..8].copy_from_slice(&c.to_be_bytes());
-        f.extend_from_slice(&ip);
-        f.extend_from_slice(&udp);
-
-        let p = parse_udp_frame(&f).expect("parses");
-        assert!(p.ip_checksum_ok && p.udp_checksum_ok, "{p:?}");
-        assert_eq!(p.ttl, 63);
-        assert_eq!(p.src, "10.0.2.1:40000".parse().unwrap());
-        assert_eq!(p.dst, "10.0.2.2:9999".parse().unwrap());
-        assert_eq!(p.payload, b"hello");
-
-        let mut bad = f.clone();
-        *bad.last_mut().unwrap() ^= 1;
-        assert!(!parse_udp_frame(&bad).unwrap().udp_checksum_ok);
-        let mut bad = f.clone();
-        bad[14 + 8] = 62;
-        assert!(!parse_udp_frame(&bad).unwrap().ip_checksum_ok);
-    }
-
-    #[test]
-    fn udp_payload_is_deterministic_and_distinct() {
-        assert_eq!(udp_payload(7, 100), udp_payload(7, 100));
-        assert_ne!(udp_payload(7, 100), udp_payload(8, 100));
-        assert_eq!(&udp_payload(7, 100)[..8], &7u64.to_be_bytes());
-    }
-}
-
 /// Ping-pongs from `sock` until the daemon has the connection to `server` offloaded (both
 /// directions in the flow map of its family; 8 s at most).
 pub fn offload_udp_family(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
@@ -1730,5 +1677,70 @@ pub fn measure_udp(
         wire_lan: after.rx_lan_since(&before),
         wire_wan: after.rx_wan_since(&before),
         established: after.established_since(&before, server.is_ipv6()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn established_counter_is_parsed_from_iptables_listing() {
+        let listing = "Chain FORWARD (policy DROP 3 packets, 180 bytes)
+    pkts      bytes target     prot opt in     out     source               destination
+   12345  9876543 ACCEPT     all  --  *      *       0.0.0.0/0            0.0.0.0/0            ctstate RELATED,ESTABLISHED
+       7      420 ACCEPT     all  --  eth1   eth0    0.0.0.0/0            0.0.0.0/0
+";
+        assert_eq!(parse_established(listing), Some(12345));
+        assert_eq!(parse_established("Chain FORWARD (policy ACCEPT)\n"), None);
+        assert_eq!(parse_forward_total(listing), Some(3 + 12345 + 7));
+    }
+
+    #[test]
+    fn fraction_handles_zero_wire_packets() {
+        assert_eq!(fastpath_fraction(0, 0), 0.0);
+        assert!((fastpath_fraction(9, 10) - 0.9).abs() < 1e-9);
+    }
+
+    /// A captured-by-hand IPv4 UDP frame (checksums computed by the kernel) parses and verifies;
+    /// flipping a payload bit breaks the UDP checksum, flipping the TTL breaks the IP checksum.
+    #[test]
+    fn udp_frame_checksums_are_verified() {
+        // 10.0.2.1:40000 -> 10.0.2.2:9999, TTL 63, payload "hello".
+        let mut f = vec![0u8; 14];
+        f[12] = 0x08;
+        let mut ip = vec![
+            0x45, 0, 0, 33, 0x12, 0x34, 0x40, 0, 63, 17, 0, 0, 10, 0, 2, 1, 10, 0, 2, 2,
+        ];
+        let c = !csum_fold(csum_add(0, &ip));
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut udp = vec![0x9c, 0x40, 0x27, 0x0f, 0, 13, 0, 0];
+        udp.extend_from_slice(b"hello");
+        let pseudo = [10, 0, 2, 1, 10, 0, 2, 2, 0, 17, 0, 13];
+        let c = !csum_fold(csum_add(csum_add(0, &pseudo), &udp));
+        udp[6..8].copy_from_slice(&c.to_be_bytes());
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&udp);
+
+        let p = parse_udp_frame(&f).expect("parses");
+        assert!(p.ip_checksum_ok && p.udp_checksum_ok, "{p:?}");
+        assert_eq!(p.ttl, 63);
+        assert_eq!(p.src, "10.0.2.1:40000".parse().unwrap());
+        assert_eq!(p.dst, "10.0.2.2:9999".parse().unwrap());
+        assert_eq!(p.payload, b"hello");
+
+        let mut bad = f.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert!(!parse_udp_frame(&bad).unwrap().udp_checksum_ok);
+        let mut bad = f.clone();
+        bad[14 + 8] = 62;
+        assert!(!parse_udp_frame(&bad).unwrap().ip_checksum_ok);
+    }
+
+    #[test]
+    fn udp_payload_is_deterministic_and_distinct() {
+        assert_eq!(udp_payload(7, 100), udp_payload(7, 100));
+        assert_ne!(udp_payload(7, 100), udp_payload(8, 100));
+        assert_eq!(&udp_payload(7, 100)[..8], &7u64.to_be_bytes());
     }
 }
