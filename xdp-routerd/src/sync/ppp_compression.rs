@@ -1,8 +1,9 @@
-//! Whether PPP compression (CCP: Deflate, BSD-Compress) runs on a PPP device. Such a
-//! compressor and decompressor keep a dictionary across packets, fed with every packet of the
-//! unit (`incomp` for the ones sent or received uncompressed); a packet the fast path carries
-//! around the kernel's PPP layer is missing from one end's dictionary and desynchronises the
-//! two. A PPP device whose compression has run is therefore left to the kernel
+//! Whether CCP runs on a PPP device: compression (Deflate, BSD-Compress) or MPPE encryption.
+//! A compressor and decompressor keep state across packets (a dictionary fed with every
+//! packet of the unit, `incomp` for the ones sent or received uncompressed; MPPE's key and
+//! coherency count), so a packet the fast path carries around the kernel's PPP layer
+//! desynchronises the two ends (and under MPPE would leave unencrypted). A PPP device on which
+//! CCP has run is therefore left to the kernel
 //! ([`crate::sync::pppoe::Unpaired::CompressionRuns`]).
 //!
 //! The kernel says so through `SIOCGPPPCSTATS` on the PPP device (`ppp_get_compstats` in

@@ -112,10 +112,10 @@ pub enum Unpaired {
     LowerUnsupported(String, String),
     /// `/proc/net/pppoe` cannot be read.
     Unreadable(String),
-    /// PPP compression (CCP) has run on the PPP device: its dictionaries must see every
-    /// packet (see [`ppp_compression`]).
+    /// CCP (PPP compression, MPPE encryption) has run on the PPP device: its compressor and
+    /// decompressor must see every packet (see [`ppp_compression`]).
     CompressionRuns,
-    /// Whether PPP compression runs on the PPP device cannot be read (`SIOCGPPPCSTATS`):
+    /// Whether CCP runs on the PPP device cannot be read (`SIOCGPPPCSTATS`):
     /// in doubt the kernel carries it.
     CompressionUnknown(String),
 }
@@ -143,10 +143,10 @@ impl fmt::Display for Unpaired {
             Unpaired::Unreadable(e) => write!(f, "cannot read {PROC_NET_PPPOE}: {e}"),
             Unpaired::CompressionRuns => write!(
                 f,
-                "PPP compression (CCP) runs on it: pppd needs noccp for the fast path"
+                "CCP (PPP compression or MPPE) runs on it: the fast path needs pppd's noccp"
             ),
             Unpaired::CompressionUnknown(e) => {
-                write!(f, "cannot tell whether PPP compression runs on it: {e}")
+                write!(f, "cannot tell whether CCP runs on it: {e}")
             }
         }
     }
