@@ -486,6 +486,18 @@ pub struct IfaceStatus {
     /// VLANs: `parent of eth0.7`.
     #[serde(default)]
     pub encap: Option<String>,
+    /// For a PPP device: its PPPoE session.
+    #[serde(default)]
+    pub pppoe: Option<PppoeStatus>,
+}
+
+/// The `pppoe` object of a PPP device in `status --json`, the fields the tests use.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PppoeStatus {
+    /// The bound session's ID; null while none is bound.
+    pub session_id: Option<u16>,
+    /// Why the fast path carries nothing of the PPP device; null while a session is bound.
+    pub not_accelerated_because: Option<String>,
 }
 
 /// Flow map occupancy in `status --json`.

@@ -130,7 +130,7 @@ pub struct PppoeStatus {
     /// The access concentrator's MAC.
     pub peer_mac: Option<String>,
     /// Why the fast path carries nothing of the PPP device (no session, several sessions
-    /// and no `pppoe_device`, ...); null while a session is bound.
+    /// and no `pppoe_device`, PPP compression, ...); null while a session is bound.
     pub not_accelerated_because: Option<String>,
 }
 

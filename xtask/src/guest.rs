@@ -25,6 +25,7 @@ const MODULES: &[&str] = &[
     "bridge",
     "8021q",
     "pppoe",
+    "ppp_mppe",
     "nf_conntrack",
     "nf_tables",
     "nft_masq",

@@ -1112,6 +1112,31 @@ fn a_ppp_device_follows_its_pppoe_session() {
     assert_eq!(s.dp.pppoe, BTreeMap::from([((20, 0x0300), 13)]));
 }
 
+/// CCP found running on a bound PPP device (`SIOCGPPPCSTATS`): its session is unbound (nothing
+/// decapsulated or encapsulated any more, eth0 let go) and the status says why; the same read
+/// again changes nothing.
+#[test]
+fn a_ppp_device_on_which_ccp_runs_is_handed_back_to_the_kernel() {
+    let mut s = with_ppp0(false);
+    s.apply_pppoe(&session_over_eth0(0x0100));
+    assert_eq!(s.dp.pppoe.len(), 1);
+    let ccp = BTreeMap::from([(
+        "ppp0".to_string(),
+        Err(crate::sync::pppoe::Unpaired::CompressionRuns),
+    )]);
+    assert!(!s.apply_pppoe(&ccp));
+    assert!(s.dp.pppoe.is_empty());
+    assert!(!s.dp.attached.contains_key(&20));
+    assert_eq!(flags(&s, 12) & IFACE_F_PPPOE, 0);
+    let why = s.ifaces[0].pppoe_status().unwrap().not_accelerated_because;
+    assert_eq!(
+        why.as_deref(),
+        Some("CCP (PPP compression or MPPE) runs on it: the fast path needs pppd's noccp")
+    );
+    assert!(!s.apply_pppoe(&ccp));
+    assert!(s.dp.pppoe.is_empty());
+}
+
 /// A lower device that is in the config stays what it is: no IFACE_F_PPPOE_LOWER, its own
 /// slot and flags, and it stays managed when the session goes.
 #[test]

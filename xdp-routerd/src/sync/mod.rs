@@ -5,6 +5,7 @@ pub mod ctnetlink;
 pub mod hooks;
 pub mod nftables;
 pub mod nlsocket;
+pub mod ppp_compression;
 pub mod pppoe;
 pub mod qdisc;
 pub mod routes;

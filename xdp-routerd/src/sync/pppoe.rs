@@ -21,7 +21,7 @@
 
 use std::{collections::BTreeMap, fmt, io};
 
-use super::{rtnl, vlan::VlanRead, xdp_xmit};
+use super::{ppp_compression, rtnl, vlan::VlanRead, xdp_xmit};
 
 /// Where the kernel lists the PPPoE sessions of the namespace.
 pub const PROC_NET_PPPOE: &str = "/proc/net/pppoe";
@@ -112,6 +112,12 @@ pub enum Unpaired {
     LowerUnsupported(String, String),
     /// `/proc/net/pppoe` cannot be read.
     Unreadable(String),
+    /// CCP (PPP compression, MPPE encryption) has run on the PPP device: its compressor and
+    /// decompressor must see every packet (see [`ppp_compression`]).
+    CompressionRuns,
+    /// Whether CCP runs on the PPP device cannot be read (`SIOCGPPPCSTATS`):
+    /// in doubt the kernel carries it.
+    CompressionUnknown(String),
 }
 
 impl fmt::Display for Unpaired {
@@ -135,6 +141,13 @@ impl fmt::Display for Unpaired {
                 write!(f, "its session runs over {d}, a {kind} device")
             }
             Unpaired::Unreadable(e) => write!(f, "cannot read {PROC_NET_PPPOE}: {e}"),
+            Unpaired::CompressionRuns => write!(
+                f,
+                "CCP (PPP compression or MPPE) runs on it: the fast path needs pppd's noccp"
+            ),
+            Unpaired::CompressionUnknown(e) => {
+                write!(f, "cannot tell whether CCP runs on it: {e}")
+            }
         }
     }
 }
@@ -208,7 +221,8 @@ pub type PppoeReads = BTreeMap<String, Found>;
 const LOWER_KINDS_UNSUPPORTED: [&str; 2] = ["bridge", "ppp"];
 
 /// Reads `/proc/net/pppoe` once and pairs each of `devices` (name and `pppoe_device`) with a
-/// session ([`pair`]), with what the state needs of its lower device. Blocking but short: a
+/// session ([`pair`]), with what the state needs of its lower device; a device on which PPP
+/// compression has run keeps none ([`Unpaired::CompressionRuns`]). Blocking but short: a
 /// procfs file, then a few sysfs/ioctl/netlink reads per paired device.
 pub fn read(devices: &[(String, Option<String>)]) -> PppoeReads {
     let sessions = match std::fs::read_to_string(PROC_NET_PPPOE) {
@@ -224,8 +238,24 @@ pub fn read(devices: &[(String, Option<String>)]) -> PppoeReads {
     devices
         .iter()
         .zip(paired)
-        .map(|((name, _), p)| (name.clone(), p.and_then(read_lower)))
+        .map(|((name, _), p)| {
+            let found = p
+                .and_then(|s| compression_idle(name).map(|()| s))
+                .and_then(read_lower);
+            (name.clone(), found)
+        })
         .collect()
+}
+
+/// `Ok` when PPP compression has not run on the PPP device `name` (see [`ppp_compression`]).
+fn compression_idle(name: &str) -> Result<(), Unpaired> {
+    match ppp_compression::read(name) {
+        Ok(stats) if stats.compression_has_run() => Err(Unpaired::CompressionRuns),
+        Ok(_) => Ok(()),
+        // Gone (ENODEV; the link notification follows), or no PPP device after all: either
+        // way nothing the fast path should carry.
+        Err(e) => Err(Unpaired::CompressionUnknown(e.to_string())),
+    }
 }
 
 /// What the state needs of the device `session` runs over.
@@ -400,6 +430,8 @@ mod tests {
             Unpaired::LowerMissing("eth9".into()),
             Unpaired::LowerUnsupported("br0".into(), "bridge".into()),
             Unpaired::Unreadable("permission denied".into()),
+            Unpaired::CompressionRuns,
+            Unpaired::CompressionUnknown("No such device (os error 19)".into()),
         ] {
             let text = u.to_string();
             assert!(!text.is_empty() && !text.contains('\n'), "{text:?}");

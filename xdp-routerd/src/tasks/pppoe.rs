@@ -1,5 +1,6 @@
-//! PPPoE sessions: the managed PPP devices' sessions are read from `/proc/net/pppoe` (on a
-//! blocking thread, no lock held) every [`POLL`] and whenever links changed, and bound,
+//! PPPoE sessions: the managed PPP devices' sessions are read from `/proc/net/pppoe`, with
+//! whether PPP compression has run on each device (on a blocking thread, no lock held), every
+//! [`POLL`] and whenever links changed, and bound,
 //! rebound or unbound in the datapath (see [`crate::state::State::apply_pppoe`]). Polled
 //! because the kernel announces no session change: pppd can set the session up again under a
 //! new ID while `ppp0` stays (`demand`, `persist`). Nothing is read while no PPP device is
@@ -16,7 +17,8 @@ use crate::{
 };
 
 /// How often the sessions are read: how long the fast path may keep sending into a session
-/// pppd has replaced (the access concentrator drops those frames) before it follows.
+/// pppd has replaced (the access concentrator drops those frames) before it follows, or
+/// carrying packets around a PPP compressor that has started.
 pub const POLL: Duration = Duration::from_secs(2);
 
 /// Reads and applies the sessions every [`POLL`] and on request, forever.
