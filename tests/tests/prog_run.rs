@@ -17,7 +17,7 @@ use aya::programs::Xdp;
 use xdp_router_common::{
     FIB_LOOKUP_DIRECT, FLOW_DSCP_KNOWN, FLOW_TTL_KNOWN, FibCache, IFACE_F_BRIDGE,
     IFACE_F_EGRESS_HOOK, IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT,
-    IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED, PROG_NAME, Reason, stats_index,
+    IFACE_F_PORT_NOT_FORWARDING, IFACE_F_PPP_CCP, IFACE_F_SHAPED, PROG_NAME, Reason, stats_index,
 };
 use xdp_router_tests::{
     fixture_net::{
@@ -1431,9 +1431,28 @@ fn pppoe_cases(b: &Bed, c: &mut Vec<Case>) {
         m(),
         Reason::PassPppoeNotIp,
     ));
-    c.push(on_lower(
-        "pppoe: compressed datagram (CCP) on the session",
+    let mut ccp_pass = |name: &str, frame: Vec<u8>, setup: Setup| {
+        c.push(on_lower(name, frame, setup, Reason::PassPppoeCcp))
+    };
+    // CCP runs on the session (compression, MPPE): see `ccp_seen_on_a_session_stops_its_fast_path`.
+    ccp_pass(
+        "pppoe: compressed datagram from the peer",
         patched(20, &0x00fdu16.to_be_bytes()),
+        m(),
+    );
+    ccp_pass(
+        "pppoe: CCP Configure-Ack from the peer",
+        patched(20, &[0x80, 0xfd, 0x02]),
+        m(),
+    );
+    ccp_pass(
+        "pppoe: IP datagram on a session where CCP was seen",
+        r4s.clone(),
+        m().with_iface_flags(b.wan, IFACE_F_PPP_CCP),
+    );
+    c.push(on_lower(
+        "pppoe: CCP Configure-Request from the peer (our pppd may reject it)",
+        patched(20, &[0x80, 0xfd, 0x01]),
         m(),
         Reason::PassPppoeNotIp,
     ));
@@ -1526,6 +1545,11 @@ fn pppoe_cases(b: &Bed, c: &mut Vec<Case>) {
             "pppoe egress: lower device not a redirect target",
             o().without_tx_port(b.mtu),
             Reason::PassEgressNotManaged,
+        ),
+        (
+            "pppoe egress: CCP seen on the session",
+            o().with_iface_flags(b.wan, IFACE_F_PPP_CCP),
+            Reason::PassPppoeCcp,
         ),
         (
             "pppoe egress: lower device is a bridge port",
@@ -2210,6 +2234,88 @@ fn fib_flags_direct_skips_policy_rules() {
                 (case.name.clone(), check_case(prog, &mut maps, case))
             })
             .collect::<Vec<_>>()
+    });
+    assert_all_ok(&results);
+}
+
+/// CCP seen on a PPPoE session stops its fast path: the peer's compressed datagram (or CCP
+/// Configure-Ack) is passed and marks the PPP device (`IFACE_F_PPP_CCP`), after which the
+/// session's IP datagrams, which were forwarded before, are passed too. Negative control: the
+/// same IP datagram after a frame that is not CCP (LCP) is still forwarded.
+#[test]
+fn ccp_seen_on_a_session_stops_its_fast_path() {
+    if !require_root("prog_run::ccp_seen_on_a_session_stops_its_fast_path") {
+        return;
+    }
+    let router = Netns::new("dpc");
+    let hosts = Netns::new("dpch");
+    build_topology(&router, &hosts);
+    let results = router.run(|| {
+        let b = Bed::here();
+        let (server4, router4, client4) = (v4("198.18.0.7"), v4("198.51.100.1"), v4("192.0.2.10"));
+        let r4 = Spec {
+            eth_src: MTU_PEER_MAC,
+            eth_dst: MTU_MAC,
+            ..wan_pkt(server4, router4, 61_000, Transport::Tcp(ACK | PSH))
+        };
+        let setup = Setup::managed(
+            &b,
+            vec![flow(b.wan, &r4, (server4, 443), (client4, 40_000), true)],
+        )
+        .with_pppoe(b.wan, b.mtu, 0x1234, MTU_PEER_MAC, true);
+        let ip = with_pppoe(&r4.frame(), 0x1234);
+        let with_proto = |bytes: &[u8]| {
+            let mut f = ip.clone();
+            f[20..20 + bytes.len()].copy_from_slice(bytes);
+            f
+        };
+        let (ebpf, mut maps) = load();
+        let prog: &Xdp = ebpf
+            .program(PROG_NAME)
+            .expect("program present")
+            .try_into()
+            .expect("XDP program");
+        let mut results = Vec::new();
+        for (name, first, want_flag, want_verdict) in [
+            (
+                "after LCP (control)",
+                with_proto(&[0xc0, 0x21, 0x09]),
+                false,
+                XDP_REDIRECT,
+            ),
+            (
+                "after a compressed datagram",
+                with_proto(&[0x00, 0xfd]),
+                true,
+                XDP_PASS,
+            ),
+            (
+                "after a CCP Configure-Ack",
+                with_proto(&[0x80, 0xfd, 0x02]),
+                true,
+                XDP_PASS,
+            ),
+        ] {
+            maps.apply(&setup);
+            let (v0, _) = run(prog, &first, b.mtu);
+            let flags = maps.ifaces.get(&b.wan, 0).expect("ppp entry").flags;
+            let (v1, _) = run(prog, &ip, b.mtu);
+            let ok =
+                v0 == XDP_PASS && (flags & IFACE_F_PPP_CCP != 0) == want_flag && v1 == want_verdict;
+            results.push((
+                format!("IP datagram {name}"),
+                if ok {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "first frame verdict {v0}, IFACE_F_PPP_CCP {}, then IP datagram \
+                         verdict {v1} (want {want_verdict})",
+                        flags & IFACE_F_PPP_CCP != 0
+                    ))
+                },
+            ));
+        }
+        results
     });
     assert_all_ok(&results);
 }

@@ -354,6 +354,13 @@ pub const IFACE_F_PPPOE: u32 = 1 << 12;
 /// config itself): what it receives outside the sessions goes to the kernel
 /// (`Reason::PassPppoeLowerOther`).
 pub const IFACE_F_PPPOE_LOWER: u32 = 1 << 13;
+/// Set by the datapath on a PPPoE device when the access concentrator sends a compressed (or
+/// MPPE-encrypted) datagram on the session or acknowledges a CCP option: CCP runs there, and
+/// the kernel's compressor, decompressor or encryption keeps state across packets (and MPPE
+/// requires every packet encrypted), so from then on nothing of the session is forwarded in
+/// XDP, either way (`Reason::PassPppoeCcp`). The daemon keeps the bit and clears it only when
+/// it binds a session anew.
+pub const IFACE_F_PPP_CCP: u32 = 1 << 14;
 
 /// Value of [`MAP_IFACES`], keyed by ifindex (host order): a managed interface.
 #[repr(C)]

@@ -59,6 +59,12 @@ pub const PPPOE_VER_TYPE: u8 = 0x11;
 pub const PPP_IP: u16 = 0x0021;
 /// PPP protocol number of IPv6.
 pub const PPP_IPV6: u16 = 0x0057;
+/// PPP protocol number of a compressed (or MPPE-encrypted) datagram.
+pub const PPP_COMP: u16 = 0x00fd;
+/// PPP protocol number of CCP (Compression Control Protocol).
+pub const PPP_CCP: u16 = 0x80fd;
+/// CCP code (the first byte of a CCP packet) of Configure-Ack.
+pub const CCP_CONFACK: u8 = 2;
 
 /// The fields of a PPPoE session header and the PPP protocol after it (host order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -116,11 +116,16 @@ pub enum Reason {
     /// A frame that is not a PPPoE session frame on a device managed only as the lower
     /// device of PPPoE sessions (discovery, other traffic): the kernel handles it.
     PassPppoeLowerOther = 40,
+    /// A frame of a PPPoE session on which CCP runs (PPP compression or MPPE encryption: the
+    /// datapath saw the access concentrator send a compressed datagram or acknowledge a CCP
+    /// option, `IFACE_F_PPP_CCP`), or a packet routed into it: the kernel's compressor,
+    /// decompressor or encryption must see every packet.
+    PassPppoeCcp = 41,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 41;
+    pub const COUNT: u32 = 42;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -165,6 +170,7 @@ impl Reason {
         Reason::PassPppoeUnknownSession,
         Reason::PassPppoeNotIp,
         Reason::PassPppoeLowerOther,
+        Reason::PassPppoeCcp,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -211,6 +217,7 @@ impl Reason {
             Reason::PassPppoeUnknownSession => "pppoe_unknown_session",
             Reason::PassPppoeNotIp => "pppoe_not_ip",
             Reason::PassPppoeLowerOther => "pppoe_lower_other",
+            Reason::PassPppoeCcp => "pppoe_ccp",
         }
     }
 

@@ -8,13 +8,13 @@
 //! fast path does the same for the sessions the daemon lists in `PPPOE`, and leaves everything
 //! else (discovery, LCP, IPCP, CCP, other sessions) to the kernel.
 
-use core::mem::transmute;
+use core::{mem::transmute, ptr::addr_of_mut};
 
 use aya_ebpf::programs::XdpContext;
 use xdp_router_common::{
-    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_NO_XDP_XMIT, IFACE_F_PPPOE, IFACE_F_VLAN,
-    IfaceInfo, PppoeKey, Reason,
-    parse::{L3, PppoeFields, check_pppoe},
+    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_NO_XDP_XMIT, IFACE_F_PPP_CCP, IFACE_F_PPPOE,
+    IFACE_F_VLAN, IfaceInfo, PppoeKey, Reason,
+    parse::{CCP_CONFACK, L3, PPP_CCP, PPP_COMP, PPPOE_HLEN, PppoeFields, check_pppoe},
 };
 
 use crate::{
@@ -60,7 +60,7 @@ pub fn session(ctx: &XdpContext, lower: u32, at: usize, src: [u8; 6]) -> Result<
     let Some(&ifindex) = (unsafe { PPPOE.get(key) }) else {
         return Err(Reason::PassPppoeUnknownSession);
     };
-    let Some(info) = IFACES.get_ptr(ifindex) else {
+    let Some(info) = IFACES.get_ptr_mut(ifindex) else {
         return Err(Reason::PassPppoeUnknownSession);
     };
     // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
@@ -70,12 +70,29 @@ pub fn session(ctx: &XdpContext, lower: u32, at: usize, src: [u8; 6]) -> Result<
     if flags & IFACE_F_PPPOE == 0 || mac_words(src) != mac_words(peer) {
         return Err(Reason::PassPppoeUnknownSession);
     }
+    if flags & IFACE_F_PPP_CCP != 0 {
+        return Err(Reason::PassPppoeCcp);
+    }
+    let proto = u16::from_be(proto_be);
+    // The peer compresses (or encrypts) what it sends, or accepts what we asked for: CCP
+    // runs on the session. Recorded for the PPP device (both directions), before the
+    // connections it carries can be offloaded: their replies arrive compressed.
+    if proto == PPP_COMP || (proto == PPP_CCP && ccp_code(ctx, at + PPPOE_HLEN)? == CCP_CONFACK) {
+        // SAFETY: a map value pointer returned by the kernel; a plain read-modify-write: the
+        // daemon keeps the bit when it rewrites the entry, and the peer's next compressed
+        // datagram sets it again should a concurrent rewrite have lost it.
+        unsafe {
+            let f = addr_of_mut!((*info).flags);
+            f.write_volatile(f.read_volatile() | IFACE_F_PPP_CCP);
+        }
+        return Err(Reason::PassPppoeCcp);
+    }
     let frame = ctx.data_end() - ctx.data();
     let (l3, ip_len_max) = check_pppoe(&PppoeFields {
         ver_type,
         code,
         length: u16::from_be(length_be),
-        proto: u16::from_be(proto_be),
+        proto,
         // After the 6 bytes before the PPP protocol field; ptr_at_mut checked that the
         // whole header is inside the frame.
         available: frame - at - 6,
@@ -86,6 +103,14 @@ pub fn session(ctx: &XdpContext, lower: u32, at: usize, src: [u8; 6]) -> Result<
         l3,
         ip_len_max,
     })
+}
+
+/// The code of the CCP packet at `at`.
+#[inline(always)]
+fn ccp_code(ctx: &XdpContext, at: usize) -> Result<u8, Reason> {
+    let code: *mut u8 = ptr_at_mut(ctx, at)?;
+    // SAFETY: bounds checked by ptr_at_mut.
+    Ok(unsafe { *code })
 }
 
 /// The device a packet routed out of the PPPoE device `info` (flags `flags`) is sent from,
@@ -102,6 +127,10 @@ pub fn lower(
     // The kernel sends a packet routed out of ppp0 through ppp0 (its qdisc, its egress
     // hooks), then encapsulated out of the lower device; ppp0 transmits nothing itself.
     check_egress(flags & !IFACE_F_NO_XDP_XMIT)?;
+    if flags & IFACE_F_PPP_CCP != 0 {
+        // The kernel's compressor or encryption must see what goes into the session.
+        return Err(Reason::PassPppoeCcp);
+    }
     // SAFETY: map value pointer from the kernel.
     let (lower, sid_be, smac, peer) = unsafe {
         (

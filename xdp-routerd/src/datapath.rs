@@ -23,8 +23,8 @@ use tracing::{debug, error, info, warn};
 use xdp_router_common::{
     ARM_L3_PROG_NAME, ARM_PROG_NAME, ArmKeyV4, ArmKeyV6, Counter, FdbKey, FlowKeyV4, FlowKeyV6,
     FlowV4, FlowV6, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT,
-    IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo,
-    MAP_ACTIVE_V4, MAP_ACTIVE_V6, MAP_ARM_V4, MAP_ARM_V6, MAP_BRIDGE_FDB, MAP_FLOWS_V4,
+    IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN, IFACE_F_VLAN_PARENT,
+    IfaceInfo, MAP_ACTIVE_V4, MAP_ACTIVE_V6, MAP_ARM_V4, MAP_ARM_V6, MAP_BRIDGE_FDB, MAP_FLOWS_V4,
     MAP_FLOWS_V6, MAP_IFACES, MAP_PPPOE, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAP_VLANS,
     MAX_IFACE_SLOTS, PROG_NAME, PppoeKey, Reason, SETTINGS_F_FIB_MARK, Settings, VlanKey,
     stats_index,
@@ -242,13 +242,15 @@ fn insert_batch<K: aya::Pod, V: aya::Pod>(
 }
 
 /// The `IFACE_F_*` bits the datapath owns, kept when the state rewrites an interface's flags:
-/// what the interface is, and whether the program runs on it in generic mode.
+/// what the interface is, whether the program runs on it in generic mode, and whether the XDP
+/// program saw CCP run on its PPPoE session.
 const DATAPATH_FLAGS: u32 = IFACE_F_BRIDGE
     | IFACE_F_BRIDGE_PORT
     | IFACE_F_VLAN
     | IFACE_F_VLAN_PARENT
     | IFACE_F_PPPOE
     | IFACE_F_PPPOE_LOWER
+    | IFACE_F_PPP_CCP
     | IFACE_F_GENERIC_XDP;
 
 /// The `BRIDGE_FDB` key of `mac` behind `bridge`.
@@ -602,7 +604,8 @@ impl Datapath {
         // The PPP device's entry without a session: its packets go to the kernel.
         let unbound = |i: IfaceInfo| IfaceInfo {
             slot: i.slot,
-            flags: i.flags & !IFACE_F_PPPOE,
+            // CCP seen (by the datapath) belongs to the session that goes.
+            flags: i.flags & !(IFACE_F_PPPOE | IFACE_F_PPP_CCP),
             ..IfaceInfo::default()
         };
         if let Some(key) = old {
