@@ -22,8 +22,8 @@ use std::{
 use xdp_router_tests::{
     netns::Netns,
     testbed::{
-        HOST_IF, LAN_IF, Plan, ROUTER_WAN_V4, ROUTER_WAN_V6, Status, TempDir, Testbed, Transfer,
-        UdpEcho, WAN_HOST_V4, WAN_HOST_V6, WAN_IF, any_v4, any_v6,
+        HOST_IF, LAN_IF, Plan, ROUTER_LAN_V4, ROUTER_LAN_V6, ROUTER_WAN_V4, ROUTER_WAN_V6, Status,
+        TempDir, Testbed, Transfer, UdpEcho, WAN_HOST_V4, WAN_HOST_V6, WAN_IF, any_v4, any_v6,
         assert_encapsulated_wan_left_to_kernel, assert_intact, measure_udp, offload_udp_family,
         ready, udp_and_tcp_are_intact, udp_socket, wait_until, wan_lan_interfaces, wan_v4, wan_v6,
     },
@@ -258,10 +258,11 @@ fn pppoe_testbed(tag: &str, vlan: Option<u16>, ccp: Ccp) -> (Testbed, Session) {
 /// /proc/net/pppoe; UDP over IPv4 and IPv6 and a 2 MiB TCP transfer are forwarded by XDP on
 /// eth0 both ways, and the negative control (fast path off) sends the same exchanges through
 /// netfilter.
-fn ppp_traffic_is_fast_pathed(tb: &mut Testbed, lower: &str) {
+fn ppp_traffic_is_fast_pathed(tb: &mut Testbed, lower: &str, lan: &str) {
     tb.start_daemon_config(&format!(
-        "xdp_mode = \"native\"\n{}",
-        wan_lan_interfaces(PPP_IF)
+        "xdp_mode = \"native\"\n\
+         [[interface]]\nname = \"{PPP_IF}\"\nrole = \"wan\"\n\
+         [[interface]]\nname = \"{lan}\"\nrole = \"lan\"\n"
     ));
     let st = tb.daemon().status();
     let encap = |name: &str| {
@@ -376,7 +377,7 @@ fn wan_as_ppp_device_is_fast_pathed() {
         return;
     }
     let (mut tb, _session) = pppoe_testbed("pd", None, Ccp::Off);
-    ppp_traffic_is_fast_pathed(&mut tb, WAN_IF);
+    ppp_traffic_is_fast_pathed(&mut tb, WAN_IF, LAN_IF);
 }
 
 /// PPPoE over VLAN 7 on the Ethernet port (many fiber ISPs): tag and session header popped
@@ -388,7 +389,40 @@ fn wan_as_ppp_device_over_vlan_is_fast_pathed() {
         return;
     }
     let (mut tb, _session) = pppoe_testbed("pv", Some(7), Ccp::Off);
-    ppp_traffic_is_fast_pathed(&mut tb, &format!("{WAN_IF}.7"));
+    ppp_traffic_is_fast_pathed(&mut tb, &format!("{WAN_IF}.7"), LAN_IF);
+}
+
+/// The README's home router: the LAN a bridge (`br-lan`, the LAN host behind its port eth1),
+/// the WAN PPPoE over VLAN 7, the config naming `br-lan` and `ppp0` only. From the port into
+/// the tagged session and back, both families, counted on the port (where XDP runs) and on
+/// ppp0.
+#[test]
+#[ignore = "needs the pppoe and 8021q modules: cargo xtask test runs it in a Debian-kernel guest"]
+fn home_router_bridged_lan_and_ppp_over_vlan_is_fast_pathed() {
+    if !ready("home_router_bridged_lan_and_ppp_over_vlan_is_fast_pathed") {
+        return;
+    }
+    let (mut tb, _session) = pppoe_testbed("ph", Some(7), Ccp::Off);
+    // The LAN port becomes br-lan's; the router's LAN addresses and MAC move to the bridge.
+    tb.router.sh(&format!(
+        "mac=$(cat /sys/class/net/{LAN_IF}/address)
+         ip link add br-lan type bridge
+         ip link set br-lan address $mac
+         ip addr flush dev {LAN_IF} scope global
+         ip link set {LAN_IF} master br-lan
+         ip addr add {ROUTER_LAN_V4}/24 dev br-lan
+         ip addr add {ROUTER_LAN_V6}/64 dev br-lan nodad
+         ip link set br-lan up
+         for t in iptables ip6tables; do
+           $t -w -A FORWARD -i br-lan -o {PPP_IF} -j ACCEPT
+         done"
+    ));
+    tb.lan.sh(&format!(
+        "for i in 1 2 3 4 5; do ping -c1 -W1 {WAN_HOST_V4} >/dev/null && break; done
+         for i in 1 2 3 4 5; do ping -6 -c1 -W1 {WAN_HOST_V6} >/dev/null && exit 0; done
+         echo 'no path LAN -> WAN through br-lan' >&2; exit 1"
+    ));
+    ppp_traffic_is_fast_pathed(&mut tb, &format!("{WAN_IF}.7"), "br-lan");
 }
 
 /// The WAN named as the Ethernet port under the session (`name = "eth0"`): session frames of
