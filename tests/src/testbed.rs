@@ -1443,6 +1443,20 @@ pub const PING_TICK: Duration = Duration::from_millis(20);
 /// directions), 8 s at most: conntrack marks UDP ASSURED only after 2 s with replies. Every
 /// datagram must come back while it waits.
 pub fn offload_udp(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
+    ping_until(tb, sock, server, seq, |st| {
+        st.conntrack.offloaded == 1 && st.flows.ipv4 + st.flows.ipv6 == 2
+    });
+}
+
+/// Ping-pongs on `sock` until `done` holds for the daemon's status, 8 s at most; every
+/// datagram must come back while it waits.
+fn ping_until(
+    tb: &Testbed,
+    sock: &UdpSocket,
+    server: SocketAddr,
+    seq: &mut u64,
+    done: impl Fn(&Status) -> bool,
+) {
     let deadline = Instant::now() + Duration::from_secs(8);
     loop {
         let pp = ping_pong(sock, server, *seq, 10, PING_DGRAM, PING_TICK);
@@ -1453,16 +1467,17 @@ pub fn offload_udp(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut
             "before offload: {pp:?}"
         );
         let st = tb.daemon().status();
-        if st.conntrack.offloaded == 1 && st.flows.ipv4 + st.flows.ipv6 == 2 {
+        if done(&st) {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "UDP to {server} not offloaded within 8 s: {:?} {:?}\nconntrack:\n{}\nflows: {}",
+            "UDP to {server} not offloaded within 8 s: {:?} {:?}\nconntrack:\n{}\nflows: {}\n{}",
             st.flows,
             st.conntrack,
             tb.router.exec_ok("conntrack", &["-L", "-p", "udp"]),
-            tb.daemon().flows_json()
+            tb.daemon().flows_json(),
+            tb.daemon().log_tail()
         );
     }
 }
@@ -1605,32 +1620,10 @@ pub fn udp_and_tcp_are_intact(tb: &Testbed, port: u16, what: &str) -> (Status, S
 /// Ping-pongs from `sock` until the daemon has the connection to `server` offloaded (both
 /// directions in the flow map of its family; 8 s at most).
 pub fn offload_udp_family(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
-    let deadline = Instant::now() + Duration::from_secs(8);
-    loop {
-        let pp = ping_pong(sock, server, *seq, 10, PING_DGRAM, PING_TICK);
-        *seq += pp.sent;
-        assert_eq!(
-            (pp.good, pp.lost, pp.corrupt),
-            (pp.sent, 0, 0),
-            "before offload: {pp:?}"
-        );
-        let st = tb.daemon().status();
-        let dirs = if server.is_ipv6() {
-            st.flows.ipv6
-        } else {
-            st.flows.ipv4
-        };
-        if dirs >= 2 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "UDP to {server} not offloaded within 8 s: {:?} {:?}\n{}",
-            st.flows,
-            st.conntrack,
-            tb.daemon().log_tail()
-        );
-    }
+    let v6 = server.is_ipv6();
+    ping_until(tb, sock, server, seq, |st| {
+        (if v6 { st.flows.ipv6 } else { st.flows.ipv4 }) >= 2
+    });
 }
 
 /// What one measured exchange did.
@@ -1678,6 +1671,97 @@ pub fn measure_udp(
         wire_wan: after.rx_wan_since(&before),
         established: after.established_since(&before, server.is_ipv6()),
     }
+}
+
+/// UDP over IPv4 and IPv6 (servers on `port` and `port + 1`) and a 2 MiB TCP transfer over
+/// IPv4 (`port + 3`) from the LAN host to the WAN host through a WAN that encapsulates (a VLAN,
+/// a PPPoE session; `what` names it in the printed lines): the LAN side's packets are counted
+/// on `lan` (where XDP runs: the LAN device or bridge port), the replies on `wan` (the device
+/// the kernel sees them arrive on). Every datagram is fast-pathed both ways with netfilter's
+/// ESTABLISHED rule not rising, then the negative control (fast path off) sends the same
+/// exchange through netfilter; TCP arrives intact, masqueraded, fast-pathed both ways.
+pub fn traffic_is_fast_pathed(tb: &Testbed, port: u16, lan: &str, wan: &str, what: &str) {
+    for (server, sock) in [
+        (wan_v4(port), udp_socket(&tb.lan, any_v4(), 64)),
+        (wan_v6(port + 1), udp_socket(&tb.lan, any_v6(), 64)),
+    ] {
+        let echo = UdpEcho::start(&tb.wan, server);
+        let mut seq = 0;
+        offload_udp_family(tb, &sock, server, &mut seq);
+        let m = measure_udp(tb, &sock, server, &mut seq, lan, wan);
+        println!(
+            "{server} {what}: {} datagrams each way; XDP forwarded {} original (on {lan}), {} \
+             reply (on {wan}); wire packets {} on {LAN_IF}, {} on {WAN_IF}: fast-path share \
+             {:.0} % / {:.0} %; FORWARD ESTABLISHED +{}",
+            m.sent,
+            m.orig,
+            m.reply,
+            m.wire_lan,
+            m.wire_wan,
+            100.0 * m.orig as f64 / m.wire_lan.max(1) as f64,
+            100.0 * m.reply as f64 / m.wire_wan.max(1) as f64,
+            m.established
+        );
+        assert_eq!(
+            (m.orig, m.reply),
+            (m.sent, m.sent),
+            "every datagram fast-pathed both ways"
+        );
+        assert!(
+            m.wire_wan >= m.sent && m.wire_lan >= m.sent,
+            "fewer wire packets than datagrams: GRO on the router's veths?"
+        );
+        assert!(
+            m.established <= 2,
+            "netfilter saw {} packets of the offloaded flow",
+            m.established
+        );
+
+        // Negative control: the fast path off, the same exchange goes through netfilter.
+        tb.daemon().set_fastpath(false);
+        let off = measure_udp(tb, &sock, server, &mut seq, lan, wan);
+        tb.daemon().set_fastpath(true);
+        println!(
+            "{server} {what}, fast path off: XDP forwarded {} original, {} reply; FORWARD \
+             ESTABLISHED +{} for {} datagrams each way",
+            off.orig, off.reply, off.established, off.sent
+        );
+        assert_eq!((off.orig, off.reply), (0, 0), "fast path off");
+        assert!(
+            off.established >= 2 * off.sent,
+            "with the fast path off netfilter must see every packet: +{}",
+            off.established
+        );
+        assert_eq!(echo.finish().corrupt, 0);
+    }
+
+    // TCP: a 2 MiB transfer, intact and masqueraded; most of it fast-pathed once established.
+    let before = tb.snapshot();
+    let r = Transfer::start(
+        tb,
+        wan_v4(port + 3),
+        Plan {
+            bytes: 2 << 20,
+            rate: None,
+        },
+    )
+    .finish();
+    let after = tb.snapshot();
+    assert_intact(&r);
+    assert_eq!(r.peer.ip(), IpAddr::from(ROUTER_WAN_V4), "not masqueraded");
+    let orig = after.packets_since(&before, lan, "forwarded_original");
+    let reply = after.packets_since(&before, wan, "forwarded_reply");
+    let wire = after.rx_lan_since(&before) + after.rx_wan_since(&before);
+    println!(
+        "TCP 2 MiB {what}: XDP forwarded {orig} original + {reply} reply of {wire} \
+         wire packets ({:.0} %), FORWARD ESTABLISHED +{}",
+        100.0 * (orig + reply) as f64 / wire.max(1) as f64,
+        after.established_since(&before, false)
+    );
+    assert!(
+        orig > 0 && reply > 0,
+        "TCP not fast-pathed both ways {what}: {orig} original, {reply} reply"
+    );
 }
 
 #[cfg(test)]

@@ -1190,40 +1190,13 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
     };
     let o = || orig(Setup::managed(b, Vec::new()));
     let o4f = o4.frame();
-    for (name, setup, r) in [
-        (
-            "vlan egress: VLAN device shaped",
-            o().with_iface_flags(b.wan, IFACE_F_SHAPED),
-            Reason::PassEgressShaped,
-        ),
-        (
-            "vlan egress: parent shaped",
-            o().with_iface_flags(b.mtu, IFACE_F_SHAPED),
-            Reason::PassEgressShaped,
-        ),
-        (
-            "vlan egress: egress hook on the VLAN device",
-            o().with_iface_flags(b.wan, IFACE_F_EGRESS_HOOK),
-            Reason::PassEgressHook,
-        ),
-        (
-            "vlan egress: parent cannot transmit XDP frames",
-            o().with_iface_flags(b.mtu, IFACE_F_NO_XDP_XMIT),
-            Reason::PassEgressNoXdpXmit,
-        ),
-        (
-            "vlan egress: parent not managed",
-            o().without_iface(b.mtu),
-            Reason::PassEgressNotManaged,
-        ),
-        (
-            "vlan egress: parent not a redirect target",
-            o().without_tx_port(b.mtu),
-            Reason::PassEgressNotManaged,
-        ),
-    ] {
-        c.push(pass(b, name, b.lan, o4f.clone(), setup, r));
-    }
+    c.extend(lower_egress_cases(
+        b,
+        "vlan egress",
+        ("VLAN device", "parent"),
+        o,
+        &o4f,
+    ));
     // The FIB routes out of the parent itself, which is managed only for its VLANs.
     let to_parent = lan_pkt(client4, v4("203.0.113.130"), tcp, 100);
     c.push(pass(
@@ -1234,6 +1207,62 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
         wan7(Setup::managed(b, vec![routed(b.lan, &to_parent, false)])),
         Reason::PassEgressNotManaged,
     ));
+}
+
+/// Egress through a device that transmits through another (`wan0`, a VLAN or PPP device, over
+/// `mtu0`, its parent or lower device; `names` says which): the device's own egress and the
+/// other's must both allow a redirect. `setup` routes `frame` (from the LAN) out of `wan0`.
+fn lower_egress_cases(
+    b: &Bed,
+    prefix: &str,
+    (device, lower): (&str, &str),
+    setup: impl Fn() -> Setup,
+    frame: &[u8],
+) -> Vec<Case> {
+    [
+        (
+            format!("{device} shaped"),
+            setup().with_iface_flags(b.wan, IFACE_F_SHAPED),
+            Reason::PassEgressShaped,
+        ),
+        (
+            format!("{lower} shaped"),
+            setup().with_iface_flags(b.mtu, IFACE_F_SHAPED),
+            Reason::PassEgressShaped,
+        ),
+        (
+            format!("egress hook on the {device}"),
+            setup().with_iface_flags(b.wan, IFACE_F_EGRESS_HOOK),
+            Reason::PassEgressHook,
+        ),
+        (
+            format!("{lower} cannot transmit XDP frames"),
+            setup().with_iface_flags(b.mtu, IFACE_F_NO_XDP_XMIT),
+            Reason::PassEgressNoXdpXmit,
+        ),
+        (
+            format!("{lower} not managed"),
+            setup().without_iface(b.mtu),
+            Reason::PassEgressNotManaged,
+        ),
+        (
+            format!("{lower} not a redirect target"),
+            setup().without_tx_port(b.mtu),
+            Reason::PassEgressNotManaged,
+        ),
+    ]
+    .into_iter()
+    .map(|(what, setup, r)| {
+        pass(
+            b,
+            &format!("{prefix}: {what}"),
+            b.lan,
+            frame.to_vec(),
+            setup,
+            r,
+        )
+    })
+    .collect()
 }
 
 /// PPPoE WAN. `wan0` stands in for the PPP device (`ppp0`: this kernel has no pppoe module,
@@ -1515,37 +1544,14 @@ fn pppoe_cases(b: &Bed, c: &mut Vec<Case>) {
         ))
     };
     let o4f = o4.frame();
+    c.extend(lower_egress_cases(
+        b,
+        "pppoe egress",
+        ("PPP device", "lower device"),
+        o,
+        &o4f,
+    ));
     for (name, setup, r) in [
-        (
-            "pppoe egress: PPP device shaped",
-            o().with_iface_flags(b.wan, IFACE_F_SHAPED),
-            Reason::PassEgressShaped,
-        ),
-        (
-            "pppoe egress: lower device shaped",
-            o().with_iface_flags(b.mtu, IFACE_F_SHAPED),
-            Reason::PassEgressShaped,
-        ),
-        (
-            "pppoe egress: egress hook on the PPP device",
-            o().with_iface_flags(b.wan, IFACE_F_EGRESS_HOOK),
-            Reason::PassEgressHook,
-        ),
-        (
-            "pppoe egress: lower device cannot transmit XDP frames",
-            o().with_iface_flags(b.mtu, IFACE_F_NO_XDP_XMIT),
-            Reason::PassEgressNoXdpXmit,
-        ),
-        (
-            "pppoe egress: lower device not managed",
-            o().without_iface(b.mtu),
-            Reason::PassEgressNotManaged,
-        ),
-        (
-            "pppoe egress: lower device not a redirect target",
-            o().without_tx_port(b.mtu),
-            Reason::PassEgressNotManaged,
-        ),
         (
             "pppoe egress: CCP seen on the session",
             o().with_iface_flags(b.wan, IFACE_F_PPP_CCP),

@@ -15,11 +15,10 @@ use std::net::IpAddr;
 use xdp_router_tests::{
     netns::Netns,
     testbed::{
-        HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, Plan, ROUTER_LAN_V4, ROUTER_LAN_V6,
-        ROUTER_WAN_V4, ROUTER_WAN_V6, Testbed, Transfer, UdpEcho, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
-        any_v4, any_v6, assert_encapsulated_wan_left_to_kernel, assert_intact, measure_udp,
-        offload_udp_family, ready, route_wan_through, udp_and_tcp_are_intact, udp_socket,
-        wan_lan_interfaces, wan_v4, wan_v6,
+        HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, ROUTER_LAN_V4, ROUTER_LAN_V6, ROUTER_WAN_V4,
+        ROUTER_WAN_V6, Testbed, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
+        assert_encapsulated_wan_left_to_kernel, ready, route_wan_through, traffic_is_fast_pathed,
+        udp_and_tcp_are_intact, wan_lan_interfaces,
     },
 };
 
@@ -129,88 +128,7 @@ fn vlan_traffic_is_fast_pathed(tb: &mut Testbed, lan: &str) {
         Some(format!("parent of {wan_vlan}").as_str())
     );
 
-    for (server, sock) in [
-        (wan_v4(6200), udp_socket(&tb.lan, any_v4(), 64)),
-        (wan_v6(6201), udp_socket(&tb.lan, any_v6(), 64)),
-    ] {
-        let echo = UdpEcho::start(&tb.wan, server);
-        let mut seq = 0;
-        offload_udp_family(tb, &sock, server, &mut seq);
-        let m = measure_udp(tb, &sock, server, &mut seq, lan, &wan_vlan);
-        println!(
-            "{server} over VLAN {VID}: {} datagrams each way; XDP forwarded {} original (on \
-             {lan}, tagged out of {WAN_IF}), {} reply (tagged on {WAN_IF}, popped); wire \
-             packets {} on {LAN_IF}, {} on {WAN_IF}: fast-path share {:.0} % / {:.0} %; \
-             FORWARD ESTABLISHED +{}",
-            m.sent,
-            m.orig,
-            m.reply,
-            m.wire_lan,
-            m.wire_wan,
-            100.0 * m.orig as f64 / m.wire_lan.max(1) as f64,
-            100.0 * m.reply as f64 / m.wire_wan.max(1) as f64,
-            m.established
-        );
-        assert_eq!(
-            (m.orig, m.reply),
-            (m.sent, m.sent),
-            "every datagram fast-pathed both ways"
-        );
-        assert!(
-            m.wire_wan >= m.sent && m.wire_lan >= m.sent,
-            "fewer wire packets than datagrams: GRO on the router's veths?"
-        );
-        assert!(
-            m.established <= 2,
-            "netfilter saw {} packets of the offloaded flow",
-            m.established
-        );
-
-        // Negative control: the fast path off, the same exchange goes through netfilter.
-        tb.daemon().set_fastpath(false);
-        let off = measure_udp(tb, &sock, server, &mut seq, lan, &wan_vlan);
-        tb.daemon().set_fastpath(true);
-        println!(
-            "{server}, fast path off: XDP forwarded {} original, {} reply; FORWARD \
-             ESTABLISHED +{} for {} datagrams each way",
-            off.orig, off.reply, off.established, off.sent
-        );
-        assert_eq!((off.orig, off.reply), (0, 0), "fast path off");
-        assert!(
-            off.established >= 2 * off.sent,
-            "with the fast path off netfilter must see every packet: +{}",
-            off.established
-        );
-        assert_eq!(echo.finish().corrupt, 0);
-    }
-
-    // TCP: a 2 MiB transfer, intact and masqueraded; most of it fast-pathed once established.
-    let before = tb.snapshot();
-    let r = Transfer::start(
-        tb,
-        wan_v4(6210),
-        Plan {
-            bytes: 2 << 20,
-            rate: None,
-        },
-    )
-    .finish();
-    let after = tb.snapshot();
-    assert_intact(&r);
-    assert_eq!(r.peer.ip(), IpAddr::from(ROUTER_WAN_V4), "not masqueraded");
-    let orig = after.packets_since(&before, lan, "forwarded_original");
-    let reply = after.packets_since(&before, &wan_vlan, "forwarded_reply");
-    let wire = after.rx_lan_since(&before) + after.rx_wan_since(&before);
-    println!(
-        "TCP 2 MiB over VLAN {VID}: XDP forwarded {orig} original + {reply} reply of {wire} \
-         wire packets ({:.0} %), FORWARD ESTABLISHED +{}",
-        100.0 * (orig + reply) as f64 / wire.max(1) as f64,
-        after.established_since(&before, false)
-    );
-    assert!(
-        orig > 0 && reply > 0,
-        "TCP not fast-pathed both ways over the VLAN: {orig} original, {reply} reply"
-    );
+    traffic_is_fast_pathed(tb, 6200, lan, &wan_vlan, &format!("over VLAN {VID}"));
 }
 
 /// The WAN named as the VLAN device (`name = "eth0.7"`): established flows are forwarded by
