@@ -1074,6 +1074,50 @@ fn vlan_cases(b: &Bed, c: &mut Vec<Case>) {
         tag7,
         b,
     ));
+    // A VLAN device over a bridge port (`eth1.20`, eth1 in a bridge; here `mtu0` a port of a
+    // bridge `sub0` and `lan0` VLAN 10 on it): its tagged frames are its own, not the bridge's
+    // (they are not addressed to the bridge), and it sends tagged out of the port.
+    let on_port = |s: Setup| {
+        s.with_vlan(b.lan, b.mtu, 10, 0x8100, false)
+            .with_bridge_port(b.mtu, b.sub)
+    };
+    c.push(encap_forward(
+        "vlan on a bridge port: tagged in, out to the WAN (v4 snat original)",
+        (b.mtu, LAN_SLOT, b.lan),
+        &o4,
+        (router4, 61_000),
+        (server4, 443),
+        false,
+        to_wan,
+        on_port,
+        |f| with_vlan_tag(f, 10),
+        same,
+        b,
+    ));
+    c.push(encap_forward(
+        "vlan on a bridge port: in from the WAN, tagged out of the port (v4 reply)",
+        (b.wan, WAN_SLOT, b.wan),
+        &r4,
+        (server4, 443),
+        (client4, 40_000),
+        true,
+        to_lan,
+        on_port,
+        same,
+        |f| with_vlan_tag(f, 10),
+        b,
+    ));
+    c.push(pass(
+        b,
+        "vlan on a bridge port: another VLAN's tag, not to the bridge's MAC",
+        b.mtu,
+        with_vlan_tag(&o4.frame(), 11),
+        on_port(Setup::managed(
+            b,
+            vec![flow(b.lan, &o4, (router4, 61_000), (server4, 443), false)],
+        )),
+        Reason::PassBridged,
+    ));
     // 802.1ad, when the VLAN device is one.
     c.push(encap_forward(
         "vlan: 802.1ad tagged in, 802.1ad tagged out",

@@ -154,6 +154,72 @@ fn lan_and_wan_on_vlans_are_fast_pathed() {
     vlan_traffic_is_fast_pathed(&mut tb, &format!("{LAN_IF}.{LAN_VID}"));
 }
 
+/// A VLAN device on a bridge port: the router's LAN port eth1 is a port of br-lan (managed:
+/// the program runs on eth1 as the bridge's port) and carries VLAN 20, whose device eth1.20
+/// is the LAN the host is on (tagged). Its frames are eth1.20's, not the bridge's: fast-pathed
+/// both ways, tag popped on eth1 and pushed on the way back.
+#[test]
+#[ignore = "needs the 8021q module: cargo xtask test runs it in a Debian-kernel guest"]
+fn vlan_on_a_bridge_port_is_fast_pathed() {
+    if !ready("vlan_on_a_bridge_port_is_fast_pathed") {
+        return;
+    }
+    const GUEST_VID: u16 = 20;
+    let mut tb = Testbed::new("vb");
+    move_onto_vlan(
+        &tb.router,
+        LAN_IF,
+        GUEST_VID,
+        ROUTER_LAN_V4.into(),
+        ROUTER_LAN_V6.into(),
+    );
+    move_onto_vlan(
+        &tb.lan,
+        HOST_IF,
+        GUEST_VID,
+        LAN_HOST_V4.into(),
+        LAN_HOST_V6.into(),
+    );
+    tb.lan.sh(&format!(
+        "ip route replace default via {ROUTER_LAN_V4} dev {HOST_IF}.{GUEST_VID}
+         ip -6 route replace default via {ROUTER_LAN_V6} dev {HOST_IF}.{GUEST_VID}"
+    ));
+    tb.router.sh(&format!(
+        "ip link add br-lan type bridge
+         ip link set {LAN_IF} master br-lan
+         ip addr add 10.0.9.1/24 dev br-lan
+         ip link set br-lan up"
+    ));
+    let lan = format!("{LAN_IF}.{GUEST_VID}");
+    route_wan_through(
+        &tb,
+        &lan,
+        WAN_IF,
+        &format!("from VLAN {GUEST_VID} on a bridge port"),
+    );
+    tb.start_daemon_config(&format!(
+        "xdp_mode = \"native\"\n\
+         [[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
+         [[interface]]\nname = \"br-lan\"\nrole = \"lan\"\n\
+         [[interface]]\nname = \"{lan}\"\nrole = \"lan\"\n"
+    ));
+    let st = tb.daemon().status();
+    for name in [LAN_IF, lan.as_str(), "br-lan"] {
+        let row = st.interfaces.iter().find(|i| i.name == name);
+        println!(
+            "status: {name}: {:?}",
+            row.map(|r| (r.attach_mode.clone(), r.encap.clone()))
+        );
+    }
+    traffic_is_fast_pathed(
+        &tb,
+        6240,
+        &lan,
+        WAN_IF,
+        &format!("from VLAN {GUEST_VID} on bridge port {LAN_IF}"),
+    );
+}
+
 /// The WAN named as the Ethernet port under the VLAN (`name = "eth0"`): tagged frames of a
 /// VLAN the daemon does not manage go to the kernel (`vlan_unknown`), and connections whose
 /// path leaves through eth0.7 are not offloaded (`path_not_managed`); the kernel carries both.

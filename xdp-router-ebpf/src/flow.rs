@@ -97,7 +97,19 @@ pub fn try_forward(
     // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
     let (flags, l3_ifindex) = info.map_or((0, 0), |i| unsafe { ((*i).flags, (*i).l3_ifindex) });
     let eth: *mut EthHdr = ptr_at_mut(ctx, 0)?;
-    if flags & IFACE_F_BRIDGE_PORT != 0 {
+    // SAFETY: ptr_at_mut checked that the header is inside the frame.
+    let (ethertype, tpid_be) = unsafe { ((*eth).ethertype(), (*eth).ethertype_be) };
+    let tagged = is_vlan_tpid(ethertype);
+    let vlan = if tagged {
+        Some(vlan_device(ctx, ifindex, tpid_be))
+    } else {
+        None
+    };
+    // A frame tagged for a managed VLAN device over a bridge port (`eth1.20`, eth1 in br-lan)
+    // is that device's: the kernel hands it over before the bridge sees it (`vlan_do_receive`
+    // runs before the bridge's rx_handler).
+    let port_vlan = flags & IFACE_F_BRIDGE_PORT != 0 && matches!(vlan, Some(Ok(_)));
+    if flags & IFACE_F_BRIDGE_PORT != 0 && !port_vlan {
         // A frame on a bridge port that is not addressed to the bridge is the bridge's to
         // forward (LAN to LAN, STP, multicast, broadcast), whatever it carries.
         verify::dst_mac_is_ours(eth, info).map_err(|_| Reason::PassBridged)?;
@@ -114,23 +126,20 @@ pub fn try_forward(
             return Err(Reason::PassBridgeLearning);
         }
     }
-    // SAFETY: ptr_at_mut checked that the header is inside the frame.
-    let (ethertype, tpid_be) = unsafe { ((*eth).ethertype(), (*eth).ethertype_be) };
     // The IP layer sees a frame from a bridge port as received by the bridge: flow keys and
     // FIB lookups use the bridge's ifindex, as conntrack and the kernel's routing do.
-    let mut iif = if flags & IFACE_F_BRIDGE_PORT != 0 && l3_ifindex != 0 {
+    let mut iif = if flags & IFACE_F_BRIDGE_PORT != 0 && l3_ifindex != 0 && !port_vlan {
         l3_ifindex
     } else {
         ifindex
     };
     let mut l3_info = info;
     let mut l2 = ETH_HLEN;
-    let tagged = is_vlan_tpid(ethertype);
-    let ethertype = if tagged {
+    let ethertype = if let Some(vlan) = vlan {
         // The kernel hands a frame tagged for one of its VLAN devices to that device
         // (`vlan_do_receive`): the IP layer sees it as received there, untagged. Flow keys,
         // FIB lookups and the MAC check use the VLAN device, as conntrack and routing do.
-        let vlan = vlan_device(ctx, ifindex, tpid_be)?;
+        let vlan = vlan?;
         *slot = crate::stats::ingress_slot(Some(vlan.info));
         // SAFETY: a map value pointer returned by the kernel is valid for reads.
         if unsafe { (*vlan.info).flags } & IFACE_F_INGRESS_HOOK != 0 {
@@ -817,8 +826,10 @@ pub fn vlan_parent(info: *const IfaceInfo, flags: u32, tag: &mut EgressTag) -> R
     };
     // SAFETY: map value pointer from the kernel.
     let pflags = unsafe { (*pinfo).flags };
-    if pflags & (IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT | IFACE_F_VLAN) != 0 || tpid_be == 0 {
-        // A VLAN over a bridge or a bridge port, or stacked VLANs: not handled here.
+    if pflags & (IFACE_F_BRIDGE | IFACE_F_VLAN) != 0 || tpid_be == 0 {
+        // A VLAN over a bridge, or stacked VLANs: not handled here. (A VLAN over a bridge
+        // port is: the kernel sends its frames out of the port directly, past the bridge and
+        // whatever its STP state.)
         return Err(Reason::PassEgressNotManaged);
     }
     check_egress(pflags)?;

@@ -43,6 +43,7 @@ const TOOLS: &[(&str, &str)] = &[
     // tests/tests/pppoe.rs (in the guest): an access concentrator and the router's dialer.
     ("pppoe-server", "pppoe"),
     ("pppd", "ppp"),
+    ("pppstats", "ppp"),
     // bench/src/router.rs pins the router's threads.
     ("taskset", "util-linux"),
 ];
