@@ -48,6 +48,30 @@ fn move_onto_vlan(ns: &Netns, dev: &str, vid: u16, v4: IpAddr, v6: IpAddr) {
     ));
 }
 
+/// Moves the LAN link (router eth1 ⇄ LAN host eth0) onto VLAN `vid` on both ends, the LAN
+/// host's default routes with it; returns the router's LAN VLAN device (`eth1.<vid>`).
+fn lan_onto_vlan(tb: &Testbed, vid: u16) -> String {
+    move_onto_vlan(
+        &tb.router,
+        LAN_IF,
+        vid,
+        ROUTER_LAN_V4.into(),
+        ROUTER_LAN_V6.into(),
+    );
+    move_onto_vlan(
+        &tb.lan,
+        HOST_IF,
+        vid,
+        LAN_HOST_V4.into(),
+        LAN_HOST_V6.into(),
+    );
+    tb.lan.sh(&format!(
+        "ip route replace default via {ROUTER_LAN_V4} dev {HOST_IF}.{vid}
+         ip -6 route replace default via {ROUTER_LAN_V6} dev {HOST_IF}.{vid}"
+    ));
+    format!("{LAN_IF}.{vid}")
+}
+
 /// The test bed with the WAN link (router eth0 ⇄ WAN host eth0) carrying VLAN 7 on both
 /// ends, the addresses, routes, NAT and FORWARD rules moved onto eth0.7; with `lan_vlan` the
 /// LAN link carries VLAN 10 the same way (router eth1.10 ⇄ LAN host eth0.10).
@@ -73,25 +97,7 @@ fn vlan_testbed(tag: &str, lan_vlan: bool) -> Testbed {
     ));
     let wan_vlan = vlan_of(WAN_IF);
     let lan = if lan_vlan {
-        move_onto_vlan(
-            &tb.router,
-            LAN_IF,
-            LAN_VID,
-            ROUTER_LAN_V4.into(),
-            ROUTER_LAN_V6.into(),
-        );
-        move_onto_vlan(
-            &tb.lan,
-            HOST_IF,
-            LAN_VID,
-            LAN_HOST_V4.into(),
-            LAN_HOST_V6.into(),
-        );
-        tb.lan.sh(&format!(
-            "ip route replace default via {ROUTER_LAN_V4} dev {HOST_IF}.{LAN_VID}
-             ip -6 route replace default via {ROUTER_LAN_V6} dev {HOST_IF}.{LAN_VID}"
-        ));
-        format!("{LAN_IF}.{LAN_VID}")
+        lan_onto_vlan(&tb, LAN_VID)
     } else {
         LAN_IF.to_string()
     };
@@ -166,31 +172,13 @@ fn vlan_on_a_bridge_port_is_fast_pathed() {
     }
     const GUEST_VID: u16 = 20;
     let mut tb = Testbed::new("vb");
-    move_onto_vlan(
-        &tb.router,
-        LAN_IF,
-        GUEST_VID,
-        ROUTER_LAN_V4.into(),
-        ROUTER_LAN_V6.into(),
-    );
-    move_onto_vlan(
-        &tb.lan,
-        HOST_IF,
-        GUEST_VID,
-        LAN_HOST_V4.into(),
-        LAN_HOST_V6.into(),
-    );
-    tb.lan.sh(&format!(
-        "ip route replace default via {ROUTER_LAN_V4} dev {HOST_IF}.{GUEST_VID}
-         ip -6 route replace default via {ROUTER_LAN_V6} dev {HOST_IF}.{GUEST_VID}"
-    ));
+    let lan = lan_onto_vlan(&tb, GUEST_VID);
     tb.router.sh(&format!(
         "ip link add br-lan type bridge
          ip link set {LAN_IF} master br-lan
          ip addr add 10.0.9.1/24 dev br-lan
          ip link set br-lan up"
     ));
-    let lan = format!("{LAN_IF}.{GUEST_VID}");
     route_wan_through(
         &tb,
         &lan,

@@ -262,6 +262,28 @@ pub struct Managed {
     pub pppoe: Option<PppoeState>,
 }
 
+/// The `IFACE_F_*` flags of what a device may do in the fast path, for a managed interface
+/// and for a device managed only under one (a VLAN parent, a PPPoE lower device) alike: it
+/// transmits XDP frames (`xmit`), is shaped, has hooks (ignored with `bypass_hooks`).
+pub fn egress_flags(xmit: bool, shaped: bool, hooks: Hooks, bypass_hooks: bool) -> u32 {
+    let mut flags = 0;
+    if !xmit {
+        flags |= IFACE_F_NO_XDP_XMIT;
+    }
+    if shaped {
+        flags |= IFACE_F_SHAPED;
+    }
+    if !bypass_hooks {
+        if hooks.ingress {
+            flags |= IFACE_F_INGRESS_HOOK;
+        }
+        if hooks.egress {
+            flags |= IFACE_F_EGRESS_HOOK;
+        }
+    }
+    flags
+}
+
 /// `shaped_by` while `shaped = "auto"` and the qdiscs are not known yet: in doubt the fast
 /// path does not send out of the interface.
 const SHAPED_UNKNOWN: &str = "unknown qdiscs";
@@ -317,25 +339,12 @@ impl Managed {
 
     /// The `IFACE_F_*` flags the datapath gets for it.
     pub fn flags(&self) -> u32 {
-        let hooks = if self.cfg.bypass_hooks {
-            Hooks::default()
-        } else {
-            self.hooks
-        };
-        let mut flags = 0;
-        if self.shaped_by().is_some() {
-            flags |= IFACE_F_SHAPED;
-        }
-        if hooks.ingress {
-            flags |= IFACE_F_INGRESS_HOOK;
-        }
-        if hooks.egress {
-            flags |= IFACE_F_EGRESS_HOOK;
-        }
-        if !self.xmit.allowed() {
-            flags |= IFACE_F_NO_XDP_XMIT;
-        }
-        flags
+        egress_flags(
+            self.xmit.allowed(),
+            self.shaped_by().is_some(),
+            self.hooks,
+            self.cfg.bypass_hooks,
+        )
     }
 
     /// Records what sysfs says the interface is: a bridge is managed through its ports; a
@@ -1023,22 +1032,15 @@ impl<D: Ports> State<D> {
             if configured.contains(&parent) {
                 continue;
             }
-            let mut flags = 0;
-            if !self.xmit.of(parent, v.parent_kind.as_deref()).allowed() {
-                flags |= IFACE_F_NO_XDP_XMIT;
-            }
             if let Some(kind) = &m.parent_shaper {
-                flags |= IFACE_F_SHAPED;
                 debug!(interface = %m.cfg.name, parent = %v.parent_name, qdisc = %kind, "{}: its parent {} is shaped by {kind}: the fast path does not send out of {}", m.cfg.name, v.parent_name, m.cfg.name);
             }
-            if !m.cfg.bypass_hooks {
-                if m.parent_hooks.ingress {
-                    flags |= IFACE_F_INGRESS_HOOK;
-                }
-                if m.parent_hooks.egress {
-                    flags |= IFACE_F_EGRESS_HOOK;
-                }
-            }
+            let flags = egress_flags(
+                self.xmit.of(parent, v.parent_kind.as_deref()).allowed(),
+                m.parent_shaper.is_some(),
+                m.parent_hooks,
+                m.cfg.bypass_hooks,
+            );
             if let Err(e) = self.dp.set_iface_flags(parent, m.parent_slot, flags) {
                 debug!(interface = %v.parent_name, error = %format!("{e:#}"), "cannot update the VLAN parent's flags");
             }

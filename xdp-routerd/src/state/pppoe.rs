@@ -4,10 +4,6 @@
 //! (its lower device and, for a VLAN lower device, that one's parent), which their flags come
 //! from. The binding itself is [`super::State::apply_pppoe`].
 
-use xdp_router_common::{
-    IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_SHAPED,
-};
-
 use super::SHAPED_UNKNOWN;
 use crate::sync::{
     hooks::Hooks,
@@ -110,20 +106,10 @@ impl PppoeState {
 /// judgement, shaping and hooks (unless `bypass_hooks`), which the kernel's path out of the
 /// PPP device meets too.
 pub fn side_flags(xmit: &Capabilities, d: &SideDevice<'_>, bypass_hooks: bool) -> u32 {
-    let mut flags = 0;
-    if !xmit.of(d.ifindex, d.kind).allowed() {
-        flags |= IFACE_F_NO_XDP_XMIT;
-    }
-    if d.side.shaper.is_some() {
-        flags |= IFACE_F_SHAPED;
-    }
-    if !bypass_hooks {
-        if d.side.hooks.ingress {
-            flags |= IFACE_F_INGRESS_HOOK;
-        }
-        if d.side.hooks.egress {
-            flags |= IFACE_F_EGRESS_HOOK;
-        }
-    }
-    flags
+    super::egress_flags(
+        xmit.of(d.ifindex, d.kind).allowed(),
+        d.side.shaper.is_some(),
+        d.side.hooks,
+        bypass_hooks,
+    )
 }
