@@ -720,7 +720,7 @@ impl Maps {
             let key = FdbKey {
                 bridge_ifindex: *bridge,
                 mac: *mac,
-                _pad: [0; 2],
+                vid: 0,
             };
             self.fdb.insert(key, port, 0).expect("insert fdb entry");
         }

@@ -28,6 +28,7 @@ pub const MAP_ARM_V6: &str = "ARM_V6";
 pub const MAP_BRIDGE_FDB: &str = "BRIDGE_FDB";
 pub const MAP_VLANS: &str = "VLANS";
 pub const MAP_PPPOE: &str = "PPPOE";
+pub const MAP_BRIDGE_VLANS: &str = "BRIDGE_VLANS";
 
 /// Capacity of [`MAP_BRIDGE_FDB`] (MAC addresses behind all managed bridges).
 pub const FDB_CAPACITY: u32 = 8192;
@@ -362,6 +363,24 @@ pub const IFACE_F_PPPOE_LOWER: u32 = 1 << 13;
 /// it binds a session anew.
 pub const IFACE_F_PPP_CCP: u32 = 1 << 14;
 
+/// The bridge filters by VLAN (`vlan_filtering 1`, the OpenWrt DSA layout): set on the bridge
+/// ([`IFACE_F_BRIDGE`]) and on each of its ports ([`IFACE_F_BRIDGE_PORT`]), whose
+/// [`IfaceInfo::vlan_tpid_be`] is then the bridge's `vlan_protocol` and
+/// [`IfaceInfo::vlan_tci_be`] its PVID (the bridge's own for the bridge; 0 = none).
+///
+/// - A frame on a port is in its tag's VLAN (a tag of the bridge's protocol) or, untagged, in
+///   the port's PVID; the port must be a member of that VLAN ([`MAP_BRIDGE_VLANS`]), the FDB
+///   entry of its source is looked up in that VLAN ([`FdbKey::vid`]), and the bridge itself must
+///   be a member too. The IP layer then sees it on the bridge when the bridge's entry is
+///   untagged ([`BRIDGE_VLAN_F_UNTAGGED`]), else on the managed VLAN device over the bridge
+///   for that VLAN ([`MAP_VLANS`] with the bridge as parent: `br-lan.20`).
+/// - A packet routed out of the bridge is in the bridge's PVID, one routed out of a VLAN device
+///   over it in that device's VLAN; the FDB names the port in that VLAN, the port must be a
+///   member, and it leaves tagged unless the port's entry is untagged.
+///
+/// Anything else the bridge would drop or flood (`Reason::PassBridgeVlanFiltered`, ...).
+pub const IFACE_F_BRIDGE_VLAN_FILTERING: u32 = 1 << 15;
+
 /// Value of [`MAP_IFACES`], keyed by ifindex (host order): a managed interface.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -375,7 +394,9 @@ pub struct IfaceInfo {
     /// port: the bridge's MAC.
     pub mac: [u8; 6],
     /// For a VLAN device ([`IFACE_F_VLAN`]): the TCI it tags frames with (network order):
-    /// its VLAN ID, priority 0 (the kernel's default `egress-qos-map`). Else 0.
+    /// its VLAN ID, priority 0 (the kernel's default `egress-qos-map`). For a VLAN-filtering
+    /// bridge or its port ([`IFACE_F_BRIDGE_VLAN_FILTERING`]): its PVID the same way (0 =
+    /// none: untagged frames are dropped). Else 0.
     pub vlan_tci_be: u16,
     /// The interface the kernel's IP layer sees packets of this one on (host order): the
     /// bridge's ifindex for a bridge port ([`IFACE_F_BRIDGE_PORT`]); 0 = this interface.
@@ -384,7 +405,8 @@ pub struct IfaceInfo {
     /// frames are sent. Else 0.
     pub lower_ifindex: u32,
     /// For a VLAN device: its tag protocol, 0x8100 (802.1Q) or 0x88a8 (802.1ad), network
-    /// order. Else 0.
+    /// order. For a VLAN-filtering bridge or its port: the bridge's `vlan_protocol`, the same
+    /// way. Else 0.
     pub vlan_tpid_be: u16,
     /// For a PPPoE device ([`IFACE_F_PPPOE`]): its session ID (network order). Else 0.
     pub pppoe_sid_be: u16,
@@ -438,9 +460,33 @@ pub struct FdbKey {
     pub bridge_ifindex: u32,
     /// The MAC address (wire order).
     pub mac: [u8; 6],
-    pub _pad: [u8; 2],
+    /// The VLAN the entry is in (host order): 0 on a bridge without VLAN filtering, whose
+    /// entries have none.
+    pub vid: u16,
 }
 const _: () = assert!(core::mem::size_of::<FdbKey>() == 12);
+
+/// Key of [`MAP_BRIDGE_VLANS`]: a VLAN a port of a VLAN-filtering bridge, or the bridge itself
+/// (its `self` entries: `bridge vlan add dev br-lan vid 20 self`), is a member of. The value is
+/// `BRIDGE_VLAN_F_*` flags.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BridgeVlanKey {
+    /// The port's (or the bridge's) ifindex (host order).
+    pub ifindex: u32,
+    /// The VLAN ID (host order, 1..4094).
+    pub vid: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<BridgeVlanKey>() == 8);
+
+/// [`MAP_BRIDGE_VLANS`] value flag: the member sends this VLAN's frames untagged (a port's
+/// `untagged`; for the bridge itself: its own IP layer sees the VLAN on the bridge device,
+/// not on a VLAN device over it).
+pub const BRIDGE_VLAN_F_UNTAGGED: u32 = 1;
+
+/// Capacity of [`MAP_BRIDGE_VLANS`] (VLAN memberships of managed bridges and their ports).
+pub const BRIDGE_VLANS_CAPACITY: u32 = 8192;
 
 /// One packets/bytes counter in the per-CPU [`MAP_STATS`] array.
 #[repr(C)]

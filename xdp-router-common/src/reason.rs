@@ -121,11 +121,15 @@ pub enum Reason {
     /// option, `IFACE_F_PPP_CCP`), or a packet routed into it: the kernel's compressor,
     /// decompressor or encryption must see every packet.
     PassPppoeCcp = 41,
+    /// A VLAN-filtering bridge drops it: an untagged frame on a port without a PVID, a VLAN
+    /// the port (or the bridge itself) is not a member of, or a packet routed out of the
+    /// bridge with no PVID there.
+    PassBridgeVlanFiltered = 42,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 42;
+    pub const COUNT: u32 = 43;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -171,6 +175,7 @@ impl Reason {
         Reason::PassPppoeNotIp,
         Reason::PassPppoeLowerOther,
         Reason::PassPppoeCcp,
+        Reason::PassBridgeVlanFiltered,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -218,6 +223,7 @@ impl Reason {
             Reason::PassPppoeNotIp => "pppoe_not_ip",
             Reason::PassPppoeLowerOther => "pppoe_lower_other",
             Reason::PassPppoeCcp => "pppoe_ccp",
+            Reason::PassBridgeVlanFiltered => "bridge_vlan_filtered",
         }
     }
 

@@ -7,7 +7,8 @@ use aya_ebpf::{
     maps::{Array, DevMapHash, HashMap, PerCpuArray},
 };
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, Counter, DEFAULT_FLOW_CAPACITY, FDB_CAPACITY, FIB_LOOKUP_DIRECT, FdbKey,
+    ArmKeyV4, ArmKeyV6, BRIDGE_VLANS_CAPACITY, BridgeVlanKey, Counter, DEFAULT_FLOW_CAPACITY,
+    FDB_CAPACITY, FIB_LOOKUP_DIRECT, FdbKey,
     FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, MAX_IFACE_SLOTS, PPPOE_CAPACITY, PppoeKey,
     STATS_ENTRIES, Settings, VLANS_CAPACITY, VlanKey,
 };
@@ -72,6 +73,13 @@ pub static TX_PORTS: DevMapHash = DevMapHash::with_max_entries(MAX_IFACE_SLOTS, 
 /// neighbours). A packet routed out of a bridge is redirected to that port.
 #[map]
 pub static BRIDGE_FDB: HashMap<FdbKey, u32> = HashMap::with_max_entries(FDB_CAPACITY, 0);
+
+/// The VLANs the ports of managed VLAN-filtering bridges, and those bridges themselves, are
+/// members of (value: `BRIDGE_VLAN_F_*`), synced by the daemon from the kernel's bridge VLAN
+/// table (rtnetlink `AF_BRIDGE` links with `RTEXT_FILTER_BRVLAN`: `bridge vlan show`).
+#[map]
+pub static BRIDGE_VLANS: HashMap<BridgeVlanKey, u32> =
+    HashMap::with_max_entries(BRIDGE_VLANS_CAPACITY, 0);
 
 /// The managed VLAN devices by the tag they receive on their parent (value: the VLAN
 /// device's ifindex, whose `IFACES` entry says how to tag on egress), written by the daemon

@@ -258,7 +258,7 @@ fn fdb_key(bridge: u32, mac: [u8; 6]) -> FdbKey {
     FdbKey {
         bridge_ifindex: bridge,
         mac,
-        _pad: [0; 2],
+        vid: 0,
     }
 }
 
