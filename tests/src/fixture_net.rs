@@ -25,10 +25,11 @@ use aya::{
     programs::{TestRun, TestRunOptions, Xdp},
 };
 use xdp_router_common::{
-    Counter, FLOW_F_REPLY, FdbKey, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
-    GLOBAL_FIB_FLAGS, IFACE_F_BRIDGE_PORT, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN,
-    IFACE_F_VLAN_PARENT, IfaceInfo, MAP_BRIDGE_FDB, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES,
-    MAP_PPPOE, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAP_VLANS, PROG_NAME, PppoeKey,
+    BRIDGE_VLAN_F_UNTAGGED, BridgeVlanKey, Counter, FLOW_F_REPLY, FdbKey, FibCache, FlowCounters,
+    FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, GLOBAL_FIB_FLAGS, IFACE_F_BRIDGE_PORT,
+    IFACE_F_BRIDGE_VLAN_FILTERING, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN,
+    IFACE_F_VLAN_PARENT, IfaceInfo, MAP_BRIDGE_FDB, MAP_BRIDGE_VLANS, MAP_FLOWS_V4, MAP_FLOWS_V6,
+    MAP_IFACES, MAP_PPPOE, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAP_VLANS, PROG_NAME, PppoeKey,
     SETTINGS_F_FIB_MARK, Settings, VlanKey,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
@@ -353,8 +354,10 @@ pub struct Setup {
     pub ifaces: Vec<(u32, IfaceInfo)>,
     /// `TX_PORTS` entries.
     pub tx_ports: Vec<u32>,
-    /// `BRIDGE_FDB` entries: (bridge ifindex, MAC) → port ifindex.
-    pub fdb: Vec<((u32, [u8; 6]), u32)>,
+    /// `BRIDGE_FDB` entries: (bridge ifindex, MAC, VLAN) → port ifindex.
+    pub fdb: Vec<((u32, [u8; 6], u16), u32)>,
+    /// `BRIDGE_VLANS` entries: (port or bridge ifindex, VLAN) → `BRIDGE_VLAN_F_*`.
+    pub bridge_vlans: Vec<((u32, u16), u32)>,
     /// `VLANS` entries: tag on the parent → VLAN device ifindex.
     pub vlans: Vec<(VlanKey, u32)>,
     /// `PPPOE` entries: session on the lower device → PPP device ifindex.
@@ -410,6 +413,7 @@ impl Setup {
             ],
             tx_ports: vec![bed.lan, bed.wan, bed.mtu],
             fdb: Vec::new(),
+            bridge_vlans: Vec::new(),
             vlans: Vec::new(),
             pppoe: Vec::new(),
             fastpath: true,
@@ -465,9 +469,31 @@ impl Setup {
         self
     }
 
-    /// A `BRIDGE_FDB` entry: `mac` is behind `port` of `bridge`.
-    pub fn with_fdb(mut self, bridge: u32, mac: [u8; 6], port: u32) -> Setup {
-        self.fdb.push(((bridge, mac), port));
+    /// A `BRIDGE_FDB` entry: `mac` is behind `port` of `bridge` (without VLAN filtering).
+    pub fn with_fdb(self, bridge: u32, mac: [u8; 6], port: u32) -> Setup {
+        self.with_fdb_vlan(bridge, mac, 0, port)
+    }
+
+    /// A `BRIDGE_FDB` entry: `mac` is behind `port` of `bridge` in VLAN `vid`.
+    pub fn with_fdb_vlan(mut self, bridge: u32, mac: [u8; 6], vid: u16, port: u32) -> Setup {
+        self.fdb.push(((bridge, mac, vid), port));
+        self
+    }
+
+    /// `ifindex` (a bridge or its port) made VLAN-filtering with PVID `pvid` (0: none) and
+    /// tag protocol 802.1Q, member of the VLANs `vlans` (VID, untagged).
+    pub fn with_vlan_filtering(mut self, ifindex: u32, pvid: u16, vlans: &[(u16, bool)]) -> Setup {
+        for (i, info) in &mut self.ifaces {
+            if *i == ifindex {
+                info.flags |= IFACE_F_BRIDGE_VLAN_FILTERING;
+                info.vlan_tpid_be = 0x8100u16.to_be();
+                info.vlan_tci_be = pvid.to_be();
+            }
+        }
+        for &(vid, untagged) in vlans {
+            let flags = if untagged { BRIDGE_VLAN_F_UNTAGGED } else { 0 };
+            self.bridge_vlans.push(((ifindex, vid), flags));
+        }
         self
     }
 
@@ -612,6 +638,8 @@ pub struct Maps {
     pub tx_ports: DevMapHash<MapData>,
     /// `BRIDGE_FDB`.
     pub fdb: HashMap<MapData, FdbKey, u32>,
+    /// `BRIDGE_VLANS` (`None` in an object built before it existed).
+    pub bridge_vlans: Option<HashMap<MapData, BridgeVlanKey, u32>>,
     /// `VLANS`.
     pub vlans: HashMap<MapData, VlanKey, u32>,
     /// `PPPOE`.
@@ -659,6 +687,9 @@ pub fn load_object(object: &[u8], fib_flags: u32) -> (Ebpf, Maps) {
         ifaces: take(&mut ebpf, MAP_IFACES),
         tx_ports: take(&mut ebpf, MAP_TX_PORTS),
         fdb: take(&mut ebpf, MAP_BRIDGE_FDB),
+        bridge_vlans: ebpf
+            .take_map(MAP_BRIDGE_VLANS)
+            .map(|m| HashMap::try_from(m).expect("BRIDGE_VLANS map")),
         vlans: take(&mut ebpf, MAP_VLANS),
         pppoe: take(&mut ebpf, MAP_PPPOE),
         stats: take(&mut ebpf, MAP_STATS),
@@ -716,13 +747,37 @@ impl Maps {
         for k in keys {
             self.fdb.remove(&k).expect("remove fdb entry");
         }
-        for ((bridge, mac), port) in &s.fdb {
+        for ((bridge, mac, vid), port) in &s.fdb {
             let key = FdbKey {
                 bridge_ifindex: *bridge,
                 mac: *mac,
-                vid: 0,
+                vid: *vid,
             };
             self.fdb.insert(key, port, 0).expect("insert fdb entry");
+        }
+        if let Some(bridge_vlans) = &mut self.bridge_vlans {
+            let keys: Vec<_> = bridge_vlans
+                .keys()
+                .map(|k| k.expect("bridge vlans key"))
+                .collect();
+            for k in keys {
+                bridge_vlans.remove(&k).expect("remove bridge vlan entry");
+            }
+            for ((ifindex, vid), flags) in &s.bridge_vlans {
+                let key = BridgeVlanKey {
+                    ifindex: *ifindex,
+                    vid: *vid,
+                    _pad: 0,
+                };
+                bridge_vlans
+                    .insert(key, flags, 0)
+                    .expect("insert bridge vlan entry");
+            }
+        } else {
+            assert!(
+                s.bridge_vlans.is_empty(),
+                "this object has no {MAP_BRIDGE_VLANS} map"
+            );
         }
         let keys: Vec<_> = self.vlans.keys().map(|k| k.expect("vlans key")).collect();
         for k in keys {

@@ -550,7 +550,19 @@ mod pod {
         )*};
     }
     pod!(
-        FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, Counter, Settings, FibCache, ArmKeyV4,
-        ArmKeyV6, FdbKey, VlanKey, PppoeKey,
+        FlowKeyV4,
+        FlowKeyV6,
+        FlowV4,
+        FlowV6,
+        IfaceInfo,
+        Counter,
+        Settings,
+        FibCache,
+        ArmKeyV4,
+        ArmKeyV6,
+        FdbKey,
+        VlanKey,
+        PppoeKey,
+        BridgeVlanKey,
     );
 }

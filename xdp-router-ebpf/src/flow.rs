@@ -20,7 +20,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use xdp_router_common::{
-    FIB_LOOKUP_MARK, FLOW_DSCP_KNOWN, FLOW_F_REPLY, FLOW_TTL_KNOWN, FdbKey, FibCache, FlowCounters,
+    FIB_LOOKUP_MARK, FLOW_DSCP_KNOWN, FLOW_F_REPLY, FLOW_TTL_KNOWN, FibCache, FlowCounters,
     FlowKeyV4, FlowKeyV6, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_EGRESS_HOOK,
     IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING,
     IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_SHAPED, IFACE_F_VLAN, IFACE_F_VLAN_PARENT,
@@ -35,9 +35,9 @@ use xdp_router_common::{
 };
 
 use crate::{
+    bridge,
     maps::{
-        ACTIVE_V4, ACTIVE_V6, BRIDGE_FDB, FLOWS_V4, FLOWS_V6, IFACES, SETTINGS, TX_PORTS, VLANS,
-        fib_flags,
+        ACTIVE_V4, ACTIVE_V6, FLOWS_V4, FLOWS_V6, IFACES, SETTINGS, TX_PORTS, VLANS, fib_flags,
     },
     parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, PppoeHdr, TcpHdr, UdpHdr, VlanHdr, VlanTag, ptr_at_mut},
     pppoe,
@@ -99,16 +99,22 @@ pub fn try_forward(
     let eth: *mut EthHdr = ptr_at_mut(ctx, 0)?;
     // SAFETY: ptr_at_mut checked that the header is inside the frame.
     let (ethertype, tpid_be) = unsafe { ((*eth).ethertype(), (*eth).ethertype_be) };
-    let tagged = is_vlan_tpid(ethertype);
-    let vlan = if tagged {
-        Some(vlan_device(ctx, ifindex, tpid_be))
+    // The frame's VLAN tag (protocol, TCI: raw; the EtherType after it: host order).
+    let tag = if is_vlan_tpid(ethertype) {
+        Some(read_tag(ctx, tpid_be)?)
     } else {
         None
     };
-    // A frame tagged for a managed VLAN device over a bridge port (`eth1.20`, eth1 in br-lan)
-    // is that device's: the kernel hands it over before the bridge sees it (`vlan_do_receive`
-    // runs before the bridge's rx_handler).
-    let port_vlan = flags & IFACE_F_BRIDGE_PORT != 0 && matches!(vlan, Some(Ok(_)));
+    // A tagged frame for a managed VLAN device over the port it arrived on (`eth0.7`, or
+    // `eth1.20` with eth1 in br-lan) is that device's: the kernel hands it over
+    // (`vlan_do_receive`) before a bridge sees it.
+    let mut vlan = tag.map(|(tpid_be, tci_be, inner)| {
+        check_vlan_tag(u16::from_be(tci_be), inner)
+            .and_then(|vid| vlan_device_of(ifindex, vid, tpid_be))
+    });
+    let port_vlan = matches!(vlan, Some(Ok(_)));
+    let mut iif = ifindex;
+    let mut l3_info = info;
     if flags & IFACE_F_BRIDGE_PORT != 0 && !port_vlan {
         // A frame on a bridge port that is not addressed to the bridge is the bridge's to
         // forward (LAN to LAN, STP, multicast, broadcast), whatever it carries.
@@ -117,25 +123,27 @@ pub fn try_forward(
             // The bridge drops what a blocking/listening/learning port receives.
             return Err(Reason::PassBridgePortNotForwarding);
         }
+        let Some(port_info) = info else {
+            return Err(Reason::PassBridged);
+        };
+        // The VLAN the bridge has it in, and the device it passes it up to.
+        let up = bridge::ingress(l3_ifindex, ifindex, port_info, flags, tag)?;
         // The bridge learns where hosts are from the frames it sees; the ones XDP forwards it
-        // never sees. A source the FDB does not place on this port goes to the kernel so the
-        // bridge learns it (and a host whose entry aged out is learned again).
+        // never sees. A source the FDB does not place on this port (in this VLAN) goes to the
+        // kernel so the bridge learns it (and a host whose entry aged out is learned again).
         // SAFETY: ptr_at_mut checked that the header is inside the frame.
         let src = unsafe { (*eth).src };
-        if fdb_port(l3_ifindex, src) != Some(ifindex) {
+        if bridge::fdb_port(l3_ifindex, src, up.vid) != Some(ifindex) {
             return Err(Reason::PassBridgeLearning);
         }
+        // The IP layer sees it as received by the bridge (flow keys and FIB lookups use the
+        // bridge's ifindex, as conntrack and the kernel's routing do), or by the VLAN device
+        // over the bridge.
+        iif = l3_ifindex;
+        vlan = up.upper.map(Ok);
     }
-    // The IP layer sees a frame from a bridge port as received by the bridge: flow keys and
-    // FIB lookups use the bridge's ifindex, as conntrack and the kernel's routing do.
-    let mut iif = if flags & IFACE_F_BRIDGE_PORT != 0 && l3_ifindex != 0 && !port_vlan {
-        l3_ifindex
-    } else {
-        ifindex
-    };
-    let mut l3_info = info;
     let mut l2 = ETH_HLEN;
-    let ethertype = if let Some(vlan) = vlan {
+    if let Some(vlan) = vlan {
         // The kernel hands a frame tagged for one of its VLAN devices to that device
         // (`vlan_do_receive`): the IP layer sees it as received there, untagged. Flow keys,
         // FIB lookups and the MAC check use the VLAN device, as conntrack and routing do.
@@ -148,8 +156,11 @@ pub fn try_forward(
         }
         iif = vlan.ifindex;
         l3_info = Some(vlan.info);
+    }
+    // Whatever device takes it, the IP header follows the tag the frame arrived with.
+    let ethertype = if let Some((_, _, inner)) = tag {
         l2 = ETH_HLEN + VLAN_HLEN;
-        vlan.inner_ethertype
+        inner
     } else {
         ethertype
     };
@@ -171,7 +182,9 @@ pub fn try_forward(
         l2 += PPPOE_HLEN;
         (session.l3, session.ip_len_max)
     } else {
-        if !tagged && flags & IFACE_F_VLAN_PARENT != 0 {
+        if tag.is_none()
+            && flags & (IFACE_F_VLAN_PARENT | IFACE_F_BRIDGE_PORT) == IFACE_F_VLAN_PARENT
+        {
             // The parent device itself is not managed: the kernel routes what it receives
             // untagged. (A frame whose tag the NIC stripped into metadata, rx VLAN offload,
             // also arrives here and so also goes to the kernel, which knows its VLAN.)
@@ -192,27 +205,26 @@ pub fn try_forward(
     }
 }
 
-/// The managed VLAN device a tagged frame belongs to.
-struct VlanDevice {
-    ifindex: u32,
-    info: *const IfaceInfo,
-    /// EtherType after the tag (host order).
-    inner_ethertype: u16,
+/// A managed VLAN device a tagged frame belongs to.
+pub struct VlanDevice {
+    pub ifindex: u32,
+    pub info: *const IfaceInfo,
 }
 
-/// The managed VLAN device over `parent` that the frame's tag (protocol `tpid_be`, checked to
-/// be a VLAN TPID) names, per `VLANS`, or why the kernel must have the frame.
+/// The VLAN tag of a frame whose EtherType (raw: `tpid_be`) is a VLAN TPID: its protocol and
+/// TCI (raw) and the EtherType after it (host order).
 #[inline(always)]
-fn vlan_device(ctx: &XdpContext, parent: u32, tpid_be: u16) -> Result<VlanDevice, Reason> {
+fn read_tag(ctx: &XdpContext, tpid_be: u16) -> Result<(u16, u16, u16), Reason> {
     let tag: *mut VlanHdr = ptr_at_mut(ctx, ETH_HLEN)?;
     // SAFETY: bounds checked by ptr_at_mut.
-    let (tci, inner) = unsafe {
-        (
-            u16::from_be((*tag).tci_be),
-            u16::from_be((*tag).inner_ethertype_be),
-        )
-    };
-    let vid = check_vlan_tag(tci, inner)?;
+    let (tci_be, inner) = unsafe { ((*tag).tci_be, u16::from_be((*tag).inner_ethertype_be)) };
+    Ok((tpid_be, tci_be, inner))
+}
+
+/// The managed VLAN device over `parent` for VLAN `vid` with tag protocol `tpid_be` (raw), per
+/// `VLANS`, or why the kernel must have the frame.
+#[inline(always)]
+pub fn vlan_device_of(parent: u32, vid: u16, tpid_be: u16) -> Result<VlanDevice, Reason> {
     let words = [parent, pack16(vid, tpid_be)];
     // SAFETY: VlanKey is #[repr(C)], 8 bytes of integers without implicit padding
     // (parent_ifindex, vid, tpid_be), laid out as these words.
@@ -225,11 +237,7 @@ fn vlan_device(ctx: &XdpContext, parent: u32, tpid_be: u16) -> Result<VlanDevice
     let Some(info) = IFACES.get_ptr(ifindex) else {
         return Err(Reason::PassVlanUnknown);
     };
-    Ok(VlanDevice {
-        ifindex,
-        info,
-        inner_ethertype: inner,
-    })
+    Ok(VlanDevice { ifindex, info })
 }
 
 /// What the transport header says about the packet.
@@ -419,7 +427,7 @@ fn opaque_zero() -> u32 {
 
 /// Two raw 16-bit words as the raw 32-bit word they form in memory (first one first).
 #[inline(always)]
-fn pack16(first: u16, second: u16) -> u32 {
+pub fn pack16(first: u16, second: u16) -> u32 {
     let [a, b] = first.to_ne_bytes();
     let [c, d] = second.to_ne_bytes();
     u32::from_ne_bytes([a, b, c, d])
@@ -743,49 +751,6 @@ pub fn check_egress(flags: u32) -> Result<(), Reason> {
     Ok(())
 }
 
-/// The port of `bridge` that `mac` is behind, per `BRIDGE_FDB`.
-#[inline(always)]
-fn fdb_port(bridge: u32, mac: [u8; 6]) -> Option<u32> {
-    let [m0, m1, m2, m3, m4, m5] = mac;
-    let words = [
-        bridge,
-        u32::from_ne_bytes([m0, m1, m2, m3]),
-        u32::from_ne_bytes([m4, m5, 0, 0]),
-    ];
-    // SAFETY: FdbKey is #[repr(C)], 12 bytes of integers without implicit padding (bridge,
-    // mac, _pad), laid out as these words.
-    let key = unsafe { transmute::<[u32; 3], FdbKey>(words) };
-    // SAFETY: a map lookup; the value is copied out.
-    unsafe { BRIDGE_FDB.get(key) }.copied()
-}
-
-/// The port of bridge `bridge` (whose flags are `flags`) that `dmac` is behind, per the
-/// bridge FDB, once the bridge's own egress and the port's allow a redirect.
-#[inline(always)]
-fn bridge_port(bridge: u32, flags: u32, dmac: [u8; 6]) -> Result<u32, Reason> {
-    // The kernel sends a routed packet through the bridge device first (its qdisc, its
-    // egress hooks), then out of the port; the bridge device itself transmits nothing.
-    check_egress(flags & !IFACE_F_NO_XDP_XMIT)?;
-    let Some(port) = fdb_port(bridge, dmac) else {
-        // The bridge floods unknown destinations; the kernel learns where the host is.
-        return Err(Reason::PassBridgeFdbMiss);
-    };
-    let Some(info) = IFACES.get_ptr(port) else {
-        return Err(Reason::PassEgressNotManaged);
-    };
-    // SAFETY: map value pointer from the kernel.
-    let (pflags, owner) = unsafe { ((*info).flags, (*info).l3_ifindex) };
-    if pflags & IFACE_F_BRIDGE_PORT == 0 || owner != bridge {
-        // An FDB entry for a port the daemon does not (or no longer) manage as this bridge's.
-        return Err(Reason::PassEgressNotManaged);
-    }
-    if pflags & IFACE_F_PORT_NOT_FORWARDING != 0 {
-        return Err(Reason::PassBridgePortNotForwarding);
-    }
-    check_egress(pflags)?;
-    Ok(port)
-}
-
 /// The headers a packet leaves with between its MACs and its IP header, besides the
 /// EtherType (raw wire values): a VLAN tag (`tpid_be` 0 = untagged) and a PPPoE session.
 pub struct EgressTag {
@@ -805,10 +770,16 @@ struct Egress {
     tag: EgressTag,
 }
 
-/// The parent a packet routed out of the VLAN device `info` is sent from, once the VLAN
-/// device's own egress and the parent's allow a redirect; the tag to push goes to `tag`.
+/// The device a packet routed out of the VLAN device `info` to `dmac` is sent from (its
+/// parent, or for a VLAN over a bridge the bridge's port), once the VLAN device's own egress
+/// and the parent's allow a redirect; the tag to push goes to `tag`.
 #[inline(always)]
-pub fn vlan_parent(info: *const IfaceInfo, flags: u32, tag: &mut EgressTag) -> Result<u32, Reason> {
+pub fn vlan_parent(
+    info: *const IfaceInfo,
+    flags: u32,
+    dmac: [u8; 6],
+    tag: &mut EgressTag,
+) -> Result<u32, Reason> {
     // The kernel sends a packet routed out of a VLAN device through the device (its qdisc,
     // its egress hooks), then tagged out of the parent; the VLAN device transmits nothing
     // itself.
@@ -826,11 +797,15 @@ pub fn vlan_parent(info: *const IfaceInfo, flags: u32, tag: &mut EgressTag) -> R
     };
     // SAFETY: map value pointer from the kernel.
     let pflags = unsafe { (*pinfo).flags };
-    if pflags & (IFACE_F_BRIDGE | IFACE_F_VLAN) != 0 || tpid_be == 0 {
-        // A VLAN over a bridge, or stacked VLANs: not handled here. (A VLAN over a bridge
-        // port is: the kernel sends its frames out of the port directly, past the bridge and
-        // whatever its STP state.)
+    if pflags & IFACE_F_VLAN != 0 || tpid_be == 0 {
+        // Stacked VLANs: not handled here.
         return Err(Reason::PassEgressNotManaged);
+    }
+    if pflags & IFACE_F_BRIDGE != 0 {
+        // A VLAN over a bridge: the bridge sends it on, in that VLAN. (A VLAN over a bridge
+        // port is not this: the kernel sends its frames out of the port directly, past the
+        // bridge and whatever its STP state.)
+        return bridge::port(parent, pinfo, pflags, dmac, Some((tpid_be, tci_be)), tag);
     }
     check_egress(pflags)?;
     tag.tpid_be = tpid_be;
@@ -862,9 +837,9 @@ fn redirect_to(hop: &mut NextHop) -> Result<Egress, Reason> {
     let target = if flags & IFACE_F_PPPOE != 0 {
         pppoe::lower(info, flags, hop, &mut tag)?
     } else if flags & IFACE_F_VLAN != 0 {
-        vlan_parent(info, flags, &mut tag)?
+        vlan_parent(info, flags, hop.dmac, &mut tag)?
     } else if flags & IFACE_F_BRIDGE != 0 {
-        bridge_port(egress, flags, hop.dmac)?
+        bridge::port(egress, info, flags, hop.dmac, None, &mut tag)?
     } else if flags & (IFACE_F_BRIDGE_PORT | IFACE_F_VLAN_PARENT | IFACE_F_PPPOE_LOWER) != 0 {
         // The kernel never routes out of a bridge port itself; a VLAN parent or a PPPoE
         // lower device that is not in the config is only managed for its VLANs' tagged frames
@@ -932,8 +907,13 @@ fn finish(counters: *mut FlowCounters, flags: u32, bytes: u64, action: u32, now:
 
 /// Length of the whole frame (what the counters count).
 #[inline(always)]
-fn frame_len(ctx: &XdpContext) -> usize {
-    ctx.data_end() - ctx.data()
+pub fn frame_len(ctx: &XdpContext) -> usize {
+    let len = ctx.data_end() - ctx.data();
+    // A number from here on, not pointers: LLVM would otherwise fold a later `len - l2` (with
+    // `l2` a variable) into the end pointer, which the verifier rejects (pointer arithmetic on
+    // pkt_end). One stack store and load.
+    // SAFETY: reading a live local.
+    unsafe { core::ptr::read_volatile(&len) }
 }
 
 /// Steps 4-11 for IPv4: checks, flow, FIB, egress, rewrite, counters, redirect.

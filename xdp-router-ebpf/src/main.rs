@@ -9,6 +9,7 @@
 #![expect(internal_features, reason = "core_intrinsics for BPF atomic add")]
 
 mod arm;
+mod bridge;
 mod flow;
 mod maps;
 mod parse;

@@ -8,9 +8,8 @@ use aya_ebpf::{
 };
 use xdp_router_common::{
     ArmKeyV4, ArmKeyV6, BRIDGE_VLANS_CAPACITY, BridgeVlanKey, Counter, DEFAULT_FLOW_CAPACITY,
-    FDB_CAPACITY, FIB_LOOKUP_DIRECT, FdbKey,
-    FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, MAX_IFACE_SLOTS, PPPOE_CAPACITY, PppoeKey,
-    STATS_ENTRIES, Settings, VLANS_CAPACITY, VlanKey,
+    FDB_CAPACITY, FIB_LOOKUP_DIRECT, FdbKey, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo,
+    MAX_IFACE_SLOTS, PPPOE_CAPACITY, PppoeKey, STATS_ENTRIES, Settings, VLANS_CAPACITY, VlanKey,
 };
 
 /// `BPF_F_NO_PREALLOC`: entries are allocated on insert, so a map costs kernel memory for the

@@ -87,7 +87,7 @@ pub fn session(ctx: &XdpContext, lower: u32, at: usize, src: [u8; 6]) -> Result<
         }
         return Err(Reason::PassPppoeCcp);
     }
-    let frame = ctx.data_end() - ctx.data();
+    let frame = crate::flow::frame_len(ctx);
     let (l3, ip_len_max) = check_pppoe(&PppoeFields {
         ver_type,
         code,
@@ -146,7 +146,7 @@ pub fn lower(
     // SAFETY: map value pointer from the kernel.
     let lflags = unsafe { (*linfo).flags };
     let target = if lflags & IFACE_F_VLAN != 0 {
-        vlan_parent(linfo, lflags, tag)?
+        vlan_parent(linfo, lflags, peer, tag)?
     } else if lflags & (IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT | IFACE_F_PPPOE) != 0 {
         // PPPoE over a bridge or a bridge port, or over another PPP device: not handled here.
         return Err(Reason::PassEgressNotManaged);
