@@ -354,8 +354,8 @@ pub struct Setup {
     pub ifaces: Vec<(u32, IfaceInfo)>,
     /// `TX_PORTS` entries.
     pub tx_ports: Vec<u32>,
-    /// `BRIDGE_FDB` entries: (bridge ifindex, MAC, VLAN) → port ifindex.
-    pub fdb: Vec<((u32, [u8; 6], u16), u32)>,
+    /// `BRIDGE_FDB` entries → port ifindex.
+    pub fdb: Vec<(FdbKey, u32)>,
     /// `BRIDGE_VLANS` entries: (port or bridge ifindex, VLAN) → `BRIDGE_VLAN_F_*`.
     pub bridge_vlans: Vec<((u32, u16), u32)>,
     /// `VLANS` entries: tag on the parent → VLAN device ifindex.
@@ -476,7 +476,12 @@ impl Setup {
 
     /// A `BRIDGE_FDB` entry: `mac` is behind `port` of `bridge` in VLAN `vid`.
     pub fn with_fdb_vlan(mut self, bridge: u32, mac: [u8; 6], vid: u16, port: u32) -> Setup {
-        self.fdb.push(((bridge, mac, vid), port));
+        let key = FdbKey {
+            bridge_ifindex: bridge,
+            mac,
+            vid,
+        };
+        self.fdb.push((key, port));
         self
     }
 
@@ -747,12 +752,7 @@ impl Maps {
         for k in keys {
             self.fdb.remove(&k).expect("remove fdb entry");
         }
-        for ((bridge, mac, vid), port) in &s.fdb {
-            let key = FdbKey {
-                bridge_ifindex: *bridge,
-                mac: *mac,
-                vid: *vid,
-            };
+        for (key, port) in &s.fdb {
             self.fdb.insert(key, port, 0).expect("insert fdb entry");
         }
         if let Some(bridge_vlans) = &mut self.bridge_vlans {
