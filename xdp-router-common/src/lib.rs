@@ -553,4 +553,5 @@ mod pod {
         FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo, Counter, Settings, FibCache, ArmKeyV4,
         ArmKeyV6, FdbKey, VlanKey, PppoeKey,
     );
+    pod!(BridgeVlanKey);
 }
