@@ -1455,13 +1455,11 @@ impl<D: Ports> State<D> {
             let Some(read) = found.get(&name).filter(|r| r.kind == BridgeKind::Bridge) else {
                 continue;
             };
-            let slot = self.parent_slots.get(&ifindex).copied().unwrap_or(0);
             let pb = self.parent_bridges.entry(ifindex).or_insert_with(|| {
                 info!(interface = %name, "{name}: a bridge under managed VLAN devices: its ports are managed for them");
                 ParentBridge {
                     name: name.clone(),
                     mac: [0; 6],
-                    slot,
                     hooks: Hooks::default(),
                     bridge: Bridge::default(),
                 }

@@ -52,7 +52,7 @@ impl Bridge {
 
     /// Follows the bridge as read (`read`; its own `IFACES` flags, which carry
     /// [`Bridge::filtering_flag`], must have been written since [`Bridge::set_filtering`]):
-    /// its own VLANs, its ports (see [`sync_ports`]) and their VLANs.
+    /// its ports (see [`sync_ports`]), its own VLANs, and its ports' VLANs.
     pub fn sync<D: StatePorts>(
         &mut self,
         dp: &mut D,
@@ -66,6 +66,9 @@ impl Bridge {
             Some(f) => Vlans::of(f.tpid, table.cloned().unwrap_or_default()),
             None => Vlans::default(),
         };
+        // The ports' flags first: a port of a bridge switching filtering on is strict (no
+        // PVID, no VLAN) until its VLANs are written, one switching it off stops at once.
+        sync_ports(dp, b, &mut self.ports, read.ports.clone(), xmit, next_slot);
         sync_vlans(
             dp,
             b.name,
@@ -73,7 +76,6 @@ impl Bridge {
             &mut self.vlans,
             &want(f.map(|f| &f.own)),
         );
-        sync_ports(dp, b, &mut self.ports, read.ports.clone(), xmit, next_slot);
         for (ifindex, p) in self.ports.iter_mut().filter(|(_, p)| p.mode.is_some()) {
             let table = f.and_then(|f| f.ports.get(ifindex));
             sync_vlans(dp, &p.name, *ifindex, &mut p.vlans, &want(table));
@@ -403,8 +405,6 @@ pub fn refresh_xmit<D: StatePorts>(
 pub struct ParentBridge {
     pub name: String,
     pub mac: [u8; 6],
-    /// Stats slot of its own entry (the VLAN parents' slot of its ifindex).
-    pub slot: u32,
     /// Its own hooks as last read (they see what its ports pass up).
     pub hooks: Hooks,
     pub bridge: Bridge,
