@@ -565,4 +565,5 @@ mod pod {
         PppoeKey,
         BridgeVlanKey,
     );
+    pod!(BridgeVlanKey);
 }

@@ -21,13 +21,13 @@ use aya::{
 };
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
-    ARM_L3_PROG_NAME, ARM_PROG_NAME, ArmKeyV4, ArmKeyV6, Counter, FdbKey, FlowKeyV4, FlowKeyV6,
-    FlowV4, FlowV6, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT,
-    IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN, IFACE_F_VLAN_PARENT,
-    IfaceInfo, MAP_ACTIVE_V4, MAP_ACTIVE_V6, MAP_ARM_V4, MAP_ARM_V6, MAP_BRIDGE_FDB, MAP_FLOWS_V4,
-    MAP_FLOWS_V6, MAP_IFACES, MAP_PPPOE, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAP_VLANS,
-    MAX_IFACE_SLOTS, PROG_NAME, PppoeKey, Reason, SETTINGS_F_FIB_MARK, Settings, VlanKey,
-    stats_index,
+    ARM_L3_PROG_NAME, ARM_PROG_NAME, ArmKeyV4, ArmKeyV6, BRIDGE_VLAN_F_UNTAGGED, BridgeVlanKey,
+    Counter, FdbKey, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT,
+    IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT, IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER,
+    IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_ACTIVE_V4, MAP_ACTIVE_V6, MAP_ARM_V4,
+    MAP_ARM_V6, MAP_BRIDGE_FDB, MAP_BRIDGE_VLANS, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_IFACES,
+    MAP_PPPOE, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAP_VLANS, MAX_IFACE_SLOTS, PROG_NAME,
+    PppoeKey, Reason, SETTINGS_F_FIB_MARK, Settings, VlanKey, stats_index,
 };
 
 use crate::{config::XdpModeConfig, flows::FlowTable, status::FibCacheStatus};
@@ -61,8 +61,8 @@ impl AttachMode {
 }
 
 /// The parent of a managed VLAN device, where the program runs (see
-/// [`Datapath::attach_vlan`]); also the lower device of a managed PPPoE session (see
-/// [`PppoeBinding`]).
+/// [`Datapath::attach_vlan`]; a bridge when `flags` has `IFACE_F_BRIDGE`); also the lower
+/// device of a managed PPPoE session (see [`PppoeBinding`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VlanParent {
     pub name: String,
@@ -119,6 +119,8 @@ pub struct Datapath {
     generic_because: BTreeMap<u32, String>,
     /// The managed bridges' FDBs.
     fdb: HashMap<MapData, FdbKey, u32>,
+    /// The VLANs of the managed VLAN-filtering bridges and their ports.
+    bridge_vlans: HashMap<MapData, BridgeVlanKey, u32>,
     /// The managed VLAN devices by their tag on the parent.
     vlans: HashMap<MapData, VlanKey, u32>,
     /// The mode the XDP program got on each interface in `attached`.
@@ -253,12 +255,21 @@ const DATAPATH_FLAGS: u32 = IFACE_F_BRIDGE
     | IFACE_F_PPP_CCP
     | IFACE_F_GENERIC_XDP;
 
-/// The `BRIDGE_FDB` key of `mac` behind `bridge`.
-fn fdb_key(bridge: u32, mac: [u8; 6]) -> FdbKey {
+/// The `BRIDGE_FDB` key of `mac` behind `bridge` in VLAN `vid` (0: none).
+fn fdb_key(bridge: u32, mac: [u8; 6], vid: u16) -> FdbKey {
     FdbKey {
         bridge_ifindex: bridge,
         mac,
-        vid: 0,
+        vid,
+    }
+}
+
+/// The `BRIDGE_VLANS` key of VLAN `vid` on `ifindex`.
+fn bridge_vlan_key(ifindex: u32, vid: u16) -> BridgeVlanKey {
+    BridgeVlanKey {
+        ifindex,
+        vid,
+        _pad: 0,
     }
 }
 
@@ -353,6 +364,7 @@ impl Datapath {
             ruleset_changes: 0,
             generic_because: BTreeMap::new(),
             fdb: take(&mut ebpf, MAP_BRIDGE_FDB)?,
+            bridge_vlans: take(&mut ebpf, MAP_BRIDGE_VLANS)?,
             vlans: take(&mut ebpf, MAP_VLANS)?,
             vlan_keys: BTreeMap::new(),
             modes: BTreeMap::new(),
@@ -459,7 +471,9 @@ impl Datapath {
     /// routed packets leave. The XDP program runs on the parent: attached here unless it runs
     /// there already (the parent is managed itself, or for another VLAN); a parent that is not
     /// managed itself gets an entry of its own (`IFACE_F_VLAN_PARENT`, stats slot
-    /// `parent.slot`, flags `parent.flags`).
+    /// `parent.slot`, flags `parent.flags`). A bridge parent (`IFACE_F_BRIDGE` in
+    /// `parent.flags`, `br-lan.20`) gets no XDP program (it runs on the bridge's ports, which
+    /// the caller attaches with [`Datapath::attach_port`]) and no `TX_PORTS` entry.
     #[expect(
         clippy::too_many_arguments,
         reason = "one per IFACES field plus the parent"
@@ -478,7 +492,30 @@ impl Datapath {
         if slot == 0 || slot >= MAX_IFACE_SLOTS {
             bail!("interface slot {slot} out of range");
         }
-        let mode = if self.attached.contains_key(&parent.ifindex) {
+        let bridge = self
+            .ifaces
+            .get(&parent.ifindex, 0)
+            .map_or(parent.flags, |i| i.flags)
+            & IFACE_F_BRIDGE
+            != 0;
+        let mode = if bridge {
+            // Registered already: managed itself, or for another VLAN.
+            if self.ifaces.get(&parent.ifindex, 0).is_err() {
+                if parent.slot == 0 || parent.slot >= MAX_IFACE_SLOTS {
+                    bail!("interface slot {} out of range", parent.slot);
+                }
+                let info = IfaceInfo {
+                    slot: parent.slot,
+                    flags: parent.flags | IFACE_F_VLAN_PARENT | IFACE_F_NO_XDP_XMIT,
+                    mac: parent.mac,
+                    ..IfaceInfo::default()
+                };
+                self.ifaces
+                    .insert(parent.ifindex, info, 0)
+                    .with_context(|| format!("{}: cannot add to {MAP_IFACES}", parent.name))?;
+            }
+            AttachMode::Ports
+        } else if self.attached.contains_key(&parent.ifindex) {
             self.attached_mode(parent.ifindex)
         } else {
             let info = IfaceInfo {
@@ -763,16 +800,64 @@ impl Datapath {
         }
     }
 
-    /// `BRIDGE_FDB`: `mac` is behind `port` of `bridge`.
-    pub fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], port: u32) -> anyhow::Result<()> {
+    /// `BRIDGE_FDB`: `mac` is behind `port` of `bridge` in VLAN `vid` (0: none).
+    pub fn fdb_learn(
+        &mut self,
+        bridge: u32,
+        mac: [u8; 6],
+        vid: u16,
+        port: u32,
+    ) -> anyhow::Result<()> {
         self.fdb
-            .insert(fdb_key(bridge, mac), port, 0)
+            .insert(fdb_key(bridge, mac, vid), port, 0)
             .with_context(|| format!("cannot write {MAP_BRIDGE_FDB}"))
     }
 
-    /// `BRIDGE_FDB`: `mac` is no longer known to `bridge`.
-    pub fn fdb_forget(&mut self, bridge: u32, mac: [u8; 6]) {
-        let _ = self.fdb.remove(&fdb_key(bridge, mac));
+    /// `BRIDGE_FDB`: `mac` is no longer known to `bridge` in VLAN `vid`.
+    pub fn fdb_forget(&mut self, bridge: u32, mac: [u8; 6], vid: u16) {
+        let _ = self.fdb.remove(&fdb_key(bridge, mac, vid));
+    }
+
+    /// `BRIDGE_VLANS`: `ifindex` (a port of a managed VLAN-filtering bridge, or the bridge) is
+    /// a member of VLAN `vid`, sending it untagged when `untagged`.
+    pub fn bridge_vlan_set(
+        &mut self,
+        ifindex: u32,
+        vid: u16,
+        untagged: bool,
+    ) -> anyhow::Result<()> {
+        let flags = if untagged { BRIDGE_VLAN_F_UNTAGGED } else { 0 };
+        self.bridge_vlans
+            .insert(bridge_vlan_key(ifindex, vid), flags, 0)
+            .with_context(|| format!("cannot write {MAP_BRIDGE_VLANS}"))
+    }
+
+    /// `BRIDGE_VLANS`: `ifindex` is no longer a member of VLAN `vid`.
+    pub fn bridge_vlan_remove(&mut self, ifindex: u32, vid: u16) {
+        let _ = self.bridge_vlans.remove(&bridge_vlan_key(ifindex, vid));
+    }
+
+    /// Every `BRIDGE_VLANS` entry of `ifindex` goes (it is no longer managed).
+    fn bridge_vlans_clear(&mut self, ifindex: u32) {
+        let keys: Vec<BridgeVlanKey> = self
+            .bridge_vlans
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.ifindex == ifindex)
+            .collect();
+        for k in keys {
+            let _ = self.bridge_vlans.remove(&k);
+        }
+    }
+
+    /// Writes the tag protocol (`tpid`, host order) and PVID (0: none) of a registered
+    /// VLAN-filtering bridge or port into its `IFACES` entry (both 0 when it does not filter).
+    /// The datapath reads them only while the entry has `IFACE_F_BRIDGE_VLAN_FILTERING`.
+    pub fn set_bridge_pvid(&mut self, ifindex: u32, tpid: u16, pvid: u16) -> anyhow::Result<()> {
+        let mut info = self.iface(ifindex)?;
+        info.vlan_tpid_be = tpid.to_be();
+        info.vlan_tci_be = pvid.to_be();
+        self.update_iface(ifindex, info)
     }
 
     /// Every `BRIDGE_FDB` entry of `bridge` goes (the bridge went away or stopped being
@@ -996,6 +1081,9 @@ impl Datapath {
     /// disappears; the kernel already dropped the link if the device is gone.
     pub fn detach(&mut self, ifindex: u32) {
         self.detach_vlan(ifindex);
+        // A bridge or port no longer managed (also one that stays only as a VLAN parent:
+        // its VLANs are written again when it is managed again).
+        self.bridge_vlans_clear(ifindex);
         if self.ppp_devices.contains_key(&ifindex) {
             self.detach_ppp(ifindex);
             return;

@@ -258,6 +258,19 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
             ))
         }),
     )?;
+    gauges(
+        enc,
+        "interface_bridge_vlans",
+        "VLANs a VLAN-filtering bridge (its own, self VLANs) or one of its ports is a member of, as the fast path uses them (bridge vlan show); only for VLAN-filtering bridges and their ports.",
+        None,
+        s.interfaces.iter().filter_map(|i| {
+            let v = i.bridge_vlans.as_ref()?;
+            Some((
+                vec![("interface", i.name.clone()), ("role", i.role.clone())],
+                v.vlans.len() as u64,
+            ))
+        }),
+    )?;
     let families = [("ipv4", s.flows.ipv4), ("ipv6", s.flows.ipv6)];
     gauges(
         enc,
@@ -528,8 +541,8 @@ mod tests {
 
     use super::*;
     use crate::status::{
-        ConntrackStatus, CounterRow, FibCacheStatus, FlowCounts, IfaceStatus, PppoeStatus,
-        RulesetStatus,
+        BridgeVlanStatus, BridgeVlansStatus, ConntrackStatus, CounterRow, FibCacheStatus,
+        FlowCounts, IfaceStatus, PppoeStatus, RulesetStatus,
     };
 
     /// A status with every family populated (also used to list the exported names).
@@ -565,6 +578,23 @@ mod tests {
                     fdb_entries: None,
                     encap: None,
                     pppoe: None,
+                    bridge_vlans: Some(BridgeVlansStatus {
+                        tpid: 0x8100,
+                        pvid: Some(1),
+                        vlans: vec![
+                            BridgeVlanStatus {
+                                vid: 1,
+                                pvid: true,
+                                untagged: true,
+                            },
+                            BridgeVlanStatus {
+                                vid: 20,
+                                pvid: false,
+                                untagged: false,
+                            },
+                        ],
+                    }),
+                    not_accelerated_because: None,
                 },
                 IfaceStatus {
                     name: "wan0".into(),
@@ -587,6 +617,8 @@ mod tests {
                         peer_mac: Some("52:54:00:12:34:56".into()),
                         not_accelerated_because: None,
                     }),
+                    bridge_vlans: None,
+                    not_accelerated_because: None,
                 },
             ],
             flows: FlowCounts {
@@ -772,6 +804,17 @@ mod tests {
         assert!(
             !t.contains(r#"xdp_router_interface_pppoe_session{interface="lan0""#),
             "only PPP devices have a session: {t}"
+        );
+        assert_eq!(
+            value(
+                &t,
+                r#"xdp_router_interface_bridge_vlans{interface="lan0",role="lan"}"#
+            ),
+            2.0
+        );
+        assert!(
+            !t.contains(r#"xdp_router_interface_bridge_vlans{interface="wan0""#),
+            "only VLAN-filtering bridges and their ports have VLANs: {t}"
         );
         assert!(t.contains("# UNIT xdp_router_fastpath_bytes bytes"), "{t}");
         assert!(t.ends_with("# EOF\n"), "{t}");

@@ -22,8 +22,8 @@ use parking_lot::{FairMutex, FairMutexGuard};
 use tokio::sync::Notify;
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
-    FLOW_F_REPLY, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_SHAPED,
-    Reason,
+    FLOW_F_REPLY, IFACE_F_BRIDGE, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT,
+    IFACE_F_SHAPED, Reason,
 };
 
 use crate::{
@@ -32,7 +32,8 @@ use crate::{
     flows::{DirKey, FlowManager, FlowTable, Offloaded},
     paths::Stale,
     status::{
-        ConntrackStatus, CounterRow, FlowCounts, FlowRow, Flows, IfaceStatus, PppoeStatus, Status,
+        BridgeVlanStatus, BridgeVlansStatus, ConntrackStatus, CounterRow, FlowCounts, FlowRow,
+        Flows, IfaceStatus, PppoeStatus, Status,
     },
     sync::{
         bridge::{BridgeKind, BridgeRead, BridgeReads, FdbEvent},
@@ -48,7 +49,7 @@ pub mod bridge;
 pub mod lock_stats;
 pub mod pppoe;
 
-use bridge::{BridgeView, Ports as BridgePorts};
+use bridge::{Bridge, BridgeView, ParentBridge, Vlans};
 use pppoe::PppoeState;
 
 /// What [`State`] needs from the datapath besides the flow maps: the managed interfaces'
@@ -128,12 +129,20 @@ pub trait Ports: FlowTable {
         session: Option<&PppoeBinding>,
         mode: XdpModeConfig,
     ) -> anyhow::Result<()>;
-    /// `mac` is behind `port` of `bridge` (the FDB copy).
-    fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], port: u32) -> anyhow::Result<()>;
-    /// `mac` is no longer known to `bridge`.
-    fn fdb_forget(&mut self, bridge: u32, mac: [u8; 6]);
+    /// `mac` is behind `port` of `bridge` in VLAN `vid` (0: none; the FDB copy).
+    fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], vid: u16, port: u32) -> anyhow::Result<()>;
+    /// `mac` is no longer known to `bridge` in VLAN `vid`.
+    fn fdb_forget(&mut self, bridge: u32, mac: [u8; 6], vid: u16);
     /// Forgets every FDB entry of `bridge`.
     fn fdb_clear(&mut self, bridge: u32);
+    /// The registered `ifindex` (a VLAN-filtering bridge or its port) is a member of VLAN
+    /// `vid`, untagged or not (`BRIDGE_VLANS`); its entries go when it is detached.
+    fn bridge_vlan_set(&mut self, ifindex: u32, vid: u16, untagged: bool) -> anyhow::Result<()>;
+    /// The registered `ifindex` is no longer a member of VLAN `vid`.
+    fn bridge_vlan_remove(&mut self, ifindex: u32, vid: u16);
+    /// Writes the tag protocol and PVID (host order; 0: none) of a registered VLAN-filtering
+    /// bridge or port.
+    fn set_bridge_pvid(&mut self, ifindex: u32, tpid: u16, pvid: u16) -> anyhow::Result<()>;
 }
 
 impl Ports for Datapath {
@@ -219,14 +228,23 @@ impl Ports for Datapath {
     ) -> anyhow::Result<()> {
         Datapath::set_pppoe(self, name, ifindex, session, mode)
     }
-    fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], port: u32) -> anyhow::Result<()> {
-        Datapath::fdb_learn(self, bridge, mac, port)
+    fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], vid: u16, port: u32) -> anyhow::Result<()> {
+        Datapath::fdb_learn(self, bridge, mac, vid, port)
     }
-    fn fdb_forget(&mut self, bridge: u32, mac: [u8; 6]) {
-        Datapath::fdb_forget(self, bridge, mac)
+    fn fdb_forget(&mut self, bridge: u32, mac: [u8; 6], vid: u16) {
+        Datapath::fdb_forget(self, bridge, mac, vid)
     }
     fn fdb_clear(&mut self, bridge: u32) {
         Datapath::fdb_clear(self, bridge)
+    }
+    fn bridge_vlan_set(&mut self, ifindex: u32, vid: u16, untagged: bool) -> anyhow::Result<()> {
+        Datapath::bridge_vlan_set(self, ifindex, vid, untagged)
+    }
+    fn bridge_vlan_remove(&mut self, ifindex: u32, vid: u16) {
+        Datapath::bridge_vlan_remove(self, ifindex, vid)
+    }
+    fn set_bridge_pvid(&mut self, ifindex: u32, tpid: u16, pvid: u16) -> anyhow::Result<()> {
+        Datapath::set_bridge_pvid(self, ifindex, tpid, pvid)
     }
 }
 
@@ -246,8 +264,9 @@ pub struct Managed {
     pub xmit: XdpXmit,
     /// Its link kind as last read (judges `xmit` on kernels without the `netdev` family).
     pub link_kind: Option<String>,
-    /// For a bridge: its ports, where the program runs (see [`bridge`]).
-    pub ports: Option<BridgePorts>,
+    /// For a bridge: its ports, where the program runs, and its VLAN filtering (see
+    /// [`bridge`]).
+    pub bridge: Option<Bridge>,
     /// For a VLAN device: its VLAN and parent, where the program runs (see
     /// [`crate::sync::vlan`]).
     pub vlan: Option<VlanRead>,
@@ -344,21 +363,52 @@ impl Managed {
             self.shaped_by().is_some(),
             self.hooks,
             self.cfg.bypass_hooks,
-        )
+        ) | self.bridge.as_ref().map_or(0, Bridge::filtering_flag)
     }
 
-    /// Records what sysfs says the interface is: a bridge is managed through its ports; a
-    /// VLAN-filtering bridge is not (the fast path does not know a frame's VLAN).
-    pub fn set_bridge_kind(&mut self, kind: BridgeKind) {
-        let name = &self.cfg.name;
-        if kind == BridgeKind::VlanFiltering {
-            warn!(interface = %name, "{name}: a VLAN-filtering bridge is not accelerated: XDP runs on the bridge itself in generic mode, where it only counts, and nothing is sent out of it by the fast path");
+    /// Records what sysfs says the interface is (`read`): a bridge is managed through its
+    /// ports, with its VLAN filtering as read.
+    pub fn set_bridge_kind(&mut self, read: &BridgeRead) {
+        self.bridge = (read.kind == BridgeKind::Bridge).then(|| {
+            let mut b = Bridge::default();
+            b.set_filtering(&self.cfg.name, read);
+            b
+        });
+    }
+
+    /// Why the fast path carries nothing of it, when it is a VLAN device it cannot accelerate
+    /// (a VLAN over a VLAN device: the program would run on the lower VLAN device, in generic
+    /// mode, where it only counts).
+    pub fn not_accelerated_because(&self) -> Option<String> {
+        let v = self.vlan.as_ref()?;
+        (v.parent_kind.as_deref() == Some("vlan")).then(|| {
+            format!(
+                "a VLAN over the VLAN device {} (stacked VLANs): left to the kernel",
+                v.parent_name
+            )
+        })
+    }
+
+    /// Records what its VLAN (if it is a VLAN device) is as read; a VLAN over a VLAN device
+    /// is warned about (see [`Managed::not_accelerated_because`]).
+    fn set_vlan(&mut self, vlan: Option<VlanRead>) {
+        self.vlan = vlan;
+        if let Some(why) = self.not_accelerated_because() {
+            let name = &self.cfg.name;
+            warn!(interface = %name, "{name}: not accelerated: {why}");
         }
-        self.ports = (kind == BridgeKind::Bridge).then(BridgePorts::new);
     }
 
-    /// What its ports take from it, when it is a bridge (`None` while it is missing).
-    fn bridge_view(&self, xdp_mode: XdpModeConfig) -> Option<BridgeView<'_>> {
+    /// Whether it is a VLAN device over a bridge (`br-lan.20`).
+    fn is_vlan_over_bridge(&self) -> bool {
+        self.vlan
+            .as_ref()
+            .is_some_and(|v| v.parent_kind.as_deref() == Some("bridge"))
+    }
+
+    /// What the ports of `b` (its bridge, taken out of it while they are synced) take from it
+    /// (`None` while it is missing).
+    fn bridge_view(&self, xdp_mode: XdpModeConfig, b: &Bridge) -> Option<BridgeView<'_>> {
         let flags = self.flags();
         Some(BridgeView {
             name: &self.cfg.name,
@@ -367,6 +417,7 @@ impl Managed {
             ingress_hook: flags & IFACE_F_INGRESS_HOOK != 0,
             bypass_hooks: self.cfg.bypass_hooks,
             xdp_mode,
+            filtering_flag: b.filtering_flag(),
         })
     }
 
@@ -387,7 +438,11 @@ impl Managed {
         let judged = xmit.of(v.link.parent, v.parent_kind.as_deref());
         // Shaped until its qdiscs are read (the caller's job, see `apply_qdiscs`).
         let mut flags = IFACE_F_SHAPED;
-        if let Some(why) = judged.why_not() {
+        if self.is_vlan_over_bridge() {
+            // Its ports transmit; the bridge's VLAN filtering is written with them (see
+            // `State::sync_bridges`), before any of them is attached.
+            flags |= IFACE_F_BRIDGE | IFACE_F_NO_XDP_XMIT;
+        } else if let Some(why) = judged.why_not() {
             flags |= IFACE_F_NO_XDP_XMIT;
             warn!(interface = %self.cfg.name, parent = %v.parent_name, "{}: its parent {}: {why}: the fast path does not send out of {} (egress_no_xdp_xmit)", self.cfg.name, v.parent_name, self.cfg.name);
         }
@@ -424,7 +479,7 @@ impl Managed {
                 &parent,
                 xdp_mode,
             )
-        } else if self.ports.is_some() {
+        } else if self.bridge.is_some() {
             dp.attach_bridge(&self.cfg.name, ifindex, self.slot, self.flags(), mac)
         } else if self.is_ppp() {
             dp.attach_ppp(&self.cfg.name, ifindex, self.slot, self.flags())
@@ -440,18 +495,13 @@ impl Managed {
         }
     }
 
-    /// Detaches from it, its ports and their FDB entries included.
+    /// Detaches from it, its ports and their FDB entries and VLANs included.
     fn detach<D: Ports>(&mut self, dp: &mut D, ifindex: u32) {
-        for port in self
-            .ports
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
-            .into_keys()
-        {
-            dp.detach(port);
-        }
-        if self.ports.is_some() {
+        if let Some(b) = &mut self.bridge {
+            for port in std::mem::take(&mut b.ports).into_keys() {
+                dp.detach(port);
+            }
+            b.vlans = Vlans::default();
             dp.fdb_clear(ifindex);
         }
         // The datapath forgets the session with the PPP device.
@@ -471,7 +521,7 @@ impl Managed {
         match (before, self.xmit.why_not()) {
             // A bridge transmits nothing itself: its ports do; a VLAN device: its parent; a
             // PPP device: its session's lower device.
-            _ if self.ports.is_some() || self.vlan.is_some() || self.is_ppp() => {}
+            _ if self.bridge.is_some() || self.vlan.is_some() || self.is_ppp() => {}
             (true, Some(why)) => {
                 warn!(interface = %name, "{name}: {why}: the fast path does not send out of it (egress_no_xdp_xmit)")
             }
@@ -757,6 +807,9 @@ pub struct State<D = Datapath> {
     pub next_slot: u32,
     /// Stats slots of the VLAN parents, by ifindex (one per parent, whatever its VLANs).
     pub parent_slots: BTreeMap<u32, u32>,
+    /// The bridges managed only as the parent of managed VLAN devices, by ifindex (see
+    /// [`State::sync_bridges`]).
+    pub parent_bridges: BTreeMap<u32, ParentBridge>,
 }
 
 fn fmt_mac(m: [u8; 6]) -> String {
@@ -786,7 +839,7 @@ impl<D: Ports> State<D> {
                 mac: [0; 6],
                 xmit: XdpXmit::Unknown,
                 link_kind: None,
-                ports: None,
+                bridge: None,
                 vlan: None,
                 parent_slot: 0,
                 parent_shaper: Some(SHAPED_UNKNOWN.into()),
@@ -803,6 +856,7 @@ impl<D: Ports> State<D> {
             xmit: Capabilities::default(),
             next_slot: interfaces.len() as u32 + 1,
             parent_slots: BTreeMap::new(),
+            parent_bridges: BTreeMap::new(),
         }
     }
 
@@ -813,9 +867,9 @@ impl<D: Ports> State<D> {
         self.xmit = xmit;
         for m in &mut self.ifaces {
             let read = found.get(&m.cfg.name).cloned().unwrap_or_default();
-            m.set_bridge_kind(read.kind);
+            m.set_bridge_kind(&read);
             m.set_link_kind(read.link_kind);
-            m.vlan = read.vlan;
+            m.set_vlan(read.vlan);
             m.set_xmit(
                 self.xmit
                     .of(m.ifindex.unwrap_or_default(), m.link_kind.as_deref()),
@@ -823,14 +877,28 @@ impl<D: Ports> State<D> {
         }
     }
 
+    /// The names of the attached VLAN devices over `parent`, comma-separated (`br-lan.1,
+    /// br-lan.2`).
+    fn vlans_over(&self, parent: u32) -> String {
+        self.ifaces
+            .iter()
+            .filter(|m| m.mode.is_some())
+            .filter(|m| m.vlan.as_ref().is_some_and(|v| v.link.parent == parent))
+            .map(|m| m.cfg.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Whether a managed interface is a VLAN device.
     pub fn has_vlans(&self) -> bool {
         self.ifaces.iter().any(|m| m.vlan.is_some())
     }
 
-    /// Whether a managed interface is a bridge.
+    /// Whether a managed interface is a bridge, or a VLAN device over one.
     pub fn has_bridges(&self) -> bool {
-        self.ifaces.iter().any(|m| m.ports.is_some())
+        self.ifaces
+            .iter()
+            .any(|m| m.bridge.is_some() || m.is_vlan_over_bridge())
     }
 
     /// Attaches to every present interface (start-up: its qdiscs and hooks are known by now).
@@ -869,9 +937,9 @@ impl<D: Ports> State<D> {
             .iter()
             .flat_map(|m| {
                 let ports = m
-                    .ports
+                    .bridge
                     .iter()
-                    .flat_map(|p| p.values().map(|p| p.name.clone()));
+                    .flat_map(|b| b.ports.values().map(|p| p.name.clone()));
                 let parent = m.vlan.iter().map(|v| v.parent_name.clone());
                 let session = m
                     .pppoe
@@ -882,6 +950,11 @@ impl<D: Ports> State<D> {
                     .chain(parent)
                     .chain(session)
             })
+            .chain(
+                self.parent_bridges
+                    .values()
+                    .flat_map(|p| p.bridge.ports.values().map(|p| p.name.clone())),
+            )
             .collect()
     }
 
@@ -897,9 +970,10 @@ impl<D: Ports> State<D> {
         read: &BridgeRead,
     ) -> bool {
         let xdp_mode = self.xdp_mode;
-        let Some(m) = self.ifaces.iter_mut().find(|m| m.cfg.name == name) else {
+        let Some(i) = self.ifaces.iter().position(|m| m.cfg.name == name) else {
             return false;
         };
+        let m = &mut self.ifaces[i];
         if m.ifindex == Some(ifindex) && m.mode.is_some() {
             if let Some(mac) = mac {
                 m.mac = mac;
@@ -914,11 +988,16 @@ impl<D: Ports> State<D> {
             return false;
         }
         if let Some(old) = m.ifindex.take() {
+            m.mode = None;
             m.detach(&mut self.dp, old);
+            // A bridge parent managed for this VLAN device alone goes with it (the datapath
+            // forgot the bridge's own entry with it) and is managed afresh once it is back.
+            self.prune_parent_bridges();
         }
-        m.set_bridge_kind(read.kind);
+        let m = &mut self.ifaces[i];
+        m.set_bridge_kind(read);
         m.set_link_kind(read.link_kind.clone());
-        m.vlan = read.vlan.clone();
+        m.set_vlan(read.vlan.clone());
         // A new device: its qdiscs are read right after this (the caller's job); until then
         // `auto` counts it as shaped.
         m.egress = None;
@@ -946,6 +1025,7 @@ impl<D: Ports> State<D> {
         m.ifindex = None;
         m.mode = None;
         m.detach(&mut self.dp, ifindex);
+        self.prune_parent_bridges();
         let managed = self.managed_map();
         self.flows.set_managed(managed);
         true
@@ -955,8 +1035,14 @@ impl<D: Ports> State<D> {
     /// fast path follows).
     pub fn has_egress_of(&self, ifindex: u32) -> bool {
         self.ifaces.iter().any(|m| {
-            m.ifindex == Some(ifindex) || m.ports.as_ref().is_some_and(|p| p.contains_key(&ifindex))
-        })
+            m.ifindex == Some(ifindex)
+                || m.bridge
+                    .as_ref()
+                    .is_some_and(|b| b.ports.contains_key(&ifindex))
+        }) || self
+            .parent_bridges
+            .values()
+            .any(|p| p.bridge.ports.contains_key(&ifindex))
     }
 
     /// The ifindex a managed interface has now, if it is present.
@@ -990,17 +1076,32 @@ impl<D: Ports> State<D> {
                     error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
                 }
             }
-            let mut ports = m.ports.take();
-            if let (Some(view), Some(ports)) = (m.bridge_view(self.xdp_mode), ports.as_mut()) {
-                for (i, p) in ports.iter_mut() {
+            let mut b = m.bridge.take();
+            if let Some(b) = b.as_mut()
+                && let Some(view) = m.bridge_view(self.xdp_mode, b)
+            {
+                for (i, p) in b.ports.iter_mut() {
                     p.egress = by_ifindex
                         .as_ref()
                         .map(|b| b.get(i).cloned().unwrap_or_default());
                 }
-                bridge::write_flags(&mut self.dp, &view, ports);
+                bridge::write_flags(&mut self.dp, &view, &b.ports);
             }
-            m.ports = ports;
+            m.bridge = b;
         }
+        let mut parents = std::mem::take(&mut self.parent_bridges);
+        for (ifindex, pb) in &mut parents {
+            let mut b = std::mem::take(&mut pb.bridge);
+            for (i, p) in b.ports.iter_mut() {
+                p.egress = by_ifindex
+                    .as_ref()
+                    .map(|b| b.get(i).cloned().unwrap_or_default());
+            }
+            let view = self.parent_bridge_view(*ifindex, pb, &b);
+            bridge::write_flags(&mut self.dp, &view, &b.ports);
+            pb.bridge = b;
+        }
+        self.parent_bridges = parents;
         self.apply_parent_qdiscs(by_ifindex.as_ref());
         self.apply_session_qdiscs(by_ifindex.as_ref());
     }
@@ -1035,12 +1136,18 @@ impl<D: Ports> State<D> {
             if let Some(kind) = &m.parent_shaper {
                 debug!(interface = %m.cfg.name, parent = %v.parent_name, qdisc = %kind, "{}: its parent {} is shaped by {kind}: the fast path does not send out of {}", m.cfg.name, v.parent_name, m.cfg.name);
             }
+            // A bridge transmits nothing itself (its ports do).
+            let xmit = !m.is_vlan_over_bridge()
+                && self.xmit.of(parent, v.parent_kind.as_deref()).allowed();
             let flags = egress_flags(
-                self.xmit.of(parent, v.parent_kind.as_deref()).allowed(),
+                xmit,
                 m.parent_shaper.is_some(),
                 m.parent_hooks,
                 m.cfg.bypass_hooks,
-            );
+            ) | self
+                .parent_bridges
+                .get(&parent)
+                .map_or(0, |p| p.bridge.filtering_flag());
             if let Err(e) = self.dp.set_iface_flags(parent, m.parent_slot, flags) {
                 debug!(interface = %v.parent_name, error = %format!("{e:#}"), "cannot update the VLAN parent's flags");
             }
@@ -1202,12 +1309,22 @@ impl<D: Ports> State<D> {
             {
                 error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
             }
-            let mut ports = m.ports.take();
-            if let (Some(view), Some(ports)) = (m.bridge_view(self.xdp_mode), ports.as_mut()) {
-                bridge::refresh_xmit(&mut self.dp, &view, ports, &self.xmit);
+            let mut b = m.bridge.take();
+            if let Some(b) = b.as_mut()
+                && let Some(view) = m.bridge_view(self.xdp_mode, b)
+            {
+                bridge::refresh_xmit(&mut self.dp, &view, &mut b.ports, &self.xmit);
             }
-            m.ports = ports;
+            m.bridge = b;
         }
+        let mut parents = std::mem::take(&mut self.parent_bridges);
+        for (ifindex, pb) in &mut parents {
+            let mut b = std::mem::take(&mut pb.bridge);
+            let view = self.parent_bridge_view(*ifindex, pb, &b);
+            bridge::refresh_xmit(&mut self.dp, &view, &mut b.ports, &self.xmit);
+            pb.bridge = b;
+        }
+        self.parent_bridges = parents;
         // The VLAN parents' and PPPoE lower devices' own judgement.
         self.write_parent_flags();
         self.write_session_flags();
@@ -1240,13 +1357,148 @@ impl<D: Ports> State<D> {
                     error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update the MAC address");
                 }
             }
-            let mut ports = m.ports.take();
-            if let (Some(view), Some(ports)) = (m.bridge_view(*xdp_mode), ports.as_mut()) {
-                bridge::sync_ports(dp, &view, ports, read.ports.clone(), xmit, next_slot);
+            // VLAN filtering switched on or off: the bridge's own flags first (see
+            // `Bridge::set_filtering`), the ports' with them in `sync_ports`.
+            let name = &m.cfg.name;
+            if m.bridge
+                .as_mut()
+                .is_some_and(|b| b.set_filtering(name, read))
+                && let Some(ifindex) = m.ifindex
+                && let Err(e) = dp.set_iface_flags(ifindex, m.slot, m.flags())
+            {
+                error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
             }
-            m.ports = ports;
+            let mut b = m.bridge.take();
+            if let Some(b) = b.as_mut()
+                && let Some(view) = m.bridge_view(*xdp_mode, b)
+            {
+                b.sync(dp, &view, read, xmit, next_slot);
+            }
+            m.bridge = b;
         }
+        self.sync_parent_bridges(found);
         self.next_slot != before
+    }
+
+    /// The bridges under attached VLAN devices that are not in the config themselves, by
+    /// ifindex: their name, and whether every VLAN device over them bypasses hooks.
+    fn wanted_parent_bridges(&self) -> BTreeMap<u32, (String, bool)> {
+        let configured: Vec<u32> = self.ifaces.iter().filter_map(|m| m.ifindex).collect();
+        let mut out: BTreeMap<u32, (String, bool)> = BTreeMap::new();
+        for m in self.ifaces.iter().filter(|m| m.mode.is_some()) {
+            let Some(v) = m.vlan.as_ref().filter(|_| m.is_vlan_over_bridge()) else {
+                continue;
+            };
+            if configured.contains(&v.link.parent) {
+                continue;
+            }
+            out.entry(v.link.parent)
+                .and_modify(|(_, bypass)| *bypass &= m.cfg.bypass_hooks)
+                .or_insert((v.parent_name.clone(), m.cfg.bypass_hooks));
+        }
+        out
+    }
+
+    /// Stops managing the bridges no attached VLAN device runs over any more: their ports are
+    /// detached (VLANs with them) and their FDB copy forgotten. (The datapath forgets the
+    /// bridge's own entry with its last VLAN device.)
+    fn prune_parent_bridges(&mut self) {
+        let wanted = self.wanted_parent_bridges();
+        let gone: Vec<u32> = self
+            .parent_bridges
+            .keys()
+            .filter(|i| !wanted.contains_key(i))
+            .copied()
+            .collect();
+        for ifindex in gone {
+            if let Some(pb) = self.parent_bridges.remove(&ifindex) {
+                info!(interface = %pb.name, "{}: no managed VLAN device over it any more: its ports are detached", pb.name);
+                for port in pb.bridge.ports.into_keys() {
+                    self.dp.detach(port);
+                }
+                self.dp.fdb_clear(ifindex);
+            }
+        }
+    }
+
+    /// What the ports of the parent bridge `pb` (`ifindex`; `b`: its bridge, taken out of it
+    /// while they are synced) take from it.
+    fn parent_bridge_view<'a>(
+        &self,
+        ifindex: u32,
+        pb: &'a ParentBridge,
+        b: &Bridge,
+    ) -> BridgeView<'a> {
+        let bypass_hooks = self
+            .wanted_parent_bridges()
+            .get(&ifindex)
+            .is_some_and(|(_, bypass)| *bypass);
+        BridgeView {
+            name: &pb.name,
+            ifindex,
+            mac: pb.mac,
+            ingress_hook: !bypass_hooks && pb.hooks.ingress,
+            bypass_hooks,
+            xdp_mode: self.xdp_mode,
+            filtering_flag: b.filtering_flag(),
+        }
+    }
+
+    /// Manages the bridges under attached VLAN devices that are not in the config themselves
+    /// (`br-lan` under `br-lan.20`), as read (`found`, by the bridge's name; one missing there
+    /// is left as it is): their ports as a configured bridge's, their VLAN filtering, their
+    /// MAC; and stops managing those no VLAN device runs over any more.
+    fn sync_parent_bridges(&mut self, found: &BridgeReads) {
+        self.prune_parent_bridges();
+        let mut flags_changed = false;
+        for (ifindex, (name, _)) in self.wanted_parent_bridges() {
+            let Some(read) = found.get(&name).filter(|r| r.kind == BridgeKind::Bridge) else {
+                continue;
+            };
+            let pb = self.parent_bridges.entry(ifindex).or_insert_with(|| {
+                info!(interface = %name, "{name}: a bridge under managed VLAN devices: its ports are managed for them");
+                ParentBridge {
+                    name: name.clone(),
+                    mac: [0; 6],
+                    hooks: Hooks::default(),
+                    bridge: Bridge::default(),
+                }
+            });
+            if let Some(mac) = read.mac
+                && mac != pb.mac
+            {
+                pb.mac = mac;
+                if let Err(e) = self.dp.set_iface_mac(ifindex, mac) {
+                    error!(interface = %name, error = %format!("{e:#}"), "cannot update the MAC address");
+                }
+            }
+            flags_changed |= pb.bridge.set_filtering(&name, read);
+        }
+        if flags_changed {
+            // The bridges' own flags before their VLANs and ports (see `Bridge::set_filtering`).
+            self.write_parent_flags();
+        }
+        let mut parents = std::mem::take(&mut self.parent_bridges);
+        for (ifindex, pb) in &mut parents {
+            let Some(read) = found.get(&pb.name).filter(|r| r.kind == BridgeKind::Bridge) else {
+                continue;
+            };
+            let mut b = std::mem::take(&mut pb.bridge);
+            let view = self.parent_bridge_view(*ifindex, pb, &b);
+            b.sync(&mut self.dp, &view, read, &self.xmit, &mut self.next_slot);
+            pb.bridge = b;
+        }
+        self.parent_bridges = parents;
+    }
+
+    /// The ifindexes of the managed bridges (configured, or managed as VLAN parents).
+    fn bridge_ifindexes(&self) -> Vec<u32> {
+        self.ifaces
+            .iter()
+            .filter(|m| m.bridge.is_some())
+            .filter_map(|m| m.ifindex)
+            .chain(self.parent_bridges.keys().copied())
+            .collect()
     }
 
     /// Copies a bridge FDB change into `BRIDGE_FDB` (managed bridges only).
@@ -1254,20 +1506,21 @@ impl<D: Ports> State<D> {
         let bridge = match ev {
             FdbEvent::Learned { bridge, .. } | FdbEvent::Forgotten { bridge, .. } => bridge,
         };
-        if !self
-            .ifaces
-            .iter()
-            .any(|m| m.ports.is_some() && m.ifindex == Some(bridge))
-        {
+        if !self.bridge_ifindexes().contains(&bridge) {
             return;
         }
         match ev {
-            FdbEvent::Learned { bridge, mac, port } => {
-                if let Err(e) = self.dp.fdb_learn(bridge, mac, port) {
+            FdbEvent::Learned {
+                bridge,
+                mac,
+                vid,
+                port,
+            } => {
+                if let Err(e) = self.dp.fdb_learn(bridge, mac, vid, port) {
                     error!(error = %format!("{e:#}"), "cannot copy a bridge FDB entry");
                 }
             }
-            FdbEvent::Forgotten { bridge, mac } => self.dp.fdb_forget(bridge, mac),
+            FdbEvent::Forgotten { bridge, mac, vid } => self.dp.fdb_forget(bridge, mac, vid),
         }
     }
 
@@ -1275,13 +1528,7 @@ impl<D: Ports> State<D> {
     /// (`entries`, see [`crate::sync::bridge::fdb_dump`]): after an rtnetlink overrun, FDB
     /// notifications were lost, so entries of MACs that moved or left may be stale.
     pub fn reload_fdb(&mut self, entries: Vec<FdbEvent>) {
-        let bridges: Vec<u32> = self
-            .ifaces
-            .iter()
-            .filter(|m| m.ports.is_some())
-            .filter_map(|m| m.ifindex)
-            .collect();
-        for &bridge in &bridges {
+        for bridge in self.bridge_ifindexes() {
             self.dp.fdb_clear(bridge);
         }
         for ev in entries {
@@ -1300,14 +1547,16 @@ impl<D: Ports> State<D> {
             {
                 error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
             }
-            let mut ports = m.ports.take();
-            if let (Some(view), Some(ports)) = (m.bridge_view(self.xdp_mode), ports.as_mut()) {
-                for p in ports.values_mut() {
+            let mut b = m.bridge.take();
+            if let Some(b) = b.as_mut()
+                && let Some(view) = m.bridge_view(self.xdp_mode, b)
+            {
+                for p in b.ports.values_mut() {
                     p.hooks = found.port(&p.name);
                 }
-                bridge::write_flags(&mut self.dp, &view, ports);
+                bridge::write_flags(&mut self.dp, &view, &b.ports);
             }
-            m.ports = ports;
+            m.bridge = b;
             if let Some(v) = &m.vlan {
                 m.parent_hooks = found.device(&v.parent_name);
             }
@@ -1315,6 +1564,18 @@ impl<D: Ports> State<D> {
                 p.set_hooks(|name| found.device(name));
             }
         }
+        let mut parents = std::mem::take(&mut self.parent_bridges);
+        for (ifindex, pb) in &mut parents {
+            pb.hooks = found.device(&pb.name);
+            let mut b = std::mem::take(&mut pb.bridge);
+            for p in b.ports.values_mut() {
+                p.hooks = found.port(&p.name);
+            }
+            let view = self.parent_bridge_view(*ifindex, pb, &b);
+            bridge::write_flags(&mut self.dp, &view, &b.ports);
+            pb.bridge = b;
+        }
+        self.parent_bridges = parents;
         self.write_parent_flags();
         self.write_session_flags();
     }
@@ -1376,6 +1637,23 @@ fn session_binding(
     }
 }
 
+/// A VLAN-filtering device's VLANs for `status`.
+fn vlans_status(v: &Vlans) -> BridgeVlansStatus {
+    BridgeVlansStatus {
+        tpid: v.tpid,
+        pvid: (v.pvid != 0).then_some(v.pvid),
+        vlans: v
+            .table
+            .iter()
+            .map(|(&vid, m)| BridgeVlanStatus {
+                vid,
+                pvid: m.pvid,
+                untagged: m.untagged,
+            })
+            .collect(),
+    }
+}
+
 /// `VLAN 7 (802.1Q) on eth0`.
 fn vlan_encap(v: &VlanRead) -> String {
     let proto = if v.link.tpid == 0x88a8 {
@@ -1395,17 +1673,22 @@ impl State<Datapath> {
         let configured: Vec<u32> = self.ifaces.iter().filter_map(|m| m.ifindex).collect();
         for m in &self.ifaces {
             slots.push((m.cfg.name.clone(), m.slot));
-            for p in m.ports.iter().flat_map(|p| p.values()) {
+            for p in m.bridge.iter().flat_map(|b| b.ports.values()) {
                 slots.push((p.name.clone(), p.slot));
             }
             // A parent over several VLANs: one row; none for a parent in the config (it
-            // counts in its own slot).
+            // counts in its own slot). A bridge parent's ports count in theirs.
             if let Some(v) = &m.vlan
                 && m.parent_slot != 0
                 && !self.ifaces.iter().any(|o| o.ifindex == Some(v.link.parent))
                 && seen_parents.insert(m.parent_slot)
             {
                 slots.push((v.parent_name.clone(), m.parent_slot));
+                if let Some(pb) = self.parent_bridges.get(&v.link.parent) {
+                    for p in pb.bridge.ports.values() {
+                        slots.push((p.name.clone(), p.slot));
+                    }
+                }
             }
             // The devices managed only for a PPPoE session: one row each, like a VLAN parent.
             for d in m.pppoe.iter().flat_map(PppoeState::sides) {
@@ -1443,7 +1726,7 @@ impl State<Datapath> {
                     Some(p) => p.bound.is_some(),
                     None => m.ifindex.is_some() && m.xmit.allowed(),
                 },
-                no_xdp_xmit_because: match (&m.ports, m.ifindex, &m.pppoe) {
+                no_xdp_xmit_because: match (&m.bridge, m.ifindex, &m.pppoe) {
                     (_, None, _) => None,
                     (Some(_), Some(_), _) => Some(
                         "a bridge: the fast path sends to the port its FDB names instead".into(),
@@ -1459,17 +1742,24 @@ impl State<Datapath> {
                     .map(str::to_string),
                 bridge: None,
                 fdb_entries: m
-                    .ports
+                    .bridge
                     .as_ref()
                     .and(m.ifindex)
                     .map(|i| self.dp.fdb_len(i) as u64),
                 encap: m.vlan.as_ref().map(vlan_encap).or_else(|| m.pppoe_encap()),
                 pppoe: m.pppoe_status(),
+                bridge_vlans: m
+                    .bridge
+                    .as_ref()
+                    .filter(|b| b.filtering.is_some())
+                    .map(|b| vlans_status(&b.vlans)),
+                not_accelerated_because: m.not_accelerated_because(),
             });
             if let (Some(v), Some(_)) = (&m.vlan, m.mode)
                 && !self.ifaces.iter().any(|o| o.ifindex == Some(v.link.parent))
                 && !interfaces.iter().any(|i| i.ifindex == v.link.parent)
             {
+                let pb = self.parent_bridges.get(&v.link.parent);
                 interfaces.push(IfaceStatus {
                     name: v.parent_name.clone(),
                     ifindex: v.link.parent,
@@ -1481,15 +1771,41 @@ impl State<Datapath> {
                     egress_qdisc: None,
                     xdp_xmit: false,
                     no_xdp_xmit_because: Some(
-                        "managed only as a VLAN parent: only its VLANs' tagged frames are sent"
-                            .into(),
+                        if m.is_vlan_over_bridge() {
+                            "a bridge managed only as a VLAN parent: only its VLANs' frames are sent, out of the port its FDB names"
+                        } else {
+                            "managed only as a VLAN parent: only its VLANs' tagged frames are sent"
+                        }
+                        .into(),
                     ),
                     generic_because: self.dp.generic_because(v.link.parent).map(str::to_string),
                     bridge: None,
-                    fdb_entries: None,
-                    encap: Some(format!("parent of {}", m.cfg.name)),
+                    fdb_entries: pb.map(|_| self.dp.fdb_len(v.link.parent) as u64),
+                    // A bridge parent (OpenWrt DSA: br-lan.1, br-lan.2) names all its VLANs.
+                    encap: Some(format!(
+                        "parent of {}",
+                        if pb.is_some() {
+                            self.vlans_over(v.link.parent)
+                        } else {
+                            m.cfg.name.clone()
+                        }
+                    )),
                     pppoe: None,
+                    bridge_vlans: pb
+                        .filter(|pb| pb.bridge.filtering.is_some())
+                        .map(|pb| vlans_status(&pb.bridge.vlans)),
+                    not_accelerated_because: None,
                 });
+                for (ifindex, p) in pb.iter().flat_map(|pb| pb.bridge.ports.iter()) {
+                    let filtering = pb.is_some_and(|pb| pb.bridge.filtering.is_some());
+                    interfaces.push(self.port_status(
+                        m,
+                        pb.map_or("", |pb| &pb.name),
+                        *ifindex,
+                        p,
+                        filtering,
+                    ));
+                }
             }
             for d in m.pppoe.iter().flat_map(PppoeState::sides) {
                 if configured.contains(&d.ifindex) {
@@ -1540,26 +1856,13 @@ impl State<Datapath> {
                     fdb_entries: None,
                     encap: Some(encap),
                     pppoe: None,
+                    bridge_vlans: None,
+                    not_accelerated_because: None,
                 });
             }
-            for (ifindex, p) in m.ports.iter().flatten() {
-                interfaces.push(IfaceStatus {
-                    name: p.name.clone(),
-                    ifindex: *ifindex,
-                    role: m.cfg.role.to_string(),
-                    attach_mode: p.mode.map(AttachMode::as_str).unwrap_or("detached").into(),
-                    shaped: p.shaped_by().is_some(),
-                    shaped_config: "auto".into(),
-                    shaped_by: p.shaped_by(),
-                    egress_qdisc: p.egress.as_ref().and_then(|e| e.root.clone()),
-                    xdp_xmit: p.xmit.allowed(),
-                    no_xdp_xmit_because: p.xmit.why_not(),
-                    generic_because: self.dp.generic_because(*ifindex).map(str::to_string),
-                    bridge: Some(m.cfg.name.clone()),
-                    fdb_entries: None,
-                    encap: None,
-                    pppoe: None,
-                });
+            for (ifindex, p) in m.bridge.iter().flat_map(|b| b.ports.iter()) {
+                let filtering = m.bridge.as_ref().is_some_and(|b| b.filtering.is_some());
+                interfaces.push(self.port_status(m, &m.cfg.name, *ifindex, p, filtering));
             }
         }
         let (v4_dirs, v6_dirs) = self.flows.directions();
@@ -1583,6 +1886,37 @@ impl State<Datapath> {
             ruleset: self.dp.ruleset_status(),
             age_ms: 0,
         })
+    }
+
+    /// The `status` row of the port `p` (`ifindex`) of the bridge called `bridge`, managed for
+    /// `m` (whose role it takes).
+    fn port_status(
+        &self,
+        m: &Managed,
+        bridge: &str,
+        ifindex: u32,
+        p: &bridge::Port,
+        filtering: bool,
+    ) -> IfaceStatus {
+        IfaceStatus {
+            name: p.name.clone(),
+            ifindex,
+            role: m.cfg.role.to_string(),
+            attach_mode: p.mode.map(AttachMode::as_str).unwrap_or("detached").into(),
+            shaped: p.shaped_by().is_some(),
+            shaped_config: "auto".into(),
+            shaped_by: p.shaped_by(),
+            egress_qdisc: p.egress.as_ref().and_then(|e| e.root.clone()),
+            xdp_xmit: p.xmit.allowed(),
+            no_xdp_xmit_because: p.xmit.why_not(),
+            generic_because: self.dp.generic_because(ifindex).map(str::to_string),
+            bridge: Some(bridge.to_string()),
+            fdb_entries: None,
+            encap: None,
+            pppoe: None,
+            bridge_vlans: filtering.then(|| vlans_status(&p.vlans)),
+            not_accelerated_because: None,
+        }
     }
 
     /// The `xdp-routerd flows` rows of `conns`, with their counters read from the maps now

@@ -108,7 +108,8 @@ pub struct IfaceStatus {
     #[serde(default)]
     pub fdb_entries: Option<u64>,
     /// For a VLAN device: its VLAN and parent (`VLAN 7 (802.1Q) on eth0`, the program runs
-    /// there); for a parent managed only for its VLANs: `parent of eth0.7`. For a PPP device:
+    /// there, or on the ports of a bridge parent: `VLAN 20 (802.1Q) on br-lan`); for a parent
+    /// managed only for its VLANs: `parent of eth0.7`. For a PPP device:
     /// its PPPoE session (`PPPoE session 0x0001 over eth0 (peer 52:54:00:12:34:56)`, the
     /// program runs on eth0), or `PPPoE: not accelerated` when it has none; for a device
     /// managed only for a session: `lower device of ppp0`.
@@ -118,6 +119,68 @@ pub struct IfaceStatus {
     /// interfaces).
     #[serde(default)]
     pub pppoe: Option<PppoeStatus>,
+    /// For a VLAN-filtering bridge (its own `self` VLANs) and each of its ports: the VLANs as
+    /// the fast path uses them; null for everything else (a bridge without VLAN filtering
+    /// too).
+    #[serde(default)]
+    pub bridge_vlans: Option<BridgeVlansStatus>,
+    /// Why the fast path carries nothing of it (a VLAN over a VLAN device); null otherwise.
+    #[serde(default)]
+    pub not_accelerated_because: Option<String>,
+}
+
+/// The VLANs of a VLAN-filtering bridge or of one of its ports, as copied to the fast path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BridgeVlansStatus {
+    /// The bridge's tag protocol (`vlan_protocol`): 33024 (0x8100, 802.1Q) or 34984
+    /// (0x88a8, 802.1ad); 0 when it could not be read.
+    pub tpid: u16,
+    /// Its PVID (untagged frames it receives are in this VLAN); null: none (they are
+    /// dropped).
+    pub pvid: Option<u16>,
+    /// Its memberships, by VLAN ID.
+    pub vlans: Vec<BridgeVlanStatus>,
+}
+
+/// One VLAN membership (a line of `bridge vlan show`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BridgeVlanStatus {
+    pub vid: u16,
+    /// It is the PVID.
+    pub pvid: bool,
+    /// Sent untagged (for the bridge itself: its own IP layer sees the VLAN on the bridge
+    /// device, not on a VLAN device over it).
+    pub untagged: bool,
+}
+
+impl BridgeVlansStatus {
+    /// `VLANs 1 (PVID, untagged), 20`, `no VLANs`, with `, no PVID` when it has none.
+    pub fn render(&self) -> String {
+        let list: Vec<String> = self
+            .vlans
+            .iter()
+            .map(|v| match (v.pvid, v.untagged) {
+                (true, true) => format!("{} (PVID, untagged)", v.vid),
+                (true, false) => format!("{} (PVID)", v.vid),
+                (false, true) => format!("{} (untagged)", v.vid),
+                (false, false) => v.vid.to_string(),
+            })
+            .collect();
+        let mut s = if list.is_empty() {
+            "no VLANs".to_string()
+        } else {
+            format!("VLANs {}", list.join(", "))
+        };
+        if self.pvid.is_none() {
+            s.push_str(", no PVID");
+        }
+        s
+    }
+
+    /// `802.1Q` / `802.1ad`.
+    pub fn protocol(&self) -> &'static str {
+        crate::state::bridge::protocol_name(self.tpid)
+    }
 }
 
 /// A managed PPP device's PPPoE session.
@@ -233,10 +296,16 @@ impl Status {
                 (None, true) => " (egress shaped: not used by the fast path)".to_string(),
                 (_, false) => String::new(),
             };
-            let bridge = match (&i.bridge, i.fdb_entries) {
-                (Some(b), _) => format!(" (port of {b})"),
-                (None, Some(n)) => format!(" (bridge: {n} FDB entries)"),
-                (None, None) => String::new(),
+            let bridge = match (&i.bridge, i.fdb_entries, &i.bridge_vlans) {
+                (Some(b), _, None) => format!(" (port of {b})"),
+                (Some(b), _, Some(v)) => format!(" (port of {b}, {})", v.render()),
+                (None, Some(n), None) => format!(" (bridge: {n} FDB entries)"),
+                (None, Some(n), Some(v)) => format!(
+                    " (bridge: {n} FDB entries, VLAN filtering {}, {})",
+                    v.protocol(),
+                    v.render()
+                ),
+                (None, None, _) => String::new(),
             };
             let encap = i
                 .encap
@@ -260,6 +329,9 @@ impl Status {
                 .and_then(|p| p.not_accelerated_because.as_ref())
             {
                 let _ = writeln!(s, "    PPPoE not accelerated: {why}");
+            }
+            if let Some(why) = &i.not_accelerated_because {
+                let _ = writeln!(s, "    not accelerated: {why}");
             }
         }
         let _ = writeln!(
@@ -669,6 +741,8 @@ mod tests {
             fdb_entries: None,
             encap: encap.map(str::to_string),
             pppoe: Some(pppoe),
+            bridge_vlans: None,
+            not_accelerated_because: None,
         }
     }
 

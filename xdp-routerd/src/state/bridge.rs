@@ -1,15 +1,17 @@
-//! The ports of a managed bridge, as the state keeps them: a port joins (attached, with the
-//! bridge's MAC and a stats slot of its own), leaves (detached), changes STP state, qdiscs,
-//! hooks or XDP transmit capability (its `IFACE_F_*` flags rewritten). What the ports are is
-//! read from sysfs outside the lock ([`crate::sync::bridge::read`]); the FDB copy is written
-//! by [`super::State::apply_fdb`].
+//! The managed bridges, as the state keeps them: a port joins (attached, with the bridge's MAC
+//! and a stats slot of its own), leaves (detached), changes STP state, qdiscs, hooks or XDP
+//! transmit capability (its `IFACE_F_*` flags rewritten); a VLAN-filtering bridge's and its
+//! ports' VLANs are copied into `BRIDGE_VLANS` (PVID and tag protocol into `IFACES`) and kept
+//! in step by diff ([`sync_vlans`]). What the bridges are is read from sysfs and rtnetlink
+//! outside the lock ([`crate::sync::bridge::read`]); the FDB copy is written by
+//! [`super::State::apply_fdb`].
 
 use std::collections::BTreeMap;
 
 use tracing::{error, info, warn};
 use xdp_router_common::{
-    IFACE_F_BRIDGE_PORT, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT,
-    IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED, MAX_IFACE_SLOTS,
+    IFACE_F_BRIDGE_PORT, IFACE_F_BRIDGE_VLAN_FILTERING, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK,
+    IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED, MAX_IFACE_SLOTS,
 };
 
 use super::Ports as StatePorts;
@@ -17,12 +19,190 @@ use crate::{
     config::XdpModeConfig,
     datapath::AttachMode,
     sync::{
-        bridge::PortInfo,
+        bridge::{self as read, BridgeRead, PortInfo, VlanTable},
         hooks::Hooks,
         qdisc::Egress,
         xdp_xmit::{Capabilities, XdpXmit},
     },
 };
+
+/// A managed bridge (in the config, or only the parent of managed VLAN devices): its ports
+/// and its VLAN filtering, as written to the datapath.
+#[derive(Debug, Clone, Default)]
+pub struct Bridge {
+    /// Its ports, where the program runs.
+    pub ports: Ports,
+    /// Its tag protocol (host order) while it filters by VLAN (`vlan_filtering 1`), as last
+    /// read; `None` while it does not.
+    pub filtering: Option<u16>,
+    /// Its own VLANs as written.
+    pub vlans: Vlans,
+}
+
+impl Bridge {
+    /// `IFACE_F_BRIDGE_VLAN_FILTERING` while it filters by VLAN, else 0: for the bridge's
+    /// `IFACES` entry and its ports'.
+    pub fn filtering_flag(&self) -> u32 {
+        if self.filtering.is_some() {
+            IFACE_F_BRIDGE_VLAN_FILTERING
+        } else {
+            0
+        }
+    }
+
+    /// Follows the bridge as read (`read`; its own `IFACES` flags, which carry
+    /// [`Bridge::filtering_flag`], must have been written since [`Bridge::set_filtering`]):
+    /// its ports (see [`sync_ports`]), its own VLANs, and its ports' VLANs.
+    pub fn sync<D: StatePorts>(
+        &mut self,
+        dp: &mut D,
+        b: &BridgeView,
+        read: &BridgeRead,
+        xmit: &Capabilities,
+        next_slot: &mut u32,
+    ) {
+        let f = read.filtering.as_ref();
+        let want = |table: Option<&VlanTable>| match f {
+            Some(f) => Vlans::of(f.tpid, table.cloned().unwrap_or_default()),
+            None => Vlans::default(),
+        };
+        // The ports' flags first: a port of a bridge switching filtering on is strict (no
+        // PVID, no VLAN) until its VLANs are written, one switching it off stops at once.
+        sync_ports(dp, b, &mut self.ports, read.ports.clone(), xmit, next_slot);
+        sync_vlans(
+            dp,
+            b.name,
+            b.ifindex,
+            &mut self.vlans,
+            &want(f.map(|f| &f.own)),
+        );
+        for (ifindex, p) in self.ports.iter_mut().filter(|(_, p)| p.mode.is_some()) {
+            let table = f.and_then(|f| f.ports.get(ifindex));
+            sync_vlans(dp, &p.name, *ifindex, &mut p.vlans, &want(table));
+        }
+    }
+
+    /// Records whether the bridge filters by VLAN as read; returns whether that changed (its
+    /// own flags must then be written before [`Bridge::sync`], so a bridge switching it on is
+    /// strict at once and one switching it off stops filtering at once). Logged.
+    pub fn set_filtering(&mut self, name: &str, read: &BridgeRead) -> bool {
+        let now = read.filtering.as_ref().map(|f| f.tpid);
+        if now == self.filtering {
+            return false;
+        }
+        match now {
+            Some(tpid) => {
+                info!(
+                    interface = name,
+                    "{name}: VLAN filtering ({}): the fast path bridges by VLAN as the kernel does",
+                    protocol_name(tpid)
+                )
+            }
+            None if self.filtering.is_some() => {
+                info!(interface = name, "{name}: VLAN filtering off")
+            }
+            None => {}
+        }
+        self.filtering = now;
+        true
+    }
+}
+
+/// `802.1Q` / `802.1ad` for a tag protocol (host order).
+pub fn protocol_name(tpid: u16) -> &'static str {
+    match tpid {
+        0x8100 => "802.1Q",
+        0x88a8 => "802.1ad",
+        _ => "unknown protocol",
+    }
+}
+
+/// A device's VLAN filtering as the datapath holds it: the tag protocol and PVID in its
+/// `IFACES` entry, its memberships in `BRIDGE_VLANS`. All empty for a device that does not
+/// filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Vlans {
+    /// Tag protocol (host order); 0: none.
+    pub tpid: u16,
+    /// PVID; 0: none (untagged frames are dropped by the bridge).
+    pub pvid: u16,
+    pub table: VlanTable,
+}
+
+impl Vlans {
+    /// A filtering device's VLANs (`table`) under the bridge's protocol `tpid`.
+    pub fn of(tpid: u16, table: VlanTable) -> Vlans {
+        Vlans {
+            tpid,
+            pvid: read::pvid(&table).unwrap_or(0),
+            table,
+        }
+    }
+}
+
+/// Brings the VLANs of `ifindex` in the datapath (`have`, updated to what was written) in
+/// line with `want`, in the order that never lets the datapath accept a frame both sides
+/// would not: memberships removed or changed first, then the PVID and tag protocol (a PVID
+/// whose membership is not there yet matches nothing), then memberships added. A failed
+/// write is logged and left out of `have`, so the next sync retries it.
+pub fn sync_vlans<D: StatePorts>(
+    dp: &mut D,
+    name: &str,
+    ifindex: u32,
+    have: &mut Vlans,
+    want: &Vlans,
+) {
+    if have == want {
+        return;
+    }
+    let gone: Vec<u16> = have
+        .table
+        .keys()
+        .filter(|v| !want.table.contains_key(v))
+        .copied()
+        .collect();
+    for vid in gone {
+        dp.bridge_vlan_remove(ifindex, vid);
+        have.table.remove(&vid);
+    }
+    for (&vid, &m) in &want.table {
+        if have.table.get(&vid).is_some_and(|h| *h != m) {
+            write_vlan(dp, name, ifindex, have, vid, m);
+        }
+    }
+    if (have.tpid, have.pvid) != (want.tpid, want.pvid) {
+        match dp.set_bridge_pvid(ifindex, want.tpid, want.pvid) {
+            Ok(()) => (have.tpid, have.pvid) = (want.tpid, want.pvid),
+            Err(e) => {
+                error!(interface = name, error = %format!("{e:#}"), "{name}: cannot write its PVID and VLAN protocol")
+            }
+        }
+    }
+    for (&vid, &m) in &want.table {
+        if !have.table.contains_key(&vid) {
+            write_vlan(dp, name, ifindex, have, vid, m);
+        }
+    }
+}
+
+/// Writes one membership of [`sync_vlans`], recorded in `have` once written.
+fn write_vlan<D: StatePorts>(
+    dp: &mut D,
+    name: &str,
+    ifindex: u32,
+    have: &mut Vlans,
+    vid: u16,
+    m: read::VlanMember,
+) {
+    match dp.bridge_vlan_set(ifindex, vid, m.untagged) {
+        Ok(()) => {
+            have.table.insert(vid, m);
+        }
+        Err(e) => {
+            error!(interface = name, vid, error = %format!("{e:#}"), "{name}: cannot copy its VLAN {vid}: its frames in that VLAN stay in the kernel")
+        }
+    }
+}
 
 /// A managed bridge's port, as the daemon manages it.
 #[derive(Debug, Clone)]
@@ -42,6 +222,8 @@ pub struct Port {
     pub egress: Option<Egress>,
     /// Hooks found on it.
     pub hooks: Hooks,
+    /// Its VLANs as written (a port of a VLAN-filtering bridge; else empty).
+    pub vlans: Vlans,
 }
 
 impl Port {
@@ -70,6 +252,8 @@ pub struct BridgeView<'a> {
     /// `bypass_hooks = true` in the bridge's config (applies to its ports too).
     pub bypass_hooks: bool,
     pub xdp_mode: XdpModeConfig,
+    /// `IFACE_F_BRIDGE_VLAN_FILTERING` or 0 (see [`Bridge::filtering_flag`]).
+    pub filtering_flag: u32,
 }
 
 impl Port {
@@ -80,7 +264,7 @@ impl Port {
         } else {
             self.hooks
         };
-        let mut f = 0;
+        let mut f = b.filtering_flag;
         if b.ingress_hook || hooks.ingress {
             f |= IFACE_F_INGRESS_HOOK;
         }
@@ -100,9 +284,10 @@ impl Port {
     }
 }
 
-/// Brings `ports` in line with the bridge's ports as found (`found`, see [`ports`]): ports that
-/// left are detached, new ones attached (stats slots from `next_slot` on, never reused, so a
-/// slot's counters always belong to one port), and every port's flags and MAC rewritten.
+/// Brings `ports` in line with the bridge's ports as found (`found`, see
+/// [`crate::sync::bridge::ports`]): ports that left are detached (their VLANs with them), new
+/// ones attached (stats slots from `next_slot` on, never reused, so a slot's counters always
+/// belong to one port), and every port's flags and MAC rewritten.
 pub fn sync_ports<D: StatePorts>(
     dp: &mut D,
     b: &BridgeView,
@@ -152,6 +337,9 @@ pub fn sync_ports<D: StatePorts>(
             // Read right after (the caller's job); until then the port counts as shaped.
             egress: None,
             hooks: Hooks::default(),
+            // Written right after (see `Bridge::sync`): until then a port of a filtering
+            // bridge has no PVID and no VLAN, and its frames go to the kernel.
+            vlans: Vlans::default(),
         };
         *next_slot += 1;
         match dp.attach_port(
@@ -207,4 +395,17 @@ pub fn refresh_xmit<D: StatePorts>(
             error!(bridge = b.name, port = %p.name, error = %format!("{e:#}"), "cannot update a bridge port's flags");
         }
     }
+}
+
+/// A bridge managed only as the parent of managed VLAN devices (`br-lan` under `br-lan.1` and
+/// `br-lan.2`, the OpenWrt DSA layout, without `br-lan` in the config): its ports are managed
+/// as a configured bridge's, and its own `IFACES` entry is `IFACE_F_VLAN_PARENT` (the datapath
+/// routes nothing as the bridge itself).
+#[derive(Debug, Clone)]
+pub struct ParentBridge {
+    pub name: String,
+    pub mac: [u8; 6],
+    /// Its own hooks as last read (they see what its ports pass up).
+    pub hooks: Hooks,
+    pub bridge: Bridge,
 }

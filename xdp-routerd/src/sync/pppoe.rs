@@ -273,10 +273,20 @@ fn read_lower(session: Session) -> Found {
     }
     let vlan = if kind.as_deref() == Some("vlan") {
         // A VLAN device that cannot be read (logged) is no lower the program can serve.
-        Some(
-            super::vlan::read_with_parent(name)
-                .ok_or_else(|| Unpaired::LowerMissing(name.clone()))?,
-        )
+        let v = super::vlan::read_with_parent(name)
+            .ok_or_else(|| Unpaired::LowerMissing(name.clone()))?;
+        // Nor one over a bridge or another VLAN device: the program would run there.
+        if let Some(k) = v
+            .parent_kind
+            .as_deref()
+            .filter(|k| LOWER_KINDS_UNSUPPORTED.contains(k) || *k == "vlan")
+        {
+            return Err(Unpaired::LowerUnsupported(
+                v.parent_name.clone(),
+                k.to_string(),
+            ));
+        }
+        Some(v)
     } else {
         None
     };

@@ -391,6 +391,41 @@ mod tests {
     }
 
     #[test]
+    fn bridge_vlan_changes_come_as_link_events() {
+        // `bridge vlan add dev p1 vid 20`: RTM_NEWLINK, AF_BRIDGE, for the port (IFLA_MASTER,
+        // IFLA_AF_SPEC with the port's VLANs), as parsed from the wire: a link event, so the
+        // bridges and their VLANs are read again.
+        use netlink_packet_route::link::{AfSpecBridge, BridgeVlanInfo, BridgeVlanInfoFlags};
+        let mut l = LinkMessage::default();
+        l.header.interface_family = AddressFamily::Bridge;
+        l.header.index = 10;
+        l.attributes.push(LinkAttribute::IfName("p1".into()));
+        l.attributes.push(LinkAttribute::Controller(4));
+        l.attributes
+            .push(LinkAttribute::AfSpecBridge(vec![AfSpecBridge::VlanInfo(
+                BridgeVlanInfo {
+                    flags: BridgeVlanInfoFlags::Pvid | BridgeVlanInfoFlags::Untagged,
+                    vid: 20,
+                },
+            )]));
+        let mut msg = NetlinkMessage::new(
+            netlink_packet_core::NetlinkHeader::default(),
+            NetlinkPayload::from(RouteNetlinkMessage::NewLink(l)),
+        );
+        msg.finalize();
+        let mut buf = vec![0; msg.buffer_len()];
+        msg.serialize(&mut buf);
+        assert_eq!(
+            events_in(&buf),
+            [RtEvent::LinkUp {
+                ifindex: 10,
+                name: "p1".into(),
+                mac: None
+            }]
+        );
+    }
+
+    #[test]
     fn route_and_address_changes_invalidate_paths() {
         // A route of an unknown family: everything.
         assert_eq!(

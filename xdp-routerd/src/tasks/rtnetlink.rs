@@ -54,7 +54,7 @@ pub async fn run(
             invalidate_fib_cache(&shared);
         }
         let links = read_links(&shared, &batch);
-        let bridges = read_bridges(&shared, &batch);
+        let bridges = read_bridges(&shared, &batch).await;
         let fdb = read_fdb(&shared, &batch);
         let (stale, reread_qdiscs) = {
             let mut s = shared.lock();
@@ -164,10 +164,12 @@ fn read_links(shared: &Shared, batch: &[RtEvent]) -> LinkReads {
         .collect()
 }
 
-/// What the managed interfaces are (bridges, their MAC and ports), read before the lock is
-/// taken when the batch has link notifications (a port added, removed, or changing STP state
-/// is one); empty otherwise.
-fn read_bridges(shared: &Shared, batch: &[RtEvent]) -> BridgeReads {
+/// What the managed interfaces are (bridges, their MAC, ports and VLAN tables), read before
+/// the lock is taken (off the runtime: sysfs and a netlink dump) when the batch has link
+/// notifications (a port added, removed, or changing STP state is one, and so are
+/// `bridge vlan add/del`, `AF_BRIDGE` `RTM_NEWLINK`, and a `vlan_filtering` toggle); empty
+/// otherwise.
+async fn read_bridges(shared: &Shared, batch: &[RtEvent]) -> BridgeReads {
     let links = batch.iter().any(|e| {
         matches!(
             e,
@@ -178,7 +180,12 @@ fn read_bridges(shared: &Shared, batch: &[RtEvent]) -> BridgeReads {
         return BridgeReads::new();
     }
     let names = shared.lock().iface_names();
-    bridge::read(&names)
+    tokio::task::spawn_blocking(move || bridge::read(&names))
+        .await
+        .unwrap_or_else(|e| {
+            error!(error = %e, "reading the bridges failed");
+            BridgeReads::new()
+        })
 }
 
 /// After an overrun (FDB notifications lost), the whole bridge FDB, read before the lock is
