@@ -565,5 +565,4 @@ mod pod {
         PppoeKey,
         BridgeVlanKey,
     );
-    pod!(BridgeVlanKey);
 }

@@ -418,6 +418,7 @@ impl Managed {
             bypass_hooks: self.cfg.bypass_hooks,
             xdp_mode,
             filtering_flag: b.filtering_flag(),
+            parent_only: false,
         })
     }
 
@@ -1441,6 +1442,7 @@ impl<D: Ports> State<D> {
             bypass_hooks,
             xdp_mode: self.xdp_mode,
             filtering_flag: b.filtering_flag(),
+            parent_only: true,
         }
     }
 

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use tracing::{error, info, warn};
 use xdp_router_common::{
     IFACE_F_BRIDGE_PORT, IFACE_F_BRIDGE_VLAN_FILTERING, IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK,
-    IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED, MAX_IFACE_SLOTS,
+    IFACE_F_NO_XDP_XMIT, IFACE_F_PORT_NOT_FORWARDING, IFACE_F_SHAPED, IFACE_F_VLAN_PARENT,
+    MAX_IFACE_SLOTS,
 };
 
 use super::Ports as StatePorts;
@@ -254,6 +255,9 @@ pub struct BridgeView<'a> {
     pub xdp_mode: XdpModeConfig,
     /// `IFACE_F_BRIDGE_VLAN_FILTERING` or 0 (see [`Bridge::filtering_flag`]).
     pub filtering_flag: u32,
+    /// Managed only as the parent of VLAN devices ([`ParentBridge`]): its ports get
+    /// `IFACE_F_VLAN_PARENT`, and the datapath routes nothing they receive as the bridge's own.
+    pub parent_only: bool,
 }
 
 impl Port {
@@ -265,6 +269,9 @@ impl Port {
             self.hooks
         };
         let mut f = b.filtering_flag;
+        if b.parent_only {
+            f |= IFACE_F_VLAN_PARENT;
+        }
         if b.ingress_hook || hooks.ingress {
             f |= IFACE_F_INGRESS_HOOK;
         }

@@ -1574,8 +1574,9 @@ mod vlan_filtering {
             IFACE_F_BRIDGE | IFACE_F_VLAN_PARENT | F | IFACE_F_NO_XDP_XMIT
         );
         assert_eq!(s.dp.attached[&BR].0, s.ifaces[1].parent_slot);
-        // Its ports: attached natively, filtering, with their VLANs.
-        assert_eq!(flags(&s, P1), IFACE_F_BRIDGE_PORT | F);
+        // Its ports: attached natively, filtering, with their VLANs; VLAN parents' ports (what
+        // they receive for the bridge itself goes to the kernel).
+        assert_eq!(flags(&s, P1), IFACE_F_BRIDGE_PORT | F | IFACE_F_VLAN_PARENT);
         assert_eq!(s.dp.attached[&P2].2, BR_MAC);
         assert_eq!(
             s.dp.bridge_vlans,
@@ -1599,7 +1600,10 @@ mod vlan_filtering {
         assert!(s.has_egress_of(P1));
         assert!(s.hook_names().contains(&"lan2".to_string()));
         s.apply_qdiscs(Ok(vec![root(P2, "htb")]));
-        assert_eq!(flags(&s, P2), IFACE_F_BRIDGE_PORT | F | IFACE_F_SHAPED);
+        assert_eq!(
+            flags(&s, P2),
+            IFACE_F_BRIDGE_PORT | F | IFACE_F_VLAN_PARENT | IFACE_F_SHAPED
+        );
         s.apply_hooks(&hooks::Found {
             devices: BTreeMap::new(),
             bridge_ports: Hooks {
@@ -1609,7 +1613,7 @@ mod vlan_filtering {
         });
         assert_eq!(
             flags(&s, P1),
-            IFACE_F_BRIDGE_PORT | F | IFACE_F_INGRESS_HOOK
+            IFACE_F_BRIDGE_PORT | F | IFACE_F_VLAN_PARENT | IFACE_F_INGRESS_HOOK
         );
         // Filtering switched off: the bridge's own entry and its ports' follow.
         let mut plain = br_read(None);
@@ -1657,7 +1661,10 @@ mod vlan_filtering {
         let (_, reread) = apply_rt_events(&mut s, batch, &BTreeMap::new(), &r);
         assert!(reread, "the new port's qdiscs must be read");
         assert!(s.parent_bridges.contains_key(&BR));
-        assert_eq!(flags(&s, P1), IFACE_F_BRIDGE_PORT | F | IFACE_F_SHAPED);
+        assert_eq!(
+            flags(&s, P1),
+            IFACE_F_BRIDGE_PORT | F | IFACE_F_VLAN_PARENT | IFACE_F_SHAPED
+        );
     }
 
     #[test]
