@@ -237,6 +237,44 @@ fn measure_on(
     ]
 }
 
+/// A LAN connection through the bridge: its socket, the port its host is behind, the interface
+/// its originals are counted on, and what it is.
+type Via<'a> = (&'a UdpSocket, &'a str, &'a str, &'a str);
+
+/// For each offloaded connection of `cases` (next sequence numbers in `seqs`): all of 30
+/// datagrams each way forwarded by XDP with netfilter seeing none; then, the negative control,
+/// with the fast path off none by XDP and the kernel's ESTABLISHED rule seeing them. The fast
+/// path is on again afterwards.
+fn on_and_off(bed: &Bed, server: SocketAddr, cases: &[Via], seqs: &mut [u64]) {
+    for ((sock, port, counted_on, what), seq) in cases.iter().zip(seqs.iter_mut()) {
+        let [sent, orig, reply, wire, est] = measure_on(bed, sock, server, seq, port, counted_on);
+        println!(
+            "{what}: {sent} datagrams each way; fast path {orig} original (on {counted_on}), \
+             {reply} reply (on eth0, redirected to {port}); {wire} packets on {port}'s wire: \
+             share {:.0} %; FORWARD ESTABLISHED +{est}",
+            100.0 * orig as f64 / wire.max(1) as f64
+        );
+        assert_eq!((orig, reply), (sent, sent), "{what}: all fast-pathed");
+        assert!(
+            est <= 2,
+            "{what}: netfilter saw {est} packets of offloaded flows"
+        );
+    }
+    bed.daemon().set_fastpath(false);
+    for ((sock, port, counted_on, what), seq) in cases.iter().zip(seqs.iter_mut()) {
+        let [sent, orig, reply, _, est] = measure_on(bed, sock, server, seq, port, counted_on);
+        println!(
+            "{what}, fast path off: {orig} original / {reply} reply by XDP; ESTABLISHED +{est}"
+        );
+        assert_eq!((orig, reply), (0, 0), "{what}: fast path off");
+        assert!(
+            est >= sent,
+            "{what}: the kernel should carry them: ESTABLISHED +{est}"
+        );
+    }
+    bed.daemon().set_fastpath(true);
+}
+
 /// Two LAN hosts on two ports, both NATed to the WAN: their connections are forwarded by XDP
 /// on the ports (LAN→WAN) and redirected to the right port (WAN→LAN, via the bridge FDB),
 /// without netfilter seeing them; LAN↔LAN traffic stays with the kernel bridge; a host that
@@ -567,35 +605,7 @@ fn vlan_filtering_bridge_is_fast_pathed() {
         (&s1, "p1", "p1", "VLAN 1 untagged on p1"),
         (&s2, "p2", "br-lan.20", "VLAN 20 tagged on p2"),
     ];
-    for ((sock, port, counted_on, what), seq) in cases.iter().zip(&mut seqs) {
-        let [sent, orig, reply, wire, est] = measure_on(&bed, sock, server, seq, port, counted_on);
-        println!(
-            "{what}: {sent} datagrams each way; fast path {orig} original (on {counted_on}), \
-             {reply} reply (on eth0, redirected to {port}); {wire} packets on {port}'s wire: \
-             share {:.0} %; FORWARD ESTABLISHED +{est}",
-            100.0 * orig as f64 / wire.max(1) as f64
-        );
-        assert_eq!((orig, reply), (sent, sent), "{what}: all fast-pathed");
-        assert!(
-            est <= 2,
-            "{what}: netfilter saw {est} packets of offloaded flows"
-        );
-    }
-
-    // Negative control: fast path off, the kernel carries both, none by XDP.
-    bed.daemon().set_fastpath(false);
-    for ((sock, port, counted_on, what), seq) in cases.iter().zip(&mut seqs) {
-        let [sent, orig, reply, _, est] = measure_on(&bed, sock, server, seq, port, counted_on);
-        println!(
-            "{what}, fast path off: {orig} original / {reply} reply by XDP; ESTABLISHED +{est}"
-        );
-        assert_eq!((orig, reply), (0, 0), "{what}: fast path off");
-        assert!(
-            est >= sent,
-            "{what}: the kernel should carry them: ESTABLISHED +{est}"
-        );
-    }
-    bed.daemon().set_fastpath(true);
+    on_and_off(&bed, server, &cases, &mut seqs);
 
     // LAN↔LAN in VLAN 1: bridged by the kernel, delivered.
     let before = bed.daemon().status();
@@ -716,31 +726,6 @@ fn openwrt_dsa_vlans_over_a_bridge_are_fast_pathed() {
         (&s1, "p1", "br-lan.1", "VLAN 1 on access port p1"),
         (&s2, "p2", "br-lan.3", "VLAN 3 on access port p2"),
     ];
-    for ((sock, port, counted_on, what), seq) in cases.iter().zip(&mut seqs) {
-        let [sent, orig, reply, wire, est] = measure_on(&bed, sock, server, seq, port, counted_on);
-        println!(
-            "{what}: {sent} datagrams each way; fast path {orig} original (on {counted_on}), \
-             {reply} reply (on eth0, redirected to {port}); {wire} packets on {port}'s wire: \
-             share {:.0} %; FORWARD ESTABLISHED +{est}",
-            100.0 * orig as f64 / wire.max(1) as f64
-        );
-        assert_eq!((orig, reply), (sent, sent), "{what}: all fast-pathed");
-        assert!(
-            est <= 2,
-            "{what}: netfilter saw {est} packets of offloaded flows"
-        );
-    }
-    bed.daemon().set_fastpath(false);
-    for ((sock, port, counted_on, what), seq) in cases.iter().zip(&mut seqs) {
-        let [sent, orig, reply, _, est] = measure_on(&bed, sock, server, seq, port, counted_on);
-        println!(
-            "{what}, fast path off: {orig} original / {reply} reply by XDP; ESTABLISHED +{est}"
-        );
-        assert_eq!((orig, reply), (0, 0), "{what}: fast path off");
-        assert!(
-            est >= sent,
-            "{what}: the kernel should carry them: ESTABLISHED +{est}"
-        );
-    }
+    on_and_off(&bed, server, &cases, &mut seqs);
     assert_eq!(echo.finish().corrupt, 0);
 }

@@ -1953,52 +1953,74 @@ fn bridge_vlan_cases(b: &Bed, c: &mut Vec<Case>) {
             .with_bridge_port(b.mtu, b.lan)
             .with_iface_mac(b.mtu, LAN_MAC)
     };
-    let out_refused: [(&str, Setup, Reason); 5] = [
+    // (what; the bridge's PVID and VLANs; the port's; the VLAN of the FDB entry; the reason)
+    type Row = (
+        &'static str,
+        u16,
+        &'static [(u16, bool)],
+        u16,
+        &'static [(u16, bool)],
+        u16,
+        Reason,
+    );
+    let out_refused: [Row; 4] = [
         (
-            "vlan-filtering bridge egress: the FDB has the host in another VLAN only",
-            base()
-                .with_vlan_filtering(b.lan, 1, &[(1, true)])
-                .with_vlan_filtering(b.mtu, 1, &[(1, true), (20, false)])
-                .with_fdb_vlan(b.lan, CLIENT_MAC, 20, b.mtu),
+            "the FDB has the host in another VLAN only",
+            1,
+            &[(1, true)],
+            1,
+            &[(1, true), (20, false)],
+            20,
             Reason::PassBridgeFdbMiss,
         ),
         (
-            "vlan-filtering bridge egress: the FDB's port is not in the VLAN",
-            base()
-                .with_vlan_filtering(b.lan, 1, &[(1, true)])
-                .with_vlan_filtering(b.mtu, 20, &[(20, true)])
-                .with_fdb_vlan(b.lan, CLIENT_MAC, 1, b.mtu),
+            "the FDB's port is not in the VLAN",
+            1,
+            &[(1, true)],
+            20,
+            &[(20, true)],
+            1,
             Reason::PassBridgeVlanFiltered,
         ),
         (
-            "vlan-filtering bridge egress: the bridge has no PVID",
-            base()
-                .with_vlan_filtering(b.lan, 0, &[(1, true)])
-                .with_vlan_filtering(b.mtu, 1, &[(1, true)])
-                .with_fdb_vlan(b.lan, CLIENT_MAC, 1, b.mtu),
+            "the bridge has no PVID",
+            0,
+            &[(1, true)],
+            1,
+            &[(1, true)],
+            1,
             Reason::PassBridgeVlanFiltered,
         ),
         (
-            "vlan-filtering bridge egress: the bridge is not in its PVID's VLAN",
-            base()
-                .with_vlan_filtering(b.lan, 1, &[(20, true)])
-                .with_vlan_filtering(b.mtu, 1, &[(1, true)])
-                .with_fdb_vlan(b.lan, CLIENT_MAC, 1, b.mtu),
+            "the bridge is not in its PVID's VLAN",
+            1,
+            &[(20, true)],
+            1,
+            &[(1, true)],
+            1,
             Reason::PassBridgeVlanFiltered,
-        ),
-        (
-            "vlan-filtering bridge egress: managed only for its VLAN devices",
-            base()
-                .with_iface_flags(b.lan, IFACE_F_VLAN_PARENT)
-                .with_vlan_filtering(b.lan, 1, &[(1, true)])
-                .with_vlan_filtering(b.mtu, 1, &[(1, true)])
-                .with_fdb_vlan(b.lan, CLIENT_MAC, 1, b.mtu),
-            Reason::PassEgressNotManaged,
         ),
     ];
-    for (name, setup, reason) in out_refused {
-        c.push(pass(b, name, b.wan, r4.frame(), setup, reason));
+    for (what, bpvid, bvlans, ppvid, pvlans, fdb_vid, reason) in out_refused {
+        let setup = base()
+            .with_vlan_filtering(b.lan, bpvid, bvlans)
+            .with_vlan_filtering(b.mtu, ppvid, pvlans)
+            .with_fdb_vlan(b.lan, CLIENT_MAC, fdb_vid, b.mtu);
+        let name = format!("vlan-filtering bridge egress: {what}");
+        c.push(pass(b, &name, b.wan, r4.frame(), setup, reason));
     }
+    c.push(pass(
+        b,
+        "vlan-filtering bridge egress: managed only for its VLAN devices",
+        b.wan,
+        r4.frame(),
+        base()
+            .with_iface_flags(b.lan, IFACE_F_VLAN_PARENT)
+            .with_vlan_filtering(b.lan, 1, &[(1, true)])
+            .with_vlan_filtering(b.mtu, 1, &[(1, true)])
+            .with_fdb_vlan(b.lan, CLIENT_MAC, 1, b.mtu),
+        Reason::PassEgressNotManaged,
+    ));
 
     // The LAN is VLAN device 20 (lan0) over the bridge sub0, which is in VLAN 20 tagged and
     // managed only for its VLAN devices; the port mtu0 carries VLAN 20 tagged (`trunk`) or

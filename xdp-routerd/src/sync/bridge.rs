@@ -527,22 +527,6 @@ mod tests {
         m
     }
 
-    /// Serialised and parsed back, as the kernel's answer would be.
-    fn over_the_wire(m: LinkMessage) -> LinkMessage {
-        let mut msg = NetlinkMessage::new(
-            NetlinkHeader::default(),
-            NetlinkPayload::from(RouteNetlinkMessage::NewLink(m)),
-        );
-        msg.finalize();
-        let mut buf = vec![0; msg.buffer_len()];
-        msg.serialize(&mut buf);
-        let back = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf).unwrap();
-        let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l)) = back.payload else {
-            panic!("not a link message");
-        };
-        l
-    }
-
     const PVID: u16 = 1 << 1;
     const UNTAGGED: u16 = 1 << 2;
     const RANGE_BEGIN: u16 = 1 << 3;
@@ -556,7 +540,11 @@ mod tests {
     fn a_bridge_ports_vlan_table_is_read_from_its_af_spec() {
         // `bridge vlan add dev p1 vid 1 pvid untagged; ... vid 20`, as dumped with
         // RTEXT_FILTER_BRVLAN: one entry per VLAN.
-        let m = over_the_wire(bridge_link(10, Some(4), &[(PVID | UNTAGGED, 1), (0, 20)]));
+        let m = crate::sync::link_over_the_wire(bridge_link(
+            10,
+            Some(4),
+            &[(PVID | UNTAGGED, 1), (0, 20)],
+        ));
         let (ifindex, bridge, table) = vlan_table_of(&m).unwrap();
         assert_eq!((ifindex, bridge), (10, 4));
         assert_eq!(
@@ -565,7 +553,7 @@ mod tests {
         );
         assert_eq!(pvid(&table), Some(1));
         // The bridge's own entry names itself as master.
-        let own = over_the_wire(bridge_link(4, Some(4), &[(UNTAGGED, 1)]));
+        let own = crate::sync::link_over_the_wire(bridge_link(4, Some(4), &[(UNTAGGED, 1)]));
         let (ifindex, bridge, table) = vlan_table_of(&own).unwrap();
         assert_eq!((ifindex, bridge), (4, 4));
         assert_eq!(pvid(&table), None);
@@ -574,7 +562,7 @@ mod tests {
     #[test]
     fn compressed_ranges_are_expanded_and_bad_entries_left_out() {
         // As notifications carry them (RTEXT_FILTER_BRVLAN_COMPRESSED): 2-5 tagged.
-        let m = over_the_wire(bridge_link(
+        let m = crate::sync::link_over_the_wire(bridge_link(
             10,
             Some(4),
             &[

@@ -29,3 +29,24 @@ pub fn netlink_messages(data: &[u8]) -> impl Iterator<Item = &[u8]> {
         Some(&rest[..len])
     })
 }
+
+/// A link message serialised and parsed back, as the kernel's answer would arrive (tests).
+#[cfg(test)]
+pub fn link_over_the_wire(
+    m: netlink_packet_route::link::LinkMessage,
+) -> netlink_packet_route::link::LinkMessage {
+    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
+    use netlink_packet_route::RouteNetlinkMessage;
+    let mut msg = NetlinkMessage::new(
+        NetlinkHeader::default(),
+        NetlinkPayload::from(RouteNetlinkMessage::NewLink(m)),
+    );
+    msg.finalize();
+    let mut buf = vec![0; msg.buffer_len()];
+    msg.serialize(&mut buf);
+    let back = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf).expect("parse back");
+    let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l)) = back.payload else {
+        panic!("not a link message");
+    };
+    l
+}

@@ -188,18 +188,7 @@ mod tests {
     #[test]
     fn the_message_survives_the_wire() {
         // Serialised and parsed back as the kernel's answer would be.
-        let m = vlan_msg(Some(3), vec![InfoVlan::Id(35)]);
-        let mut msg = NetlinkMessage::new(
-            NetlinkHeader::default(),
-            NetlinkPayload::from(RouteNetlinkMessage::NewLink(m)),
-        );
-        msg.finalize();
-        let mut buf = vec![0; msg.buffer_len()];
-        msg.serialize(&mut buf);
-        let back = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf).unwrap();
-        let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l)) = back.payload else {
-            panic!("not a link message");
-        };
+        let l = crate::sync::link_over_the_wire(vlan_msg(Some(3), vec![InfoVlan::Id(35)]));
         assert_eq!(
             vlan_of(&l),
             Some(VlanLink {
