@@ -52,6 +52,19 @@ pub fn unblocked_in_child(cmd: &mut tokio::process::Command) -> &mut tokio::proc
     }
 }
 
+/// [`unblocked_in_child`] for a child run from a blocking thread (`std::process`).
+pub fn unblocked_in_std_child(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt as _;
+    let set = signal_set();
+    // SAFETY: as in `unblocked_in_child`.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            Ok(())
+        })
+    }
+}
+
 /// The signal that asked the daemon to exit, once one has.
 #[derive(Clone)]
 pub struct Shutdown(watch::Receiver<Option<&'static str>>);

@@ -23,7 +23,10 @@
 //! This module reads and parses (sysfs, rtnetlink); the ports are attached and their flags
 //! kept by [`crate::state::bridge`], from a [`read`] done before the state lock is taken.
 
-use std::{collections::BTreeMap, io};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io,
+};
 
 use netlink_packet_core::{
     NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
@@ -293,6 +296,67 @@ pub fn vlan_dump() -> io::Result<BTreeMap<u32, (u32, VlanTable)>> {
     Ok(out)
 }
 
+/// The VLANs of each bridge and port (by name) whose own STP state is not forwarding
+/// (`bridge vlan set dev p1 vid 20 state blocking`, or an MST instance's state): the bridge
+/// drops their frames there as if the device were no member, so they are left out of its
+/// table. The state is only in the kernel's `RTM_GETVLAN` dump, which netlink-packet-route
+/// does not parse; iproute2's `bridge -d -j vlan show` prints it. Blocking (a child process).
+pub fn vlans_not_forwarding() -> io::Result<BTreeMap<String, BTreeSet<u16>>> {
+    let out = crate::signals::unblocked_in_std_child(
+        std::process::Command::new("bridge").args(["-d", "-j", "vlan", "show"]),
+    )
+    .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "bridge -d -j vlan show: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    not_forwarding_in(&out.stdout).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// [`vlans_not_forwarding`] from `bridge -d -j vlan show`'s output: `[{"ifname": "p1",
+/// "vlans": [{"vlan": 20, "vlanEnd": 22, "state": "blocking", …}]}]`. An entry without a state
+/// (an iproute2 or kernel without per-VLAN STP) counts as forwarding, as the kernel then
+/// forwards by the port's state alone. Pure.
+pub fn not_forwarding_in(
+    json: &[u8],
+) -> Result<BTreeMap<String, BTreeSet<u16>>, serde_json::Error> {
+    #[derive(serde::Deserialize)]
+    struct Device {
+        ifname: String,
+        #[serde(default)]
+        vlans: Vec<Vlan>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Vlan {
+        vlan: u16,
+        #[serde(rename = "vlanEnd")]
+        vlan_end: Option<u16>,
+        state: Option<String>,
+    }
+    let devices: Vec<Device> = if json.iter().all(u8::is_ascii_whitespace) {
+        // No bridge VLAN in the namespace: iproute2 prints nothing at all.
+        Vec::new()
+    } else {
+        serde_json::from_slice(json)?
+    };
+    let mut out = BTreeMap::new();
+    for d in devices {
+        let vids: BTreeSet<u16> = d
+            .vlans
+            .iter()
+            .filter(|v| v.state.as_deref().is_some_and(|s| s != "forwarding"))
+            .flat_map(|v| v.vlan..=v.vlan_end.unwrap_or(v.vlan).max(v.vlan))
+            .collect();
+        if !vids.is_empty() {
+            out.insert(d.ifname, vids);
+        }
+    }
+    Ok(out)
+}
+
 /// The VLAN filtering of the bridge `ifindex` from a [`vlan_dump`] (`tpid`: its protocol):
 /// its own table and its ports'. Pure.
 pub fn filtering_of(
@@ -369,9 +433,24 @@ pub fn read(names: &[String]) -> BridgeReads {
         }
     }
     if reads.values().any(|r| r.filtering.is_some()) {
-        let tables = vlan_dump()
+        let mut tables = vlan_dump()
             .inspect_err(|e| error!(error = %e, "cannot read the bridges' VLAN tables (AF_BRIDGE RTM_GETLINK): their frames stay in the kernel until they are read"))
             .unwrap_or_default();
+        match vlans_not_forwarding() {
+            Ok(blocked) => {
+                for (name, vids) in blocked {
+                    if let Some(ifindex) = super::rtnl::ifindex(&name)
+                        && let Some((_, table)) = tables.get_mut(&ifindex)
+                    {
+                        table.retain(|vid, _| !vids.contains(vid));
+                    }
+                }
+            }
+            Err(e) => {
+                error!(error = %e, "cannot read the bridges' per-VLAN STP states (`bridge -d -j vlan show`): their frames stay in the kernel until they are read");
+                tables.clear();
+            }
+        }
         for (name, r) in &mut reads {
             if let (Some(f), Some(ifindex)) = (&mut r.filtering, super::rtnl::ifindex(name))
                 && f.tpid != 0
@@ -620,6 +699,26 @@ mod tests {
         assert_eq!(f.tpid, 0x88a8);
         assert_eq!(f.own, t(1));
         assert_eq!(f.ports, BTreeMap::from([(10, t(1)), (11, t(20))]));
+    }
+
+    #[test]
+    fn vlans_whose_stp_state_is_not_forwarding_are_found() {
+        // As `bridge -d -j vlan show` (iproute2 6.1) prints it on Debian's 6.12 kernel, with
+        // `bridge vlan set dev d0 vid 20 state blocking`.
+        let json = br#"[{"ifname":"br0","vlans":[{"vlan":1,"flags":["PVID","Egress Untagged"],"state":"forwarding","mcast_router":1}]},{"ifname":"d0","vlans":[{"vlan":1,"flags":["PVID","Egress Untagged"],"state":"forwarding","mcast_router":1},{"vlan":20,"state":"blocking","mcast_router":1}]},{"ifname":"d1","vlans":[{"vlan":1,"flags":["PVID","Egress Untagged"],"state":"forwarding","mcast_router":1},{"vlan":100,"vlanEnd":102,"state":"learning","mcast_router":1}]}]"#;
+        let found = not_forwarding_in(json).unwrap();
+        assert_eq!(
+            found,
+            BTreeMap::from([
+                ("d0".to_string(), BTreeSet::from([20])),
+                ("d1".to_string(), BTreeSet::from([100, 101, 102])),
+            ])
+        );
+        // No state printed (older iproute2 or kernel): forwarding; nothing at all: no VLANs.
+        let plain = br#"[{"ifname":"d0","vlans":[{"vlan":20}]}]"#;
+        assert!(not_forwarding_in(plain).unwrap().is_empty());
+        assert!(not_forwarding_in(b"\n").unwrap().is_empty());
+        assert!(not_forwarding_in(b"[{").is_err());
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub enum RtEvent {
     /// A neighbour, policy rule or forwarding setting changed (or a notification could not be
     /// parsed): only cached FIB answers are affected.
     FibChanged,
+    /// A bridge VLAN's options changed (`RTM_NEWVLAN` / `RTM_DELVLAN` on `RTNLGRP_BRVLAN`: a
+    /// per-VLAN STP state set with `bridge vlan set … state`): the bridges are read again.
+    BridgeVlan,
     /// A bridge FDB entry was learned, moved or forgotten (`AF_BRIDGE` neighbour messages).
     Fdb(super::bridge::FdbEvent),
     /// Notifications were lost (socket overrun): re-read everything.
@@ -179,17 +182,29 @@ pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
 /// parse (e.g. RTM_NEWNETCONF, a forwarding sysctl change) still drops cached FIB answers.
 pub fn events_in(data: &[u8]) -> Vec<RtEvent> {
     super::netlink_messages(data)
-        .filter_map(
-            |msg| match NetlinkMessage::<RouteNetlinkMessage>::deserialize(msg) {
+        .filter_map(|msg| {
+            // nlmsg_type, after nlmsg_len: RTM_NEWVLAN / RTM_DELVLAN, which netlink-packet-route
+            // does not parse.
+            let kind = u16::from_ne_bytes([msg[4], msg[5]]);
+            if kind == RTM_NEWVLAN || kind == RTM_DELVLAN {
+                return Some(RtEvent::BridgeVlan);
+            }
+            match NetlinkMessage::<RouteNetlinkMessage>::deserialize(msg) {
                 Ok(msg) => match &msg.payload {
                     NetlinkPayload::InnerMessage(inner) => translate(inner),
                     _ => None,
                 },
                 Err(_) => Some(RtEvent::FibChanged),
-            },
-        )
+            }
+        })
         .collect()
 }
+
+/// `RTM_NEWVLAN`, `RTM_DELVLAN` (`uapi/linux/rtnetlink.h`).
+const RTM_NEWVLAN: u16 = 112;
+const RTM_DELVLAN: u16 = 113;
+/// `RTNLGRP_BRVLAN`: bridge VLAN notifications (a group above 32: joined, not bound).
+const RTNLGRP_BRVLAN: u32 = 33;
 
 const RTMGRP_LINK: u32 = 0x1;
 const RTMGRP_TC: u32 = 0x8;
@@ -226,6 +241,9 @@ pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
             | RTMGRP_IPV4_NETCONF
             | RTMGRP_IPV6_NETCONF,
     ))?;
+    // Per-VLAN STP states of VLAN-filtering bridges: a kernel without bridge VLAN filtering
+    // has nothing to send here, and refuses nothing either.
+    sock.add_membership(RTNLGRP_BRVLAN)?;
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::Builder::new()
         .name("rtnl-events".into())
@@ -388,6 +406,21 @@ mod tests {
                 name: "eth1".into()
             })
         );
+    }
+
+    #[test]
+    fn a_bridge_vlan_state_change_rereads_the_bridges() {
+        // `bridge vlan set dev p1 vid 20 state blocking`: RTM_NEWVLAN on RTNLGRP_BRVLAN, a
+        // br_vlan_msg (family, ifindex) and its entry, which netlink-packet-route cannot parse.
+        let mut msg = Vec::new();
+        msg.extend_from_slice(&24u32.to_ne_bytes());
+        msg.extend_from_slice(&112u16.to_ne_bytes());
+        msg.extend_from_slice(&[0; 10]);
+        msg.extend_from_slice(&[7, 0, 0, 0]);
+        msg.extend_from_slice(&10u32.to_ne_bytes());
+        assert_eq!(events_in(&msg), [RtEvent::BridgeVlan]);
+        msg[4..6].copy_from_slice(&113u16.to_ne_bytes());
+        assert_eq!(events_in(&msg), [RtEvent::BridgeVlan]);
     }
 
     #[test]

@@ -167,13 +167,16 @@ fn read_links(shared: &Shared, batch: &[RtEvent]) -> LinkReads {
 /// What the managed interfaces are (bridges, their MAC, ports and VLAN tables), read before
 /// the lock is taken (off the runtime: sysfs and a netlink dump) when the batch has link
 /// notifications (a port added, removed, or changing STP state is one, and so are
-/// `bridge vlan add/del`, `AF_BRIDGE` `RTM_NEWLINK`, and a `vlan_filtering` toggle); empty
-/// otherwise.
+/// `bridge vlan add/del`, `AF_BRIDGE` `RTM_NEWLINK`, and a `vlan_filtering` toggle) or bridge
+/// VLAN notifications (a per-VLAN STP state); empty otherwise.
 async fn read_bridges(shared: &Shared, batch: &[RtEvent]) -> BridgeReads {
     let links = batch.iter().any(|e| {
         matches!(
             e,
-            RtEvent::LinkUp { .. } | RtEvent::LinkGone { .. } | RtEvent::Overrun
+            RtEvent::LinkUp { .. }
+                | RtEvent::LinkGone { .. }
+                | RtEvent::BridgeVlan
+                | RtEvent::Overrun
         )
     });
     if !links {
@@ -232,6 +235,7 @@ pub fn apply_rt_events<D: crate::state::Ports>(
                 bridges_changed = true;
             }
             RtEvent::Fdb(ev) => s.apply_fdb(ev),
+            RtEvent::BridgeVlan => bridges_changed = true,
             RtEvent::PathsChanged => revalidate.add_all(),
             RtEvent::RouteChanged(prefix) => revalidate.add_prefix(prefix),
             // Only cached FIB answers depend on these (dropped already).
