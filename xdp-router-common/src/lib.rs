@@ -339,7 +339,10 @@ pub const IFACE_F_GENERIC_XDP: u32 = 1 << 11;
 /// entry must allow the redirect too.
 pub const IFACE_F_VLAN: u32 = 1 << 9;
 /// The interface is managed only as the parent of VLAN devices (it is not in the config
-/// itself): its untagged frames go to the kernel (`Reason::PassVlanParentUntagged`).
+/// itself): its untagged frames go to the kernel (`Reason::PassVlanParentUntagged`). On a
+/// bridge ([`IFACE_F_BRIDGE`]) and on its ports: the bridge is managed only for the VLAN
+/// devices over it, so what its ports receive for the bridge device itself goes to the kernel
+/// (the same reason), and nothing is routed out of the bridge itself.
 pub const IFACE_F_VLAN_PARENT: u32 = 1 << 10;
 
 /// The interface is a PPP device carrying a PPPoE session (`ppp0`) over the Ethernet (or

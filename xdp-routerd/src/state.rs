@@ -1658,11 +1658,7 @@ fn vlans_status(v: &Vlans) -> BridgeVlansStatus {
 
 /// `VLAN 7 (802.1Q) on eth0`.
 fn vlan_encap(v: &VlanRead) -> String {
-    let proto = if v.link.tpid == 0x88a8 {
-        "802.1ad"
-    } else {
-        "802.1Q"
-    };
+    let proto = bridge::protocol_name(v.link.tpid);
     format!("VLAN {} ({proto}) on {}", v.link.vid, v.parent_name)
 }
 
