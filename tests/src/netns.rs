@@ -113,12 +113,16 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         // Kill anything still running inside (only processes this test started live there).
+        // One may exit between the listing and the kill: that is no error worth printing.
         let _ = Command::new("ip")
             .args(["netns", "pids", &self.name])
             .output()
             .map(|o| {
                 for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
-                    let _ = Command::new("kill").args(["-9", pid]).status();
+                    let _ = Command::new("kill")
+                        .args(["-9", pid])
+                        .stderr(std::process::Stdio::null())
+                        .status();
                 }
             });
         let _ = Command::new("ip")

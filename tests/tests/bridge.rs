@@ -50,6 +50,19 @@ fn rx_packets(ns: &Netns, ifname: &str) -> u64 {
     ns.exec_ok("cat", &[&path]).trim().parse().unwrap_or(0)
 }
 
+/// The counters of `ifaces` that rose from `before` to `after`: "eth0 forwarded_reply +30, …".
+fn counter_deltas(before: &Status, after: &Status, ifaces: &[&str]) -> String {
+    let deltas: Vec<String> = after
+        .counters
+        .iter()
+        .filter(|c| ifaces.contains(&c.interface.as_str()))
+        .map(|c| (c, c.packets - counter(before, &c.interface, &c.reason)))
+        .filter(|(_, n)| *n > 0)
+        .map(|(c, n)| format!("{} {} +{n}", c.interface, c.reason))
+        .collect();
+    deltas.join(", ")
+}
+
 /// One counter of `status` (packets).
 fn counter(st: &Status, iface: &str, reason: &str) -> u64 {
     st.counters
@@ -219,15 +232,10 @@ fn measure_on(
         "every datagram must come back intact: {pp:?}"
     );
     let d = |i: &str, r: &str| counter(&after, i, r) - counter(&before, i, r);
-    let deltas: Vec<String> = after
-        .counters
-        .iter()
-        .filter(|c| c.interface == port || c.interface == counted_on || c.interface == "eth0")
-        .map(|c| (c, d(&c.interface, &c.reason)))
-        .filter(|(_, n)| *n > 0)
-        .map(|(c, n)| format!("{} {} +{n}", c.interface, c.reason))
-        .collect();
-    println!("counters: {}", deltas.join(", "));
+    println!(
+        "counters: {}",
+        counter_deltas(&before, &after, &[port, counted_on, "eth0"])
+    );
     [
         pp.sent,
         d(counted_on, "forwarded_original"),
@@ -659,6 +667,34 @@ fn vlan_filtering_bridge_is_fast_pathed() {
         q2 += pp.sent;
         bed.router.sh(cmd);
         std::thread::sleep(Duration::from_millis(500));
+        if passes {
+            // After the blocked period h2 and the router resolve each other again; in 2 of 6
+            // full guest runs the first datagram did not come back within its 1 s (it was
+            // neither forwarded by XDP nor counted bridge_vlan_filtered). An echo first, then
+            // the measured 20.
+            let before = bed.daemon().status();
+            let (t0, mut sent) = (Instant::now(), 0);
+            loop {
+                let warm = ping_pong(&s2, server, q2, 1, PING_DGRAM, PING_TICK);
+                (q2, sent) = (q2 + warm.sent, sent + warm.sent);
+                if warm.good == 1 {
+                    break;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "{what}: no echo within 10 s"
+                );
+            }
+            println!(
+                "{what}: first echo after {sent} datagram(s), {:.1} s; counters: {}",
+                t0.elapsed().as_secs_f64(),
+                counter_deltas(
+                    &before,
+                    &bed.daemon().status(),
+                    &["p2", "br-lan.20", "eth0"]
+                )
+            );
+        }
         let before = bed.daemon().status();
         let cut = ping_pong(&s2, server, q2, 20, PING_DGRAM, PING_TICK);
         q2 += cut.sent;
@@ -671,8 +707,10 @@ fn vlan_filtering_bridge_is_fast_pathed() {
         );
         println!(
             "{what}: {} of {} echoed; {orig} original / {reply} reply forwarded by XDP; \
-             {filtered} frames on p2 to the kernel as bridge_vlan_filtered",
-            cut.good, cut.sent
+             {filtered} frames on p2 to the kernel as bridge_vlan_filtered; counters: {}",
+            cut.good,
+            cut.sent,
+            counter_deltas(&before, &after, &["p2", "br-lan.20", "eth0"])
         );
         if passes {
             assert_eq!((cut.good, cut.lost), (cut.sent, 0), "{what}: {cut:?}");

@@ -56,8 +56,17 @@ pub fn run_collecting_failures(c: &mut Command) -> anyhow::Result<Vec<String>> {
         .with_context(|| format!("cannot start {}", c.get_program().to_string_lossy()))?;
     let mut failed = Vec::new();
     if let Some(out) = child.stdout.take() {
-        for line in std::io::BufReader::new(out).lines() {
-            let line = line.context("reading test output")?;
+        // Bytes, not `lines()`: one byte that is not UTF-8 (a guest console interleaving two
+        // writers inside a multi-byte character) must not end the reading while the tests run on.
+        for line in std::io::BufReader::new(out).split(b'\n') {
+            let line = match line {
+                Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(e).context("reading test output");
+                }
+            };
             println!("{line}");
             // A guest's console may pad lines and end them with CR.
             if let Some(name) = line
@@ -151,4 +160,30 @@ pub fn check_interrupted() -> anyhow::Result<()> {
         bail!("interrupted");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_collected_past_bytes_that_are_not_utf8() {
+        // A guest console line broken inside a multi-byte character, a padded CR-ended result
+        // line, then a failed test: the reading goes on to the end and names it.
+        let mut c = Command::new("sh");
+        c.args([
+            "-c",
+            r"printf 'LAN\342\206 \342\206\224\377\n'; printf 'test a ... ok   \r\n'; \
+              printf 'test b::c ... FAILED\r\n'; exit 1",
+        ]);
+        assert_eq!(run_collecting_failures(&mut c).unwrap(), ["b::c"]);
+    }
+
+    #[test]
+    fn a_failure_without_a_named_test_is_an_error() {
+        let mut c = Command::new("sh");
+        c.args(["-c", r"printf 'no tests\377\n'; exit 3"]);
+        let e = run_collecting_failures(&mut c).unwrap_err();
+        assert!(format!("{e:#}").contains("exit status: 3"), "{e:#}");
+    }
 }

@@ -180,8 +180,10 @@ fn build_test_binaries() -> anyhow::Result<Vec<PathBuf>> {
     Ok(bins)
 }
 
-/// The script the guest runs: load the modules, run each binary's ignored tests one at a time,
-/// write the overall exit status to `result`.
+/// The script the guest runs: load the modules, run each binary's ignored tests one at a time
+/// (each one's exit status and the time so far printed), write the overall exit status to
+/// `result`. Its stderr joins its stdout: the guest's two console streams reach the host as two
+/// qemu ports writing into one pipe, where they could interleave inside a line.
 fn script_text(
     binaries: &[PathBuf],
     daemon: &Path,
@@ -194,6 +196,7 @@ fn script_text(
     let extra: Vec<String> = extra.iter().map(|a| quote(a)).collect();
     let mut s = format!(
         "set -u\n\
+         exec 2>&1\n\
          echo \"guest: $(uname -r)\"\n\
          modprobe -a {modules} || {{ echo 'guest: modprobe failed'; echo 1 > {result}; exit 1; }}\n\
          export PATH={path}\n\
@@ -214,10 +217,13 @@ fn script_text(
         tests = quote(&root.join("tests").to_string_lossy()),
     );
     for b in binaries {
+        let name = b.file_name().unwrap_or_default().to_string_lossy();
         s.push_str(&format!(
-            "{} --ignored --test-threads=1 --show-output {} || rc=1\n",
+            "{} --ignored --test-threads=1 --show-output {}\n\
+             s=$?; echo \"guest: {} exited $s after ${{SECONDS}} s\"; [ $s -eq 0 ] || rc=1\n",
             quote(&b.to_string_lossy()),
-            extra.join(" ")
+            extra.join(" "),
+            name.replace(['"', '$', '`', '\\'], "_"),
         ));
     }
     s.push_str(&format!(
@@ -248,9 +254,11 @@ mod tests {
             &["name's".into()],
         );
         assert!(s.contains("modprobe -a veth bridge 8021q"));
-        assert!(
-            s.contains("'/t/vlan-1' --ignored --test-threads=1 --show-output 'name'\\''s' || rc=1")
-        );
+        assert!(s.starts_with("set -u\nexec 2>&1\n"));
+        assert!(s.contains(
+            "'/t/vlan-1' --ignored --test-threads=1 --show-output 'name'\\''s'\n\
+             s=$?; echo \"guest: vlan-1 exited $s after ${SECONDS} s\"; [ $s -eq 0 ] || rc=1\n"
+        ));
         assert!(s.contains("'/t/pppoe-2' --ignored"));
         assert!(s.contains("export XDP_ROUTERD_BIN='/r/xdp-routerd'"));
         assert!(s.ends_with("echo $rc > '/tmp/g/result'\n"));
