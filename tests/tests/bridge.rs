@@ -669,7 +669,7 @@ fn vlan_filtering_bridge_is_fast_pathed() {
         std::thread::sleep(Duration::from_millis(500));
         if passes {
             // After the blocked period h2 and the router resolve each other again; in 2 of 6
-            // full guest runs the first datagram did not come back within its 1 s (it was
+            // guest runs the first datagram did not come back within its 1 s (it was
             // neither forwarded by XDP nor counted bridge_vlan_filtered). An echo first, then
             // the measured 20.
             let before = bed.daemon().status();
