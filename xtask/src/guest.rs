@@ -217,13 +217,12 @@ fn script_text(
         tests = quote(&root.join("tests").to_string_lossy()),
     );
     for b in binaries {
-        let name = b.file_name().unwrap_or_default().to_string_lossy();
         s.push_str(&format!(
             "{} --ignored --test-threads=1 --show-output {}\n\
-             s=$?; echo \"guest: {} exited $s after ${{SECONDS}} s\"; [ $s -eq 0 ] || rc=1\n",
+             s=$?; printf 'guest: %s exited %s after %s s\\n' {} $s $SECONDS; [ $s -eq 0 ] || rc=1\n",
             quote(&b.to_string_lossy()),
             extra.join(" "),
-            name.replace(['"', '$', '`', '\\'], "_"),
+            quote(&b.file_name().unwrap_or_default().to_string_lossy()),
         ));
     }
     s.push_str(&format!(
@@ -257,7 +256,7 @@ mod tests {
         assert!(s.starts_with("set -u\nexec 2>&1\n"));
         assert!(s.contains(
             "'/t/vlan-1' --ignored --test-threads=1 --show-output 'name'\\''s'\n\
-             s=$?; echo \"guest: vlan-1 exited $s after ${SECONDS} s\"; [ $s -eq 0 ] || rc=1\n"
+             s=$?; printf 'guest: %s exited %s after %s s\\n' 'vlan-1' $s $SECONDS; [ $s -eq 0 ] || rc=1\n"
         ));
         assert!(s.contains("'/t/pppoe-2' --ignored"));
         assert!(s.contains("export XDP_ROUTERD_BIN='/r/xdp-routerd'"));
