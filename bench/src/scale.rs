@@ -17,9 +17,12 @@
 //!   and with the kernel alone; after every step the kernel's flow maps are checked against
 //!   conntrack (see [`churn`]).
 //!
-//! `--small` (50 k routes, 50 k flows, churn at 1,000/s for 3 s) runs in `cargo xtask test`; every check has a bound
-//! generous enough for a loaded 2-core VM but below what the old O(table) behaviour cost, and
-//! a missed check fails the command.
+//! Two kinds of figure are checked. A *check* is correctness (every flow offloaded at all, none
+//! left after `conntrack -F`, the maps in step with conntrack under churn, capacity limits
+//! honoured): a failed check fails the command. A *target* is a time, a rate, a CPU share or a
+//! memory size: it is printed as met or missed, and a missed target is a finding, never an
+//! error: on a shared, noisy 2-core VM a timing must not decide whether the test command passes.
+//! `--small` (50 k routes, 50 k flows, churn at 1,000/s for 3 s) runs in `cargo xtask test`.
 
 use std::{
     collections::HashSet,
@@ -83,12 +86,21 @@ pub struct ScaleArgs {
     no_churn: bool,
 }
 
-/// One printed figure, with the bound it is checked against (small mode) or the issue's target.
+/// What a figure is compared with.
+enum Bound {
+    /// Shown only.
+    None,
+    /// Correctness: missing it fails the command.
+    Check { goal: String, met: bool },
+    /// A time, rate, CPU or memory target: reported, never an error.
+    Target { goal: String, met: bool },
+}
+
+/// One printed figure and what it is compared with.
 struct Figure {
     name: String,
     value: String,
-    /// `(goal, met)`.
-    check: Option<(String, bool)>,
+    bound: Bound,
 }
 
 #[derive(Default)]
@@ -97,52 +109,79 @@ struct Report {
 }
 
 impl Report {
-    fn add(&mut self, name: &str, value: String) {
-        eprintln!("  {name}: {value}");
+    fn push(&mut self, name: &str, value: String, bound: Bound) {
+        match &bound {
+            Bound::None => eprintln!("  {name}: {value}"),
+            Bound::Check { goal, met } => eprintln!(
+                "  {name}: {value} (check {goal}: {})",
+                if *met { "passed" } else { "FAILED" }
+            ),
+            Bound::Target { goal, met } => eprintln!(
+                "  {name}: {value} (target {goal}: {})",
+                if *met { "met" } else { "missed" }
+            ),
+        }
         self.figures.push(Figure {
             name: name.into(),
             value,
-            check: None,
+            bound,
         });
     }
 
+    fn add(&mut self, name: &str, value: String) {
+        self.push(name, value, Bound::None);
+    }
+
+    /// A correctness check: the command fails when it is not met.
     fn check(&mut self, name: &str, value: String, goal: String, met: bool) {
-        eprintln!(
-            "  {name}: {value} ({goal}: {})",
-            if met { "met" } else { "MISSED" }
-        );
-        self.figures.push(Figure {
-            name: name.into(),
-            value,
-            check: Some((goal, met)),
-        });
+        self.push(name, value, Bound::Check { goal, met });
+    }
+
+    /// A time, rate, CPU or memory target: reported, never an error.
+    fn target(&mut self, name: &str, value: String, goal: String, met: bool) {
+        self.push(name, value, Bound::Target { goal, met });
     }
 
     fn markdown(&self, command: &str) -> String {
         let mut s = format!(
-            "# xdp-router scale benchmark\n\n`{command}`\n\n| figure | value | check |\n|---|---|---|\n"
+            "# xdp-router scale benchmark\n\n`{command}`\n\n| figure | value | check or target |\n|---|---|---|\n"
         );
         for f in &self.figures {
-            let check = match &f.check {
-                None => String::new(),
-                Some((goal, true)) => format!("{goal}: met"),
-                Some((goal, false)) => format!("{goal}: **missed**"),
+            let bound = match &f.bound {
+                Bound::None => String::new(),
+                Bound::Check { goal, met: true } => format!("check {goal}: passed"),
+                Bound::Check { goal, met: false } => format!("check {goal}: **FAILED**"),
+                Bound::Target { goal, met: true } => format!("target {goal}: met"),
+                Bound::Target { goal, met: false } => format!("target {goal}: **missed**"),
             };
-            let _ = writeln!(s, "| {} | {} | {check} |", f.name, f.value);
+            let _ = writeln!(s, "| {} | {} | {bound} |", f.name, f.value);
         }
+        let (failed, missed) = (self.failed(), self.missed_targets());
+        let _ = writeln!(
+            s,
+            "\n{failed} check(s) failed, {missed} target(s) missed (a missed target is a finding, \
+             not an error)."
+        );
         s
     }
 
-    fn missed(&self) -> usize {
+    fn failed(&self) -> usize {
         self.figures
             .iter()
-            .filter(|f| matches!(f.check, Some((_, false))))
+            .filter(|f| matches!(f.bound, Bound::Check { met: false, .. }))
+            .count()
+    }
+
+    fn missed_targets(&self) -> usize {
+        self.figures
+            .iter()
+            .filter(|f| matches!(f.bound, Bound::Target { met: false, .. }))
             .count()
     }
 }
 
-/// Runs the scale benchmark; prints the figures as a Markdown table. Errors when a check is
-/// missed.
+/// Runs the scale benchmark; prints the figures as a Markdown table. Errors when a correctness
+/// check failed; missed targets are reported only.
 pub fn run(opts: &Opts, args: &ScaleArgs) -> Result<()> {
     run::prepare()?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
@@ -209,9 +248,9 @@ pub fn run(opts: &Opts, args: &ScaleArgs) -> Result<()> {
     let md = report.markdown(&command);
     print!("{md}");
     let _ = fs::write(out.join("scale.md"), &md);
-    match report.missed() {
+    match report.failed() {
         0 => Ok(()),
-        n => bail!("{n} scale check(s) missed (see the table)"),
+        n => bail!("{n} scale correctness check(s) failed (see the table)"),
     }
 }
 
@@ -520,13 +559,13 @@ fn routes_part(
     );
     let settle_goal = Duration::from_secs(10);
     match settled {
-        Some(d) => report.check(
+        Some(d) => report.target(
             "daemon settles after the last route added",
             format!("{:.1} s", d.as_secs_f64()),
             format!("≤ {} s", settle_goal.as_secs()),
             d <= settle_goal,
         ),
-        None => report.check(
+        None => report.target(
             "daemon settles after the last route added",
             "not within 60 s".into(),
             format!("≤ {} s", settle_goal.as_secs()),
@@ -534,7 +573,7 @@ fn routes_part(
         ),
     }
     let quiet_cpu = cpu_over(pid, quiet)?;
-    report.check(
+    report.target(
         "daemon CPU, full table, routes quiet",
         format!("{quiet_cpu:.2} % of a core"),
         "< 1 %".into(),
@@ -609,7 +648,7 @@ fn routes_part(
         if small {
             report.add(name, value);
         } else {
-            report.check(name, value, "≥ 80 %".into(), false);
+            report.target(name, value, "≥ 80 %".into(), false);
         }
     } else if small {
         // 50 k routes do not slow a lookup measurably: the figure is shown, not checked.
@@ -624,7 +663,7 @@ fn routes_part(
             ),
         );
     } else {
-        report.check(
+        report.target(
             name,
             format!(
                 "{:.0} % (median of {} rounds' ratios; medians {:.0} / {:.0} Kpps; {rounds})",
@@ -838,28 +877,37 @@ fn flows_part(
         thread::sleep(Duration::from_millis(200));
     };
     let goal_s = if small { 30.0 } else { 10.0 };
+    let took = offload_s.map_or(format!("not within {deadline:?}"), |d| {
+        format!("{:.1} s", d.as_secs_f64())
+    });
     report.check(
+        &format!("all {n} entries offloaded"),
+        took.clone(),
+        format!("within {} s", deadline.as_secs()),
+        offload_s.is_some(),
+    );
+    report.target(
         &format!("all {n} entries offloaded after daemon start"),
-        offload_s.map_or(format!("not within {deadline:?}"), |d| {
-            format!("{:.1} s", d.as_secs_f64())
-        }),
+        took,
         format!("≤ {goal_s} s"),
         offload_s.is_some_and(|d| d.as_secs_f64() <= goal_s),
     );
     // Let the start-up work (marking every TCP connection liberal, one ctnetlink update each)
     // finish before measuring the quiet daemon.
     let busy = Instant::now();
-    let settled = settle(pid, Duration::from_secs(600))?;
+    let settle_limit = Duration::from_secs(if small { 60 } else { 600 });
+    let settled = settle(pid, settle_limit)?;
     report.add(
         "start-up work done (daemon quiet) after offload",
-        settled.map_or("still busy after 600 s".into(), |_| {
-            format!("{:.1} s", busy.elapsed().as_secs_f64())
-        }),
+        settled.map_or(
+            format!("still busy after {} s", settle_limit.as_secs()),
+            |_| format!("{:.1} s", busy.elapsed().as_secs_f64()),
+        ),
     );
     let idle_cpu = cpu_over(pid, quiet)?;
     let mem = sample(pid)?;
     let maps = map_memlock(pid)?;
-    report.check(
+    report.target(
         "daemon CPU with the flows and no traffic (keep-alive)",
         format!("{idle_cpu:.2} % of a core over {} s", quiet.as_secs()),
         if small { "< 3 %" } else { "< 10 %" }.into(),
@@ -867,7 +915,7 @@ fn flows_part(
     );
     let rss_mib = mem.rss_kib as f64 / 1024.0;
     let rss_goal = if small { 64.0 } else { 256.0 };
-    report.check(
+    report.target(
         "daemon RSS with the flows",
         format!(
             "{rss_mib:.1} MiB (peak {:.1} MiB; {:.0} B per connection above a 0-flow daemon's ~8 MiB)",
@@ -1015,7 +1063,7 @@ fn churn_part(
         String::new()
     };
     let goal = if small { 1000 } else { 10_000 }.min(top);
-    report.check(
+    report.target(
         "churn: highest rate with every connection ok, fast path / kernel alone",
         format!("{bf}/s / {bk}/s{limit}"),
         format!("fast path ≥ {goal}/s"),
