@@ -68,6 +68,9 @@ pub struct ScaleArgs {
     /// Seconds of each quiet-CPU measurement (default 10; small 5).
     #[arg(long)]
     quiet_secs: Option<u64>,
+    /// Skip the idle part (a daemon with nothing to do: CPU and system calls).
+    #[arg(long)]
+    no_idle: bool,
     /// Skip the routes part.
     #[arg(long)]
     no_routes: bool,
@@ -209,6 +212,10 @@ pub fn run(opts: &Opts, args: &ScaleArgs) -> Result<()> {
         &tb.names.rw,
         opts.shaper_mbit,
     )?;
+    if !args.no_idle {
+        eprintln!("idle: a daemon with no flows, no traffic, no route changes");
+        idle_part(&tb, &bin, &out, quiet, &mut report)?;
+    }
     if !args.no_routes {
         eprintln!("routes: {routes_v4} IPv4 + {routes_v6} IPv6");
         routes_part(
@@ -420,6 +427,108 @@ fn settle(pid: u32, limit: Duration) -> Result<Option<Duration>> {
         }
     }
     Ok(None)
+}
+
+/// An idle router: the daemon manages the testbed's two ports with no flows, no traffic and no
+/// route changes, as a router spends most of its life. Its CPU share over `quiet` (after its
+/// start-up work), then its system calls per second over `quiet` counted by `strace -c -f`
+/// (run after the CPU figure: tracing slows the traced process), with the most frequent
+/// calls named.
+fn idle_part(
+    tb: &Testbed,
+    bin: &Path,
+    out: &Path,
+    quiet: Duration,
+    report: &mut Report,
+) -> Result<()> {
+    let dir = out.join("idle");
+    fs::create_dir_all(&dir)?;
+    router::flush_conntrack(&tb.rtr)?;
+    let cfg = config(&dir, tb, "")?;
+    let daemon = Daemon::start_waiting(bin, &tb.rtr, &cfg, &dir, Duration::from_secs(120))?;
+    let pid = daemon.pid();
+    // Start-up work (attaching, the first dumps) is not idleness.
+    let _ = settle(pid, Duration::from_secs(30))?;
+    let cpu = cpu_over(pid, quiet)?;
+    report.target(
+        "idle daemon CPU (no flows, no traffic)",
+        format!("{cpu:.2} % of a core over {} s", quiet.as_secs()),
+        "< 0.2 %".into(),
+        cpu < 0.2,
+    );
+    let calls = count_syscalls(pid, quiet, &dir.join("strace.txt"))?;
+    let total: u64 = calls.iter().map(|(_, n)| n).sum();
+    let per_s = total as f64 / quiet.as_secs_f64();
+    let top = calls
+        .iter()
+        .take(5)
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    report.target(
+        "idle daemon system calls",
+        format!(
+            "{per_s:.1} per second ({total} in {} s; most: {top})",
+            quiet.as_secs()
+        ),
+        "< 20 per second".into(),
+        per_s < 20.0,
+    );
+    daemon.stop()
+}
+
+/// System calls of `pid` and all its threads over `dur`, by name, most frequent first
+/// (`strace -c -f`; its summary is kept in `keep`).
+fn count_syscalls(pid: u32, dur: Duration, keep: &Path) -> Result<Vec<(String, u64)>> {
+    let mut child = std::process::Command::new("strace")
+        .args(["-c", "-f", "-q", "-o"])
+        .arg(keep)
+        .args(["-p", &pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting strace (cargo xtask setup installs it)")?;
+    thread::sleep(dur);
+    // strace writes its summary when interrupted.
+    // SAFETY: kill(2) with a pid of a child this function started.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let status = child.wait().context("waiting for strace")?;
+    let text = fs::read_to_string(keep)
+        .with_context(|| format!("strace ({status}) wrote no summary to {}", keep.display()))?;
+    parse_strace_summary(&text)
+}
+
+/// The rows of `strace -c`'s table: `% time  seconds  usecs/call  calls  [errors]  syscall`.
+fn parse_strace_summary(text: &str) -> Result<Vec<(String, u64)>> {
+    let mut rows = Vec::new();
+    let mut in_table = false;
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with("------") {
+            // The first rule opens the table, the second closes it before the total.
+            if in_table {
+                break;
+            }
+            in_table = true;
+            continue;
+        }
+        if !in_table {
+            continue;
+        }
+        let f: Vec<&str> = t.split_whitespace().collect();
+        let (Some(name), Some(calls)) = (f.last(), f.get(3)) else {
+            continue;
+        };
+        let calls = calls
+            .parse::<u64>()
+            .with_context(|| format!("strace summary row {t:?}"))?;
+        rows.push(((*name).to_owned(), calls));
+    }
+    if !in_table {
+        bail!("no table in the strace summary:\n{text}");
+    }
+    rows.sort_by(|a, b| b.1.cmp(&a.1));
+    Ok(rows)
 }
 
 /// Routing table of the full table (and the testbed's WAN subnet).
@@ -1070,4 +1179,40 @@ fn churn_part(
         bf >= goal,
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strace_summary_rows_are_read_most_frequent_first() {
+        let text = "\
+% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 61.27    0.001212           3       350           bpf
+ 20.00    0.000396          12        32         4 futex
+ 18.73    0.000371          18        20           epoll_wait
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.001979           4       402         4 total
+";
+        let rows = parse_strace_summary(text).unwrap();
+        assert_eq!(
+            rows,
+            [
+                ("bpf".into(), 350),
+                ("futex".into(), 32),
+                ("epoll_wait".into(), 20)
+            ]
+        );
+        assert!(parse_strace_summary("strace: attach: ptrace: EPERM").is_err());
+        // A quiet process: strace prints the table with only the total.
+        let empty = "\
+% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.000000           0         0           total
+";
+        assert!(parse_strace_summary(empty).unwrap().is_empty());
+    }
 }
