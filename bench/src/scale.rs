@@ -527,7 +527,7 @@ fn parse_strace_summary(text: &str) -> Result<Vec<(String, u64)>> {
     if !in_table {
         bail!("no table in the strace summary:\n{text}");
     }
-    rows.sort_by(|a, b| b.1.cmp(&a.1));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1));
     Ok(rows)
 }
 
