@@ -1206,6 +1206,11 @@ impl Datapath {
             .context("cannot write the settings map")
     }
 
+    /// Whether the program verifies L4 checksums (see [`Datapath::set_verify_l4_checksum`]).
+    pub fn verify_l4_checksum(&self) -> bool {
+        self.current.verify_l4_checksum != 0
+    }
+
     /// Whether TCP/UDP checksums are verified before forwarding: the daemon mirrors
     /// `net.netfilter.nf_conntrack_checksum` (conntrack marks bad ones INVALID while it is 1).
     pub fn set_verify_l4_checksum(&mut self, on: bool) -> anyhow::Result<()> {

@@ -624,6 +624,9 @@ pub struct Shared {
     published: parking_lot::Mutex<Option<(Instant, Arc<Status>)>>,
     /// Asks the PPPoE task to read the sessions now (links changed).
     pppoe_read: Notify,
+    /// Signalled when a lock holder had the state mutably (see [`StateGuard`]): the status
+    /// publisher rebuilds only then, so an idle daemon builds no status and reads no counter.
+    changed: Notify,
 }
 
 /// How long a status read waits for the state lock before it answers from the last status
@@ -644,6 +647,7 @@ impl Shared {
             stale: parking_lot::Mutex::new(Stale::default()),
             published: parking_lot::Mutex::new(None),
             pppoe_read: Notify::new(),
+            changed: Notify::new(),
         }
     }
 
@@ -659,6 +663,8 @@ impl Shared {
         StateGuard {
             guard,
             timed: timed.map(|(at, asked)| (at, asked.elapsed(), Instant::now())),
+            changed: &self.changed,
+            touched: false,
         }
     }
 
@@ -671,13 +677,16 @@ impl Shared {
         Some(StateGuard {
             guard,
             timed: lock_stats::enabled().then(|| (at, asked.elapsed(), Instant::now())),
+            changed: &self.changed,
+            touched: false,
         })
     }
 
     /// What `xdp-routerd status` and `/metrics` show: built fresh when the state lock is free
     /// within [`STATUS_WAIT`], else the status last built if it is younger than
-    /// [`STATUS_MAX_AGE`] (kept fresh under load by [`crate::tasks::status`]), else built
-    /// fresh after waiting for the lock. A scrape does not queue behind bulk work.
+    /// [`STATUS_MAX_AGE`] (rebuilt after changes by [`crate::tasks::status`], so it is fresh
+    /// whenever bulk work holds the lock), else built fresh after waiting for the lock. A
+    /// scrape does not queue behind bulk work.
     pub fn status(&self) -> anyhow::Result<Status> {
         if let Some(s) = self.try_lock_for(STATUS_WAIT) {
             return self.build_status(s);
@@ -742,6 +751,12 @@ impl Shared {
         self.revalidate.notify_one();
     }
 
+    /// Resolves when the state was changed (had mutably under the lock) since the last call;
+    /// changes made meanwhile coalesce into one wake-up.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
     /// Asks the PPPoE task for a read of the sessions (see [`crate::tasks::pppoe`]); requests
     /// made before it starts the read coalesce.
     pub fn request_pppoe_read(&self) {
@@ -765,11 +780,16 @@ impl Shared {
     }
 }
 
-/// The locked state (see [`Shared::lock`]).
+/// The locked state (see [`Shared::lock`]). Having it mutably counts as a change: the status
+/// publisher is told when the guard is dropped.
 pub struct StateGuard<'a> {
     guard: FairMutexGuard<'a, State>,
     /// Where it was locked, how long that took, and when it was got (while timing).
     timed: Option<(&'static Location<'static>, Duration, Instant)>,
+    /// [`Shared::changed`]'s signal.
+    changed: &'a Notify,
+    /// Whether the state was had mutably.
+    touched: bool,
 }
 
 impl std::ops::Deref for StateGuard<'_> {
@@ -781,12 +801,16 @@ impl std::ops::Deref for StateGuard<'_> {
 
 impl std::ops::DerefMut for StateGuard<'_> {
     fn deref_mut(&mut self) -> &mut State {
+        self.touched = true;
         &mut self.guard
     }
 }
 
 impl Drop for StateGuard<'_> {
     fn drop(&mut self) {
+        if self.touched {
+            self.changed.notify_one();
+        }
         if let Some((at, wait, got)) = self.timed {
             let hold = got.elapsed();
             lock_stats::record(at, wait, hold);

@@ -20,23 +20,33 @@ pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> 
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        // Re-read every pass: an administrator may change the sysctls at any time.
+        // Re-read every pass (a /proc read): whether conntrack verifies checksums. Written
+        // only when it changed.
+        let verify = conntrack_checksum();
+        let active = {
+            let mut s = shared.lock();
+            if s.flows.is_empty() && s.dp.verify_l4_checksum() == verify {
+                // An idle router: nothing to refresh, nothing written (the state is left
+                // untouched, so no status is rebuilt either).
+                continue;
+            }
+            if let Err(e) = s.dp.set_verify_l4_checksum(verify) {
+                error!(error = %e, "cannot update the checksum setting");
+            }
+            let State { dp, flows, .. } = &mut *s;
+            flows.active_since_last_pass(dp, monotonic_ns())
+        };
+        if active.is_empty() {
+            continue;
+        }
+        // Re-read every pass that refreshes: an administrator may change the sysctls at any
+        // time.
         let timeouts = match KernelTimeouts::read() {
             Ok(t) => t,
             Err(e) => {
                 warn!(error = %e, "cannot read conntrack timeouts; keep-alive skipped");
                 continue;
             }
-        };
-        // Also re-read every pass (a /proc read): whether conntrack verifies checksums.
-        let verify = conntrack_checksum();
-        let active = {
-            let mut s = shared.lock();
-            if let Err(e) = s.dp.set_verify_l4_checksum(verify) {
-                error!(error = %e, "cannot update the checksum setting");
-            }
-            let State { dp, flows, .. } = &mut *s;
-            flows.active_since_last_pass(dp, monotonic_ns())
         };
         let mut refreshed = 0u64;
         let mut errors = 0u64;
