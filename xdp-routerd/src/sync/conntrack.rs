@@ -998,7 +998,7 @@ mod tests {
             }
             bytes.truncate(cut.max(1).min(bytes.len()));
             bytes.extend(tail);
-            for msg in crate::sync::ctnetlink::split_datagram(&bytes).flatten() {
+            for msg in crate::sync::datagram::messages(&bytes).flatten() {
                 if let Ok(msg) = decode_message(msg)
                     && let NetlinkPayload::InnerMessage(inner) = &msg.payload
                 {

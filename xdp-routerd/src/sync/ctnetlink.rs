@@ -36,6 +36,7 @@ use super::conntrack::{
     CTA_ZONE, CtEntry, CtEvent, CtParseError, CtTuple, IPPROTO_TCP, TCP_FLAG_BE_LIBERAL,
     TCP_FLAG_MAXACK_SET, entry_from_message, event_from_message,
 };
+use super::datagram::messages;
 use super::nlsocket::{AsyncNetlink, setsockopt_int};
 
 /// `NFNLGRP_CONNTRACK_NEW` (`uapi/linux/netfilter/nfnetlink.h`).
@@ -146,27 +147,6 @@ type NlSocket = AsyncNetlink;
 
 fn open_socket(op: &'static str) -> Result<NlSocket, CtNetlinkError> {
     AsyncNetlink::open(NETLINK_NETFILTER).map_err(|e| CtNetlinkError::from_io(op, e))
-}
-
-/// Splits a netlink datagram into its messages (each slice is one whole message, header
-/// included). Pure; used for both sockets and by the golden-bytes tests.
-pub fn split_datagram(mut buf: &[u8]) -> impl Iterator<Item = Result<&[u8], DecodeError>> {
-    std::iter::from_fn(move || {
-        if buf.is_empty() {
-            return None;
-        }
-        let len = match NetlinkBuffer::new_checked(buf) {
-            Ok(nl) => nl.length() as usize,
-            Err(e) => {
-                buf = &[];
-                return Some(Err(e));
-            }
-        };
-        let msg = &buf[..len];
-        // Messages are 4-byte aligned inside a datagram.
-        buf = buf.get(len.next_multiple_of(4)..).unwrap_or(&[]);
-        Some(Ok(msg))
-    })
 }
 
 /// Decodes one netlink message from ctnetlink.
@@ -300,7 +280,7 @@ impl CtSubscription {
         let Some(datagram) = self.buf.get(..len) else {
             return;
         };
-        for raw in split_datagram(datagram) {
+        for raw in messages(datagram) {
             let msg = match raw.and_then(decode_message) {
                 Ok(msg) => msg,
                 Err(e) => {
@@ -622,7 +602,7 @@ impl CtNetlink {
                 let Some(datagram) = self.buf.get(..n) else {
                     continue;
                 };
-                for raw in split_datagram(datagram) {
+                for raw in messages(datagram) {
                     let raw = raw.map_err(|source| CtNetlinkError::Decode { op: OP, source })?;
                     let Ok(nl) = NetlinkBuffer::new_checked(raw) else {
                         continue;
@@ -710,7 +690,7 @@ impl CtNetlink {
             let Some(datagram) = self.buf.get(..n) else {
                 continue;
             };
-            for raw in split_datagram(datagram) {
+            for raw in messages(datagram) {
                 let raw = raw.map_err(|source| CtNetlinkError::Decode { op, source })?;
                 let Ok(nl) = NetlinkBuffer::new_checked(raw) else {
                     continue;
@@ -942,7 +922,7 @@ mod tests {
     }
 
     #[test]
-    fn split_datagram_walks_every_message() {
+    fn a_datagram_of_requests_splits_into_them() {
         let a = encode_request(
             NetfilterProtoFamily::Unspec,
             ConntrackMessage::Get(vec![]),
@@ -957,14 +937,14 @@ mod tests {
         );
         let mut datagram = a.clone();
         datagram.extend_from_slice(&b);
-        let parts: Vec<_> = split_datagram(&datagram)
+        let parts: Vec<_> = messages(&datagram)
             .collect::<Result<_, _>>()
             .expect("splits");
         assert_eq!(parts, vec![a.as_slice(), b.as_slice()]);
 
         // A truncated trailing message is an error, not a panic or a silent stop.
         datagram.extend_from_slice(&[0x40, 0, 0, 0, 0]);
-        let results: Vec<_> = split_datagram(&datagram).collect();
+        let results: Vec<_> = messages(&datagram).collect();
         assert_eq!(results.len(), 3);
         assert!(results[2].is_err());
     }

@@ -184,7 +184,8 @@ pub fn request(q: &RouteQuery, seq: u32) -> Vec<u8> {
 /// The answers in one datagram of replies: `(sequence number, route)`, `None` for an error
 /// reply (ENETUNREACH, EINVAL for blackhole, EACCES for prohibit, ...). Pure.
 pub fn replies(data: &[u8]) -> Vec<(u32, Option<RouteInfo>)> {
-    super::netlink_messages(data)
+    super::datagram::messages(data)
+        .map_while(Result::ok)
         .filter_map(|bytes| {
             let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes).ok()?;
             let seq = msg.header.sequence_number;

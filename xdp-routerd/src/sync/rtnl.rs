@@ -17,8 +17,10 @@ use netlink_packet_route::{
     link::LinkAttribute,
     route::{RouteAddress, RouteAttribute, RouteMessage},
 };
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
 use tokio::sync::mpsc;
+
+use super::nlsocket::notification_socket;
 
 /// A change the daemon reacts to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,7 +183,8 @@ pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
 /// The events in one datagram of notifications (pure; unit-tested). A message the crate cannot
 /// parse (e.g. RTM_NEWNETCONF, a forwarding sysctl change) still drops cached FIB answers.
 pub fn events_in(data: &[u8]) -> Vec<RtEvent> {
-    super::netlink_messages(data)
+    super::datagram::messages(data)
+        .map_while(Result::ok)
         .filter_map(|msg| {
             // nlmsg_type, after nlmsg_len: RTM_NEWVLAN / RTM_DELVLAN, which netlink-packet-route
             // does not parse.
@@ -225,10 +228,8 @@ const RTMGRP_IPV6_NETCONF: u32 = 1 << (25 - 1);
 /// the caller's network namespace) and sends [`RtEvent`]s; the receiver closes if the socket
 /// fails.
 pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
-    let mut sock = Socket::new(NETLINK_ROUTE)?;
-    let _ = sock.set_rx_buf_sz(4 << 20);
-    sock.bind(&SocketAddr::new(
-        0,
+    let sock = notification_socket(
+        NETLINK_ROUTE,
         RTMGRP_LINK
             | RTMGRP_TC
             | RTMGRP_IPV4_IFADDR
@@ -240,7 +241,8 @@ pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
             | RTMGRP_IPV6_RULE
             | RTMGRP_IPV4_NETCONF
             | RTMGRP_IPV6_NETCONF,
-    ))?;
+        4 << 20,
+    )?;
     // Per-VLAN STP states of VLAN-filtering bridges: a kernel without bridge VLAN filtering
     // has nothing to send here, and refuses nothing either.
     sock.add_membership(RTNLGRP_BRVLAN)?;
@@ -298,55 +300,12 @@ fn discard_queued(sock: &Socket) -> usize {
     discarded
 }
 
-/// MAC address of the interface called `name` (`SIOCGIFHWADDR`, the address rtnetlink reports
-/// as `IFLA_ADDRESS`), if it exists and has one.
-pub fn hw_addr(name: &str) -> Option<[u8; 6]> {
-    let bytes = name.as_bytes();
-    if bytes.len() >= libc::IFNAMSIZ {
-        return None;
-    }
-    // SAFETY: a plain socket call; the descriptor is closed below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: ifreq is plain old data; all zero is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: fd is a socket, req a valid ifreq with a NUL-terminated name.
-    let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req) };
-    // SAFETY: fd is ours.
-    unsafe { libc::close(fd) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: SIOCGIFHWADDR filled the ifru_hwaddr member.
-    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
-    if sa.sa_family != libc::ARPHRD_ETHER {
-        return None;
-    }
-    let mut mac = [0u8; 6];
-    for (d, s) in mac.iter_mut().zip(sa.sa_data) {
-        *d = s as u8;
-    }
-    Some(mac)
-}
-
-/// ifindex of the interface called `name`, if it exists.
-pub fn ifindex(name: &str) -> Option<u32> {
-    let c = std::ffi::CString::new(name).ok()?;
-    // SAFETY: c is a valid NUL-terminated string.
-    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    (i != 0).then_some(i)
-}
-
 #[cfg(test)]
 mod tests {
     use netlink_packet_route::{link::LinkMessage, route::RouteMessage};
 
     use super::*;
+    use crate::sync::nlsocket::request_socket;
 
     #[test]
     fn prefixes_contain_exactly_their_addresses() {
@@ -608,9 +567,7 @@ mod tests {
     fn an_overrun_discards_every_queued_datagram() {
         // A link dump stands in for queued notifications (no privileges needed): its replies
         // wait on the socket, a part per read, like notifications after an overrun.
-        let mut sock = Socket::new(NETLINK_ROUTE).expect("rtnetlink socket");
-        sock.bind_auto().expect("bind");
-        sock.connect(&SocketAddr::new(0, 0)).expect("connect");
+        let sock = request_socket(NETLINK_ROUTE).expect("rtnetlink socket");
         let mut header = netlink_packet_core::NetlinkHeader::default();
         header.flags = netlink_packet_core::NLM_F_REQUEST | netlink_packet_core::NLM_F_DUMP;
         let mut req = NetlinkMessage::new(
