@@ -11,10 +11,10 @@ use crate::{
     config::Config,
     control,
     datapath::Datapath,
+    flows::conntrack::CtEntry,
     state::{Shared, State},
     sync::{
         bridge,
-        conntrack::CtEntry,
         ctnetlink::{CtNetlink, CtSubscription, conntrack_checksum},
         hooks, netdev,
         nftables::{self, RulesetEvent},

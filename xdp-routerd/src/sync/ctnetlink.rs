@@ -33,12 +33,14 @@ use netlink_sys::protocols::NETLINK_NETFILTER;
 use tracing::warn;
 
 use super::conntrack::{
-    CTA_ZONE, CtEntry, CtEvent, CtParseError, CtTuple, IPPROTO_TCP, TCP_FLAG_BE_LIBERAL,
-    TCP_FLAG_MAXACK_SET, entry_from_message, event_from_message,
+    CTA_ZONE, CtParseError, decode_message, entry_from_message, event_from_message,
+    tuple_attributes,
 };
 use super::datagram::messages;
 use super::nlsocket::{AsyncNetlink, setsockopt_int};
-
+use crate::flows::conntrack::{
+    CtEntry, CtEvent, CtTuple, IPPROTO_TCP, IPPROTO_UDP, TCP_FLAG_BE_LIBERAL, TCP_FLAG_MAXACK_SET,
+};
 /// `NFNLGRP_CONNTRACK_NEW` (`uapi/linux/netfilter/nfnetlink.h`).
 pub const NFNLGRP_CONNTRACK_NEW: u32 = 1;
 /// `NFNLGRP_CONNTRACK_UPDATE`.
@@ -147,11 +149,6 @@ type NlSocket = AsyncNetlink;
 
 fn open_socket(op: &'static str) -> Result<NlSocket, CtNetlinkError> {
     AsyncNetlink::open(NETLINK_NETFILTER).map_err(|e| CtNetlinkError::from_io(op, e))
-}
-
-/// Decodes one netlink message from ctnetlink.
-pub fn decode_message(bytes: &[u8]) -> Result<NetlinkMessage<NetfilterMessage>, DecodeError> {
-    NetlinkMessage::<NetfilterMessage>::deserialize(bytes)
 }
 
 /// The conntrack event stream of the current network namespace.
@@ -398,7 +395,7 @@ impl CtUpdate {
 
 /// `CTA_TUPLE_ORIG` (+ `CTA_ZONE` when not 0): what the kernel looks an entry up by.
 fn key_attributes(orig: &CtTuple, zone: u16) -> Vec<ConntrackAttribute> {
-    let mut attrs = vec![ConntrackAttribute::CtaTupleOrig(orig.to_attributes())];
+    let mut attrs = vec![ConntrackAttribute::CtaTupleOrig(tuple_attributes(orig))];
     if zone != 0 {
         attrs.push(ConntrackAttribute::Other(
             netlink_packet_core::DefaultNla::new(CTA_ZONE, zone.to_be_bytes().to_vec()),
@@ -767,7 +764,7 @@ impl KernelTimeouts {
     pub fn for_proto(&self, proto: u8) -> Option<u32> {
         match proto {
             IPPROTO_TCP => Some(self.tcp_established),
-            super::conntrack::IPPROTO_UDP => Some(self.udp_stream),
+            IPPROTO_UDP => Some(self.udp_stream),
             _ => None,
         }
     }
@@ -807,7 +804,6 @@ mod tests {
     use netlink_packet_netfilter::{NetfilterMessageInner, conntrack::Tuple};
 
     use super::*;
-    use crate::sync::conntrack::IPPROTO_UDP;
 
     fn tcp4() -> CtTuple {
         CtTuple {
@@ -861,7 +857,7 @@ mod tests {
         let ConntrackAttribute::CtaTupleOrig(t) = &attrs[0] else {
             panic!("first attribute is CTA_TUPLE_ORIG: {attrs:?}");
         };
-        assert_eq!(t, &tcp4().to_attributes());
+        assert_eq!(t, &tuple_attributes(&tcp4()));
         assert_eq!(attrs[1], ConntrackAttribute::CtaTimeout(120));
         let ConntrackAttribute::CtaProtoInfo(info) = &attrs[2] else {
             panic!("third attribute is CTA_PROTOINFO: {attrs:?}");

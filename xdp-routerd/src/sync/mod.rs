@@ -1,4 +1,8 @@
-//! Keeping the datapath maps in step with the kernel.
+//! The kernel-facing side: reading the kernel (netlink dumps, notifications and requests,
+//! sysfs, `/proc`) and decoding what it says into values the deciding side owns (conntrack
+//! entries: [`crate::flows::conntrack`]; route prefixes and answers: [`crate::paths`]) or
+//! into this folder's read types, which [`crate::state`] applies. Nothing here decides or
+//! writes a datapath map, and [`crate::flows`] and [`crate::paths`] import nothing from here.
 //!
 //! Shared by every reader: [`nlsocket`] (opening netlink sockets), [`datagram`] (splitting a
 //! netlink datagram into messages) and [`netdev`] (a device's ifindex, name and MAC).

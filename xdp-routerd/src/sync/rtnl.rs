@@ -21,6 +21,7 @@ use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
 use tokio::sync::mpsc;
 
 use super::nlsocket::notification_socket;
+use crate::paths::prefix::Prefix;
 
 /// A change the daemon reacts to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,77 +55,22 @@ pub enum RtEvent {
     Overrun,
 }
 
-/// A route's destination prefix (`addr` has its host bits cleared).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Prefix {
-    pub addr: IpAddr,
-    pub len: u8,
-}
-
-impl Prefix {
-    /// `addr/len`, host bits cleared; `None` when `len` is longer than the address.
-    pub fn new(addr: IpAddr, len: u8) -> Option<Prefix> {
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        (len <= max).then(|| Prefix {
-            addr: Prefix::mask(addr, len),
-            len,
-        })
-    }
-
-    /// `addr` with everything after its first `len` bits cleared.
-    pub fn mask(addr: IpAddr, len: u8) -> IpAddr {
-        match addr {
-            IpAddr::V4(a) => {
-                let m = u32::MAX
-                    .checked_shl(32 - u32::from(len.min(32)))
-                    .unwrap_or(0);
-                IpAddr::V4((u32::from(a) & m).into())
-            }
-            IpAddr::V6(a) => {
-                let m = u128::MAX
-                    .checked_shl(128 - u32::from(len.min(128)))
-                    .unwrap_or(0);
-                IpAddr::V6((u128::from(a) & m).into())
-            }
-        }
-    }
-
-    /// Its last address (all host bits set).
-    pub fn last(&self) -> IpAddr {
-        match self.addr {
-            IpAddr::V4(a) => {
-                let host = u32::MAX.checked_shr(u32::from(self.len)).unwrap_or(0);
-                IpAddr::V4((u32::from(a) | host).into())
-            }
-            IpAddr::V6(a) => {
-                let host = u128::MAX.checked_shr(u32::from(self.len)).unwrap_or(0);
-                IpAddr::V6((u128::from(a) | host).into())
-            }
-        }
-    }
-
-    /// Whether `addr` is inside it.
-    pub fn contains(&self, addr: IpAddr) -> bool {
-        addr.is_ipv4() == self.addr.is_ipv4() && Prefix::mask(addr, self.len) == self.addr
-    }
-
-    /// The destination of an IPv4 or IPv6 route message (no `RTA_DST`: the default route);
-    /// `None` for other families.
-    fn of_route(r: &RouteMessage) -> Option<Prefix> {
-        let dst = r.attributes.iter().find_map(|a| match a {
-            RouteAttribute::Destination(RouteAddress::Inet(a)) => Some(IpAddr::V4(*a)),
-            RouteAttribute::Destination(RouteAddress::Inet6(a)) => Some(IpAddr::V6(*a)),
-            _ => None,
-        });
-        let addr = match (r.header.address_family, dst) {
-            (AddressFamily::Inet, Some(a @ IpAddr::V4(_)))
-            | (AddressFamily::Inet6, Some(a @ IpAddr::V6(_))) => a,
-            (AddressFamily::Inet, None) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            (AddressFamily::Inet6, None) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-            _ => return None,
-        };
-        Prefix::new(addr, r.header.destination_prefix_length)
-    }
+/// The destination of an IPv4 or IPv6 route message (no `RTA_DST`: the default route);
+/// `None` for other families.
+fn prefix_of_route(r: &RouteMessage) -> Option<Prefix> {
+    let dst = r.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Destination(RouteAddress::Inet(a)) => Some(IpAddr::V4(*a)),
+        RouteAttribute::Destination(RouteAddress::Inet6(a)) => Some(IpAddr::V6(*a)),
+        _ => None,
+    });
+    let addr = match (r.header.address_family, dst) {
+        (AddressFamily::Inet, Some(a @ IpAddr::V4(_)))
+        | (AddressFamily::Inet6, Some(a @ IpAddr::V6(_))) => a,
+        (AddressFamily::Inet, None) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        (AddressFamily::Inet6, None) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        _ => return None,
+    };
+    Prefix::new(addr, r.header.destination_prefix_length)
 }
 
 /// Turns one rtnetlink notification into a domain event (pure; unit-tested).
@@ -149,7 +95,7 @@ pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
             name: link_name(&l.attributes)?,
         }),
         RouteNetlinkMessage::NewRoute(r) | RouteNetlinkMessage::DelRoute(r) => {
-            Some(Prefix::of_route(r).map_or(RtEvent::PathsChanged, RtEvent::RouteChanged))
+            Some(prefix_of_route(r).map_or(RtEvent::PathsChanged, RtEvent::RouteChanged))
         }
         RouteNetlinkMessage::NewAddress(_) | RouteNetlinkMessage::DelAddress(_) => {
             Some(RtEvent::PathsChanged)
@@ -306,32 +252,6 @@ mod tests {
 
     use super::*;
     use crate::sync::nlsocket::request_socket;
-
-    #[test]
-    fn prefixes_contain_exactly_their_addresses() {
-        let p = Prefix::new("10.1.2.3".parse().unwrap(), 16).unwrap();
-        assert_eq!(p.addr, "10.1.0.0".parse::<IpAddr>().unwrap());
-        assert!(p.contains("10.1.255.255".parse().unwrap()));
-        assert!(!p.contains("10.2.0.0".parse().unwrap()));
-        assert!(!p.contains("::a01:0".parse().unwrap()));
-        let default = Prefix::new("0.0.0.0".parse().unwrap(), 0).unwrap();
-        assert!(default.contains("203.0.113.9".parse().unwrap()));
-        assert!(!default.contains("2001:db8::1".parse().unwrap()));
-        let host = Prefix::new("2001:db8::1".parse().unwrap(), 128).unwrap();
-        assert!(host.contains("2001:db8::1".parse().unwrap()));
-        assert!(!host.contains("2001:db8::2".parse().unwrap()));
-        assert_eq!(Prefix::new("10.0.0.0".parse().unwrap(), 33), None);
-        assert_eq!(p.last(), "10.1.255.255".parse::<IpAddr>().unwrap());
-        assert_eq!(host.last(), host.addr);
-        assert_eq!(default.last(), "255.255.255.255".parse::<IpAddr>().unwrap());
-        let v6 = Prefix::new("2001:db8:1::".parse().unwrap(), 48).unwrap();
-        assert_eq!(
-            v6.last(),
-            "2001:db8:1:ffff:ffff:ffff:ffff:ffff"
-                .parse::<IpAddr>()
-                .unwrap()
-        );
-    }
 
     #[test]
     fn link_messages_become_link_events() {
