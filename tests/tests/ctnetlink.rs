@@ -14,12 +14,12 @@ use std::{
 
 use tokio::runtime::Runtime;
 use xdp_router_tests::netns::{Netns, require_root};
-use xdp_routerd::sync::{
-    conntrack::{
+use xdp_routerd::{
+    flows::conntrack::{
         CtEntry, CtEvent, CtStatus, CtTuple, IPPROTO_TCP, IPPROTO_UDP, NotOffloadable,
         TCP_FLAG_BE_LIBERAL, TCP_FLAG_MAXACK_SET, tcp_state,
     },
-    ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate, KernelTimeouts},
+    sync::ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate, KernelTimeouts},
 };
 
 const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 71, 1, 2);

@@ -313,7 +313,7 @@ impl Config {
     pub fn missing_interfaces(&self) -> Vec<&str> {
         self.interfaces
             .iter()
-            .filter(|i| crate::sync::rtnl::ifindex(&i.name).is_none())
+            .filter(|i| crate::sync::netdev::ifindex(&i.name).is_none())
             .map(|i| i.name.as_str())
             .collect()
     }

@@ -19,9 +19,8 @@ use xdp_router_common::{
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
-use crate::sync::conntrack::{CtEntry, CtStatus, CtTuple, IPPROTO_TCP, tcp_state};
-
 use addresses::Addresses;
+use conntrack::{CtEntry, CtStatus, CtTuple, IPPROTO_TCP, tcp_state};
 
 /// The flow maps, as the manager needs them (implemented by [`crate::datapath::Datapath`]).
 pub trait FlowTable {
@@ -1225,6 +1224,7 @@ fn v6_entry(d: &Dir<'_>) -> (FlowKeyV6, FlowV6, ArmKeyV6) {
 }
 
 mod addresses;
+pub mod conntrack;
 #[cfg(test)]
 pub(crate) mod fake;
 #[cfg(test)]

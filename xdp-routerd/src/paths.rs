@@ -15,14 +15,11 @@ use std::{
 
 use netlink_packet_route::route::RouteType;
 
-use crate::{
-    flows::PathOracle,
-    sync::{
-        conntrack::{CtEntry, CtTuple},
-        routes::{RouteInfo, RouteLookup, RouteQuery},
-        rtnl::Prefix,
-    },
+use crate::flows::{
+    PathOracle,
+    conntrack::{CtEntry, CtTuple},
 };
+use prefix::Prefix;
 
 /// Something that answers route queries in bulk (the kernel over rtnetlink, or a test fake).
 pub trait RouteSource {
@@ -33,13 +30,22 @@ pub trait RouteSource {
     ) -> impl Future<Output = Vec<Option<RouteInfo>>> + Send;
 }
 
-impl RouteSource for RouteLookup {
-    fn lookup_all(
-        &mut self,
-        queries: &[RouteQuery],
-    ) -> impl Future<Output = Vec<Option<RouteInfo>>> + Send {
-        RouteLookup::lookup_all(self, queries)
-    }
+/// What a route query found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteInfo {
+    /// Route type (unicast, local, blackhole, ...).
+    pub kind: RouteType,
+    /// Output interface, if any.
+    pub oif: Option<u32>,
+}
+
+/// One `ip route get DST [from SRC iif IIF mark MARK]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RouteQuery {
+    pub dst: IpAddr,
+    /// Source, ingress interface and packet mark: the route of a packet the kernel forwards,
+    /// FIB rules included. `None`: the plain route to `dst`.
+    pub from: Option<(IpAddr, u32, u32)>,
 }
 
 /// Route answers for one batch of conntrack entries; a [`PathOracle`] that never does I/O.
@@ -291,5 +297,6 @@ async fn ask(
     paths.answers.extend(todo.into_iter().zip(answers));
 }
 
+pub mod prefix;
 #[cfg(test)]
 mod tests;

@@ -11,12 +11,12 @@ use crate::{
     config::Config,
     control,
     datapath::Datapath,
+    flows::conntrack::CtEntry,
     state::{Shared, State},
     sync::{
         bridge,
-        conntrack::CtEntry,
         ctnetlink::{CtNetlink, CtSubscription, conntrack_checksum},
-        hooks,
+        hooks, netdev,
         nftables::{self, RulesetEvent},
         pppoe, qdisc,
         routes::RouteLookup,
@@ -57,7 +57,7 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     let ifindexes: Vec<Option<u32>> = config
         .interfaces
         .iter()
-        .map(|cfg| rtnl::ifindex(&cfg.name))
+        .map(|cfg| netdev::ifindex(&cfg.name))
         .collect();
     if ifindexes.iter().all(Option::is_none) {
         let names: Vec<&str> = config.interfaces.iter().map(|c| c.name.as_str()).collect();
@@ -117,7 +117,7 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     let macs: Vec<Option<[u8; 6]>> = config
         .interfaces
         .iter()
-        .map(|c| rtnl::hw_addr(&c.name))
+        .map(|c| netdev::hw_addr(&c.name))
         .collect();
     state.attach_all(&macs)?;
     if state.has_vlans() {

@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use crate::sync::conntrack::CtTuple;
+use super::conntrack::CtTuple;
 
 /// How many offloaded connections use each address.
 #[derive(Debug, Default)]

@@ -7,8 +7,8 @@ use std::{
 
 use xdp_router_common::checksum;
 
+use super::conntrack::CtStatus;
 use super::*;
-use crate::sync::conntrack::CtStatus;
 
 use super::fake::FakeTable;
 

@@ -3,7 +3,7 @@
 use std::{collections::HashSet, net::IpAddr};
 
 use super::*;
-use crate::sync::conntrack::{CtStatus, CtTuple};
+use crate::flows::conntrack::{CtStatus, CtTuple};
 
 /// LAN 10.0.1.0/24 on ifindex 3, everything else via WAN ifindex 2; mark 7 leaves by WAN2
 /// (ifindex 5); 10.0.9.0/24 is unreachable; the router's own addresses are local. Counts

@@ -18,11 +18,12 @@ use crate::sync::{
     xdp_xmit::NETDEV_XDP_ACT_NDO_XMIT,
 };
 use crate::{
-    flows::fake::FakeTable,
-    sync::{
+    flows::{
         conntrack::{CtEntry, CtEvent, CtStatus, CtTuple},
-        rtnl::{Prefix, RtEvent},
+        fake::FakeTable,
     },
+    paths::prefix::Prefix,
+    sync::rtnl::RtEvent,
     tasks::{
         conntrack::{apply_events, batch_tcp_to_offload},
         rtnetlink::apply_rt_events,

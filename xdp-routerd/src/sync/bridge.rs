@@ -36,7 +36,7 @@ use netlink_packet_route::{
     link::{AfSpecBridge, BridgeVlanInfoFlags, LinkAttribute, LinkExtentMask, LinkMessage},
     neighbour::{NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState},
 };
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use netlink_sys::protocols::NETLINK_ROUTE;
 use tracing::error;
 
 /// `BR_STATE_FORWARDING` (`uapi/linux/if_bridge.h`).
@@ -176,9 +176,7 @@ pub fn fdb_dump() -> io::Result<Vec<FdbEvent>> {
 /// Sends the dump request `req` on a fresh rtnetlink socket and hands every message of the
 /// answer to `each`. Blocking; as long as the table is.
 fn dump(req: RouteNetlinkMessage, mut each: impl FnMut(RouteNetlinkMessage)) -> io::Result<()> {
-    let mut sock = Socket::new(NETLINK_ROUTE)?;
-    sock.bind_auto()?;
-    sock.connect(&SocketAddr::new(0, 0))?;
+    let sock = super::nlsocket::request_socket(NETLINK_ROUTE)?;
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_DUMP;
     header.sequence_number = 1;
@@ -189,7 +187,7 @@ fn dump(req: RouteNetlinkMessage, mut each: impl FnMut(RouteNetlinkMessage)) -> 
     sock.send(&buf, 0)?;
     loop {
         let (data, _) = sock.recv_from_full()?;
-        for raw in super::netlink_messages(&data) {
+        for raw in super::datagram::messages(&data).map_while(Result::ok) {
             let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(raw)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
             match msg.payload {
@@ -439,7 +437,7 @@ pub fn read(names: &[String]) -> BridgeReads {
         match vlans_not_forwarding() {
             Ok(blocked) => {
                 for (name, vids) in blocked {
-                    if let Some(ifindex) = super::rtnl::ifindex(&name)
+                    if let Some(ifindex) = super::netdev::ifindex(&name)
                         && let Some((_, table)) = tables.get_mut(&ifindex)
                     {
                         table.retain(|vid, _| !vids.contains(vid));
@@ -452,7 +450,7 @@ pub fn read(names: &[String]) -> BridgeReads {
             }
         }
         for (name, r) in &mut reads {
-            if let (Some(f), Some(ifindex)) = (&mut r.filtering, super::rtnl::ifindex(name))
+            if let (Some(f), Some(ifindex)) = (&mut r.filtering, super::netdev::ifindex(name))
                 && f.tpid != 0
             {
                 *f = filtering_of(ifindex, f.tpid, &tables);
@@ -490,7 +488,7 @@ fn read_one(name: &str) -> BridgeRead {
     BridgeRead {
         kind: BridgeKind::Bridge,
         link_kind,
-        mac: super::rtnl::hw_addr(name),
+        mac: super::netdev::hw_addr(name),
         ports: ports(name),
         filtering,
         vlan: None,

@@ -33,11 +33,14 @@ use netlink_sys::protocols::NETLINK_NETFILTER;
 use tracing::warn;
 
 use super::conntrack::{
-    CTA_ZONE, CtEntry, CtEvent, CtParseError, CtTuple, IPPROTO_TCP, TCP_FLAG_BE_LIBERAL,
-    TCP_FLAG_MAXACK_SET, entry_from_message, event_from_message,
+    CTA_ZONE, CtParseError, decode_message, entry_from_message, event_from_message,
+    tuple_attributes,
 };
+use super::datagram::messages;
 use super::nlsocket::{AsyncNetlink, setsockopt_int};
-
+use crate::flows::conntrack::{
+    CtEntry, CtEvent, CtTuple, IPPROTO_TCP, IPPROTO_UDP, TCP_FLAG_BE_LIBERAL, TCP_FLAG_MAXACK_SET,
+};
 /// `NFNLGRP_CONNTRACK_NEW` (`uapi/linux/netfilter/nfnetlink.h`).
 pub const NFNLGRP_CONNTRACK_NEW: u32 = 1;
 /// `NFNLGRP_CONNTRACK_UPDATE`.
@@ -146,32 +149,6 @@ type NlSocket = AsyncNetlink;
 
 fn open_socket(op: &'static str) -> Result<NlSocket, CtNetlinkError> {
     AsyncNetlink::open(NETLINK_NETFILTER).map_err(|e| CtNetlinkError::from_io(op, e))
-}
-
-/// Splits a netlink datagram into its messages (each slice is one whole message, header
-/// included). Pure; used for both sockets and by the golden-bytes tests.
-pub fn split_datagram(mut buf: &[u8]) -> impl Iterator<Item = Result<&[u8], DecodeError>> {
-    std::iter::from_fn(move || {
-        if buf.is_empty() {
-            return None;
-        }
-        let len = match NetlinkBuffer::new_checked(buf) {
-            Ok(nl) => nl.length() as usize,
-            Err(e) => {
-                buf = &[];
-                return Some(Err(e));
-            }
-        };
-        let msg = &buf[..len];
-        // Messages are 4-byte aligned inside a datagram.
-        buf = buf.get(len.next_multiple_of(4)..).unwrap_or(&[]);
-        Some(Ok(msg))
-    })
-}
-
-/// Decodes one netlink message from ctnetlink.
-pub fn decode_message(bytes: &[u8]) -> Result<NetlinkMessage<NetfilterMessage>, DecodeError> {
-    NetlinkMessage::<NetfilterMessage>::deserialize(bytes)
 }
 
 /// The conntrack event stream of the current network namespace.
@@ -300,7 +277,7 @@ impl CtSubscription {
         let Some(datagram) = self.buf.get(..len) else {
             return;
         };
-        for raw in split_datagram(datagram) {
+        for raw in messages(datagram) {
             let msg = match raw.and_then(decode_message) {
                 Ok(msg) => msg,
                 Err(e) => {
@@ -418,7 +395,7 @@ impl CtUpdate {
 
 /// `CTA_TUPLE_ORIG` (+ `CTA_ZONE` when not 0): what the kernel looks an entry up by.
 fn key_attributes(orig: &CtTuple, zone: u16) -> Vec<ConntrackAttribute> {
-    let mut attrs = vec![ConntrackAttribute::CtaTupleOrig(orig.to_attributes())];
+    let mut attrs = vec![ConntrackAttribute::CtaTupleOrig(tuple_attributes(orig))];
     if zone != 0 {
         attrs.push(ConntrackAttribute::Other(
             netlink_packet_core::DefaultNla::new(CTA_ZONE, zone.to_be_bytes().to_vec()),
@@ -622,7 +599,7 @@ impl CtNetlink {
                 let Some(datagram) = self.buf.get(..n) else {
                     continue;
                 };
-                for raw in split_datagram(datagram) {
+                for raw in messages(datagram) {
                     let raw = raw.map_err(|source| CtNetlinkError::Decode { op: OP, source })?;
                     let Ok(nl) = NetlinkBuffer::new_checked(raw) else {
                         continue;
@@ -710,7 +687,7 @@ impl CtNetlink {
             let Some(datagram) = self.buf.get(..n) else {
                 continue;
             };
-            for raw in split_datagram(datagram) {
+            for raw in messages(datagram) {
                 let raw = raw.map_err(|source| CtNetlinkError::Decode { op, source })?;
                 let Ok(nl) = NetlinkBuffer::new_checked(raw) else {
                     continue;
@@ -787,7 +764,7 @@ impl KernelTimeouts {
     pub fn for_proto(&self, proto: u8) -> Option<u32> {
         match proto {
             IPPROTO_TCP => Some(self.tcp_established),
-            super::conntrack::IPPROTO_UDP => Some(self.udp_stream),
+            IPPROTO_UDP => Some(self.udp_stream),
             _ => None,
         }
     }
@@ -827,7 +804,6 @@ mod tests {
     use netlink_packet_netfilter::{NetfilterMessageInner, conntrack::Tuple};
 
     use super::*;
-    use crate::sync::conntrack::IPPROTO_UDP;
 
     fn tcp4() -> CtTuple {
         CtTuple {
@@ -881,7 +857,7 @@ mod tests {
         let ConntrackAttribute::CtaTupleOrig(t) = &attrs[0] else {
             panic!("first attribute is CTA_TUPLE_ORIG: {attrs:?}");
         };
-        assert_eq!(t, &tcp4().to_attributes());
+        assert_eq!(t, &tuple_attributes(&tcp4()));
         assert_eq!(attrs[1], ConntrackAttribute::CtaTimeout(120));
         let ConntrackAttribute::CtaProtoInfo(info) = &attrs[2] else {
             panic!("third attribute is CTA_PROTOINFO: {attrs:?}");
@@ -942,7 +918,7 @@ mod tests {
     }
 
     #[test]
-    fn split_datagram_walks_every_message() {
+    fn a_datagram_of_requests_splits_into_them() {
         let a = encode_request(
             NetfilterProtoFamily::Unspec,
             ConntrackMessage::Get(vec![]),
@@ -957,14 +933,14 @@ mod tests {
         );
         let mut datagram = a.clone();
         datagram.extend_from_slice(&b);
-        let parts: Vec<_> = split_datagram(&datagram)
+        let parts: Vec<_> = messages(&datagram)
             .collect::<Result<_, _>>()
             .expect("splits");
         assert_eq!(parts, vec![a.as_slice(), b.as_slice()]);
 
         // A truncated trailing message is an error, not a panic or a silent stop.
         datagram.extend_from_slice(&[0x40, 0, 0, 0, 0]);
-        let results: Vec<_> = split_datagram(&datagram).collect();
+        let results: Vec<_> = messages(&datagram).collect();
         assert_eq!(results.len(), 3);
         assert!(results[2].is_err());
     }

@@ -1,8 +1,17 @@
-//! Keeping the datapath maps in step with the kernel.
+//! The kernel-facing side: reading the kernel (netlink dumps, notifications and requests,
+//! sysfs, `/proc`) and decoding what it says into values the deciding side owns (conntrack
+//! entries: [`crate::flows::conntrack`]; route prefixes and answers: [`crate::paths`]) or
+//! into this folder's read types, which [`crate::state`] applies. Nothing here decides or
+//! writes a datapath map, and [`crate::flows`] and [`crate::paths`] import nothing from here.
+//!
+//! Shared by every reader: [`nlsocket`] (opening netlink sockets), [`datagram`] (splitting a
+//! netlink datagram into messages) and [`netdev`] (a device's ifindex, name and MAC).
 pub mod bridge;
 pub mod conntrack;
 pub mod ctnetlink;
+pub mod datagram;
 pub mod hooks;
+pub mod netdev;
 pub mod nftables;
 pub mod nlsocket;
 pub mod ppp_compression;
@@ -12,23 +21,6 @@ pub mod routes;
 pub mod rtnl;
 pub mod vlan;
 pub mod xdp_xmit;
-
-/// The whole messages (header included) of one netlink datagram, in order; stops at the first
-/// message whose length field does not fit (a truncated or corrupt datagram). Pure.
-pub fn netlink_messages(data: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let mut offset = 0;
-    std::iter::from_fn(move || {
-        let rest = data.get(offset..).filter(|r| r.len() >= 16)?;
-        // nlmsg_len, the first 4 bytes of every message.
-        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        if len < 16 || len > rest.len() {
-            return None;
-        }
-        // Messages are 4-byte aligned (NLMSG_ALIGN).
-        offset += (len + 3) & !3;
-        Some(&rest[..len])
-    })
-}
 
 /// A link message serialised and parsed back, as the kernel's answer would arrive (tests).
 #[cfg(test)]

@@ -17,9 +17,11 @@ use std::{
     time::Duration,
 };
 
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+use netlink_sys::protocols::NETLINK_NETFILTER;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
+
+use super::nlsocket::notification_socket;
 
 /// `NFNLGRP_NFTABLES` (`uapi/linux/netfilter/nfnetlink.h`).
 pub const NFNLGRP_NFTABLES: u32 = 7;
@@ -46,7 +48,8 @@ pub enum RulesetEvent {
 /// bytes captured on Linux 6.18). Only `NFT_MSG_NEWGEN` counts: the table/chain/rule messages
 /// before it belong to the same transaction.
 pub fn events_in(data: &[u8]) -> Vec<RulesetEvent> {
-    super::netlink_messages(data)
+    super::datagram::messages(data)
+        .map_while(Result::ok)
         .filter(|msg| u16::from_ne_bytes([msg[4], msg[5]]) == NFT_MSG_NEWGEN)
         // nlmsghdr (16) + nfgenmsg (4), then attributes.
         .map(|msg| RulesetEvent::Committed {
@@ -75,9 +78,7 @@ fn gen_id(mut attrs: &[u8]) -> Option<u32> {
 /// reads the socket and sends [`RulesetEvent`]s; the receiver closes if the socket fails.
 /// Subscribe before anything is offloaded, so no commit in between is missed.
 pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RulesetEvent>> {
-    let mut sock = Socket::new(NETLINK_NETFILTER)?;
-    let _ = sock.set_rx_buf_sz(1 << 20);
-    sock.bind(&SocketAddr::new(0, 1 << (NFNLGRP_NFTABLES - 1)))?;
+    let sock = notification_socket(NETLINK_NETFILTER, 1 << (NFNLGRP_NFTABLES - 1), 1 << 20)?;
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::Builder::new()
         .name("nft-events".into())

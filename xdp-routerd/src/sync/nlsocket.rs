@@ -1,10 +1,37 @@
-//! A nonblocking netlink socket registered with tokio (ctnetlink requests and events, route
-//! lookups): no netlink round trip ever blocks a runtime worker.
+//! Opening netlink sockets, the one place `sync/` does: blocking ones for requests and
+//! dumps ([`request_socket`]) and for notifications read on a thread of their own
+//! ([`notification_socket`]), and a nonblocking one registered with tokio ([`AsyncNetlink`]:
+//! ctnetlink requests and events, route lookups), so no netlink round trip on it ever blocks
+//! a runtime worker.
 
 use std::io;
 
-use netlink_sys::Socket;
+use netlink_sys::{Socket, SocketAddr};
 use tokio::io::unix::AsyncFd;
+
+/// A blocking socket of `protocol` for requests: bound to a kernel-chosen port and connected
+/// to the kernel, in the caller's network namespace.
+pub fn request_socket(protocol: isize) -> io::Result<Socket> {
+    let mut sock = Socket::new(protocol)?;
+    sock.bind_auto()?;
+    sock.connect(&SocketAddr::new(0, 0))?;
+    Ok(sock)
+}
+
+/// A blocking socket of `protocol` bound to the notification `groups` (a bind mask: group n is
+/// bit n - 1; groups above 32 are joined with `add_membership` afterwards), in the caller's
+/// network namespace, with a receive buffer of `rcvbuf` bytes asked for (best effort: the
+/// kernel caps it at `net.core.rmem_max`).
+pub fn notification_socket(
+    protocol: isize,
+    groups: u32,
+    rcvbuf: libc::c_int,
+) -> io::Result<Socket> {
+    let mut sock = Socket::new(protocol)?;
+    let _ = sock.set_rx_buf_sz(rcvbuf);
+    sock.bind(&SocketAddr::new(0, groups))?;
+    Ok(sock)
+}
 
 /// A nonblocking netlink socket of one protocol, bound to a kernel-chosen port.
 pub struct AsyncNetlink {

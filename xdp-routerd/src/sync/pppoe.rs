@@ -21,7 +21,7 @@
 
 use std::{collections::BTreeMap, fmt, io};
 
-use super::{ppp_compression, rtnl, vlan::VlanRead, xdp_xmit};
+use super::{netdev, ppp_compression, vlan::VlanRead, xdp_xmit};
 
 /// Where the kernel lists the PPPoE sessions of the namespace.
 pub const PROC_NET_PPPOE: &str = "/proc/net/pppoe";
@@ -261,7 +261,7 @@ fn compression_idle(name: &str) -> Result<(), Unpaired> {
 /// What the state needs of the device `session` runs over.
 fn read_lower(session: Session) -> Found {
     let name = &session.lower;
-    let Some(ifindex) = rtnl::ifindex(name) else {
+    let Some(ifindex) = netdev::ifindex(name) else {
         return Err(Unpaired::LowerMissing(name.clone()));
     };
     let kind = xdp_xmit::link_kind(name);
@@ -293,7 +293,7 @@ fn read_lower(session: Session) -> Found {
     Ok(SessionRead {
         lower: LowerRead {
             ifindex,
-            mac: rtnl::hw_addr(name),
+            mac: netdev::hw_addr(name),
             kind,
             vlan,
         },

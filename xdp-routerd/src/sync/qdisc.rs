@@ -39,7 +39,7 @@ use netlink_packet_route::{
     RouteNetlinkMessage,
     tc::{TcAttribute, TcMessage, TcOption},
 };
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
 
 /// Qdisc kinds that never make an egress shaped (see the module documentation); `fq` only
 /// without a `maxrate`.
@@ -225,23 +225,14 @@ const RTM_NEWQDISC: u16 = 36;
 /// Also returns whether the kernel flagged the dump inconsistent (`NLM_F_DUMP_INTR`), whether
 /// `NLMSG_DONE` for `seq` was seen, and an error the kernel answered with.
 fn parse_dump_datagram(data: &[u8], seq: u32, out: &mut Vec<Qdisc>) -> io::Result<(bool, bool)> {
-    let mut offset = 0;
     let mut interrupted = false;
-    while offset + 16 <= data.len() {
-        let len = u32::from_ne_bytes([
-            data[offset],
-            data[offset + 1],
-            data[offset + 2],
-            data[offset + 3],
-        ]) as usize;
-        if len < 16 || offset + len > data.len() {
-            return Err(io::Error::new(
+    for raw in super::datagram::messages(data) {
+        let raw = raw.map_err(|e| {
+            io::Error::new(
                 io::ErrorKind::InvalidData,
-                "truncated rtnetlink message in a qdisc dump",
-            ));
-        }
-        let raw = &data[offset..offset + len];
-        offset += (len + 3) & !3;
+                format!("truncated rtnetlink message in a qdisc dump: {e}"),
+            )
+        })?;
         let msg_type = u16::from_ne_bytes([raw[4], raw[5]]);
         let flags = u16::from_ne_bytes([raw[6], raw[7]]);
         let msg_seq = u32::from_ne_bytes([raw[8], raw[9], raw[10], raw[11]]);
@@ -297,9 +288,7 @@ pub async fn read_all() -> std::io::Result<Vec<Qdisc>> {
 /// Every qdisc of every interface of the caller's network namespace (`tc qdisc show`,
 /// including the invisible default children of multiqueue and classful qdiscs). Blocking.
 pub fn dump() -> io::Result<Vec<Qdisc>> {
-    let mut sock = Socket::new(NETLINK_ROUTE)?;
-    sock.bind_auto()?;
-    sock.connect(&SocketAddr::new(0, 0))?;
+    let sock = super::nlsocket::request_socket(NETLINK_ROUTE)?;
     // A dump that raced with a change is flagged NLM_F_DUMP_INTR: read it again.
     for seq in 1..=5 {
         let (qdiscs, interrupted) = dump_once(&sock, seq)?;

@@ -12,30 +12,13 @@ use std::{io, net::IpAddr, os::fd::AsRawFd, time::Duration};
 use netlink_packet_core::{NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::{
     AddressFamily, RouteNetlinkMessage,
-    route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteType},
+    route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage},
 };
 use netlink_sys::protocols::NETLINK_ROUTE;
 use tracing::warn;
 
 use super::nlsocket::AsyncNetlink;
-
-/// What a route query found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RouteInfo {
-    /// Route type (unicast, local, blackhole, ...).
-    pub kind: RouteType,
-    /// Output interface, if any.
-    pub oif: Option<u32>,
-}
-
-/// One `ip route get DST [from SRC iif IIF mark MARK]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RouteQuery {
-    pub dst: IpAddr,
-    /// Source, ingress interface and packet mark: the route of a packet the kernel forwards,
-    /// FIB rules included. `None`: the plain route to `dst`.
-    pub from: Option<(IpAddr, u32, u32)>,
-}
+use crate::paths::{RouteInfo, RouteQuery, RouteSource};
 
 /// Requests per datagram.
 const PER_DATAGRAM: usize = 64;
@@ -146,6 +129,15 @@ impl RouteLookup {
     }
 }
 
+impl RouteSource for RouteLookup {
+    fn lookup_all(
+        &mut self,
+        queries: &[RouteQuery],
+    ) -> impl Future<Output = Vec<Option<RouteInfo>>> + Send {
+        RouteLookup::lookup_all(self, queries)
+    }
+}
+
 /// The RTM_GETROUTE request for `q` with sequence number `seq` (pure).
 pub fn request(q: &RouteQuery, seq: u32) -> Vec<u8> {
     let mut header = RouteHeader::default();
@@ -184,7 +176,8 @@ pub fn request(q: &RouteQuery, seq: u32) -> Vec<u8> {
 /// The answers in one datagram of replies: `(sequence number, route)`, `None` for an error
 /// reply (ENETUNREACH, EINVAL for blackhole, EACCES for prohibit, ...). Pure.
 pub fn replies(data: &[u8]) -> Vec<(u32, Option<RouteInfo>)> {
-    super::netlink_messages(data)
+    super::datagram::messages(data)
+        .map_while(Result::ok)
         .filter_map(|bytes| {
             let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes).ok()?;
             let seq = msg.header.sequence_number;
@@ -213,6 +206,7 @@ fn route_info(r: &RouteMessage) -> RouteInfo {
 #[cfg(test)]
 mod tests {
     use netlink_packet_core::ErrorMessage;
+    use netlink_packet_route::route::RouteType;
 
     use super::*;
 

@@ -17,8 +17,11 @@ use netlink_packet_route::{
     link::LinkAttribute,
     route::{RouteAddress, RouteAttribute, RouteMessage},
 };
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
 use tokio::sync::mpsc;
+
+use super::nlsocket::notification_socket;
+use crate::paths::prefix::Prefix;
 
 /// A change the daemon reacts to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,77 +55,22 @@ pub enum RtEvent {
     Overrun,
 }
 
-/// A route's destination prefix (`addr` has its host bits cleared).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Prefix {
-    pub addr: IpAddr,
-    pub len: u8,
-}
-
-impl Prefix {
-    /// `addr/len`, host bits cleared; `None` when `len` is longer than the address.
-    pub fn new(addr: IpAddr, len: u8) -> Option<Prefix> {
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        (len <= max).then(|| Prefix {
-            addr: Prefix::mask(addr, len),
-            len,
-        })
-    }
-
-    /// `addr` with everything after its first `len` bits cleared.
-    pub fn mask(addr: IpAddr, len: u8) -> IpAddr {
-        match addr {
-            IpAddr::V4(a) => {
-                let m = u32::MAX
-                    .checked_shl(32 - u32::from(len.min(32)))
-                    .unwrap_or(0);
-                IpAddr::V4((u32::from(a) & m).into())
-            }
-            IpAddr::V6(a) => {
-                let m = u128::MAX
-                    .checked_shl(128 - u32::from(len.min(128)))
-                    .unwrap_or(0);
-                IpAddr::V6((u128::from(a) & m).into())
-            }
-        }
-    }
-
-    /// Its last address (all host bits set).
-    pub fn last(&self) -> IpAddr {
-        match self.addr {
-            IpAddr::V4(a) => {
-                let host = u32::MAX.checked_shr(u32::from(self.len)).unwrap_or(0);
-                IpAddr::V4((u32::from(a) | host).into())
-            }
-            IpAddr::V6(a) => {
-                let host = u128::MAX.checked_shr(u32::from(self.len)).unwrap_or(0);
-                IpAddr::V6((u128::from(a) | host).into())
-            }
-        }
-    }
-
-    /// Whether `addr` is inside it.
-    pub fn contains(&self, addr: IpAddr) -> bool {
-        addr.is_ipv4() == self.addr.is_ipv4() && Prefix::mask(addr, self.len) == self.addr
-    }
-
-    /// The destination of an IPv4 or IPv6 route message (no `RTA_DST`: the default route);
-    /// `None` for other families.
-    fn of_route(r: &RouteMessage) -> Option<Prefix> {
-        let dst = r.attributes.iter().find_map(|a| match a {
-            RouteAttribute::Destination(RouteAddress::Inet(a)) => Some(IpAddr::V4(*a)),
-            RouteAttribute::Destination(RouteAddress::Inet6(a)) => Some(IpAddr::V6(*a)),
-            _ => None,
-        });
-        let addr = match (r.header.address_family, dst) {
-            (AddressFamily::Inet, Some(a @ IpAddr::V4(_)))
-            | (AddressFamily::Inet6, Some(a @ IpAddr::V6(_))) => a,
-            (AddressFamily::Inet, None) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            (AddressFamily::Inet6, None) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-            _ => return None,
-        };
-        Prefix::new(addr, r.header.destination_prefix_length)
-    }
+/// The destination of an IPv4 or IPv6 route message (no `RTA_DST`: the default route);
+/// `None` for other families.
+fn prefix_of_route(r: &RouteMessage) -> Option<Prefix> {
+    let dst = r.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Destination(RouteAddress::Inet(a)) => Some(IpAddr::V4(*a)),
+        RouteAttribute::Destination(RouteAddress::Inet6(a)) => Some(IpAddr::V6(*a)),
+        _ => None,
+    });
+    let addr = match (r.header.address_family, dst) {
+        (AddressFamily::Inet, Some(a @ IpAddr::V4(_)))
+        | (AddressFamily::Inet6, Some(a @ IpAddr::V6(_))) => a,
+        (AddressFamily::Inet, None) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        (AddressFamily::Inet6, None) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        _ => return None,
+    };
+    Prefix::new(addr, r.header.destination_prefix_length)
 }
 
 /// Turns one rtnetlink notification into a domain event (pure; unit-tested).
@@ -147,7 +95,7 @@ pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
             name: link_name(&l.attributes)?,
         }),
         RouteNetlinkMessage::NewRoute(r) | RouteNetlinkMessage::DelRoute(r) => {
-            Some(Prefix::of_route(r).map_or(RtEvent::PathsChanged, RtEvent::RouteChanged))
+            Some(prefix_of_route(r).map_or(RtEvent::PathsChanged, RtEvent::RouteChanged))
         }
         RouteNetlinkMessage::NewAddress(_) | RouteNetlinkMessage::DelAddress(_) => {
             Some(RtEvent::PathsChanged)
@@ -181,7 +129,8 @@ pub fn translate(msg: &RouteNetlinkMessage) -> Option<RtEvent> {
 /// The events in one datagram of notifications (pure; unit-tested). A message the crate cannot
 /// parse (e.g. RTM_NEWNETCONF, a forwarding sysctl change) still drops cached FIB answers.
 pub fn events_in(data: &[u8]) -> Vec<RtEvent> {
-    super::netlink_messages(data)
+    super::datagram::messages(data)
+        .map_while(Result::ok)
         .filter_map(|msg| {
             // nlmsg_type, after nlmsg_len: RTM_NEWVLAN / RTM_DELVLAN, which netlink-packet-route
             // does not parse.
@@ -225,10 +174,8 @@ const RTMGRP_IPV6_NETCONF: u32 = 1 << (25 - 1);
 /// the caller's network namespace) and sends [`RtEvent`]s; the receiver closes if the socket
 /// fails.
 pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
-    let mut sock = Socket::new(NETLINK_ROUTE)?;
-    let _ = sock.set_rx_buf_sz(4 << 20);
-    sock.bind(&SocketAddr::new(
-        0,
+    let sock = notification_socket(
+        NETLINK_ROUTE,
         RTMGRP_LINK
             | RTMGRP_TC
             | RTMGRP_IPV4_IFADDR
@@ -240,7 +187,8 @@ pub fn subscribe() -> io::Result<mpsc::UnboundedReceiver<RtEvent>> {
             | RTMGRP_IPV6_RULE
             | RTMGRP_IPV4_NETCONF
             | RTMGRP_IPV6_NETCONF,
-    ))?;
+        4 << 20,
+    )?;
     // Per-VLAN STP states of VLAN-filtering bridges: a kernel without bridge VLAN filtering
     // has nothing to send here, and refuses nothing either.
     sock.add_membership(RTNLGRP_BRVLAN)?;
@@ -298,81 +246,12 @@ fn discard_queued(sock: &Socket) -> usize {
     discarded
 }
 
-/// MAC address of the interface called `name` (`SIOCGIFHWADDR`, the address rtnetlink reports
-/// as `IFLA_ADDRESS`), if it exists and has one.
-pub fn hw_addr(name: &str) -> Option<[u8; 6]> {
-    let bytes = name.as_bytes();
-    if bytes.len() >= libc::IFNAMSIZ {
-        return None;
-    }
-    // SAFETY: a plain socket call; the descriptor is closed below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: ifreq is plain old data; all zero is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: fd is a socket, req a valid ifreq with a NUL-terminated name.
-    let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req) };
-    // SAFETY: fd is ours.
-    unsafe { libc::close(fd) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: SIOCGIFHWADDR filled the ifru_hwaddr member.
-    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
-    if sa.sa_family != libc::ARPHRD_ETHER {
-        return None;
-    }
-    let mut mac = [0u8; 6];
-    for (d, s) in mac.iter_mut().zip(sa.sa_data) {
-        *d = s as u8;
-    }
-    Some(mac)
-}
-
-/// ifindex of the interface called `name`, if it exists.
-pub fn ifindex(name: &str) -> Option<u32> {
-    let c = std::ffi::CString::new(name).ok()?;
-    // SAFETY: c is a valid NUL-terminated string.
-    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    (i != 0).then_some(i)
-}
-
 #[cfg(test)]
 mod tests {
     use netlink_packet_route::{link::LinkMessage, route::RouteMessage};
 
     use super::*;
-
-    #[test]
-    fn prefixes_contain_exactly_their_addresses() {
-        let p = Prefix::new("10.1.2.3".parse().unwrap(), 16).unwrap();
-        assert_eq!(p.addr, "10.1.0.0".parse::<IpAddr>().unwrap());
-        assert!(p.contains("10.1.255.255".parse().unwrap()));
-        assert!(!p.contains("10.2.0.0".parse().unwrap()));
-        assert!(!p.contains("::a01:0".parse().unwrap()));
-        let default = Prefix::new("0.0.0.0".parse().unwrap(), 0).unwrap();
-        assert!(default.contains("203.0.113.9".parse().unwrap()));
-        assert!(!default.contains("2001:db8::1".parse().unwrap()));
-        let host = Prefix::new("2001:db8::1".parse().unwrap(), 128).unwrap();
-        assert!(host.contains("2001:db8::1".parse().unwrap()));
-        assert!(!host.contains("2001:db8::2".parse().unwrap()));
-        assert_eq!(Prefix::new("10.0.0.0".parse().unwrap(), 33), None);
-        assert_eq!(p.last(), "10.1.255.255".parse::<IpAddr>().unwrap());
-        assert_eq!(host.last(), host.addr);
-        assert_eq!(default.last(), "255.255.255.255".parse::<IpAddr>().unwrap());
-        let v6 = Prefix::new("2001:db8:1::".parse().unwrap(), 48).unwrap();
-        assert_eq!(
-            v6.last(),
-            "2001:db8:1:ffff:ffff:ffff:ffff:ffff"
-                .parse::<IpAddr>()
-                .unwrap()
-        );
-    }
+    use crate::sync::nlsocket::request_socket;
 
     #[test]
     fn link_messages_become_link_events() {
@@ -608,9 +487,7 @@ mod tests {
     fn an_overrun_discards_every_queued_datagram() {
         // A link dump stands in for queued notifications (no privileges needed): its replies
         // wait on the socket, a part per read, like notifications after an overrun.
-        let mut sock = Socket::new(NETLINK_ROUTE).expect("rtnetlink socket");
-        sock.bind_auto().expect("bind");
-        sock.connect(&SocketAddr::new(0, 0)).expect("connect");
+        let sock = request_socket(NETLINK_ROUTE).expect("rtnetlink socket");
         let mut header = netlink_packet_core::NetlinkHeader::default();
         header.flags = netlink_packet_core::NLM_F_REQUEST | netlink_packet_core::NLM_F_DUMP;
         let mut req = NetlinkMessage::new(

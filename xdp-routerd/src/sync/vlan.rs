@@ -17,7 +17,7 @@ use netlink_packet_route::{
     RouteNetlinkMessage,
     link::{InfoData, InfoVlan, LinkAttribute, LinkInfo, LinkMessage, VlanProtocol},
 };
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use netlink_sys::protocols::NETLINK_ROUTE;
 
 /// A VLAN device as the kernel describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,20 +52,11 @@ pub fn read_with_parent(name: &str) -> Option<VlanRead> {
             return None;
         }
     };
-    let mut buf = [0 as libc::c_char; libc::IFNAMSIZ];
-    // SAFETY: buf has IF_NAMESIZE bytes, as if_indextoname requires.
-    let p = unsafe { libc::if_indextoname(link.parent, buf.as_mut_ptr()) };
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: if_indextoname wrote a NUL-terminated name into buf.
-    let parent_name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned();
+    let parent_name = super::netdev::name(link.parent)?;
     Some(VlanRead {
         link,
         parent_kind: super::xdp_xmit::link_kind(&parent_name),
-        parent_mac: super::rtnl::hw_addr(&parent_name),
+        parent_mac: super::netdev::hw_addr(&parent_name),
         parent_name,
     })
 }
@@ -106,9 +97,7 @@ pub fn vlan_of(msg: &LinkMessage) -> Option<VlanLink> {
 /// Asks the kernel what the interface called `name` is (`RTM_GETLINK`); `None` when it is
 /// not a VLAN device (or is gone). Blocking but short: one request on a fresh socket.
 pub fn read(name: &str) -> io::Result<Option<VlanLink>> {
-    let mut sock = Socket::new(NETLINK_ROUTE)?;
-    sock.bind_auto()?;
-    sock.connect(&SocketAddr::new(0, 0))?;
+    let sock = super::nlsocket::request_socket(NETLINK_ROUTE)?;
     let mut msg = LinkMessage::default();
     msg.attributes.push(LinkAttribute::IfName(name.to_string()));
     let mut header = NetlinkHeader::default();
@@ -123,7 +112,7 @@ pub fn read(name: &str) -> io::Result<Option<VlanLink>> {
     req.serialize(&mut buf);
     sock.send(&buf, 0)?;
     let (data, _) = sock.recv_from_full()?;
-    for raw in super::netlink_messages(&data) {
+    for raw in super::datagram::messages(&data).map_while(Result::ok) {
         let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(raw)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
         match msg.payload {

@@ -13,9 +13,11 @@
 
 use std::{collections::BTreeMap, io};
 
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_GENERIC};
+use netlink_sys::{Socket, protocols::NETLINK_GENERIC};
 use tokio::sync::mpsc;
 use tracing::{debug, error};
+
+use super::nlsocket::request_socket;
 
 /// `NETDEV_XDP_ACT_NDO_XMIT` (`uapi/linux/netdev.h`): the device implements `ndo_xdp_xmit`
 /// and will send frames redirected to it.
@@ -264,7 +266,8 @@ pub fn parse_family(msg: &[u8]) -> Option<NetdevFamily> {
 /// reply or an add/change notification gives the device's features, a delete notification its
 /// disappearance. Pure.
 pub fn events_in(data: &[u8], family: u16) -> Vec<XmitEvent> {
-    super::netlink_messages(data)
+    super::datagram::messages(data)
+        .map_while(Result::ok)
         .filter(|m| u16::from_ne_bytes([m[4], m[5]]) == family && m.len() >= GENL_HDRLEN)
         .filter_map(|m| {
             let mut ifindex = None;
@@ -309,7 +312,7 @@ fn transact(sock: &Socket, req: &[u8], dump: bool) -> io::Result<Vec<Vec<u8>>> {
     let mut out = Vec::new();
     loop {
         let (data, _) = sock.recv_from_full()?;
-        for msg in super::netlink_messages(&data) {
+        for msg in super::datagram::messages(&data).map_while(Result::ok) {
             match nlmsg_error(msg) {
                 Some(0) => return Ok(out),
                 Some(errno) => return Err(io::Error::from_raw_os_error(errno)),
@@ -364,13 +367,6 @@ pub fn dump(sock: &Socket, family: u16) -> io::Result<BTreeMap<u32, u64>> {
     Ok(out)
 }
 
-fn socket() -> io::Result<Socket> {
-    let mut sock = Socket::new(NETLINK_GENERIC)?;
-    sock.bind_auto()?;
-    sock.connect(&SocketAddr::new(0, 0))?;
-    Ok(sock)
-}
-
 /// Following the kernel's XDP features: what it reported at start, and the changes.
 pub struct Subscription {
     /// Features of every device at start; `None` when the kernel has no `netdev` family (then
@@ -386,7 +382,7 @@ pub struct Subscription {
 /// Blocking: call it before the runtime's tasks start, or on a blocking thread.
 pub fn subscribe() -> io::Result<Subscription> {
     let (tx, events) = mpsc::unbounded_channel();
-    let requests = socket()?;
+    let requests = request_socket(NETLINK_GENERIC)?;
     let Some(family) = resolve(&requests)? else {
         debug!("no netdev generic-netlink family (Linux < 6.3): XDP transmit judged by link kind");
         return Ok(Subscription {
@@ -394,7 +390,7 @@ pub fn subscribe() -> io::Result<Subscription> {
             events,
         });
     };
-    let notify = socket()?;
+    let notify = request_socket(NETLINK_GENERIC)?;
     let _ = notify.set_rx_buf_sz(1 << 20);
     match family.mgmt_group {
         Some(group) => notify.add_membership(group)?,

@@ -23,10 +23,13 @@ use tracing::{debug, error, info, warn};
 
 use super::{APPLY_CHUNK, apply_stale_check, resolve_fresh};
 use crate::{
-    flows::{FlowManager, PathOracle, Upsert, release_freed_memory},
+    flows::{
+        FlowManager, PathOracle, Upsert,
+        conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
+        release_freed_memory,
+    },
     state::{Shared, State},
     sync::{
-        conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
         ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate},
         routes::RouteLookup,
     },

@@ -7,11 +7,9 @@ use std::{sync::Arc, time::Duration};
 use tracing::{debug, error, warn};
 
 use crate::{
+    flows::conntrack::IPPROTO_TCP,
     state::{Shared, State, monotonic_ns},
-    sync::{
-        conntrack::IPPROTO_TCP,
-        ctnetlink::{CtNetlink, CtUpdate, KernelTimeouts, conntrack_checksum},
-    },
+    sync::ctnetlink::{CtNetlink, CtUpdate, KernelTimeouts, conntrack_checksum},
 };
 
 /// Refreshes every `interval`, forever.

@@ -26,9 +26,9 @@ pub mod status;
 pub mod xdp_xmit;
 
 use crate::{
+    flows::conntrack::{CtEntry, CtTuple},
     paths::{self, ResolvedPaths, RouteSource, Stale},
     state::Shared,
-    sync::conntrack::{CtEntry, CtTuple},
 };
 
 /// Connections (or events) applied per lock hold when many are (resync, revalidation, a big

@@ -22,9 +22,9 @@ use crate::{
     sync::{
         bridge::{self, BridgeRead, BridgeReads},
         ctnetlink::CtNetlink,
-        hooks, qdisc,
+        hooks, netdev, qdisc,
         routes::RouteLookup,
-        rtnl::{self, RtEvent},
+        rtnl::RtEvent,
     },
 };
 
@@ -158,7 +158,7 @@ fn read_links(shared: &Shared, batch: &[RtEvent]) -> LinkReads {
                     .any(|e| matches!(e, RtEvent::LinkUp { name, mac: None, .. } if name == n))
         })
         .map(|n| {
-            let read = (rtnl::ifindex(&n), rtnl::hw_addr(&n));
+            let read = (netdev::ifindex(&n), netdev::hw_addr(&n));
             (n, read)
         })
         .collect()
