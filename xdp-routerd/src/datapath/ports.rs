@@ -294,40 +294,7 @@ impl Ports for Datapath {
         if slot == 0 || slot >= MAX_IFACE_SLOTS {
             bail!("interface slot {slot} out of range");
         }
-        let bridge = self
-            .ifaces
-            .get(&parent.ifindex, 0)
-            .map_or(parent.flags, |i| i.flags)
-            & IFACE_F_BRIDGE
-            != 0;
-        let mode = if bridge {
-            // Registered already: managed itself, or for another VLAN.
-            if self.ifaces.get(&parent.ifindex, 0).is_err() {
-                if parent.slot == 0 || parent.slot >= MAX_IFACE_SLOTS {
-                    bail!("interface slot {} out of range", parent.slot);
-                }
-                let info = IfaceInfo {
-                    slot: parent.slot,
-                    flags: parent.flags | IFACE_F_VLAN_PARENT | IFACE_F_NO_XDP_XMIT,
-                    mac: parent.mac,
-                    ..IfaceInfo::default()
-                };
-                self.ifaces
-                    .insert(parent.ifindex, info, 0)
-                    .with_context(|| format!("{}: cannot add to {MAP_IFACES}", parent.name))?;
-            }
-            AttachMode::Ports
-        } else if self.links.xdp.contains_key(&parent.ifindex) {
-            self.attached_mode(parent.ifindex)
-        } else {
-            let info = IfaceInfo {
-                slot: parent.slot,
-                flags: parent.flags | IFACE_F_VLAN_PARENT,
-                mac: parent.mac,
-                ..IfaceInfo::default()
-            };
-            self.register(&parent.name, parent.ifindex, info, mode, false)?
-        };
+        let mode = self.run_on_parent(parent, mode)?;
         let info = IfaceInfo {
             slot,
             flags: flags | IFACE_F_VLAN,
@@ -346,10 +313,8 @@ impl Ports for Datapath {
             tpid_be: tpid.to_be(),
         };
         self.vlans
-            .map
-            .insert(key, ifindex, 0)
+            .add(key, ifindex)
             .with_context(|| format!("{name}: cannot add to {MAP_VLANS}"))?;
-        self.vlans.keys.insert(ifindex, key);
         // A VLAN device managed only as a PPPoE session's lower device: the kernel's routed
         // packets leave through the PPP device, where its own arming program runs.
         if flags & IFACE_F_PPPOE_LOWER == 0 {

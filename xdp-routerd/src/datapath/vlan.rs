@@ -4,15 +4,20 @@
 
 use std::collections::BTreeMap;
 
+use anyhow::{Context as _, bail};
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData},
+    maps::{HashMap, MapData, MapError},
 };
-use xdp_router_common::{IFACE_F_VLAN_PARENT, MAP_VLANS, VlanKey};
+use xdp_router_common::{
+    IFACE_F_BRIDGE, IFACE_F_NO_XDP_XMIT, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_IFACES, MAP_VLANS,
+    MAX_IFACE_SLOTS, VlanKey,
+};
 
 #[cfg(doc)]
 use super::PppoeBinding;
-use super::{Datapath, Ports, take};
+use super::{AttachMode, Datapath, Ports, take};
+use crate::config::XdpModeConfig;
 
 /// The parent of a managed VLAN device, where the program runs (see
 /// [`Ports::attach_vlan`]; a bridge when `flags` has `IFACE_F_BRIDGE`); also the lower
@@ -45,6 +50,13 @@ impl VlanMaps {
         })
     }
 
+    /// Adds the VLAN device `ifindex` under its `VLANS` key.
+    pub(super) fn add(&mut self, key: VlanKey, ifindex: u32) -> Result<(), MapError> {
+        self.map.insert(key, ifindex, 0)?;
+        self.keys.insert(ifindex, key);
+        Ok(())
+    }
+
     /// Whether `ifindex` is the parent of a managed VLAN device.
     pub(super) fn is_parent(&self, ifindex: u32) -> bool {
         self.keys.values().any(|k| k.parent_ifindex == ifindex)
@@ -52,6 +64,50 @@ impl VlanMaps {
 }
 
 impl Datapath {
+    /// Makes the program run for the VLAN frames of `parent` (see [`Ports::attach_vlan`]) and
+    /// returns its mode there: on the parent itself unless it runs there already; a bridge
+    /// parent is registered only (the program runs on its ports, [`AttachMode::Ports`]).
+    pub(super) fn run_on_parent(
+        &mut self,
+        parent: &VlanParent,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        let bridge = self
+            .ifaces
+            .get(&parent.ifindex, 0)
+            .map_or(parent.flags, |i| i.flags)
+            & IFACE_F_BRIDGE
+            != 0;
+        Ok(if bridge {
+            // Registered already: managed itself, or for another VLAN.
+            if self.ifaces.get(&parent.ifindex, 0).is_err() {
+                if parent.slot == 0 || parent.slot >= MAX_IFACE_SLOTS {
+                    bail!("interface slot {} out of range", parent.slot);
+                }
+                let info = IfaceInfo {
+                    slot: parent.slot,
+                    flags: parent.flags | IFACE_F_VLAN_PARENT | IFACE_F_NO_XDP_XMIT,
+                    mac: parent.mac,
+                    ..IfaceInfo::default()
+                };
+                self.ifaces
+                    .insert(parent.ifindex, info, 0)
+                    .with_context(|| format!("{}: cannot add to {MAP_IFACES}", parent.name))?;
+            }
+            AttachMode::Ports
+        } else if self.links.xdp.contains_key(&parent.ifindex) {
+            self.attached_mode(parent.ifindex)
+        } else {
+            let info = IfaceInfo {
+                slot: parent.slot,
+                flags: parent.flags | IFACE_F_VLAN_PARENT,
+                mac: parent.mac,
+                ..IfaceInfo::default()
+            };
+            self.register(&parent.name, parent.ifindex, info, mode, false)?
+        })
+    }
+
     /// Forgets the VLAN device `ifindex` (see [`Ports::attach_vlan`]) and detaches from its
     /// parent when the parent was managed only for its VLANs and none is left.
     pub(super) fn detach_vlan(&mut self, ifindex: u32) {
