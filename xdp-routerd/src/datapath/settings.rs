@@ -85,6 +85,14 @@ impl SettingsMaps {
             .set(0, self.current, 0)
             .context("cannot write the settings map")
     }
+
+    /// Moves the generation `field` picks out of `current` to the next one, skipping 0 on
+    /// wrap-around, and writes the settings.
+    fn next_generation(&mut self, field: fn(&mut Settings) -> &mut u32) -> anyhow::Result<()> {
+        let generation = field(&mut self.current);
+        *generation = generation.checked_add(1).unwrap_or(1);
+        self.write()
+    }
 }
 
 impl Datapath {
@@ -114,14 +122,8 @@ impl Datapath {
     /// Invalidates every flow's cached FIB answer: the next packet of each flow takes a full
     /// `bpf_fib_lookup`. Called for every kernel notification that can change an answer.
     pub fn invalidate_fib_cache(&mut self) -> anyhow::Result<()> {
-        // 0 means "cache disabled" to the datapath: skip it on wrap-around.
-        self.settings.current.fib_generation = self
-            .settings
-            .current
-            .fib_generation
-            .checked_add(1)
-            .unwrap_or(1);
-        self.settings.write()?;
+        // 0 means "cache disabled" to the datapath: never a generation.
+        self.settings.next_generation(|s| &mut s.fib_generation)?;
         self.settings.fib_invalidations += 1;
         Ok(())
     }
@@ -131,13 +133,8 @@ impl Datapath {
     /// kernel forwards it). Called for every nftables commit and iptables-legacy change.
     pub fn bump_ruleset_generation(&mut self) -> anyhow::Result<()> {
         // 0 is what new flow entries hold: never current.
-        self.settings.current.ruleset_generation = self
-            .settings
-            .current
-            .ruleset_generation
-            .checked_add(1)
-            .unwrap_or(1);
-        self.settings.write()?;
+        self.settings
+            .next_generation(|s| &mut s.ruleset_generation)?;
         self.settings.ruleset_changes += 1;
         Ok(())
     }
