@@ -60,6 +60,7 @@ pub(super) struct Links {
 }
 
 impl Datapath {
+    /// The XDP program.
     fn program(&mut self) -> anyhow::Result<&mut Xdp> {
         Ok(self
             .ebpf
@@ -165,6 +166,8 @@ impl Datapath {
         }
     }
 
+    /// Attaches the XDP program to `ifindex` in `mode` (native falling back to generic, with
+    /// the reason kept for `status`), and makes sure the kernel made it a bpf_link.
     fn attach_program(
         &mut self,
         name: &str,
