@@ -11,7 +11,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 use xdp_router_common::Reason;
 
-use crate::flows::Skip;
+use crate::{datapath, flows::Skip};
 
 /// `status --json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -54,6 +54,17 @@ pub struct RulesetStatus {
     pub fib_mark: bool,
 }
 
+impl From<datapath::Ruleset> for RulesetStatus {
+    fn from(r: datapath::Ruleset) -> Self {
+        RulesetStatus {
+            generation: r.generation,
+            changes: r.changes,
+            armed_interfaces: r.armed_interfaces,
+            fib_mark: r.fib_mark,
+        }
+    }
+}
+
 /// The per-flow cache of `bpf_fib_lookup` answers (`fib_cache_ms`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct FibCacheStatus {
@@ -64,6 +75,16 @@ pub struct FibCacheStatus {
     /// Invalidations since start (kernel routing, rule, address, link, neighbour or
     /// forwarding notifications, in bursts of up to 50 ms).
     pub invalidations: u64,
+}
+
+impl From<datapath::FibCache> for FibCacheStatus {
+    fn from(c: datapath::FibCache) -> Self {
+        FibCacheStatus {
+            max_age_ms: c.max_age_ms,
+            generation: c.generation,
+            invalidations: c.invalidations,
+        }
+    }
 }
 
 /// One managed interface.

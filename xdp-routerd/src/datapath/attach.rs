@@ -1,0 +1,343 @@
+//! Attaching the programs: the XDP program (native, or generic when native is refused or
+//! configured) and the TC egress arming programs, all as bpf_links owned by this process, and
+//! taking them off again.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context as _, anyhow, bail};
+use aya::programs::{
+    LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode,
+    links::LinkType,
+    loaded_links,
+    tc::{SchedClassifierLinkId, TcAttachOptions},
+    xdp::XdpLinkId,
+};
+use tracing::{debug, error, info, warn};
+use xdp_router_common::{
+    ARM_PROG_NAME, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT, IfaceInfo, MAP_IFACES, MAP_TX_PORTS,
+    MAX_IFACE_SLOTS, PROG_NAME,
+};
+
+use super::{Datapath, Ports as _};
+use crate::config::XdpModeConfig;
+
+/// How the program ended up attached to an interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachMode {
+    Native,
+    Generic,
+    /// A bridge: the program runs on its ports (each with its own mode), not on it.
+    Ports,
+    /// A PPP device: never on it; the program runs on its PPPoE session's lower device (see
+    /// [`Ports::attach_ppp`](super::Ports::attach_ppp)).
+    Lower,
+}
+
+impl AttachMode {
+    /// Name used in `status` and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttachMode::Native => "native",
+            AttachMode::Generic => "generic",
+            AttachMode::Ports => "ports",
+            AttachMode::Lower => "lower",
+        }
+    }
+}
+
+/// The links this process owns, by ifindex: what is attached where, and how.
+#[derive(Default)]
+pub(super) struct Links {
+    /// XDP links.
+    pub(super) xdp: BTreeMap<u32, XdpLinkId>,
+    /// The mode the XDP program got on each interface in `xdp`.
+    pub(super) modes: BTreeMap<u32, AttachMode>,
+    /// Why the interfaces in generic mode did not get native XDP (config asked for native).
+    pub(super) generic_because: BTreeMap<u32, String>,
+    /// TC egress (TCX) links of the arming programs, with the program's name
+    /// ([`ARM_PROG_NAME`], or [`ARM_L3_PROG_NAME`](xdp_router_common::ARM_L3_PROG_NAME) on a PPP device).
+    pub(super) armed: BTreeMap<u32, (&'static str, SchedClassifierLinkId)>,
+}
+
+impl Datapath {
+    /// The XDP program.
+    fn program(&mut self) -> anyhow::Result<&mut Xdp> {
+        Ok(self
+            .ebpf
+            .program_mut(PROG_NAME)
+            .ok_or_else(|| anyhow!("eBPF object has no program {PROG_NAME}"))?
+            .try_into()?)
+    }
+
+    /// The mode the program runs in on `ifindex`; `None` where it is not attached.
+    pub fn mode_of(&self, ifindex: u32) -> Option<AttachMode> {
+        self.links.modes.get(&ifindex).copied()
+    }
+
+    /// The mode the program got on `ifindex`, where it is attached.
+    pub(super) fn attached_mode(&self, ifindex: u32) -> AttachMode {
+        self.links
+            .modes
+            .get(&ifindex)
+            .copied()
+            .unwrap_or(AttachMode::Native)
+    }
+
+    /// Writes `info` for `ifindex`, its `TX_PORTS` entry (unless it cannot transmit XDP frames)
+    /// and attaches the program (and the arming program when `arm`).
+    pub(super) fn register(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        info: IfaceInfo,
+        mode: XdpModeConfig,
+        arm: bool,
+    ) -> anyhow::Result<AttachMode> {
+        let (slot, flags) = (info.slot, info.flags);
+        if slot == 0 || slot >= MAX_IFACE_SLOTS {
+            bail!("interface slot {slot} out of range");
+        }
+        // Generic until the attachment is known to be native (see IFACE_F_GENERIC_XDP).
+        let info = IfaceInfo {
+            flags: flags | IFACE_F_GENERIC_XDP,
+            ..info
+        };
+        self.ifaces
+            .insert(ifindex, info, 0)
+            .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
+        // A device that cannot transmit XDP frames is no redirect target.
+        if flags & IFACE_F_NO_XDP_XMIT == 0 {
+            self.tx_ports
+                .insert(ifindex, ifindex, None, 0)
+                .with_context(|| format!("{name}: cannot add to {MAP_TX_PORTS}"))?;
+        }
+        let mode = if self.links.xdp.contains_key(&ifindex) {
+            // The program already runs there for a VLAN device over it (see
+            // `attach_vlan`): the interface is now managed itself too.
+            self.attached_mode(ifindex)
+        } else {
+            match self.attach_program(name, ifindex, mode) {
+                Ok(mode) => mode,
+                Err(e) => {
+                    let _ = self.ifaces.remove(&ifindex);
+                    let _ = self.tx_ports.remove(ifindex);
+                    return Err(e);
+                }
+            }
+        };
+        if mode == AttachMode::Native {
+            self.update_iface(ifindex, IfaceInfo { flags, ..info })?;
+        }
+        if arm && !self.links.armed.contains_key(&ifindex) {
+            self.attach_arming(name, ifindex, ARM_PROG_NAME);
+        }
+        Ok(mode)
+    }
+
+    /// Attaches the arming program `prog` ([`ARM_PROG_NAME`], or [`ARM_L3_PROG_NAME`](xdp_router_common::ARM_L3_PROG_NAME) for a
+    /// device without a link-layer header) to the egress of `name` as a TCX bpf_link (Linux
+    /// 6.6), owned by this process like the XDP links. Without it no flow direction is ever
+    /// armed: the kernel keeps forwarding every packet of that interface's flows (correct, not
+    /// faster).
+    pub(super) fn attach_arming(&mut self, name: &str, ifindex: u32, prog: &'static str) {
+        let result = self
+            .ebpf
+            .program_mut(prog)
+            .ok_or_else(|| anyhow!("eBPF object has no program {prog}"))
+            .and_then(|p| Ok(<&mut SchedClassifier>::try_from(p)?))
+            .and_then(|p| {
+                // A netlink (clsact) attachment would outlive the daemon: TCX links only.
+                Ok(p.attach_with_options(
+                    name,
+                    TcAttachType::Egress,
+                    TcAttachOptions::TcxOrder(LinkOrder::default()),
+                )?)
+            });
+        match result {
+            Ok(link) => {
+                self.links.armed.insert(ifindex, (prog, link));
+            }
+            Err(e) => error!(
+                interface = name,
+                error = %format!("{e:#}"),
+                "{name}: cannot attach the TC egress arming program (TCX, Linux >= 6.6 needed): \
+                 no flow through {name} is fast-pathed, the kernel forwards them all"
+            ),
+        }
+    }
+
+    /// Attaches the XDP program to `ifindex` in `mode` (native falling back to generic, with
+    /// the reason kept for `status`), and makes sure the kernel made it a bpf_link.
+    fn attach_program(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<AttachMode> {
+        let mut fallback = None;
+        let prog = self.program()?;
+        let (link, got) = match mode {
+            XdpModeConfig::Generic => (
+                prog.attach_to_if_index(ifindex, XdpMode::Skb)
+                    .map_err(|e| anyhow!("{name}: cannot attach XDP (generic mode): {e}"))?,
+                AttachMode::Generic,
+            ),
+            XdpModeConfig::Native => match prog.attach_to_if_index(ifindex, XdpMode::Driver) {
+                Ok(link) => (link, AttachMode::Native),
+                Err(native_err) => {
+                    let why = native_attach_failure(&native_err);
+                    warn!(
+                        interface = name,
+                        error = %native_err,
+                        "{name}: native XDP attach failed: {why}; falling back to generic XDP \
+                         (much slower)"
+                    );
+                    fallback = Some(why);
+                    let link = prog
+                        .attach_to_if_index(ifindex, XdpMode::Skb)
+                        .map_err(|e| {
+                            anyhow!("{name}: cannot attach XDP: native: {native_err}; generic: {e}")
+                        })?;
+                    (link, AttachMode::Generic)
+                }
+            },
+        };
+        self.links.xdp.insert(ifindex, link);
+        self.links.modes.insert(ifindex, got);
+        if let Some(why) = fallback {
+            self.links.generic_because.insert(ifindex, why);
+        }
+        // Fail-open relies on every attachment being a bpf_link owned by this process, which the
+        // kernel removes when the process goes away. aya falls back to a netlink attach when
+        // bpf_link_create() answers EINVAL (kernels before 5.9); such an attachment would
+        // outlive a killed daemon and keep forwarding from stale maps, so refuse it.
+        match self.owned_xdp_links() {
+            Ok(n) if n == self.links.xdp.len() => {}
+            Ok(n) => {
+                self.detach(ifindex);
+                bail!(
+                    "{name}: the kernel attached XDP without a bpf_link ({n} links for {} \
+                     attachments); refusing, since it would outlive the daemon (Linux >= 5.9 needed)",
+                    self.links.xdp.len() + 1
+                );
+            }
+            // Enumerating links needs CAP_SYS_ADMIN, which the least-privilege systemd unit
+            // does not grant; `load` already refused kernels without XDP bpf_links.
+            Err(e) => {
+                debug!(interface = name, error = %format!("{e:#}"), "cannot verify the XDP link")
+            }
+        }
+        info!(
+            interface = name,
+            ifindex,
+            mode = got.as_str(),
+            "XDP program attached"
+        );
+        Ok(got)
+    }
+
+    /// Number of XDP bpf_links that point at our program (one per attached interface).
+    fn owned_xdp_links(&self) -> anyhow::Result<usize> {
+        let prog: &Xdp = self
+            .ebpf
+            .program(PROG_NAME)
+            .ok_or_else(|| anyhow!("eBPF object has no program {PROG_NAME}"))?
+            .try_into()?;
+        let id = prog.info()?.id();
+        let mut n = 0;
+        for link in loaded_links() {
+            let link = link.context("cannot list BPF links")?;
+            if link.program_id() == id && matches!(link.link_type(), Ok(LinkType::Xdp)) {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Detaches the arming program from `ifindex`, if it is attached there.
+    pub(super) fn detach_arming(&mut self, ifindex: u32) {
+        if let Some((name, link)) = self.links.armed.remove(&ifindex)
+            && let Some(Ok(prog)) = self
+                .ebpf
+                .program_mut(name)
+                .map(<&mut SchedClassifier>::try_from)
+        {
+            let _ = prog.detach(link);
+        }
+    }
+
+    /// Takes the XDP program off `ifindex` and forgets its mode (see
+    /// [`Datapath::attach_program`]).
+    pub(super) fn detach_program(&mut self, ifindex: u32) {
+        if let Some(link) = self.links.xdp.remove(&ifindex)
+            && let Ok(prog) = self.program()
+        {
+            let _ = prog.detach(link);
+        }
+        self.links.generic_because.remove(&ifindex);
+        self.links.modes.remove(&ifindex);
+    }
+
+    /// Detaches from every interface (shutdown): the kernel carries everything again, whoever
+    /// still holds a reference to the datapath.
+    pub fn detach_all(&mut self) {
+        // The PPP devices first: their lower devices are then detached, not kept for them.
+        let ifindexes: Vec<u32> = self
+            .pppoe
+            .devices
+            .keys()
+            .chain(self.links.xdp.keys())
+            .chain(self.links.armed.keys())
+            .copied()
+            .collect();
+        for ifindex in ifindexes {
+            self.detach(ifindex);
+        }
+    }
+
+    /// Why `ifindex` runs generic XDP although native was asked for (see
+    /// [`native_attach_failure`]); `None` when native or not attached.
+    pub fn generic_because(&self, ifindex: u32) -> Option<&str> {
+        self.links.generic_because.get(&ifindex).map(String::as_str)
+    }
+}
+
+/// Why the kernel refused a native (driver mode) XDP attachment, from the errno of the
+/// failed call. An XDP bpf_link attach returns no extack text (the kernel's message goes only
+/// to the `xdp:bpf_xdp_link_attach_failed` tracepoint), so the errnos the drivers use are
+/// mapped here (`dev_xdp_attach` in `net/core/dev.c`, `veth_xdp_set` in
+/// `drivers/net/veth.c`).
+pub fn native_attach_failure(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut source = Some(err);
+    let mut errno = None;
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            errno = io.raw_os_error();
+            break;
+        }
+        source = e.source();
+    }
+    match errno {
+        Some(libc::ERANGE) => "the MTU is too large for native XDP (on a veth: the peer's MTU \
+             is above what one page holds, about 3 500 bytes); lower it for native XDP"
+            .into(),
+        Some(libc::EOPNOTSUPP) => {
+            "the driver has no native XDP (a bridge, a bond or VLAN device, or an old driver)"
+                .into()
+        }
+        Some(libc::ENOSPC) => {
+            "fewer RX queues than its veth peer has TX queues (create it with numrxqueues >= \
+             the peer's numtxqueues)"
+                .into()
+        }
+        Some(libc::EBUSY) | Some(libc::EEXIST) => {
+            "another XDP program is already attached to it".into()
+        }
+        Some(libc::ENOTCONN) => "a veth without a peer".into(),
+        Some(n) => format!(
+            "the kernel refused it ({})",
+            std::io::Error::from_raw_os_error(n)
+        ),
+        None => format!("{err}"),
+    }
+}

@@ -1,0 +1,187 @@
+//! PPPoE sessions: the `PPPOE` map (a PPP device by its session's frames on the lower device)
+//! and the lower device, where the program runs and pops and pushes the PPPoE and PPP headers.
+//! Registering a PPP device and binding its session are [`Ports::attach_ppp`] and
+//! [`Ports::set_pppoe`]; both go with [`Ports::detach`].
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context as _, bail};
+use aya::{
+    Ebpf,
+    maps::{HashMap, MapData},
+};
+use tracing::info;
+use xdp_router_common::{
+    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN_PARENT,
+    IfaceInfo, MAP_PPPOE, PppoeKey,
+};
+
+use super::{Datapath, Ports, VlanParent, take};
+use crate::config::XdpModeConfig;
+
+/// A PPPoE session as [`Ports::set_pppoe`] binds it to its PPP device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PppoeBinding {
+    /// The session ID as the kernel holds it (network order).
+    pub sid_be: u16,
+    /// The access concentrator's MAC.
+    pub peer_mac: [u8; 6],
+    /// The device the session runs over, where its frames arrive; `slot` and `flags` are used
+    /// when it is registered for the session only.
+    pub lower: VlanParent,
+    /// When `lower` is a VLAN device: its VLAN ID and tag protocol, and its parent, where the
+    /// program then runs.
+    pub vlan: Option<((u16, u16), VlanParent)>,
+}
+
+/// The managed PPPoE sessions and PPP devices.
+pub(super) struct PppoeMaps {
+    /// `PPPOE`: the managed PPPoE sessions, by their frames on the lower device.
+    pub(super) sessions: HashMap<MapData, PppoeKey, u32>,
+    /// The registered PPP devices (ifindex → the `PPPOE` key of their session, when bound).
+    pub(super) devices: BTreeMap<u32, Option<PppoeKey>>,
+}
+
+impl PppoeMaps {
+    /// Takes `PPPOE` out of `ebpf`; no PPP device is registered yet.
+    pub(super) fn take(ebpf: &mut Ebpf) -> anyhow::Result<PppoeMaps> {
+        Ok(PppoeMaps {
+            sessions: take(ebpf, MAP_PPPOE)?,
+            devices: BTreeMap::new(),
+        })
+    }
+
+    /// Whether a bound PPPoE session runs over `ifindex`.
+    pub(super) fn lower_in_use(&self, ifindex: u32) -> bool {
+        self.devices
+            .values()
+            .flatten()
+            .any(|k| k.lower_ifindex == ifindex)
+    }
+}
+
+impl Datapath {
+    /// [`Ports::set_pppoe`] with a session: lower device, entry, key.
+    pub(super) fn bind_pppoe(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        info: &mut IfaceInfo,
+        s: &PppoeBinding,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<()> {
+        let lower = &s.lower;
+        match self.ifaces.get(&lower.ifindex, 0) {
+            Ok(l) if l.flags & (IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT) != 0 => {
+                bail!(
+                    "{name}: its PPPoE session runs over a bridge or bridge port ({})",
+                    lower.name
+                )
+            }
+            Ok(mut l)
+                if l.flags & IFACE_F_VLAN_PARENT != 0 && l.flags & IFACE_F_PPPOE_LOWER == 0 =>
+            {
+                // Managed only as the parent of VLANs so far: now its session frames too.
+                l.flags |= IFACE_F_PPPOE_LOWER;
+                self.update_iface(lower.ifindex, l)?;
+            }
+            Ok(mut l) if l.flags & IFACE_F_PPPOE_LOWER != 0 && l.mac != lower.mac => {
+                // Managed for sessions (this one, another): its MAC as read now.
+                l.mac = lower.mac;
+                self.update_iface(lower.ifindex, l)?;
+            }
+            // Managed itself, or for another session already: the program runs there.
+            Ok(_) => {}
+            Err(_) => {
+                let flags = lower.flags | IFACE_F_PPPOE_LOWER;
+                match &s.vlan {
+                    Some((vlan, parent)) => {
+                        self.attach_vlan(
+                            &lower.name,
+                            lower.ifindex,
+                            lower.slot,
+                            flags,
+                            lower.mac,
+                            *vlan,
+                            parent,
+                            mode,
+                        )?;
+                    }
+                    None => {
+                        let l = IfaceInfo {
+                            slot: lower.slot,
+                            flags,
+                            mac: lower.mac,
+                            ..IfaceInfo::default()
+                        };
+                        self.register(&lower.name, lower.ifindex, l, mode, false)?;
+                    }
+                }
+            }
+        }
+        *info = IfaceInfo {
+            slot: info.slot,
+            flags: info.flags | IFACE_F_PPPOE,
+            mac: lower.mac,
+            lower_ifindex: lower.ifindex,
+            pppoe_sid_be: s.sid_be,
+            peer_mac: s.peer_mac,
+            ..IfaceInfo::default()
+        };
+        self.update_iface(ifindex, *info)?;
+        let key = PppoeKey {
+            lower_ifindex: lower.ifindex,
+            sid_be: s.sid_be,
+            _pad: 0,
+        };
+        self.pppoe
+            .sessions
+            .insert(key, ifindex, 0)
+            .with_context(|| format!("{name}: cannot add to {MAP_PPPOE}"))?;
+        self.pppoe.devices.insert(ifindex, Some(key));
+        info!(
+            interface = name,
+            ifindex,
+            lower = %lower.name,
+            session_id = format!("{:#06x}", u16::from_be(s.sid_be)),
+            "PPPoE session: XDP runs on its lower device, PPPoE and PPP headers popped and pushed there"
+        );
+        Ok(())
+    }
+
+    /// Stops managing `lower` as a PPPoE lower device when no bound session runs over it any
+    /// more: detached when it was managed only for sessions, the flag cleared when it is
+    /// still a VLAN parent. A device managed for itself is left as it is.
+    pub(super) fn release_lower(&mut self, lower: u32) {
+        if self.pppoe.lower_in_use(lower) {
+            return;
+        }
+        let Ok(mut info) = self.iface(lower) else {
+            return;
+        };
+        if info.flags & IFACE_F_PPPOE_LOWER == 0 {
+            return;
+        }
+        let vlan_parent = self.vlans.is_parent(lower);
+        if vlan_parent {
+            info.flags &= !IFACE_F_PPPOE_LOWER;
+            let _ = self.update_iface(lower, info);
+        } else {
+            self.detach(lower);
+        }
+    }
+
+    /// Forgets the PPP device `ifindex`: its session's key, its entry and arming program, and
+    /// the lower device when it was managed only for this session.
+    pub(super) fn detach_ppp(&mut self, ifindex: u32) {
+        let key = self.pppoe.devices.remove(&ifindex).flatten();
+        if let Some(key) = key {
+            let _ = self.pppoe.sessions.remove(&key);
+        }
+        self.detach_arming(ifindex);
+        let _ = self.ifaces.remove(&ifindex);
+        if let Some(key) = key {
+            self.release_lower(key.lower_ifindex);
+        }
+    }
+}
