@@ -53,8 +53,10 @@ pub async fn run(
         tasks.spawn(tasks::xdp_xmit::run(shared.clone(), events));
     }
     let (legacy_tx, legacy_events) = tokio::sync::mpsc::unbounded_channel();
+    let legacy_ended = nftables::spawn_legacy_poller(legacy_tx)
+        .map_err(|e| anyhow!("cannot start the iptables-legacy poller: {e}"))?;
     tasks.spawn(async move {
-        nftables::poll_legacy(legacy_tx).await;
+        let _ = legacy_ended.await;
         Err(anyhow!("iptables-legacy poller ended"))
     });
     tasks.spawn(tasks::ruleset::run(

@@ -8,12 +8,17 @@
 //!
 //! iptables-legacy has no notifications: while legacy tables exist (`/proc/net/ip_tables_names`
 //! or `ip6_tables_names` non-empty) its rules are read every [`LEGACY_POLL`] with
-//! `iptables-legacy-save` / `ip6tables-legacy-save` and compared without their counters.
+//! `iptables-legacy-save` / `ip6tables-legacy-save` and compared without their counters. The
+//! poll runs on a thread of its own and costs two `pread`s and a sleep while no legacy table
+//! exists.
 
 use std::{
     collections::hash_map::DefaultHasher,
+    fs::File,
     hash::{Hash as _, Hasher as _},
     io,
+    os::unix::fs::FileExt as _,
+    path::PathBuf,
     time::Duration,
 };
 
@@ -124,25 +129,51 @@ pub fn normalize_save(listing: &str) -> String {
     out
 }
 
-/// Whether iptables-legacy tables are in use (`/proc/net/ip{,6}_tables_names` non-empty).
-async fn legacy_tables_exist() -> bool {
-    let mut any = false;
-    for path in ["/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"] {
-        any |= tokio::fs::read_to_string(path)
-            .await
-            .is_ok_and(|s| !s.trim().is_empty());
+/// The two `/proc/net/ip{,6}_tables_names` files, kept open: a read from offset 0 makes the
+/// kernel list the tables anew (a seq_file), so a poll costs one `pread` per file. A file that
+/// is not there (the `ip_tables` module is not loaded yet) is tried again at the next poll.
+struct LegacyNames {
+    files: [(PathBuf, Option<File>); 2],
+}
+
+impl LegacyNames {
+    fn new() -> LegacyNames {
+        LegacyNames::at([
+            "/proc/net/ip_tables_names".into(),
+            "/proc/net/ip6_tables_names".into(),
+        ])
     }
-    any
+
+    fn at(paths: [PathBuf; 2]) -> LegacyNames {
+        LegacyNames {
+            files: paths.map(|p| (p, None)),
+        }
+    }
+
+    /// Whether iptables-legacy tables are in use (either file non-empty).
+    fn any(&mut self) -> bool {
+        let mut buf = [0u8; 256];
+        let mut any = false;
+        for (path, file) in &mut self.files {
+            if file.is_none() {
+                *file = File::open(&*path).ok();
+            }
+            let Some(f) = file else { continue };
+            match f.read_at(&mut buf, 0) {
+                Ok(n) => any |= buf[..n].iter().any(|b| !b.is_ascii_whitespace()),
+                Err(_) => *file = None,
+            }
+        }
+        any
+    }
 }
 
 /// Hash of both families' iptables-legacy rules, or `None` when they cannot be read.
-async fn legacy_rules_hash() -> Option<u64> {
+fn legacy_rules_hash() -> Option<u64> {
     let mut h = DefaultHasher::new();
     for tool in ["iptables-legacy-save", "ip6tables-legacy-save"] {
-        let out = crate::signals::unblocked_in_child(&mut tokio::process::Command::new(tool))
-            .kill_on_drop(true)
+        let out = crate::signals::unblocked_in_std_child(&mut std::process::Command::new(tool))
             .output()
-            .await
             .ok()?;
         if !out.status.success() {
             return None;
@@ -153,23 +184,24 @@ async fn legacy_rules_hash() -> Option<u64> {
 }
 
 /// Polls iptables-legacy every [`LEGACY_POLL`] while legacy tables exist and sends
-/// [`RulesetEvent::LegacyChanged`] when their rules change. Ends when the receiver is gone.
-pub async fn poll_legacy(tx: mpsc::UnboundedSender<RulesetEvent>) {
-    let mut tick = tokio::time::interval(LEGACY_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// [`RulesetEvent::LegacyChanged`] when their rules change. Blocking: runs on a thread of its
+/// own (see [`spawn_legacy_poller`]), whose sleeps cost the runtime no wake-up. Ends when the
+/// receiver is gone.
+fn poll_legacy(tx: &mpsc::UnboundedSender<RulesetEvent>) {
+    let mut names = LegacyNames::new();
     let mut last: Option<u64> = None;
     let mut warned = false;
     // At start the rules found are the baseline; legacy tables that appear later (the first
     // `iptables-legacy` command creates them) are a change.
     let mut started = false;
-    loop {
-        tick.tick().await;
-        if !legacy_tables_exist().await {
+    while !tx.is_closed() {
+        if !names.any() {
             last = None;
             started = true;
+            std::thread::sleep(LEGACY_POLL);
             continue;
         }
-        let Some(hash) = legacy_rules_hash().await else {
+        let Some(hash) = legacy_rules_hash() else {
             if !warned {
                 warn!(
                     "iptables-legacy tables exist but iptables-legacy-save cannot read them: \
@@ -177,6 +209,7 @@ pub async fn poll_legacy(tx: mpsc::UnboundedSender<RulesetEvent>) {
                 );
                 warned = true;
             }
+            std::thread::sleep(LEGACY_POLL);
             continue;
         };
         if last.map_or(started, |l| l != hash) {
@@ -187,12 +220,45 @@ pub async fn poll_legacy(tx: mpsc::UnboundedSender<RulesetEvent>) {
         }
         last = Some(hash);
         started = true;
+        std::thread::sleep(LEGACY_POLL);
     }
+}
+
+/// Starts [`poll_legacy`] on a thread of its own; the returned receiver resolves when it ended
+/// (it ends only when `tx`'s receiver is gone, or if it panicked).
+pub fn spawn_legacy_poller(
+    tx: mpsc::UnboundedSender<RulesetEvent>,
+) -> io::Result<tokio::sync::oneshot::Receiver<()>> {
+    let (ended, ended_rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("legacy-poll".into())
+        .spawn(move || {
+            poll_legacy(&tx);
+            let _ = ended.send(());
+        })?;
+    Ok(ended_rx)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn legacy_names_are_read_again_from_the_start_and_a_missing_file_later() {
+        let dir = std::env::temp_dir().join(format!("xr-legacy-names-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (v4, v6) = (dir.join("ip_tables_names"), dir.join("ip6_tables_names"));
+        std::fs::write(&v4, "").unwrap();
+        let mut names = LegacyNames::at([v4.clone(), v6.clone()]);
+        assert!(!names.any(), "empty file, missing file");
+        std::fs::write(&v6, "filter\n").unwrap();
+        assert!(names.any(), "the missing file appeared");
+        std::fs::write(&v6, "").unwrap();
+        assert!(!names.any(), "read again from offset 0 through the open file");
+        std::fs::write(&v4, "nat\n").unwrap();
+        assert!(names.any());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn hex(s: &str) -> Vec<u8> {
         (0..s.len())
