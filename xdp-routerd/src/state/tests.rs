@@ -2,23 +2,31 @@
 //! hooks change the interface flags; conntrack events become flows; rtnetlink batches ask for
 //! revalidation. (The netns tests cover the same with a real kernel.)
 
-use std::collections::{BTreeMap, HashSet};
+use std::{
+    collections::{BTreeMap, HashSet},
+    net::IpAddr,
+};
 
 use aya::maps::MapError;
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IFACE_F_BRIDGE_PORT,
-    IFACE_F_BRIDGE_VLAN_FILTERING, IFACE_F_PORT_NOT_FORWARDING, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER,
+    ArmKeyV4, ArmKeyV6, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT,
+    IFACE_F_BRIDGE_VLAN_FILTERING, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT,
+    IFACE_F_PORT_NOT_FORWARDING, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_SHAPED,
     IFACE_F_VLAN_PARENT,
 };
 
-use super::*;
-use crate::config::Role;
+use super::{view::vlans_status, *};
+use crate::config::{Role, Shaped};
 use crate::sync::{
-    bridge::{BridgeKind, BridgeRead, BridgeReads, PortInfo},
-    xdp_xmit::NETDEV_XDP_ACT_NDO_XMIT,
+    bridge::{BridgeKind, BridgeRead, BridgeReads, FdbEvent, PortInfo},
+    hooks::{self, Hooks},
+    qdisc::Qdisc,
+    xdp_xmit::{NETDEV_XDP_ACT_NDO_XMIT, XmitEvent},
 };
 use crate::{
-    flows::fake::FakeTable,
+    datapath::{AttachMode, PppoeBinding, VlanParent},
+    flows::{FlowTable, fake::FakeTable},
+    paths::Stale,
     sync::{
         conntrack::{CtEntry, CtEvent, CtStatus, CtTuple},
         rtnl::{Prefix, RtEvent},

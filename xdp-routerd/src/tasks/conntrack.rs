@@ -21,10 +21,10 @@ use anyhow::anyhow;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tracing::{debug, error, info, warn};
 
-use super::{APPLY_CHUNK, apply_stale_check, resolve_fresh};
+use super::{apply_stale_check, resolve_fresh};
 use crate::{
     flows::{FlowManager, PathOracle, Upsert, release_freed_memory},
-    state::{Shared, State},
+    state::{APPLY_CHUNK, Shared, State},
     sync::{
         conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
         ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate},

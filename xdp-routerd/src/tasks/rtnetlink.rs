@@ -15,10 +15,10 @@ use anyhow::anyhow;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{error, info, warn};
 
-use super::{APPLY_CHUNK, conntrack};
+use super::conntrack;
 use crate::{
     paths::{self, Stale},
-    state::{Shared, State},
+    state::{APPLY_CHUNK, Shared, State},
     sync::{
         bridge::{self, BridgeRead, BridgeReads},
         ctnetlink::CtNetlink,
