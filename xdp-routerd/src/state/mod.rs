@@ -29,6 +29,7 @@ use crate::{
 
 pub mod bridge;
 mod egress;
+mod events;
 mod iface;
 pub mod lock_stats;
 mod ports;
@@ -39,6 +40,7 @@ mod vlan;
 
 use bridge::ParentBridge;
 use egress::SHAPED_UNKNOWN;
+pub use events::LinkReads;
 pub use iface::Managed;
 pub use ports::Ports;
 pub use shared::{APPLY_CHUNK, STATUS_MAX_AGE, STATUS_WAIT, Shared, StateGuard};

@@ -31,10 +31,6 @@ use crate::{
         conntrack::{CtEntry, CtEvent, CtStatus, CtTuple},
         rtnl::{Prefix, RtEvent},
     },
-    tasks::{
-        conntrack::{apply_events, batch_tcp_to_offload},
-        rtnetlink::apply_rt_events,
-    },
 };
 
 /// The datapath in memory: the flow maps plus what is attached with which flags and MAC.
@@ -475,8 +471,7 @@ fn hooks_set_flags_unless_bypassed() {
 fn conntrack_events_become_flows_and_destroy_removes_them() {
     let mut s = state();
     let routes = Routes(WAN);
-    let added = apply_events(
-        &mut s,
+    let added = s.apply_events(
         vec![CtEvent::New(snat(40000)), CtEvent::Update(snat(40001))],
         &routes,
     );
@@ -484,8 +479,11 @@ fn conntrack_events_become_flows_and_destroy_removes_them() {
     assert_eq!(s.dp.table.v4.len(), 4);
     assert_eq!(s.ct.events, 2);
     // An update of an offloaded connection writes nothing new.
-    assert!(apply_events(&mut s, vec![CtEvent::Update(snat(40000))], &routes).is_empty());
-    apply_events(&mut s, vec![CtEvent::Destroy(snat(40000))], &routes);
+    assert!(
+        s.apply_events(vec![CtEvent::Update(snat(40000))], &routes)
+            .is_empty()
+    );
+    s.apply_events(vec![CtEvent::Destroy(snat(40000))], &routes);
     assert_eq!(s.dp.table.v4.len(), 2);
     assert_eq!(s.flows.len(), 1);
 }
@@ -508,11 +506,13 @@ fn a_batch_foresees_the_tcp_connections_it_offloads() {
     ];
     let expected: [&[u16]; 4] = [&[40000, 40001], &[], &[40000], &[40002]];
     for (batch, expected) in batches.into_iter().zip(expected) {
-        let foreseen: Vec<u16> = batch_tcp_to_offload(&s.flows, &batch, &routes)
+        let foreseen: Vec<u16> = s
+            .batch_tcp_to_offload(&batch, &routes)
             .iter()
             .map(|e| e.orig.sport)
             .collect();
-        let added: Vec<u16> = apply_events(&mut s, batch, &routes)
+        let added: Vec<u16> = s
+            .apply_events(batch, &routes)
             .iter()
             .map(|e| e.orig.sport)
             .collect();
@@ -525,9 +525,8 @@ fn a_batch_foresees_the_tcp_connections_it_offloads() {
 fn link_gone_detaches_and_revalidation_hands_its_flows_back() {
     let mut s = state();
     let routes = Routes(WAN);
-    apply_events(&mut s, vec![CtEvent::New(snat(40000))], &routes);
-    let (revalidate, _) = apply_rt_events(
-        &mut s,
+    s.apply_events(vec![CtEvent::New(snat(40000))], &routes);
+    let (revalidate, _) = s.apply_rt_events(
         vec![RtEvent::LinkGone {
             ifindex: WAN,
             name: "wan".into(),
@@ -549,8 +548,7 @@ fn a_route_change_revalidates_only_the_flows_with_an_address_inside_it() {
     let mut other = snat(40001);
     other.orig.dst = "192.0.2.9".parse().unwrap();
     other.reply.src = other.orig.dst;
-    apply_events(
-        &mut s,
+    s.apply_events(
         vec![CtEvent::New(snat(40000)), CtEvent::New(other.clone())],
         &routes,
     );
@@ -558,8 +556,7 @@ fn a_route_change_revalidates_only_the_flows_with_an_address_inside_it() {
     let route = |a: &str, len| RtEvent::RouteChanged(Prefix::new(a.parse().unwrap(), len).unwrap());
     let none = BTreeMap::new();
     // A route to a prefix no flow uses (a BGP table churning elsewhere): nothing to re-check.
-    let (stale, _) = apply_rt_events(
-        &mut s,
+    let (stale, _) = s.apply_rt_events(
         vec![route("172.16.0.1", 32), route("172.16.0.0", 16)],
         &none,
         &BridgeReads::new(),
@@ -567,12 +564,7 @@ fn a_route_change_revalidates_only_the_flows_with_an_address_inside_it() {
     assert!(!stale.is_empty() && !stale.is_all());
     assert!(s.flows.snapshot_where(|e| stale.touches(e)).is_empty());
     // A route covering the remote end of one connection: that one only.
-    let (stale, _) = apply_rt_events(
-        &mut s,
-        vec![route("198.51.100.0", 24)],
-        &none,
-        &BridgeReads::new(),
-    );
+    let (stale, _) = s.apply_rt_events(vec![route("198.51.100.0", 24)], &none, &BridgeReads::new());
     let picked = s.flows.snapshot_where(|e| stale.touches(e));
     assert_eq!(
         picked.iter().map(|e| e.orig).collect::<Vec<_>>(),
@@ -580,7 +572,7 @@ fn a_route_change_revalidates_only_the_flows_with_an_address_inside_it() {
     );
     // The default route covers both; so does an address change.
     for ev in [route("0.0.0.0", 0), RtEvent::PathsChanged] {
-        let (stale, _) = apply_rt_events(&mut s, vec![ev], &none, &BridgeReads::new());
+        let (stale, _) = s.apply_rt_events(vec![ev], &none, &BridgeReads::new());
         assert_eq!(s.flows.snapshot_where(|e| stale.touches(e)).len(), 2);
     }
     // The route moved to an unmanaged interface: revalidating what was picked takes it back.
@@ -605,22 +597,21 @@ fn a_new_device_is_attached_shaped_until_its_qdiscs_are_read() {
         },
     ];
     let links = BTreeMap::from([("wan".to_string(), (Some(7), Some([2, 0, 0, 0, 0, 7])))]);
-    let (revalidate, reread) = apply_rt_events(&mut s, batch, &links, &BridgeReads::new());
+    let (revalidate, reread) = s.apply_rt_events(batch, &links, &BridgeReads::new());
     assert!(revalidate.is_all() && reread);
     assert_eq!(s.dp.attached[&7], (1, IFACE_F_SHAPED, [2, 0, 0, 0, 0, 7]));
     s.apply_qdiscs(Ok(Vec::new()));
     assert_eq!(flags(&s, 7), 0);
     // Flows may now use the new device.
     let routes = Routes(7);
-    apply_events(&mut s, vec![CtEvent::New(snat(40000))], &routes);
+    s.apply_events(vec![CtEvent::New(snat(40000))], &routes);
     assert_eq!(s.flows.len(), 1);
 }
 
 #[test]
 fn a_mac_change_is_written_without_reattaching() {
     let mut s = state();
-    let (revalidate, reread) = apply_rt_events(
-        &mut s,
+    let (revalidate, reread) = s.apply_rt_events(
         vec![RtEvent::LinkUp {
             ifindex: LAN,
             name: "lan".into(),
@@ -641,7 +632,7 @@ fn a_failed_attach_leaves_the_interface_unmanaged_and_is_retried() {
     assert!(s.link_up(8, "wan", Some(MAC), &BridgeRead::default()));
     assert!(!s.dp.attached.contains_key(&8));
     // No flow may enter or leave through it.
-    apply_events(&mut s, vec![CtEvent::New(snat(40000))], &Routes(8));
+    s.apply_events(vec![CtEvent::New(snat(40000))], &Routes(8));
     assert_eq!(s.flows.len(), 0);
     s.dp.attach_fails.clear();
     assert!(
@@ -660,7 +651,7 @@ fn an_overrun_rereads_every_link_and_asks_for_everything() {
         ("lan".to_string(), (Some(LAN), Some(MAC))),
     ]);
     let (revalidate, reread) =
-        apply_rt_events(&mut s, vec![RtEvent::Overrun], &links, &BridgeReads::new());
+        s.apply_rt_events(vec![RtEvent::Overrun], &links, &BridgeReads::new());
     assert!(revalidate.is_all() && reread);
     assert!(!s.dp.attached.contains_key(&WAN));
     assert!(s.dp.attached.contains_key(&LAN));
@@ -671,26 +662,15 @@ fn route_changes_ask_for_revalidation_and_neighbour_changes_do_not() {
     let mut s = state();
     let none = BTreeMap::new();
     assert_eq!(
-        apply_rt_events(
-            &mut s,
-            vec![RtEvent::PathsChanged],
-            &none,
-            &BridgeReads::new()
-        ),
+        s.apply_rt_events(vec![RtEvent::PathsChanged], &none, &BridgeReads::new()),
         (Stale::all(), false)
     );
     assert_eq!(
-        apply_rt_events(
-            &mut s,
-            vec![RtEvent::FibChanged],
-            &none,
-            &BridgeReads::new()
-        ),
+        s.apply_rt_events(vec![RtEvent::FibChanged], &none, &BridgeReads::new()),
         (Stale::default(), false)
     );
     assert_eq!(
-        apply_rt_events(
-            &mut s,
+        s.apply_rt_events(
             vec![RtEvent::QdiscChanged { ifindex: LAN }],
             &none,
             &BridgeReads::new()
@@ -698,8 +678,7 @@ fn route_changes_ask_for_revalidation_and_neighbour_changes_do_not() {
         (Stale::default(), true)
     );
     assert_eq!(
-        apply_rt_events(
-            &mut s,
+        s.apply_rt_events(
             vec![RtEvent::QdiscChanged { ifindex: 99 }],
             &none,
             &BridgeReads::new()
@@ -774,7 +753,7 @@ fn a_bridge_is_managed_through_its_ports() {
         ifindex: 10,
         name: "p1".into(),
     }];
-    let (_, reread) = apply_rt_events(&mut s, batch, &BTreeMap::new(), &reads);
+    let (_, reread) = s.apply_rt_events(batch, &BTreeMap::new(), &reads);
     assert!(reread, "a new port's qdiscs must be read");
     assert!(!s.dp.attached.contains_key(&10));
     assert_eq!(s.dp.attached[&11], (4, IFACE_F_BRIDGE_PORT, mac));
@@ -789,13 +768,13 @@ fn a_bridge_is_managed_through_its_ports() {
     let qdisc_on = |ifindex| vec![RtEvent::QdiscChanged { ifindex }];
     let none = BTreeMap::new();
     assert_eq!(
-        apply_rt_events(&mut s, qdisc_on(12), &none, &BridgeReads::new()),
+        s.apply_rt_events(qdisc_on(12), &none, &BridgeReads::new()),
         (Stale::default(), true)
     );
     s.apply_qdiscs(Ok(vec![root(12, "htb")]));
     assert_eq!(flags(&s, 12), IFACE_F_BRIDGE_PORT | IFACE_F_SHAPED);
     assert_eq!(
-        apply_rt_events(&mut s, qdisc_on(99), &none, &BridgeReads::new()),
+        s.apply_rt_events(qdisc_on(99), &none, &BridgeReads::new()),
         (Stale::default(), false)
     );
 }
@@ -833,7 +812,7 @@ fn bridge_fdb_is_copied_and_cleared_with_the_bridge() {
         port: 11,
     };
     let batch = vec![RtEvent::Fdb(learned(BR)), RtEvent::Fdb(learned(99))];
-    apply_rt_events(&mut s, batch, &BTreeMap::new(), &BridgeReads::new());
+    s.apply_rt_events(batch, &BTreeMap::new(), &BridgeReads::new());
     // Only the managed bridge's entries are copied.
     assert_eq!(s.dp.fdb, BTreeMap::from([((BR, mac, 0), 11)]));
     s.apply_fdb(FdbEvent::Forgotten {
@@ -1366,7 +1345,7 @@ mod vlan_filtering {
             name: "p1".into(),
             mac: None,
         }];
-        apply_rt_events(s, batch, &BTreeMap::new(), &reads("br", read));
+        s.apply_rt_events(batch, &BTreeMap::new(), &reads("br", read));
     }
 
     #[test]
@@ -1666,7 +1645,7 @@ mod vlan_filtering {
             name: "br-lan.1".into(),
             mac: Some(BR_MAC),
         }];
-        let (_, reread) = apply_rt_events(&mut s, batch, &BTreeMap::new(), &r);
+        let (_, reread) = s.apply_rt_events(batch, &BTreeMap::new(), &r);
         assert!(reread, "the new port's qdiscs must be read");
         assert!(s.parent_bridges.contains_key(&BR));
         assert_eq!(

@@ -1,11 +1,11 @@
 //! Conntrack events (ctnetlink NEW/UPDATE/DESTROY) become fast-path flows; on a socket overrun
 //! the flows are resynced from a dump. Each batch: routes looked up first (batched, no lock),
 //! then the TCP connections the batch will offload marked "be liberal" in conntrack (pipelined,
-//! a few round trips per batch, no lock), then the flow changes applied in event order under
-//! the lock. Marking comes *before* the flows reach the maps: the kernel's next packet arms a
+//! a few round trips per batch, no lock), then the batch handed to the state, which applies the
+//! flow changes in event order under the lock ([`crate::state::State::apply_events`]). Marking comes *before* the flows reach the maps: the kernel's next packet arms a
 //! flow and conntrack sees nothing after that, so a FIN in between would be out of window
-//! (see [`FlowManager::would_add`]). Repeat marks after arming go to a second task
-//! ([`mark_liberal`]) so the event loop never waits for them.
+//! (see [`crate::flows::FlowManager::would_add`]). Repeat marks after arming go to a second
+//! task ([`mark_liberal`]) so the event loop never waits for them.
 //!
 //! The event socket is read by its own task ([`read_events`]), so the kernel's socket buffer
 //! keeps draining while the loop waits on route lookups, marks or a resync: a resync that took
@@ -23,7 +23,7 @@ use tracing::{debug, error, info, warn};
 
 use super::{apply_stale_check, resolve_fresh};
 use crate::{
-    flows::{FlowManager, PathOracle, Upsert, release_freed_memory},
+    flows::release_freed_memory,
     state::{APPLY_CHUNK, Shared, State},
     sync::{
         conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
@@ -132,7 +132,7 @@ pub async fn run(
             })
             .collect();
         let (paths, generation) = resolve_fresh(&shared, &mut lookup, &upserts).await;
-        let marked = batch_tcp_to_offload(&shared.lock().flows, &batch, &paths);
+        let marked = shared.lock().batch_tcp_to_offload(&batch, &paths);
         mark(&shared, &mut requests, &marked).await;
         let upserted: Vec<CtTuple> = upserts.iter().map(|e| e.orig).collect();
         // In order, in chunks: status, metrics and the other tasks get the lock in between.
@@ -143,7 +143,7 @@ pub async fn run(
             {
                 let mut s = shared.lock();
                 s.ct.decode_errors = decode_errors;
-                newly_tcp.extend(apply_events(&mut s, rest, &paths));
+                newly_tcp.extend(s.apply_events(rest, &paths));
             }
             rest = tail;
             if !rest.is_empty() {
@@ -196,50 +196,6 @@ pub async fn mark_liberal(
     Err(anyhow!("the liberal-marking channel closed"))
 }
 
-/// The TCP connections among `entries` that applying them would offload (newly, or on another
-/// path), each once: to be marked "be liberal" before they are applied.
-pub fn tcp_to_offload<'a>(
-    flows: &FlowManager,
-    entries: impl IntoIterator<Item = &'a CtEntry>,
-    paths: &impl PathOracle,
-) -> Vec<CtEntry> {
-    let mut seen = HashSet::new();
-    entries
-        .into_iter()
-        .filter(|e| e.orig.proto == IPPROTO_TCP && flows.would_add(e, paths) && seen.insert(e.orig))
-        .cloned()
-        .collect()
-}
-
-/// [`tcp_to_offload`] for a batch of events applied in order: a connection destroyed earlier in
-/// the batch is offloaded anew by a later NEW/UPDATE of the same tuple (ports reused).
-pub fn batch_tcp_to_offload(
-    flows: &FlowManager,
-    batch: &[CtEvent],
-    paths: &impl PathOracle,
-) -> Vec<CtEntry> {
-    let (mut gone, mut seen) = (HashSet::new(), HashSet::new());
-    let mut out = Vec::new();
-    for ev in batch {
-        match ev {
-            CtEvent::Destroy(e) => {
-                gone.insert(e.orig);
-            }
-            CtEvent::New(e) | CtEvent::Update(e) => {
-                let adds = if gone.contains(&e.orig) {
-                    flows.would_add_anew(e, paths)
-                } else {
-                    flows.would_add(e, paths)
-                };
-                if e.orig.proto == IPPROTO_TCP && adds && seen.insert(e.orig) {
-                    out.push(e.clone());
-                }
-            }
-        }
-    }
-    out
-}
-
 /// Marks `entries` "be liberal" in conntrack (see [`CtUpdate::tcp_liberal`]), pipelined
 /// ([`CtNetlink::update_many`]); connections that could not be marked are counted as errors.
 pub async fn mark(shared: &Shared, ct: &mut CtNetlink, entries: &[CtEntry]) {
@@ -264,39 +220,6 @@ pub async fn mark(shared: &Shared, ct: &mut CtNetlink, entries: &[CtEntry]) {
     if failed > 0 {
         shared.lock().ct.errors += failed as u64;
     }
-}
-
-/// Applies one batch of events in order with routes already looked up. Returns the TCP
-/// connections newly offloaded (to be marked liberal).
-pub fn apply_events<D: crate::flows::FlowTable>(
-    s: &mut State<D>,
-    batch: Vec<CtEvent>,
-    paths: &impl crate::flows::PathOracle,
-) -> Vec<CtEntry> {
-    let mut newly_tcp = Vec::new();
-    s.ct.events += batch.len() as u64;
-    let State { dp, flows, ct, .. } = s;
-    for ev in batch {
-        *ct.events_by_type.entry(ev.kind().into()).or_default() += 1;
-        match ev {
-            CtEvent::New(e) | CtEvent::Update(e) => {
-                let tcp = e.orig.proto == IPPROTO_TCP;
-                let entry = e.clone();
-                if flows.upsert(e, dp, paths) == Upsert::Added {
-                    debug!(orig = ?entry.orig, "offloaded");
-                    if tcp {
-                        newly_tcp.push(entry);
-                    }
-                }
-            }
-            CtEvent::Destroy(e) => {
-                if flows.forget(&e.orig, dp) {
-                    debug!(orig = ?e.orig, "conntrack entry destroyed; flow removed");
-                }
-            }
-        }
-    }
-    newly_tcp
 }
 
 /// Makes the flow maps match a fresh conntrack dump (at start and after an overrun), marking
@@ -336,7 +259,7 @@ pub async fn resync(
     let (mut mark_time, mut write_time) = (Duration::ZERO, Duration::ZERO);
     for chunk in dump.chunks(APPLY_CHUNK) {
         let t = Instant::now();
-        let marked = tcp_to_offload(&shared.lock().flows, chunk, &paths);
+        let marked = shared.lock().tcp_to_offload(chunk, &paths);
         mark(shared, ct, &marked).await;
         mark_time += t.elapsed();
         let t = Instant::now();
