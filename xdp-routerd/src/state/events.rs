@@ -10,11 +10,11 @@ use tracing::{debug, warn};
 
 use super::{Ports, State};
 use crate::{
-    flows::{FlowTable, PathOracle, Upsert},
+    flows::{Active, FlowTable, PathOracle, Upsert},
     paths::Stale,
     sync::{
         bridge::{BridgeRead, BridgeReads},
-        conntrack::{CtEntry, CtEvent, IPPROTO_TCP},
+        conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
         rtnl::RtEvent,
     },
 };
@@ -25,6 +25,69 @@ use crate::{
 pub type LinkReads = BTreeMap<String, (Option<u32>, Option<[u8; 6]>)>;
 
 impl<D: FlowTable> State<D> {
+    /// Records the event subscription's undecodable messages so far.
+    pub fn set_decode_errors(&mut self, n: u64) {
+        self.ct.decode_errors = n;
+    }
+
+    /// Counts `n` conntrack errors (requests or marks that failed, a failed resync, the event
+    /// socket failing).
+    pub fn count_ct_errors(&mut self, n: u64) {
+        self.ct.errors += n;
+    }
+
+    /// A resync's first write: forgets every connection the fresh `dump` no longer has
+    /// (`present`: its original tuples; `None`: none to check) and makes room for the entries
+    /// it will write. Returns how many offloaded connections were forgotten.
+    pub fn resync_remove_absent(
+        &mut self,
+        present: Option<&HashSet<CtTuple>>,
+        dump: &[CtEntry],
+    ) -> usize {
+        let removed = present.map_or(0, |p| self.flows.remove_absent(p, &mut self.dp));
+        self.flows.reserve_for(dump);
+        removed
+    }
+
+    /// Applies one chunk of a resync's dump with routes already looked up (see
+    /// [`crate::flows::FlowManager::upsert_many`]).
+    pub fn resync_upsert(&mut self, chunk: &[CtEntry], paths: &impl PathOracle) {
+        self.flows.upsert_many(chunk, &mut self.dp, paths);
+    }
+
+    /// Counts a finished resync that took `ms`.
+    pub fn resync_done(&mut self, ms: u64) {
+        self.ct.resyncs += 1;
+        self.ct.last_resync_ms = ms;
+    }
+
+    /// Re-checks the connections of `snapshot` against fresh route answers (see
+    /// [`crate::flows::FlowManager::revalidate`]). Returns `(removed, added)`.
+    pub fn revalidate(
+        &mut self,
+        snapshot: impl IntoIterator<Item = CtEntry>,
+        paths: &impl PathOracle,
+    ) -> (usize, usize) {
+        self.flows.revalidate(snapshot, &mut self.dp, paths)
+    }
+
+    /// The connections that carried fast-path traffic since the keep-alive's previous pass;
+    /// the next pass starts at `now_ns`.
+    pub fn active_since_last_pass(&mut self, now_ns: u64) -> Vec<Active> {
+        self.flows.active_since_last_pass(&mut self.dp, now_ns)
+    }
+
+    /// Records a keep-alive pass: `refreshed` conntrack timeouts, `errors` failed refreshes,
+    /// and the connections conntrack no longer has (`gone`: their DESTROY was missed), taken
+    /// back.
+    pub fn keepalive_done(&mut self, refreshed: u64, errors: u64, gone: Vec<Active>) {
+        self.ct.refreshes += refreshed;
+        self.ct.errors += errors;
+        for e in gone {
+            self.flows.forget(&e.orig, &mut self.dp);
+        }
+    }
+
     /// The TCP connections among `entries` that applying them would offload (newly, or on another
     /// path), each once: to be marked "be liberal" before they are applied.
     pub fn tcp_to_offload<'a>(

@@ -21,35 +21,35 @@ use super::egress::egress_flags;
 
 /// A managed interface as configured, and what it currently is in the kernel.
 pub struct Managed {
-    pub cfg: InterfaceConfig,
-    pub slot: u32,
-    pub ifindex: Option<u32>,
-    pub mode: Option<AttachMode>,
+    pub(super) cfg: InterfaceConfig,
+    pub(super) slot: u32,
+    pub(super) ifindex: Option<u32>,
+    pub(super) mode: Option<AttachMode>,
     /// Its egress qdiscs as last read; `None` until read (or when the last read failed).
-    pub egress: Option<Egress>,
+    pub(super) egress: Option<Egress>,
     /// nftables netdev chains / tc filters found on it (see [`crate::sync::hooks`]).
-    pub hooks: Hooks,
+    pub(super) hooks: Hooks,
     /// The MAC address it was attached with (for a bridge: what its ports route for).
-    pub mac: [u8; 6],
+    pub(super) mac: [u8; 6],
     /// Whether it can transmit XDP frames (see [`crate::sync::xdp_xmit`]).
-    pub xmit: XdpXmit,
+    pub(super) xmit: XdpXmit,
     /// Its link kind as last read (judges `xmit` on kernels without the `netdev` family).
-    pub link_kind: Option<String>,
+    pub(super) link_kind: Option<String>,
     /// For a bridge: its ports, where the program runs, and its VLAN filtering (see
     /// [`bridge`]).
-    pub bridge: Option<Bridge>,
+    pub(super) bridge: Option<Bridge>,
     /// For a VLAN device: its VLAN and parent, where the program runs (see
     /// [`crate::sync::vlan`]).
-    pub vlan: Option<VlanRead>,
+    pub(super) vlan: Option<VlanRead>,
     /// Stats slot of the VLAN parent's own entry (0 = none allocated yet).
-    pub parent_slot: u32,
+    pub(super) parent_slot: u32,
     /// The VLAN parent's shaping qdisc as last read ([`SHAPED_UNKNOWN`] until read).
-    pub parent_shaper: Option<String>,
+    pub(super) parent_shaper: Option<String>,
     /// The VLAN parent's hooks as last read.
-    pub parent_hooks: Hooks,
+    pub(super) parent_hooks: Hooks,
     /// For a PPP device (link kind `ppp`): its PPPoE session (see [`pppoe`]); `None` for
     /// any other device.
-    pub pppoe: Option<PppoeState>,
+    pub(super) pppoe: Option<PppoeState>,
 }
 
 impl Managed {

@@ -48,20 +48,63 @@ pub use shared::{APPLY_CHUNK, STATUS_MAX_AGE, STATUS_WAIT, Shared, StateGuard};
 /// Everything the tasks share: the datapath, the flow manager (the one place conntrack entries
 /// become flows), the managed interfaces, and conntrack sync counters.
 pub struct State<D = Datapath> {
-    pub dp: D,
-    pub flows: FlowManager,
-    pub ifaces: Vec<Managed>,
-    pub ct: ConntrackStatus,
-    pub xdp_mode: XdpModeConfig,
+    dp: D,
+    flows: FlowManager,
+    ifaces: Vec<Managed>,
+    ct: ConntrackStatus,
+    xdp_mode: XdpModeConfig,
     /// The kernel's XDP features of every device.
-    pub xmit: Capabilities,
+    xmit: Capabilities,
     /// Next stats slot for a bridge port or VLAN parent (never reused).
-    pub next_slot: u32,
+    next_slot: u32,
     /// Stats slots of the VLAN parents, by ifindex (one per parent, whatever its VLANs).
-    pub parent_slots: BTreeMap<u32, u32>,
+    parent_slots: BTreeMap<u32, u32>,
     /// The bridges managed only as the parent of managed VLAN devices, by ifindex (see
     /// [`State::sync_bridges`]).
-    pub parent_bridges: BTreeMap<u32, ParentBridge>,
+    parent_bridges: BTreeMap<u32, ParentBridge>,
+}
+
+impl<D> State<D> {
+    /// The datapath, to read from (its settings, for logs).
+    pub fn dp(&self) -> &D {
+        &self.dp
+    }
+
+    /// The flow manager, to read from: what a batch would offload, snapshots to revalidate,
+    /// what a resync must still write.
+    pub fn flows(&self) -> &FlowManager {
+        &self.flows
+    }
+}
+
+/// The datapath-wide settings, each one map write.
+impl State<Datapath> {
+    /// Switches the fast path on or off.
+    pub fn set_fastpath(&mut self, on: bool) -> anyhow::Result<()> {
+        self.dp.set_fastpath(on)
+    }
+
+    /// Verifies TCP/UDP checksums in XDP (while conntrack verifies them, `on`).
+    pub fn set_verify_l4_checksum(&mut self, on: bool) -> anyhow::Result<()> {
+        self.dp.set_verify_l4_checksum(on)
+    }
+
+    /// Drops every cached FIB answer in the datapath (see
+    /// [`Datapath::invalidate_fib_cache`]).
+    pub fn invalidate_fib_cache(&mut self) -> anyhow::Result<()> {
+        self.dp.invalidate_fib_cache()
+    }
+
+    /// The firewall ruleset changed: every flow direction is disarmed until the kernel
+    /// forwards it again (see [`Datapath::bump_ruleset_generation`]).
+    pub fn bump_ruleset_generation(&mut self) -> anyhow::Result<()> {
+        self.dp.bump_ruleset_generation()
+    }
+
+    /// Detaches from every device (at exit).
+    pub fn detach_all(&mut self) {
+        self.dp.detach_all()
+    }
 }
 
 fn fmt_mac(m: [u8; 6]) -> String {

@@ -126,7 +126,7 @@ impl Shared {
     /// listing of 100,000 flows does not stall the other tasks. A connection removed meanwhile
     /// is left out.
     pub fn flows(&self) -> Flows {
-        let conns: Vec<Offloaded> = self.lock().flows.conns().collect();
+        let conns: Vec<Offloaded> = self.lock().flows().conns().collect();
         let now = monotonic_ns();
         let mut flows = Vec::with_capacity(2 * conns.len());
         for chunk in conns.chunks(APPLY_CHUNK) {
@@ -138,7 +138,7 @@ impl Shared {
     /// Switches the fast path on or off; the published status says so at once.
     pub fn set_fastpath(&self, on: bool) -> anyhow::Result<()> {
         let mut s = self.lock();
-        s.dp.set_fastpath(on)?;
+        s.set_fastpath(on)?;
         self.build_status(s).map(drop)
     }
 

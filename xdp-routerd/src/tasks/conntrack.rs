@@ -24,7 +24,7 @@ use tracing::{debug, error, info, warn};
 use super::{apply_stale_check, resolve_fresh};
 use crate::{
     flows::release_freed_memory,
-    state::{APPLY_CHUNK, Shared, State},
+    state::{APPLY_CHUNK, Shared},
     sync::{
         conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
         ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate},
@@ -113,13 +113,13 @@ pub async fn run(
                     Ok(tcp) => remark_after_arming(&marker, tcp),
                     Err(e) => {
                         error!(error = %format!("{e:#}"), "conntrack resync failed");
-                        shared.lock().ct.errors += 1;
+                        shared.lock().count_ct_errors(1);
                     }
                 }
                 continue;
             }
             Some(Err(e)) => {
-                shared.lock().ct.errors += 1;
+                shared.lock().count_ct_errors(1);
                 return Err(ct_err(e));
             }
             None => return Err(anyhow!("the conntrack event reader ended")),
@@ -142,7 +142,7 @@ pub async fn run(
             let tail = rest.split_off(rest.len().min(APPLY_CHUNK));
             {
                 let mut s = shared.lock();
-                s.ct.decode_errors = decode_errors;
+                s.set_decode_errors(decode_errors);
                 newly_tcp.extend(s.apply_events(rest, &paths));
             }
             rest = tail;
@@ -218,7 +218,7 @@ pub async fn mark(shared: &Shared, ct: &mut CtNetlink, entries: &[CtEntry]) {
         }
     };
     if failed > 0 {
-        shared.lock().ct.errors += failed as u64;
+        shared.lock().count_ct_errors(failed as u64);
     }
 }
 
@@ -238,9 +238,9 @@ pub async fn resync(
     // after an overrun under load then costs what changed, not the whole table.
     let present = {
         let s = shared.lock();
-        let present = s.flows.tuples_to_check(&dump);
+        let present = s.flows().tuples_to_check(&dump);
         if present.is_some() {
-            dump.retain(|e| !s.flows.is_current(e));
+            dump.retain(|e| !s.flows().is_current(e));
         }
         present
     };
@@ -248,11 +248,8 @@ pub async fn resync(
     let looked_up_ms = started.elapsed().as_millis() as u64;
     let (removed, before) = {
         let mut s = shared.lock();
-        let State { dp, flows, .. } = &mut *s;
-        let before = flows.stats().offloaded_total;
-        let removed = present.map_or(0, |p| flows.remove_absent(&p, dp));
-        flows.reserve_for(&dump);
-        (removed, before)
+        let before = s.flows().stats().offloaded_total;
+        (s.resync_remove_absent(present.as_ref(), &dump), before)
     };
     // In chunks, so status, metrics and the other tasks get the lock in between; the TCP
     // connections of each chunk are marked liberal before it is applied.
@@ -263,23 +260,18 @@ pub async fn resync(
         mark(shared, ct, &marked).await;
         mark_time += t.elapsed();
         let t = Instant::now();
-        {
-            let mut s = shared.lock();
-            let State { dp, flows, .. } = &mut *s;
-            flows.upsert_many(chunk, dp, &paths);
-        }
+        shared.lock().resync_upsert(chunk, &paths);
         write_time += t.elapsed();
         tokio::task::yield_now().await;
     }
     let added = {
         let mut s = shared.lock();
-        s.ct.resyncs += 1;
-        s.ct.last_resync_ms = started.elapsed().as_millis() as u64;
-        let added = s.flows.stats().offloaded_total - before;
+        s.resync_done(started.elapsed().as_millis() as u64);
+        let added = s.flows().stats().offloaded_total - before;
         info!(
             entries = n,
             changed = dump.len(),
-            offloaded = s.flows.len(),
+            offloaded = s.flows().len(),
             removed,
             routes = paths.len(),
             dumped_ms,
@@ -304,6 +296,6 @@ pub async fn resync(
     let s = shared.lock();
     Ok(dump
         .into_iter()
-        .filter(|e| e.orig.proto == IPPROTO_TCP && s.flows.is_offloaded(&e.orig))
+        .filter(|e| e.orig.proto == IPPROTO_TCP && s.flows().is_offloaded(&e.orig))
         .collect())
 }

@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 use tracing::{debug, error, warn};
 
 use crate::{
-    state::{Shared, State, monotonic_ns},
+    state::{Shared, monotonic_ns},
     sync::{
         conntrack::IPPROTO_TCP,
         ctnetlink::{CtNetlink, CtUpdate, KernelTimeouts, conntrack_checksum},
@@ -32,11 +32,10 @@ pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> 
         let verify = conntrack_checksum();
         let active = {
             let mut s = shared.lock();
-            if let Err(e) = s.dp.set_verify_l4_checksum(verify) {
+            if let Err(e) = s.set_verify_l4_checksum(verify) {
                 error!(error = %e, "cannot update the checksum setting");
             }
-            let State { dp, flows, .. } = &mut *s;
-            flows.active_since_last_pass(dp, monotonic_ns())
+            s.active_since_last_pass(monotonic_ns())
         };
         let mut refreshed = 0u64;
         let mut errors = 0u64;
@@ -61,13 +60,6 @@ pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> 
                 }
             }
         }
-        let mut s = shared.lock();
-        s.ct.refreshes += refreshed;
-        s.ct.errors += errors;
-        let State { dp, flows, .. } = &mut *s;
-        for e in gone {
-            // Conntrack no longer has it (we missed the DESTROY): take it back.
-            flows.forget(&e.orig, dp);
-        }
+        shared.lock().keepalive_done(refreshed, errors, gone);
     }
 }

@@ -19,7 +19,7 @@ use tracing::{error, info};
 use super::conntrack;
 use crate::{
     paths,
-    state::{APPLY_CHUNK, LinkReads, Shared, State},
+    state::{APPLY_CHUNK, LinkReads, Shared},
     sync::{
         bridge::{self, BridgeReads},
         ctnetlink::CtNetlink,
@@ -96,16 +96,16 @@ pub async fn revalidate(
         let snapshot = {
             let s = shared.lock();
             if stale.is_all() {
-                s.flows.snapshot()
+                s.flows().snapshot()
             } else if stale
                 .prefixes()
-                .any(|p| s.flows.uses_addresses_in(p.addr, p.last()))
+                .any(|p| s.flows().uses_addresses_in(p.addr, p.last()))
             {
-                s.flows.snapshot_where(|e| stale.touches(e))
+                s.flows().snapshot_where(|e| stale.touches(e))
             } else {
                 // Routes no offloaded connection uses (most of a BGP table's churn): only the
                 // connections named and the parked ones are looked at.
-                s.flows.snapshot_of(stale.conns(), |e| stale.touches(e))
+                s.flows().snapshot_of(stale.conns(), |e| stale.touches(e))
             }
         };
         drop(stale);
@@ -115,13 +115,12 @@ pub async fn revalidate(
         let resolved = paths::resolve(&mut lookup, &snapshot).await;
         let (mut removed, mut added) = (0, 0);
         for chunk in snapshot.chunks(APPLY_CHUNK) {
-            let parked = shared.lock().flows.parked_tcp_to_offload(chunk, &resolved);
+            let parked = shared
+                .lock()
+                .flows()
+                .parked_tcp_to_offload(chunk, &resolved);
             conntrack::mark(&shared, &mut ct, &parked).await;
-            let (r, a) = {
-                let mut s = shared.lock();
-                let State { dp, flows, .. } = &mut *s;
-                flows.revalidate(chunk.iter().cloned(), dp, &resolved)
-            };
+            let (r, a) = shared.lock().revalidate(chunk.iter().cloned(), &resolved);
             removed += r;
             added += a;
             // Let status, metrics and the other tasks in between chunks.
@@ -210,7 +209,7 @@ pub async fn refresh_hooks(shared: &Shared) {
 /// Drops every cached FIB answer in the datapath (see
 /// [`crate::datapath::Datapath::invalidate_fib_cache`]).
 fn invalidate_fib_cache(shared: &Shared) {
-    if let Err(e) = shared.lock().dp.invalidate_fib_cache() {
+    if let Err(e) = shared.lock().invalidate_fib_cache() {
         error!(error = %e, "cannot invalidate the FIB cache");
     }
 }
