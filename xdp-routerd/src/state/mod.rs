@@ -41,7 +41,7 @@ mod vlan;
 use bridge::ParentBridge;
 use egress::SHAPED_UNKNOWN;
 pub use events::LinkReads;
-pub use iface::Managed;
+use iface::Managed;
 pub use ports::Ports;
 pub use shared::{APPLY_CHUNK, STATUS_MAX_AGE, STATUS_WAIT, Shared, StateGuard};
 
