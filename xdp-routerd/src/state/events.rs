@@ -1,8 +1,10 @@
 //! Conntrack and rtnetlink batches applied to the state. The tasks read and decode them, and
 //! look routes up, outside the lock ([`crate::tasks::conntrack`], [`crate::tasks::rtnetlink`]),
-//! then hand them here: conntrack events become flow changes in event order; link, FDB, route
-//! and qdisc notifications become attachments, detachments and FDB copies, and name the flows
-//! to revalidate.
+//! then hand them here: conntrack events become flow changes in event order (and the TCP
+//! connections a batch would offload are foreseen, to be marked first); a resync's dump, a
+//! revalidation's fresh route answers and a keep-alive pass are applied the same way; link,
+//! FDB, route and qdisc notifications become attachments, detachments and FDB copies, and name
+//! the flows to revalidate.
 
 use std::collections::{BTreeMap, HashSet};
 

@@ -36,7 +36,7 @@ pub struct Managed {
     /// Its link kind as last read (judges `xmit` on kernels without the `netdev` family).
     pub(super) link_kind: Option<String>,
     /// For a bridge: its ports, where the program runs, and its VLAN filtering (see
-    /// [`bridge`]).
+    /// [`super::bridge`]).
     pub(super) bridge: Option<Bridge>,
     /// For a VLAN device: its VLAN and parent, where the program runs (see
     /// [`crate::sync::vlan`]).
@@ -47,7 +47,7 @@ pub struct Managed {
     pub(super) parent_shaper: Option<String>,
     /// The VLAN parent's hooks as last read.
     pub(super) parent_hooks: Hooks,
-    /// For a PPP device (link kind `ppp`): its PPPoE session (see [`pppoe`]); `None` for
+    /// For a PPP device (link kind `ppp`): its PPPoE session (see [`super::pppoe`]); `None` for
     /// any other device.
     pub(super) pppoe: Option<PppoeState>,
 }
@@ -76,7 +76,7 @@ impl Managed {
 
     /// Attaches to the interface (now `ifindex`, with `mac`): to its ports when it is a bridge,
     /// to `parent` when it is a VLAN device; a PPP device is only registered (its session is
-    /// bound by [`State::apply_pppoe`]).
+    /// bound by [`super::State::apply_pppoe`]).
     pub(super) fn attach<D: Ports>(
         &mut self,
         dp: &mut D,

@@ -6,10 +6,13 @@
 //! then call one of the methods here). Route answers for flow changes come from
 //! [`crate::paths::resolve`], looked up before the lock is taken.
 //!
-//! One file per concern: [`shared`] (the lock), [`iface`] (one managed interface),
-//! [`egress`] (qdiscs, hooks, XDP transmit), [`view`] (status and flow rows), and one per
-//! device kind: [`bridge`], [`vlan`], [`pppoe`]. [`ports`] is what the state needs of the
-//! datapath.
+//! [`State`]'s fields are private: its methods are the only writers, and the tasks get
+//! read-only access ([`State::flows`], [`State::dp`]) to plan outside the lock. Here: the
+//! interfaces' lifecycle (attach, link up and gone) and the datapath-wide settings. One file
+//! per concern besides: [`shared`] (the lock), [`iface`] (one managed interface), [`egress`]
+//! (qdiscs, hooks, XDP transmit), [`events`] (conntrack and rtnetlink batches, resyncs,
+//! revalidation, keep-alive), [`view`] (status and flow rows), and one per device kind:
+//! [`bridge`], [`vlan`], [`pppoe`]. [`ports`] is what the state needs of the datapath.
 
 use std::collections::BTreeMap;
 

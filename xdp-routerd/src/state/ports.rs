@@ -8,7 +8,7 @@ use crate::{
     flows::FlowTable,
 };
 
-/// What [`State`] needs from the datapath besides the flow maps: the managed interfaces'
+/// What [`super::State`] needs from the datapath besides the flow maps: the managed interfaces'
 /// attachments and `IFACES` entries. Implemented by [`Datapath`]; unit tests use a fake.
 pub trait Ports: FlowTable {
     /// Registers and attaches to `ifindex`; returns the mode it got.

@@ -308,7 +308,7 @@ impl State<Datapath> {
     }
 
     /// The `xdp-routerd flows` rows of `conns`, with their counters read from the maps now
-    /// (see [`Shared::flows`]).
+    /// (see [`super::Shared::flows`]).
     pub(super) fn flow_rows(&self, conns: &[Offloaded], now: u64) -> Vec<FlowRow> {
         let name = |i: u32| self.flows.iface_name(i).unwrap_or("?").to_string();
         let proto = |p: u8| match p {
