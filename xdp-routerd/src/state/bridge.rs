@@ -16,7 +16,7 @@ use xdp_router_common::{
     MAX_IFACE_SLOTS,
 };
 
-use super::{Managed, Ports as StatePorts, State};
+use super::{Ports as StatePorts, State};
 use crate::{
     config::XdpModeConfig,
     datapath::AttachMode,
@@ -418,38 +418,6 @@ pub struct ParentBridge {
     /// Its own hooks as last read (they see what its ports pass up).
     pub hooks: Hooks,
     pub bridge: Bridge,
-}
-
-impl Managed {
-    /// Records what sysfs says the interface is (`read`): a bridge is managed through its
-    /// ports, with its VLAN filtering as read.
-    pub fn set_bridge_kind(&mut self, read: &BridgeRead) {
-        self.bridge = (read.kind == BridgeKind::Bridge).then(|| {
-            let mut b = Bridge::default();
-            b.set_filtering(&self.cfg.name, read);
-            b
-        });
-    }
-
-    /// What the ports of `b` (its bridge, taken out of it while they are synced) take from it
-    /// (`None` while it is missing).
-    pub(super) fn bridge_view(
-        &self,
-        xdp_mode: XdpModeConfig,
-        b: &Bridge,
-    ) -> Option<BridgeView<'_>> {
-        let flags = self.flags();
-        Some(BridgeView {
-            name: &self.cfg.name,
-            ifindex: self.ifindex?,
-            mac: self.mac,
-            ingress_hook: flags & IFACE_F_INGRESS_HOOK != 0,
-            bypass_hooks: self.cfg.bypass_hooks,
-            xdp_mode,
-            filtering_flag: b.filtering_flag(),
-            parent_only: false,
-        })
-    }
 }
 
 impl<D: StatePorts> State<D> {

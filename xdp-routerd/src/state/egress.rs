@@ -3,19 +3,16 @@
 //! read outside the lock and applied here to the managed interfaces, the bridges' ports, the
 //! VLAN parents and the PPPoE lower devices (their `IFACE_F_*` flags rewritten).
 
-use tracing::{debug, error, info, warn};
+use tracing::error;
 use xdp_router_common::{
     IFACE_F_EGRESS_HOOK, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_SHAPED,
 };
 
-use super::{Managed, Ports, State, bridge};
-use crate::{
-    config::Shaped,
-    sync::{
-        hooks::{self, Hooks},
-        qdisc::{self, Egress, Qdisc},
-        xdp_xmit::{XdpXmit, XmitEvent},
-    },
+use super::{Ports, State, bridge};
+use crate::sync::{
+    hooks::{self, Hooks},
+    qdisc::{self, Qdisc},
+    xdp_xmit::XmitEvent,
 };
 
 /// The `IFACE_F_*` flags of what a device may do in the fast path, for a managed interface
@@ -43,115 +40,6 @@ pub fn egress_flags(xmit: bool, shaped: bool, hooks: Hooks, bypass_hooks: bool) 
 /// `shaped_by` while `shaped = "auto"` and the qdiscs are not known yet: in doubt the fast
 /// path does not send out of the interface.
 pub(super) const SHAPED_UNKNOWN: &str = "unknown qdiscs";
-
-impl Managed {
-    /// Why the fast path must not send out of this interface (`config`, the shaping qdisc's
-    /// kind, or [`SHAPED_UNKNOWN`]); `None` when it may.
-    pub fn shaped_by(&self) -> Option<String> {
-        match self.cfg.shaped {
-            Shaped::Always => Some("config".into()),
-            Shaped::Never => None,
-            Shaped::Auto => match &self.egress {
-                Some(e) => e.shaper.clone(),
-                None => Some(SHAPED_UNKNOWN.into()),
-            },
-        }
-    }
-
-    /// Records a new XDP transmit judgement and logs what changes for the fast path. Returns
-    /// whether it changed whether packets may be redirected into the interface.
-    pub(super) fn set_xmit(&mut self, xmit: XdpXmit) -> bool {
-        let before = self.xmit.allowed();
-        let first = self.xmit == XdpXmit::Unknown;
-        self.xmit = xmit;
-        let name = &self.cfg.name;
-        match (before, self.xmit.why_not()) {
-            // A bridge transmits nothing itself: its ports do; a VLAN device: its parent; a
-            // PPP device: its session's lower device.
-            _ if self.bridge.is_some() || self.vlan.is_some() || self.is_ppp() => {}
-            (true, Some(why)) => {
-                warn!(interface = %name, "{name}: {why}: the fast path does not send out of it (egress_no_xdp_xmit)")
-            }
-            (false, None) if !first => {
-                info!(interface = %name, "{name}: can transmit XDP frames again: the fast path sends out of it")
-            }
-            _ => {}
-        }
-        before != self.xmit.allowed()
-    }
-
-    /// Records freshly read hooks and logs what changes for the fast path. Returns whether
-    /// they changed.
-    pub(super) fn set_hooks(&mut self, hooks: Hooks) -> bool {
-        if hooks == self.hooks {
-            return false;
-        }
-        self.hooks = hooks;
-        let name = &self.cfg.name;
-        if self.cfg.bypass_hooks {
-            info!(interface = %name, ?hooks, "{name}: netdev chains / tc filters changed; bypass_hooks = true: the fast path jumps over them");
-        } else {
-            info!(
-                interface = %name,
-                ingress = hooks.ingress,
-                egress = hooks.egress,
-                "{name}: netdev chains / tc filters: packets that would pass them stay in the kernel"
-            );
-        }
-        true
-    }
-
-    /// Records freshly read egress qdiscs (`None`: the read failed) and logs what changes for
-    /// the fast path. Returns whether the datapath flags changed.
-    pub(super) fn set_egress(&mut self, egress: Option<Egress>) -> bool {
-        let name = &self.cfg.name;
-        let before = self.shaped_by();
-        let shaper_before = self.egress.as_ref().and_then(|e| e.shaper.clone());
-        self.egress = egress;
-        let after = self.shaped_by();
-        if self.cfg.shaped == Shaped::Never {
-            let shaper = self.egress.as_ref().and_then(|e| e.shaper.clone());
-            if let Some(kind) = shaper.as_deref()
-                && shaper != shaper_before
-            {
-                warn!(
-                    interface = %name,
-                    qdisc = kind,
-                    "{name}: egress shaped by {kind}, but the config says shaped = false: the fast path bypasses it"
-                );
-            }
-        }
-        if before == after {
-            return false;
-        }
-        match (before.as_deref(), after.as_deref()) {
-            (_, Some(SHAPED_UNKNOWN)) => warn!(
-                interface = %name,
-                "{name}: cannot read its qdiscs: fast path will not send out of it until they are known"
-            ),
-            (_, Some(kind)) => info!(
-                interface = %name,
-                qdisc = kind,
-                "{name}: egress shaped by {kind}: fast path will not send out of it"
-            ),
-            // Not shaped at start: nothing to say.
-            (Some(SHAPED_UNKNOWN), None) => debug!(interface = %name, "egress not shaped"),
-            (_, None) => {
-                let root = self
-                    .egress
-                    .as_ref()
-                    .and_then(|e| e.root.as_deref())
-                    .unwrap_or("none");
-                info!(
-                    interface = %name,
-                    qdisc = root,
-                    "{name}: egress no longer shaped (root qdisc {root}): fast path sends out of it again"
-                )
-            }
-        }
-        true
-    }
-}
 
 impl<D: Ports> State<D> {
     /// The configured interface names and the names of the managed bridges' ports (whose hooks

@@ -9,10 +9,10 @@
 //! [`State`]'s fields are private: its methods are the only writers, and the tasks get
 //! read-only access ([`State::flows`], [`State::dp`]) to plan outside the lock. Here: the
 //! interfaces' lifecycle (attach, link up and gone) and the datapath-wide settings. One file
-//! per concern besides: [`shared`] (the lock), [`iface`] (one managed interface), [`egress`]
-//! (qdiscs, hooks, XDP transmit), [`events`] (conntrack and rtnetlink batches, resyncs,
-//! revalidation, keep-alive), [`view`] (status and flow rows), and one per device kind:
-//! [`bridge`], [`vlan`], [`pppoe`]. [`ports`] is what the state needs of the datapath.
+//! per concern besides: `shared.rs` (the lock), `iface.rs` (one managed interface),
+//! `egress.rs` (qdiscs, hooks, XDP transmit), `events.rs` (conntrack and rtnetlink batches,
+//! resyncs, revalidation, keep-alive), `view.rs` (status and flow rows), and one per device
+//! kind: [`bridge`], `vlan.rs`, [`pppoe`]. `ports.rs` is what the state needs of the datapath.
 
 use std::collections::BTreeMap;
 

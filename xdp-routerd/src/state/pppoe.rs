@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{IFACE_F_NO_XDP_XMIT, IFACE_F_SHAPED};
 
-use super::{Managed, Ports, SHAPED_UNKNOWN, State, egress::egress_flags};
+use super::{Ports, SHAPED_UNKNOWN, State, egress::egress_flags};
 use crate::{
     datapath::{PppoeBinding, VlanParent},
     sync::{
@@ -121,20 +121,6 @@ pub fn side_flags(xmit: &Capabilities, d: &SideDevice<'_>, bypass_hooks: bool) -
         d.side.hooks,
         bypass_hooks,
     )
-}
-
-impl Managed {
-    /// Whether it is a PPP device (`ppp0`), as last read.
-    pub fn is_ppp(&self) -> bool {
-        self.link_kind.as_deref() == Some("ppp")
-    }
-
-    /// What `status` says of its PPPoE session: the bound session (`PPPoE session 0x0001 over
-    /// eth0 (peer ...)`); `None` for any other device or while none is bound.
-    pub fn pppoe_encap(&self) -> Option<String> {
-        let b = self.pppoe.as_ref()?.bound.as_ref()?;
-        Some(b.session.to_string())
-    }
 }
 
 impl<D: Ports> State<D> {

@@ -16,24 +16,9 @@ use crate::{
     datapath::{AttachMode, Datapath},
     flows::{DirKey, FlowTable, Offloaded},
     status::{
-        BridgeVlanStatus, BridgeVlansStatus, CounterRow, FlowCounts, FlowRow, IfaceStatus,
-        PppoeStatus, Status,
+        BridgeVlanStatus, BridgeVlansStatus, CounterRow, FlowCounts, FlowRow, IfaceStatus, Status,
     },
 };
-
-impl Managed {
-    /// Its PPPoE session for `status` (`None` unless it is a PPP device).
-    pub fn pppoe_status(&self) -> Option<PppoeStatus> {
-        let p = self.pppoe.as_ref()?;
-        let b = p.bound.as_ref();
-        Some(PppoeStatus {
-            session_id: b.map(|b| b.session.id()),
-            lower: b.map(|b| b.session.lower.clone()),
-            peer_mac: b.map(|b| crate::sync::pppoe::fmt_mac(b.session.peer)),
-            not_accelerated_because: p.not_accelerated_because(),
-        })
-    }
-}
 
 /// A VLAN-filtering device's VLANs for `status`.
 pub(super) fn vlans_status(v: &Vlans) -> BridgeVlansStatus {

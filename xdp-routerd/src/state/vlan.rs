@@ -1,85 +1,16 @@
-//! The managed VLAN devices, as the state keeps them: the parent the program runs on (a stats
-//! slot shared by the VLANs over it; its own flags from its XDP transmit judgement, shaping and
-//! hooks when it is not managed itself), and the VLAN over a VLAN device left to the kernel.
-//! What a VLAN device is comes from [`crate::sync::vlan`]; a bridge under VLAN devices is
-//! managed in [`super::bridge`].
+//! The parents of the managed VLAN devices, as the state keeps them: the parent the program
+//! runs on has a stats slot shared by the VLANs over it and, when it is not managed itself, its
+//! own flags from its XDP transmit judgement, shaping and hooks. What a VLAN device is comes
+//! from [`crate::sync::vlan`]; which parent it runs on, and why a VLAN over a VLAN device is
+//! left to the kernel, is decided with the rest of the interface (`Managed::vlan_parent` in
+//! [`super::iface`]); a bridge under VLAN devices is managed in [`super::bridge`].
 
 use std::collections::BTreeMap;
 
-use tracing::{debug, warn};
-use xdp_router_common::{IFACE_F_BRIDGE, IFACE_F_NO_XDP_XMIT, IFACE_F_SHAPED};
+use tracing::debug;
 
-use super::{Managed, Ports, SHAPED_UNKNOWN, State, bridge, egress::egress_flags};
-use crate::{
-    datapath::VlanParent,
-    sync::{qdisc::Egress, vlan::VlanRead, xdp_xmit::Capabilities},
-};
-
-impl Managed {
-    /// Why the fast path carries nothing of it, when it is a VLAN device it cannot accelerate
-    /// (a VLAN over a VLAN device: the program would run on the lower VLAN device, in generic
-    /// mode, where it only counts).
-    pub fn not_accelerated_because(&self) -> Option<String> {
-        let v = self.vlan.as_ref()?;
-        (v.parent_kind.as_deref() == Some("vlan")).then(|| {
-            format!(
-                "a VLAN over the VLAN device {} (stacked VLANs): left to the kernel",
-                v.parent_name
-            )
-        })
-    }
-
-    /// Records what its VLAN (if it is a VLAN device) is as read; a VLAN over a VLAN device
-    /// is warned about (see [`Managed::not_accelerated_because`]).
-    pub(super) fn set_vlan(&mut self, vlan: Option<VlanRead>) {
-        self.vlan = vlan;
-        if let Some(why) = self.not_accelerated_because() {
-            let name = &self.cfg.name;
-            warn!(interface = %name, "{name}: not accelerated: {why}");
-        }
-    }
-
-    /// Whether it is a VLAN device over a bridge (`br-lan.20`).
-    pub(super) fn is_vlan_over_bridge(&self) -> bool {
-        self.vlan
-            .as_ref()
-            .is_some_and(|v| v.parent_kind.as_deref() == Some("bridge"))
-    }
-
-    /// The parent the program runs on when this is a VLAN device, with the flags its own
-    /// transmit judgement gives. Its stats slot is the one of `parent_slots` for its ifindex
-    /// (shared by the VLANs over one parent), allocated from `next_slot` the first time.
-    pub(super) fn vlan_parent(
-        &mut self,
-        xmit: &Capabilities,
-        parent_slots: &mut BTreeMap<u32, u32>,
-        next_slot: &mut u32,
-    ) -> Option<VlanParent> {
-        let v = self.vlan.as_ref()?;
-        self.parent_slot = *parent_slots.entry(v.link.parent).or_insert_with(|| {
-            *next_slot += 1;
-            *next_slot - 1
-        });
-        let judged = xmit.of(v.link.parent, v.parent_kind.as_deref());
-        // Shaped until its qdiscs are read (the caller's job, see `apply_qdiscs`).
-        let mut flags = IFACE_F_SHAPED;
-        if self.is_vlan_over_bridge() {
-            // Its ports transmit; the bridge's VLAN filtering is written with them (see
-            // `State::sync_bridges`), before any of them is attached.
-            flags |= IFACE_F_BRIDGE | IFACE_F_NO_XDP_XMIT;
-        } else if let Some(why) = judged.why_not() {
-            flags |= IFACE_F_NO_XDP_XMIT;
-            warn!(interface = %self.cfg.name, parent = %v.parent_name, "{}: its parent {}: {why}: the fast path does not send out of {} (egress_no_xdp_xmit)", self.cfg.name, v.parent_name, self.cfg.name);
-        }
-        Some(VlanParent {
-            name: v.parent_name.clone(),
-            ifindex: v.link.parent,
-            slot: self.parent_slot,
-            flags,
-            mac: v.parent_mac.unwrap_or_default(),
-        })
-    }
-}
+use super::{Ports, SHAPED_UNKNOWN, State, bridge, egress::egress_flags};
+use crate::sync::{qdisc::Egress, vlan::VlanRead};
 
 impl<D: Ports> State<D> {
     /// The names of the attached VLAN devices over `parent`, comma-separated (`br-lan.1,
