@@ -1,6 +1,7 @@
-//! State transitions against an in-memory datapath: links come, go and change MAC; qdiscs and
-//! hooks change the interface flags; conntrack events become flows; rtnetlink batches ask for
-//! revalidation. (The netns tests cover the same with a real kernel.)
+//! State transitions against an in-memory datapath ([`FakeDp`]): links come, go and change
+//! MAC; qdiscs and hooks change the interface flags; conntrack events become flows; rtnetlink
+//! batches ask for revalidation. The device kinds have a file each: `bridge.rs`, `vlan.rs`,
+//! `pppoe.rs`, `vlan_filtering.rs`. (The netns tests cover the same with a real kernel.)
 
 use std::{
     collections::{BTreeMap, HashSet},
