@@ -82,6 +82,6 @@ pub async fn run(
     tasks.abort_all();
     // Detach now, explicitly: aborted tasks and the request threads may still hold the state
     // for a moment, so dropping our reference alone would not close the bpf_links yet.
-    shared.lock().dp.detach_all();
+    shared.lock().detach_all();
     result
 }

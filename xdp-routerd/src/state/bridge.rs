@@ -2,9 +2,10 @@
 //! and a stats slot of its own), leaves (detached), changes STP state, qdiscs, hooks or XDP
 //! transmit capability (its `IFACE_F_*` flags rewritten); a VLAN-filtering bridge's and its
 //! ports' VLANs are copied into `BRIDGE_VLANS` (PVID and tag protocol into `IFACES`) and kept
-//! in step by diff ([`sync_vlans`]). What the bridges are is read from sysfs and rtnetlink
-//! outside the lock ([`crate::sync::bridge::read`]); the FDB copy is written by
-//! [`super::State::apply_fdb`].
+//! in step by diff ([`sync_vlans`]). A bridge under managed VLAN devices that is not in the
+//! config is managed for them ([`ParentBridge`]), and the FDB of every managed bridge is copied
+//! into `BRIDGE_FDB` ([`State::apply_fdb`]). What the bridges are is read from sysfs and
+//! rtnetlink outside the lock ([`crate::sync::bridge::read`]).
 
 use std::collections::BTreeMap;
 
@@ -15,12 +16,14 @@ use xdp_router_common::{
     MAX_IFACE_SLOTS,
 };
 
-use super::Ports as StatePorts;
+use super::{Ports as StatePorts, State};
 use crate::{
     config::XdpModeConfig,
     datapath::AttachMode,
     sync::{
-        bridge::{self as read, BridgeRead, PortInfo, VlanTable},
+        bridge::{
+            self as read, BridgeKind, BridgeRead, BridgeReads, FdbEvent, PortInfo, VlanTable,
+        },
         hooks::Hooks,
         qdisc::Egress,
         xdp_xmit::{Capabilities, XdpXmit},
@@ -415,4 +418,220 @@ pub struct ParentBridge {
     /// Its own hooks as last read (they see what its ports pass up).
     pub hooks: Hooks,
     pub bridge: Bridge,
+}
+
+impl<D: StatePorts> State<D> {
+    /// Whether a managed interface is a bridge, or a VLAN device over one.
+    pub fn has_bridges(&self) -> bool {
+        self.ifaces
+            .iter()
+            .any(|m| m.bridge.is_some() || m.is_vlan_over_bridge())
+    }
+
+    /// Follows the ports of every managed bridge as read (`found`, by bridge name; see
+    /// [`crate::sync::bridge::read`]): ports added or removed, STP state, XDP transmit, the
+    /// bridge's MAC. A bridge missing from `found` is left as it is. Returns whether a port
+    /// was added (its qdiscs and hooks must be read).
+    pub fn sync_bridges(&mut self, found: &BridgeReads) -> bool {
+        let before = self.next_slot;
+        let State {
+            dp,
+            ifaces,
+            xmit,
+            next_slot,
+            xdp_mode,
+            ..
+        } = self;
+        for m in ifaces.iter_mut().filter(|m| m.mode.is_some()) {
+            let Some(read) = found.get(&m.cfg.name) else {
+                continue;
+            };
+            if let Some(mac) = read.mac
+                && mac != m.mac
+                && let Some(ifindex) = m.ifindex
+            {
+                m.mac = mac;
+                if let Err(e) = dp.set_iface_mac(ifindex, mac) {
+                    error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update the MAC address");
+                }
+            }
+            // VLAN filtering switched on or off: the bridge's own flags first (see
+            // `Bridge::set_filtering`), the ports' with them in `sync_ports`.
+            let name = &m.cfg.name;
+            if m.bridge
+                .as_mut()
+                .is_some_and(|b| b.set_filtering(name, read))
+                && let Some(ifindex) = m.ifindex
+                && let Err(e) = dp.set_iface_flags(ifindex, m.slot, m.flags())
+            {
+                error!(interface = %m.cfg.name, error = %format!("{e:#}"), "cannot update interface flags");
+            }
+            let mut b = m.bridge.take();
+            if let Some(b) = b.as_mut()
+                && let Some(view) = m.bridge_view(*xdp_mode, b)
+            {
+                b.sync(dp, &view, read, xmit, next_slot);
+            }
+            m.bridge = b;
+        }
+        self.sync_parent_bridges(found);
+        self.next_slot != before
+    }
+
+    /// The bridges under attached VLAN devices that are not in the config themselves, by
+    /// ifindex: their name, and whether every VLAN device over them bypasses hooks.
+    pub(super) fn wanted_parent_bridges(&self) -> BTreeMap<u32, (String, bool)> {
+        let configured: Vec<u32> = self.ifaces.iter().filter_map(|m| m.ifindex).collect();
+        let mut out: BTreeMap<u32, (String, bool)> = BTreeMap::new();
+        for m in self.ifaces.iter().filter(|m| m.mode.is_some()) {
+            let Some(v) = m.vlan.as_ref().filter(|_| m.is_vlan_over_bridge()) else {
+                continue;
+            };
+            if configured.contains(&v.link.parent) {
+                continue;
+            }
+            out.entry(v.link.parent)
+                .and_modify(|(_, bypass)| *bypass &= m.cfg.bypass_hooks)
+                .or_insert((v.parent_name.clone(), m.cfg.bypass_hooks));
+        }
+        out
+    }
+
+    /// Stops managing the bridges no attached VLAN device runs over any more: their ports are
+    /// detached (VLANs with them) and their FDB copy forgotten. (The datapath forgets the
+    /// bridge's own entry with its last VLAN device.)
+    pub(super) fn prune_parent_bridges(&mut self) {
+        let wanted = self.wanted_parent_bridges();
+        let gone: Vec<u32> = self
+            .parent_bridges
+            .keys()
+            .filter(|i| !wanted.contains_key(i))
+            .copied()
+            .collect();
+        for ifindex in gone {
+            if let Some(pb) = self.parent_bridges.remove(&ifindex) {
+                info!(interface = %pb.name, "{}: no managed VLAN device over it any more: its ports are detached", pb.name);
+                for port in pb.bridge.ports.into_keys() {
+                    self.dp.detach(port);
+                }
+                self.dp.fdb_clear(ifindex);
+            }
+        }
+    }
+
+    /// What the ports of the parent bridge `pb` (`ifindex`; `b`: its bridge, taken out of it
+    /// while they are synced) take from it.
+    pub(super) fn parent_bridge_view<'a>(
+        &self,
+        ifindex: u32,
+        pb: &'a ParentBridge,
+        b: &Bridge,
+    ) -> BridgeView<'a> {
+        let bypass_hooks = self
+            .wanted_parent_bridges()
+            .get(&ifindex)
+            .is_some_and(|(_, bypass)| *bypass);
+        BridgeView {
+            name: &pb.name,
+            ifindex,
+            mac: pb.mac,
+            ingress_hook: !bypass_hooks && pb.hooks.ingress,
+            bypass_hooks,
+            xdp_mode: self.xdp_mode,
+            filtering_flag: b.filtering_flag(),
+            parent_only: true,
+        }
+    }
+
+    /// Manages the bridges under attached VLAN devices that are not in the config themselves
+    /// (`br-lan` under `br-lan.20`), as read (`found`, by the bridge's name; one missing there
+    /// is left as it is): their ports as a configured bridge's, their VLAN filtering, their
+    /// MAC; and stops managing those no VLAN device runs over any more.
+    pub(super) fn sync_parent_bridges(&mut self, found: &BridgeReads) {
+        self.prune_parent_bridges();
+        let mut flags_changed = false;
+        for (ifindex, (name, _)) in self.wanted_parent_bridges() {
+            let Some(read) = found.get(&name).filter(|r| r.kind == BridgeKind::Bridge) else {
+                continue;
+            };
+            let pb = self.parent_bridges.entry(ifindex).or_insert_with(|| {
+                info!(interface = %name, "{name}: a bridge under managed VLAN devices: its ports are managed for them");
+                ParentBridge {
+                    name: name.clone(),
+                    mac: [0; 6],
+                    hooks: Hooks::default(),
+                    bridge: Bridge::default(),
+                }
+            });
+            if let Some(mac) = read.mac
+                && mac != pb.mac
+            {
+                pb.mac = mac;
+                if let Err(e) = self.dp.set_iface_mac(ifindex, mac) {
+                    error!(interface = %name, error = %format!("{e:#}"), "cannot update the MAC address");
+                }
+            }
+            flags_changed |= pb.bridge.set_filtering(&name, read);
+        }
+        if flags_changed {
+            // The bridges' own flags before their VLANs and ports (see `Bridge::set_filtering`).
+            self.write_parent_flags();
+        }
+        let mut parents = std::mem::take(&mut self.parent_bridges);
+        for (ifindex, pb) in &mut parents {
+            let Some(read) = found.get(&pb.name).filter(|r| r.kind == BridgeKind::Bridge) else {
+                continue;
+            };
+            let mut b = std::mem::take(&mut pb.bridge);
+            let view = self.parent_bridge_view(*ifindex, pb, &b);
+            b.sync(&mut self.dp, &view, read, &self.xmit, &mut self.next_slot);
+            pb.bridge = b;
+        }
+        self.parent_bridges = parents;
+    }
+
+    /// The ifindexes of the managed bridges (configured, or managed as VLAN parents).
+    pub(super) fn bridge_ifindexes(&self) -> Vec<u32> {
+        self.ifaces
+            .iter()
+            .filter(|m| m.bridge.is_some())
+            .filter_map(|m| m.ifindex)
+            .chain(self.parent_bridges.keys().copied())
+            .collect()
+    }
+
+    /// Copies a bridge FDB change into `BRIDGE_FDB` (managed bridges only).
+    pub fn apply_fdb(&mut self, ev: FdbEvent) {
+        let bridge = match ev {
+            FdbEvent::Learned { bridge, .. } | FdbEvent::Forgotten { bridge, .. } => bridge,
+        };
+        if !self.bridge_ifindexes().contains(&bridge) {
+            return;
+        }
+        match ev {
+            FdbEvent::Learned {
+                bridge,
+                mac,
+                vid,
+                port,
+            } => {
+                if let Err(e) = self.dp.fdb_learn(bridge, mac, vid, port) {
+                    error!(error = %format!("{e:#}"), "cannot copy a bridge FDB entry");
+                }
+            }
+            FdbEvent::Forgotten { bridge, mac, vid } => self.dp.fdb_forget(bridge, mac, vid),
+        }
+    }
+
+    /// Replaces the `BRIDGE_FDB` entries of every managed bridge with a fresh FDB dump
+    /// (`entries`, see [`crate::sync::bridge::fdb_dump`]): after an rtnetlink overrun, FDB
+    /// notifications were lost, so entries of MACs that moved or left may be stale.
+    pub fn reload_fdb(&mut self, entries: Vec<FdbEvent>) {
+        for bridge in self.bridge_ifindexes() {
+            self.dp.fdb_clear(bridge);
+        }
+        for ev in entries {
+            self.apply_fdb(ev);
+        }
+    }
 }

@@ -254,7 +254,10 @@ mod tests {
         std::fs::write(&v6, "filter\n").unwrap();
         assert!(names.any(), "the missing file appeared");
         std::fs::write(&v6, "").unwrap();
-        assert!(!names.any(), "read again from offset 0 through the open file");
+        assert!(
+            !names.any(),
+            "read again from offset 0 through the open file"
+        );
         std::fs::write(&v4, "nat\n").unwrap();
         assert!(names.any());
         std::fs::remove_dir_all(&dir).unwrap();

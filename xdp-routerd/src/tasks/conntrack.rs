@@ -1,11 +1,11 @@
 //! Conntrack events (ctnetlink NEW/UPDATE/DESTROY) become fast-path flows; on a socket overrun
 //! the flows are resynced from a dump. Each batch: routes looked up first (batched, no lock),
 //! then the TCP connections the batch will offload marked "be liberal" in conntrack (pipelined,
-//! a few round trips per batch, no lock), then the flow changes applied in event order under
-//! the lock. Marking comes *before* the flows reach the maps: the kernel's next packet arms a
+//! a few round trips per batch, no lock), then the batch handed to the state, which applies the
+//! flow changes in event order under the lock ([`crate::state::State::apply_events`]). Marking comes *before* the flows reach the maps: the kernel's next packet arms a
 //! flow and conntrack sees nothing after that, so a FIN in between would be out of window
-//! (see [`FlowManager::would_add`]). Repeat marks after arming go to a second task
-//! ([`mark_liberal`]) so the event loop never waits for them.
+//! (see [`crate::flows::FlowManager::would_add`]). Repeat marks after arming go to a second
+//! task ([`mark_liberal`]) so the event loop never waits for them.
 //!
 //! The event socket is read by its own task ([`read_events`]), so the kernel's socket buffer
 //! keeps draining while the loop waits on route lookups, marks or a resync: a resync that took
@@ -21,14 +21,13 @@ use anyhow::anyhow;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tracing::{debug, error, info, warn};
 
-use super::{APPLY_CHUNK, apply_stale_check, resolve_fresh};
+use super::{apply_stale_check, resolve_fresh};
 use crate::{
     flows::{
-        FlowManager, PathOracle, Upsert,
         conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
         release_freed_memory,
     },
-    state::{Shared, State},
+    state::{APPLY_CHUNK, Shared},
     sync::{
         ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate},
         routes::RouteLookup,
@@ -116,13 +115,13 @@ pub async fn run(
                     Ok(tcp) => remark_after_arming(&marker, tcp),
                     Err(e) => {
                         error!(error = %format!("{e:#}"), "conntrack resync failed");
-                        shared.lock().ct.errors += 1;
+                        shared.lock().count_ct_errors(1);
                     }
                 }
                 continue;
             }
             Some(Err(e)) => {
-                shared.lock().ct.errors += 1;
+                shared.lock().count_ct_errors(1);
                 return Err(ct_err(e));
             }
             None => return Err(anyhow!("the conntrack event reader ended")),
@@ -135,7 +134,7 @@ pub async fn run(
             })
             .collect();
         let (paths, generation) = resolve_fresh(&shared, &mut lookup, &upserts).await;
-        let marked = batch_tcp_to_offload(&shared.lock().flows, &batch, &paths);
+        let marked = shared.lock().batch_tcp_to_offload(&batch, &paths);
         mark(&shared, &mut requests, &marked).await;
         let upserted: Vec<CtTuple> = upserts.iter().map(|e| e.orig).collect();
         // In order, in chunks: status, metrics and the other tasks get the lock in between.
@@ -145,8 +144,8 @@ pub async fn run(
             let tail = rest.split_off(rest.len().min(APPLY_CHUNK));
             {
                 let mut s = shared.lock();
-                s.ct.decode_errors = decode_errors;
-                newly_tcp.extend(apply_events(&mut s, rest, &paths));
+                s.set_decode_errors(decode_errors);
+                newly_tcp.extend(s.apply_events(rest, &paths));
             }
             rest = tail;
             if !rest.is_empty() {
@@ -199,50 +198,6 @@ pub async fn mark_liberal(
     Err(anyhow!("the liberal-marking channel closed"))
 }
 
-/// The TCP connections among `entries` that applying them would offload (newly, or on another
-/// path), each once: to be marked "be liberal" before they are applied.
-pub fn tcp_to_offload<'a>(
-    flows: &FlowManager,
-    entries: impl IntoIterator<Item = &'a CtEntry>,
-    paths: &impl PathOracle,
-) -> Vec<CtEntry> {
-    let mut seen = HashSet::new();
-    entries
-        .into_iter()
-        .filter(|e| e.orig.proto == IPPROTO_TCP && flows.would_add(e, paths) && seen.insert(e.orig))
-        .cloned()
-        .collect()
-}
-
-/// [`tcp_to_offload`] for a batch of events applied in order: a connection destroyed earlier in
-/// the batch is offloaded anew by a later NEW/UPDATE of the same tuple (ports reused).
-pub fn batch_tcp_to_offload(
-    flows: &FlowManager,
-    batch: &[CtEvent],
-    paths: &impl PathOracle,
-) -> Vec<CtEntry> {
-    let (mut gone, mut seen) = (HashSet::new(), HashSet::new());
-    let mut out = Vec::new();
-    for ev in batch {
-        match ev {
-            CtEvent::Destroy(e) => {
-                gone.insert(e.orig);
-            }
-            CtEvent::New(e) | CtEvent::Update(e) => {
-                let adds = if gone.contains(&e.orig) {
-                    flows.would_add_anew(e, paths)
-                } else {
-                    flows.would_add(e, paths)
-                };
-                if e.orig.proto == IPPROTO_TCP && adds && seen.insert(e.orig) {
-                    out.push(e.clone());
-                }
-            }
-        }
-    }
-    out
-}
-
 /// Marks `entries` "be liberal" in conntrack (see [`CtUpdate::tcp_liberal`]), pipelined
 /// ([`CtNetlink::update_many`]); connections that could not be marked are counted as errors.
 pub async fn mark(shared: &Shared, ct: &mut CtNetlink, entries: &[CtEntry]) {
@@ -265,41 +220,8 @@ pub async fn mark(shared: &Shared, ct: &mut CtNetlink, entries: &[CtEntry]) {
         }
     };
     if failed > 0 {
-        shared.lock().ct.errors += failed as u64;
+        shared.lock().count_ct_errors(failed as u64);
     }
-}
-
-/// Applies one batch of events in order with routes already looked up. Returns the TCP
-/// connections newly offloaded (to be marked liberal).
-pub fn apply_events<D: crate::flows::FlowTable>(
-    s: &mut State<D>,
-    batch: Vec<CtEvent>,
-    paths: &impl crate::flows::PathOracle,
-) -> Vec<CtEntry> {
-    let mut newly_tcp = Vec::new();
-    s.ct.events += batch.len() as u64;
-    let State { dp, flows, ct, .. } = s;
-    for ev in batch {
-        *ct.events_by_type.entry(ev.kind().into()).or_default() += 1;
-        match ev {
-            CtEvent::New(e) | CtEvent::Update(e) => {
-                let tcp = e.orig.proto == IPPROTO_TCP;
-                let entry = e.clone();
-                if flows.upsert(e, dp, paths) == Upsert::Added {
-                    debug!(orig = ?entry.orig, "offloaded");
-                    if tcp {
-                        newly_tcp.push(entry);
-                    }
-                }
-            }
-            CtEvent::Destroy(e) => {
-                if flows.forget(&e.orig, dp) {
-                    debug!(orig = ?e.orig, "conntrack entry destroyed; flow removed");
-                }
-            }
-        }
-    }
-    newly_tcp
 }
 
 /// Makes the flow maps match a fresh conntrack dump (at start and after an overrun), marking
@@ -318,9 +240,9 @@ pub async fn resync(
     // after an overrun under load then costs what changed, not the whole table.
     let present = {
         let s = shared.lock();
-        let present = s.flows.tuples_to_check(&dump);
+        let present = s.flows().tuples_to_check(&dump);
         if present.is_some() {
-            dump.retain(|e| !s.flows.is_current(e));
+            dump.retain(|e| !s.flows().is_current(e));
         }
         present
     };
@@ -328,38 +250,30 @@ pub async fn resync(
     let looked_up_ms = started.elapsed().as_millis() as u64;
     let (removed, before) = {
         let mut s = shared.lock();
-        let State { dp, flows, .. } = &mut *s;
-        let before = flows.stats().offloaded_total;
-        let removed = present.map_or(0, |p| flows.remove_absent(&p, dp));
-        flows.reserve_for(&dump);
-        (removed, before)
+        let before = s.flows().stats().offloaded_total;
+        (s.resync_remove_absent(present.as_ref(), &dump), before)
     };
     // In chunks, so status, metrics and the other tasks get the lock in between; the TCP
     // connections of each chunk are marked liberal before it is applied.
     let (mut mark_time, mut write_time) = (Duration::ZERO, Duration::ZERO);
     for chunk in dump.chunks(APPLY_CHUNK) {
         let t = Instant::now();
-        let marked = tcp_to_offload(&shared.lock().flows, chunk, &paths);
+        let marked = shared.lock().tcp_to_offload(chunk, &paths);
         mark(shared, ct, &marked).await;
         mark_time += t.elapsed();
         let t = Instant::now();
-        {
-            let mut s = shared.lock();
-            let State { dp, flows, .. } = &mut *s;
-            flows.upsert_many(chunk, dp, &paths);
-        }
+        shared.lock().resync_upsert(chunk, &paths);
         write_time += t.elapsed();
         tokio::task::yield_now().await;
     }
     let added = {
         let mut s = shared.lock();
-        s.ct.resyncs += 1;
-        s.ct.last_resync_ms = started.elapsed().as_millis() as u64;
-        let added = s.flows.stats().offloaded_total - before;
+        s.resync_done(started.elapsed().as_millis() as u64);
+        let added = s.flows().stats().offloaded_total - before;
         info!(
             entries = n,
             changed = dump.len(),
-            offloaded = s.flows.len(),
+            offloaded = s.flows().len(),
             removed,
             routes = paths.len(),
             dumped_ms,
@@ -384,6 +298,6 @@ pub async fn resync(
     let s = shared.lock();
     Ok(dump
         .into_iter()
-        .filter(|e| e.orig.proto == IPPROTO_TCP && s.flows.is_offloaded(&e.orig))
+        .filter(|e| e.orig.proto == IPPROTO_TCP && s.flows().is_offloaded(&e.orig))
         .collect())
 }

@@ -8,7 +8,7 @@ use tracing::{debug, error, warn};
 
 use crate::{
     flows::conntrack::IPPROTO_TCP,
-    state::{Shared, State, monotonic_ns},
+    state::{Shared, monotonic_ns},
     sync::ctnetlink::{CtNetlink, CtUpdate, KernelTimeouts, conntrack_checksum},
 };
 
@@ -23,16 +23,15 @@ pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> 
         let verify = conntrack_checksum();
         let active = {
             let mut s = shared.lock();
-            if s.flows.is_empty() && s.dp.verify_l4_checksum() == verify {
+            if s.flows().is_empty() && s.dp().verify_l4_checksum() == verify {
                 // An idle router: nothing to refresh, nothing written (the state is left
                 // untouched, so no status is rebuilt either).
                 continue;
             }
-            if let Err(e) = s.dp.set_verify_l4_checksum(verify) {
+            if let Err(e) = s.set_verify_l4_checksum(verify) {
                 error!(error = %e, "cannot update the checksum setting");
             }
-            let State { dp, flows, .. } = &mut *s;
-            flows.active_since_last_pass(dp, monotonic_ns())
+            s.active_since_last_pass(monotonic_ns())
         };
         if active.is_empty() {
             continue;
@@ -69,13 +68,6 @@ pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> 
                 }
             }
         }
-        let mut s = shared.lock();
-        s.ct.refreshes += refreshed;
-        s.ct.errors += errors;
-        let State { dp, flows, .. } = &mut *s;
-        for e in gone {
-            // Conntrack no longer has it (we missed the DESTROY): take it back.
-            flows.forget(&e.orig, dp);
-        }
+        shared.lock().keepalive_done(refreshed, errors, gone);
     }
 }

@@ -31,12 +31,6 @@ use crate::{
     state::Shared,
 };
 
-/// Connections (or events) applied per lock hold when many are (resync, revalidation, a big
-/// event batch): status, metrics and the other tasks get the lock in between. Measured under
-/// `bench responsive`: a chunk of 4,096 upserts held the lock up to 47 ms; 1,024 keep holds
-/// near 10 ms.
-pub const APPLY_CHUNK: usize = 1024;
-
 /// How many times a batch's routes are looked up again when a routing change arrived while they
 /// were being looked up.
 const FRESH_ATTEMPTS: usize = 3;

@@ -2,25 +2,26 @@
 //! sessions are read again, see [`super::pppoe`]), their
 //! qdiscs and hooks change (`shaped = "auto"`, netdev chains), a managed bridge's ports and FDB
 //! change, and routes, addresses or rules change (cached FIB answers are dropped; offloaded
-//! flows are revalidated).
+//! flows are revalidated). What a batch needs is read here, outside the lock; the state applies
+//! it ([`crate::state::State::apply_rt_events`]).
 //!
 //! Two loops: [`run`] follows the notifications and never waits on route lookups, so the FIB
 //! cache is invalidated as soon as a change arrives; [`revalidate`] re-checks every flow
 //! against fresh route answers whenever asked (requests made while a pass runs coalesce into
 //! one more pass, which a route flap of thousands of messages needs).
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use anyhow::anyhow;
 use tokio::sync::mpsc::UnboundedReceiver;
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
-use super::{APPLY_CHUNK, conntrack};
+use super::conntrack;
 use crate::{
-    paths::{self, Stale},
-    state::{Shared, State},
+    paths,
+    state::{APPLY_CHUNK, LinkReads, Shared},
     sync::{
-        bridge::{self, BridgeRead, BridgeReads},
+        bridge::{self, BridgeReads},
         ctnetlink::CtNetlink,
         hooks, netdev, qdisc,
         routes::RouteLookup,
@@ -58,7 +59,7 @@ pub async fn run(
         let fdb = read_fdb(&shared, &batch);
         let (stale, reread_qdiscs) = {
             let mut s = shared.lock();
-            let planned = apply_rt_events(&mut s, batch, &links, &bridges);
+            let planned = s.apply_rt_events(batch, &links, &bridges);
             // Newer than every event of the batch: applied after them.
             if let Some(entries) = fdb {
                 s.reload_fdb(entries);
@@ -95,16 +96,16 @@ pub async fn revalidate(
         let snapshot = {
             let s = shared.lock();
             if stale.is_all() {
-                s.flows.snapshot()
+                s.flows().snapshot()
             } else if stale
                 .prefixes()
-                .any(|p| s.flows.uses_addresses_in(p.addr, p.last()))
+                .any(|p| s.flows().uses_addresses_in(p.addr, p.last()))
             {
-                s.flows.snapshot_where(|e| stale.touches(e))
+                s.flows().snapshot_where(|e| stale.touches(e))
             } else {
                 // Routes no offloaded connection uses (most of a BGP table's churn): only the
                 // connections named and the parked ones are looked at.
-                s.flows.snapshot_of(stale.conns(), |e| stale.touches(e))
+                s.flows().snapshot_of(stale.conns(), |e| stale.touches(e))
             }
         };
         drop(stale);
@@ -114,13 +115,12 @@ pub async fn revalidate(
         let resolved = paths::resolve(&mut lookup, &snapshot).await;
         let (mut removed, mut added) = (0, 0);
         for chunk in snapshot.chunks(APPLY_CHUNK) {
-            let parked = shared.lock().flows.parked_tcp_to_offload(chunk, &resolved);
+            let parked = shared
+                .lock()
+                .flows()
+                .parked_tcp_to_offload(chunk, &resolved);
             conntrack::mark(&shared, &mut ct, &parked).await;
-            let (r, a) = {
-                let mut s = shared.lock();
-                let State { dp, flows, .. } = &mut *s;
-                flows.revalidate(chunk.iter().cloned(), dp, &resolved)
-            };
+            let (r, a) = shared.lock().revalidate(chunk.iter().cloned(), &resolved);
             removed += r;
             added += a;
             // Let status, metrics and the other tasks in between chunks.
@@ -140,11 +140,6 @@ pub async fn revalidate(
         }
     }
 }
-
-/// What the kernel says about the links a batch touches, read before the lock is taken:
-/// for each managed interface named in the batch (all of them after an overrun), its current
-/// ifindex (`None`: gone) and MAC address.
-type LinkReads = BTreeMap<String, (Option<u32>, Option<[u8; 6]>)>;
 
 fn read_links(shared: &Shared, batch: &[RtEvent]) -> LinkReads {
     let names = shared.lock().iface_names();
@@ -203,70 +198,6 @@ fn read_fdb(shared: &Shared, batch: &[RtEvent]) -> Option<Vec<bridge::FdbEvent>>
         .ok()
 }
 
-/// Applies a batch of rtnetlink events with the links and bridges already read; returns
-/// which flows must be revalidated and whether the qdiscs (and hooks) must be read again.
-pub fn apply_rt_events<D: crate::state::Ports>(
-    s: &mut State<D>,
-    batch: Vec<RtEvent>,
-    links: &LinkReads,
-    bridges: &BridgeReads,
-) -> (Stale, bool) {
-    let mut revalidate = Stale::default();
-    let mut reread_qdiscs = false;
-    // A port added, removed or changing STP state comes as a link notification.
-    let mut bridges_changed = false;
-    let no_read = BridgeRead::default();
-    let read = |name: &str| bridges.get(name).unwrap_or(&no_read);
-    for ev in batch {
-        match ev {
-            RtEvent::LinkUp { ifindex, name, mac } => {
-                let mac = mac.or_else(|| links.get(&name).and_then(|l| l.1));
-                let new_device = s.link_up(ifindex, &name, mac, read(&name));
-                if new_device {
-                    revalidate.add_all();
-                }
-                reread_qdiscs |= new_device;
-                bridges_changed = true;
-            }
-            RtEvent::LinkGone { ifindex, .. } => {
-                if s.link_gone(ifindex) {
-                    revalidate.add_all();
-                }
-                bridges_changed = true;
-            }
-            RtEvent::Fdb(ev) => s.apply_fdb(ev),
-            RtEvent::BridgeVlan => bridges_changed = true,
-            RtEvent::PathsChanged => revalidate.add_all(),
-            RtEvent::RouteChanged(prefix) => revalidate.add_prefix(prefix),
-            // Only cached FIB answers depend on these (dropped already).
-            RtEvent::FibChanged => {}
-            RtEvent::QdiscChanged { ifindex } => reread_qdiscs |= s.has_egress_of(ifindex),
-            RtEvent::Overrun => {
-                reread_qdiscs = true;
-                bridges_changed = true;
-                warn!("rtnetlink overrun: re-reading links and revalidating flows");
-                for name in s.iface_names() {
-                    match links.get(&name) {
-                        Some((Some(i), mac)) => {
-                            s.link_up(*i, &name, *mac, read(&name));
-                        }
-                        _ => {
-                            if let Some(i) = s.ifindex_of(&name) {
-                                s.link_gone(i);
-                            }
-                        }
-                    }
-                }
-                revalidate.add_all();
-            }
-        }
-    }
-    if bridges_changed {
-        reread_qdiscs |= s.sync_bridges(bridges);
-    }
-    (revalidate, reread_qdiscs)
-}
-
 /// Re-reads the hooks on every managed interface and bridge port (no lock held while reading)
 /// and updates the flags of those whose hooks changed.
 pub async fn refresh_hooks(shared: &Shared) {
@@ -278,7 +209,7 @@ pub async fn refresh_hooks(shared: &Shared) {
 /// Drops every cached FIB answer in the datapath (see
 /// [`crate::datapath::Datapath::invalidate_fib_cache`]).
 fn invalidate_fib_cache(shared: &Shared) {
-    if let Err(e) = shared.lock().dp.invalidate_fib_cache() {
+    if let Err(e) = shared.lock().invalidate_fib_cache() {
         error!(error = %e, "cannot invalidate the FIB cache");
     }
 }

@@ -27,10 +27,10 @@ pub async fn run(
         }
         {
             let mut s = shared.lock();
-            match s.dp.bump_ruleset_generation() {
+            match s.bump_ruleset_generation() {
                 Ok(()) => debug!(
                     ?events,
-                    generation = s.dp.ruleset_status().generation,
+                    generation = s.dp().ruleset_status().generation,
                     "firewall ruleset changed: every flow goes through the kernel's rules again"
                 ),
                 Err(e) => error!(error = %format!("{e:#}"), "cannot bump the ruleset generation"),
