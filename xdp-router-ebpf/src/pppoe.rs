@@ -18,11 +18,13 @@ use xdp_router_common::{
 };
 
 use crate::{
-    flow::{EgressTag, check_egress, vlan_parent},
+    encap::{EgressTag, check_egress},
+    fib::NextHop,
     maps::{IFACES, PPPOE},
-    parse::{PppoeHdr, ptr_at_mut},
-    rewrite::NextHop,
+    packet::{frame_len, ptr_at_mut},
+    parse::PppoeHdr,
     verify::mac_words,
+    vlan,
 };
 
 /// The managed PPP device a session frame belongs to.
@@ -87,7 +89,7 @@ pub fn session(ctx: &XdpContext, lower: u32, at: usize, src: [u8; 6]) -> Result<
         }
         return Err(Reason::PassPppoeCcp);
     }
-    let frame = crate::flow::frame_len(ctx);
+    let frame = frame_len(ctx);
     let (l3, ip_len_max) = check_pppoe(&PppoeFields {
         ver_type,
         code,
@@ -146,7 +148,7 @@ pub fn lower(
     // SAFETY: map value pointer from the kernel.
     let lflags = unsafe { (*linfo).flags };
     let target = if lflags & IFACE_F_VLAN != 0 {
-        vlan_parent(linfo, lflags, peer, tag)?
+        vlan::parent(linfo, lflags, peer, tag)?
     } else if lflags & (IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT | IFACE_F_PPPOE) != 0 {
         // PPPoE over a bridge or a bridge port, or over another PPP device: not handled here.
         return Err(Reason::PassEgressNotManaged);

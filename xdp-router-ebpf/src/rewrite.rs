@@ -8,7 +8,11 @@ use xdp_router_common::{
     checksum::{apply, apply_udp, combine, diff16},
 };
 
-use crate::parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, PortsHdr, ptr_at_mut};
+use crate::{
+    fib::NextHop,
+    packet::ptr_at_mut,
+    parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, PortsHdr},
+};
 
 /// Where the transport header of the packet being forwarded gets written: its ports and its
 /// checksum field, each behind its own bounds check taken right before the rewrite.
@@ -65,16 +69,6 @@ pub struct NatV6 {
     pub dport_be: u16,
     /// TCP/UDP checksum diff of the address and port rewrite.
     pub l4_csum_diff: u32,
-}
-
-/// Where a packet leaves: a successful `bpf_fib_lookup`'s answer, fresh or cached.
-pub struct NextHop {
-    /// Egress interface.
-    pub ifindex: u32,
-    /// The router's MAC on the egress.
-    pub smac: [u8; 6],
-    /// The next hop's MAC.
-    pub dmac: [u8; 6],
 }
 
 /// Source and destination MAC of the next hop.

@@ -10,7 +10,7 @@ use xdp_router_common::{
     checksum::{fold, sum_is_valid},
 };
 
-use crate::parse::{EthHdr, ptr_at_mut};
+use crate::{packet::ptr_at_mut, parse::EthHdr};
 
 /// A MAC address as a 32-bit and a 16-bit raw word (compared without a `memcmp`).
 #[inline(always)]
