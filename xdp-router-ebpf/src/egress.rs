@@ -2,7 +2,6 @@
 //! frame (a VLAN device's parent, a bridge's port, a PPPoE device's lower device), each
 //! device's egress checked on the way, and the redirect to it set up.
 
-use aya_ebpf::bindings::xdp_action;
 use xdp_router_common::{
     IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN,
     IFACE_F_VLAN_PARENT, Reason,
@@ -12,15 +11,16 @@ use crate::{
     bridge,
     encap::{EgressTag, check_egress},
     fib::NextHop,
-    maps::{IFACES, TX_PORTS},
+    maps::IFACES,
+    packet::Packet,
     pppoe, vlan,
 };
 
 /// Where a packet goes once the FIB named its egress.
 pub struct Egress {
-    /// What the redirect set-up returned (`XDP_REDIRECT`).
+    /// What the redirect set-up returned (`XDP_REDIRECT`): the program's action.
     pub action: u32,
-    /// The tag to push (egress is a VLAN device).
+    /// The headers to push between the MACs and the IP header (VLAN tag, PPPoE session).
     pub tag: EgressTag,
 }
 
@@ -30,7 +30,7 @@ pub struct Egress {
 /// these live, and FDB moves are followed from the next packet on. For a PPPoE device the
 /// session's MACs replace the hop's.
 #[inline(always)]
-pub fn redirect_to(hop: &mut NextHop) -> Result<Egress, Reason> {
+pub fn redirect_to<P: Packet>(hop: &mut NextHop) -> Result<Egress, Reason> {
     let egress = hop.ifindex;
     // Only interfaces the daemon manages are fast-path targets (their neighbours, qdiscs and
     // counters are known); anything else keeps the kernel's full output path.
@@ -60,13 +60,10 @@ pub fn redirect_to(hop: &mut NextHop) -> Result<Egress, Reason> {
         check_egress(flags)?;
         egress
     };
-    // The redirect is set up now, before the rewrite: bpf_redirect_map() only records the
-    // target (per-CPU redirect info, used once the program returns XDP_REDIRECT), and a
-    // missing TX_PORTS entry returns the low bits of the flags (XDP_PASS) instead, so an egress
-    // the daemon did not (or no longer) list goes to the kernel untouched. One devmap lookup
-    // instead of a lookup to check plus another in the redirect.
-    let action = TX_PORTS
-        .redirect(target, u64::from(xdp_action::XDP_PASS))
-        .map_err(|_| Reason::PassEgressNotManaged)?;
+    // The redirect is set up now, before the rewrite (it only records the target): an egress
+    // the daemon did not (or no longer) list goes to the kernel untouched.
+    let Some(action) = P::redirect(target) else {
+        return Err(Reason::PassEgressNotManaged);
+    };
     Ok(Egress { action, tag })
 }

@@ -2,10 +2,6 @@
 //! (VLAN tag, PPPoE session), the checks that an egress device may send a redirected frame, and
 //! the reframing that pops what the received frame had and pushes what the egress needs.
 
-use aya_ebpf::{
-    helpers::{bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
-    programs::XdpContext,
-};
 use xdp_router_common::{
     IFACE_F_EGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_SHAPED, Reason,
     parse::{
@@ -15,7 +11,7 @@ use xdp_router_common::{
 };
 
 use crate::{
-    packet::{frame_len, ptr_at_mut},
+    packet::{Packet, frame_len, ptr_at_mut},
     parse::{EthHdr, PppoeHdr, VlanTag},
 };
 
@@ -77,8 +73,8 @@ pub struct Reframed<T> {
 /// against the egress MTU. Every packet pointer is invalid after either helper, hence the
 /// re-derived ones.
 #[inline(always)]
-pub fn reframe<T>(
-    ctx: &XdpContext,
+pub fn reframe<T, P: Packet>(
+    ctx: &P,
     l2_in: usize,
     ip_len: usize,
     tag: &EgressTag,
@@ -89,9 +85,9 @@ pub fn reframe<T>(
     if l2 != l2_in {
         // A positive delta pops received headers, a negative one makes room for new ones.
         let delta = l2_in as i32 - l2 as i32;
-        // SAFETY: a helper on this program's own context; XDP frames have 256 bytes of
-        // headroom (XDP_PACKET_HEADROOM) and the frame is longer than the tag.
-        if unsafe { bpf_xdp_adjust_head(ctx.ctx, delta) } != 0 {
+        // XDP frames have 256 bytes of headroom (XDP_PACKET_HEADROOM) and the frame is longer
+        // than the tag.
+        if !ctx.adjust_head(delta) {
             return Err(Reason::PassMalformed);
         }
     }
@@ -100,8 +96,8 @@ pub fn reframe<T>(
     if have > len {
         // Both below 64 KiB: the difference fits an i32.
         let delta = len as i32 - have as i32;
-        // SAFETY: a helper on this program's own context; a negative delta only shrinks.
-        if unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
+        // A negative delta only shrinks.
+        if !ctx.adjust_tail(delta) {
             return Err(Reason::PassMalformed);
         }
     }

@@ -4,10 +4,7 @@
 
 use core::mem::{size_of, transmute};
 
-use aya_ebpf::{
-    EbpfContext as _, bindings::bpf_fib_lookup, helpers::bpf_fib_lookup as fib_lookup,
-    programs::XdpContext,
-};
+use aya_ebpf::{bindings::bpf_fib_lookup, helpers::bpf_fib_lookup as fib_lookup};
 use xdp_router_common::{
     FIB_LOOKUP_MARK, FibCache, IFACE_F_PPPOE, Reason,
     parse::{check_fib_result, fib},
@@ -15,6 +12,7 @@ use xdp_router_common::{
 
 use crate::{
     maps::{IFACES, fib_flags},
+    packet::Packet,
     words::{opaque_zero, pack16},
 };
 
@@ -184,8 +182,8 @@ fn lookup_flags(mark: u32) -> u32 {
     reason = "the lookup's inputs plus the cache's"
 )]
 #[inline(always)]
-pub fn next_hop(
-    ctx: &XdpContext,
+pub fn next_hop<P: Packet>(
+    ctx: &P,
     cache: *mut FibCache,
     policy: &FibCachePolicy,
     now: u64,

@@ -1,25 +1,24 @@
 //! The per-packet pipeline: parse and check the headers, find the offloaded flow, ask the kernel
-//! FIB where the translated packet goes, and only then rewrite and redirect it.
+//! FIB where the translated packet goes, and only then rewrite and redirect it. Written once:
+//! for both address families (through `family::Family`) and for any program context that
+//! gives packet access (`packet::Packet`; the XDP program's today).
 //!
 //! Every function returns `Err(reason)` for a packet the kernel must handle; nothing is written
 //! to the packet before the last check has passed, so a passed packet is exactly as received.
 
 use core::{
     intrinsics::{AtomicOrdering, atomic_xadd},
-    mem::transmute,
     ptr::addr_of_mut,
 };
 
-use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
+use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use xdp_router_common::{
-    FLOW_DSCP_KNOWN, FLOW_F_REPLY, FLOW_TTL_KNOWN, FlowCounters, FlowKeyV4, FlowKeyV6,
-    IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_PORT_NOT_FORWARDING,
-    IFACE_F_PPPOE_LOWER, IFACE_F_VLAN_PARENT, IfaceInfo, Reason, SETTINGS_F_FIB_MARK,
-    checksum::{pseudo_v4, pseudo_v6},
+    FLOW_DSCP_KNOWN, FLOW_F_REPLY, FLOW_TTL_KNOWN, FlowCounters, IFACE_F_BRIDGE_PORT,
+    IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_PORT_NOT_FORWARDING, IFACE_F_PPPOE_LOWER,
+    IFACE_F_VLAN_PARENT, IfaceInfo, Reason, SETTINGS_F_FIB_MARK,
     parse::{
-        ETH_HLEN, ETH_P_PPP_SES, IPPROTO_TCP, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN, Ipv4Fields,
-        Ipv6Fields, L3, PPPOE_HLEN, VLAN_HLEN, check_ipv4, check_ipv6, check_tcp, check_udp,
-        check_vlan_tag, classify_ethertype, is_vlan_tpid,
+        ETH_HLEN, ETH_P_PPP_SES, IPPROTO_TCP, IPPROTO_UDP, L3, PPPOE_HLEN, VLAN_HLEN, check_tcp,
+        check_udp, check_vlan_tag, classify_ethertype, is_vlan_tpid,
     },
 };
 
@@ -27,19 +26,20 @@ use crate::{
     bridge,
     egress::redirect_to,
     encap::{reframe, write_l2},
-    fib::{AF_INET, AF_INET6, FibCachePolicy, fib_params, next_hop},
-    maps::{ACTIVE_V4, ACTIVE_V6, FLOWS_V4, FLOWS_V6, SETTINGS},
-    packet::{frame_len, ptr_at_mut},
-    parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr},
+    family::{Family, V4, V6},
+    fib::{FibCachePolicy, fib_params, next_hop},
+    maps::SETTINGS,
+    packet::{Packet, frame_len, ptr_at_mut},
+    parse::{EthHdr, TcpHdr, UdpHdr},
     pppoe,
-    rewrite::{self, L4},
+    rewrite::L4,
     verify, vlan,
-    words::{opaque_zero, pack16},
 };
 
-/// A packet the fast path sent: the XDP action to return and the reason to count it under.
+/// A packet the fast path sent: the program's action to return and the reason to count it
+/// under.
 pub struct Forwarded {
-    /// `XDP_REDIRECT` (or what `bpf_redirect_map` returned).
+    /// What the redirect set-up returned (`XDP_REDIRECT` for XDP).
     pub action: u32,
     /// [`Reason::ForwardedOriginal`] or [`Reason::ForwardedReply`].
     pub reason: Reason,
@@ -52,8 +52,8 @@ pub struct Forwarded {
 /// frame of a managed PPPoE device, is counted under that device's stats slot: `slot` is set
 /// to it.
 #[inline(always)]
-pub fn try_forward(
-    ctx: &XdpContext,
+pub fn try_forward<P: Packet>(
+    ctx: &P,
     ifindex: u32,
     info: Option<*const IfaceInfo>,
     slot: &mut u32,
@@ -193,8 +193,8 @@ pub fn try_forward(
         (l3, frame_len(ctx) - l2)
     };
     match l3 {
-        L3::V4 => try_forward_v4(ctx, iif, l2, ip_len_max, &cache, verify_l4),
-        L3::V6 => try_forward_v6(ctx, iif, l2, ip_len_max, &cache, verify_l4),
+        L3::V4 => try_forward_ip::<V4, P>(ctx, iif, l2, ip_len_max, &cache, verify_l4),
+        L3::V6 => try_forward_ip::<V6, P>(ctx, iif, l2, ip_len_max, &cache, verify_l4),
     }
 }
 
@@ -212,8 +212,8 @@ struct Ports {
 /// of `l3_len` bytes, with `l4_len` bytes of segment: TCP (data offset, control flags, ACK) or
 /// UDP (length), checked as conntrack checks them.
 #[inline(always)]
-fn l4_ports(
-    ctx: &XdpContext,
+fn l4_ports<P: Packet>(
+    ctx: &P,
     proto: u8,
     l2: usize,
     l3_len: usize,
@@ -259,51 +259,6 @@ fn l4_ports(
             no_checksum: check == 0,
         })
     }
-}
-
-/// The `FLOWS_V4` key of a packet.
-#[inline(always)]
-fn key_v4(ifindex: u32, src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> FlowKeyV4 {
-    let words = [
-        ifindex,
-        src,
-        dst,
-        pack16(sport, dport),
-        u32::from_ne_bytes([proto, 0, 0, 0]),
-    ];
-    // SAFETY: FlowKeyV4 is #[repr(C)], 20 bytes of integers without implicit padding (ifindex,
-    // src, dst, sport+dport, proto+_pad), so these words are exactly its fields in order.
-    unsafe { transmute::<[u32; 5], FlowKeyV4>(words) }
-}
-
-/// The `FLOWS_V6` key of a packet.
-#[inline(always)]
-fn key_v6(
-    ifindex: u32,
-    src: [u32; 4],
-    dst: [u32; 4],
-    sport: u16,
-    dport: u16,
-    proto: u8,
-) -> FlowKeyV6 {
-    let [s0, s1, s2, s3] = src;
-    let [d0, d1, d2, d3] = dst;
-    let words = [
-        ifindex,
-        s0,
-        s1,
-        s2,
-        s3,
-        d0,
-        d1,
-        d2,
-        d3,
-        pack16(sport, dport),
-        u32::from_ne_bytes([proto, 0, 0, 0]),
-    ];
-    // SAFETY: FlowKeyV6 is #[repr(C)], 44 bytes of integers without implicit padding, laid out
-    // as these words.
-    unsafe { transmute::<[u32; 11], FlowKeyV6>(words) }
 }
 
 /// `Ok(fib_mark)` when the kernel itself forwarded this flow direction under the current
@@ -406,258 +361,79 @@ fn finish(counters: *mut FlowCounters, flags: u32, bytes: u64, action: u32, now:
     }
 }
 
-/// Steps 4-11 for IPv4: checks, flow, FIB, egress, rewrite, counters, redirect.
+/// Steps 4-11 for an IP packet of family `F` whose header is `l2` bytes into the frame:
+/// checks, flow, FIB, egress, rewrite, counters, redirect.
 #[expect(
     clippy::needless_borrows_for_generic_args,
     reason = "the flow key stays in its one stack slot (a by-value key is copied): the program's stack is nearly full"
 )]
 #[inline(always)]
-fn try_forward_v4(
-    ctx: &XdpContext,
+fn try_forward_ip<F: Family, P: Packet>(
+    ctx: &P,
     ifindex: u32,
     l2: usize,
     ip_len_max: usize,
     cache: &FibCachePolicy,
     verify_l4: bool,
 ) -> Result<Forwarded, Reason> {
-    let ip: *mut Ipv4Hdr = ptr_at_mut(ctx, l2)?;
-    // SAFETY: bounds checked by ptr_at_mut; fields are copied out, no reference is kept.
-    let (fields, tos, src, dst) = unsafe {
-        (
-            Ipv4Fields {
-                version_ihl: (*ip).version_ihl,
-                tot_len: (*ip).tot_len(),
-                frag_off: (*ip).frag_off(),
-                ttl: (*ip).ttl,
-                proto: (*ip).proto,
-                available: ip_len_max,
-            },
-            (*ip).tos,
-            (*ip).src_be,
-            (*ip).dst_be,
-        )
-    };
-    check_ipv4(&fields)?;
-    verify::ipv4_header_checksum(ctx, l2)?;
-    // check_ipv4: tot_len covers the header and the transport header.
-    let l4_len = fields.tot_len as usize - IPV4_HLEN;
-    let ports = l4_ports(ctx, fields.proto, l2, IPV4_HLEN, l4_len)?;
+    let h = F::header(ctx, l2, ip_len_max)?;
+    let ports = l4_ports(ctx, h.proto, l2, F::HLEN, h.l4_len)?;
     let (sport, dport) = (ports.sport, ports.dport);
 
-    let mut key = key_v4(ifindex, src, dst, sport, dport, fields.proto);
+    let mut key = F::key(ifindex, h.src, h.dst, sport, dport, h.proto);
     // Not offloaded (yet): new, unconfirmed, or not eligible per the daemon's policy.
-    let Some(flow) = FLOWS_V4.get_ptr_mut(&key) else {
+    let Some(flow) = F::flows().get_ptr_mut(&key) else {
         return Err(Reason::PassNoFlow);
     };
-    // SAFETY: map value pointer from the kernel; the daemon rewrites whole entries only via
-    // map updates, so a copy of the translation is consistent enough for one packet.
-    let nat = unsafe {
-        rewrite::NatV4 {
-            src_be: (*flow).new_src_be,
-            dst_be: (*flow).new_dst_be,
-            sport_be: (*flow).new_sport_be,
-            dport_be: (*flow).new_dport_be,
-            l3_csum_diff: (*flow).l3_csum_diff,
-            l4_csum_diff: (*flow).l4_csum_diff,
-        }
-    };
-    // SAFETY: `flow` is a live map value pointer.
-    let flags = unsafe { (*flow).flags };
-    let mark = check_armed(
-        // SAFETY: `flow` is a live map value pointer.
-        unsafe { addr_of_mut!((*flow).armed_generation) },
-        // SAFETY: as above.
-        unsafe { addr_of_mut!((*flow).fib_mark) },
-        cache,
-    )?;
-    // SAFETY: `flow` is a live map value pointer.
-    check_dscp(unsafe { addr_of_mut!((*flow).kernel_dscp) }, tos >> 2)?;
-    // SAFETY: `flow` is a live map value pointer.
-    check_ttl(unsafe { addr_of_mut!((*flow).kernel_ttl) }, fields.ttl)?;
+    let nat = F::nat(flow);
+    let fields = F::fields(flow);
+    let flags = fields.flags;
+    let mark = check_armed(fields.armed_generation, fields.fib_mark, cache)?;
+    check_dscp(fields.kernel_dscp, F::dscp(&h))?;
+    check_ttl(fields.kernel_ttl, h.ttl)?;
     // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
     if verify_l4 && !ports.no_checksum {
-        let pseudo = pseudo_v4(src, dst, fields.proto, l4_len as u16);
-        verify::l4_checksum(ctx, l2 + IPV4_HLEN, l4_len, pseudo)?;
+        verify::l4_checksum(ctx, l2 + F::HLEN, h.l4_len, F::pseudo(&h))?;
     }
 
-    // The TOS byte goes where the union's first byte is.
-    let tos_word = u32::from_ne_bytes([tos, 0, 0, 0]);
     let mut params = fib_params(
-        AF_INET,
-        fields.proto,
+        F::AF,
+        h.proto,
         sport,
         nat.dport_be,
-        // Host order: the helper compares it with the egress MTU.
-        fields.tot_len,
+        h.len,
         ifindex,
-        tos_word,
-        [src, opaque_zero(), opaque_zero(), opaque_zero()],
-        [nat.dst_be, opaque_zero(), opaque_zero(), opaque_zero()],
+        h.tos_flowinfo,
+        F::fib_addr(h.src),
+        F::fib_addr(nat.dst_be),
         mark,
     );
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    // SAFETY: `flow` is a live map value pointer.
-    let fib_cache = unsafe { addr_of_mut!((*flow).fib) };
     let mut hop = next_hop(
         ctx,
-        fib_cache,
+        fields.fib,
         cache,
         now,
         &mut params,
-        fields.tot_len,
-        tos_word,
+        h.len,
+        h.tos_flowinfo,
         mark,
     )?;
-    let egress = redirect_to(&mut hop)?;
+    let egress = redirect_to::<P>(&mut hop)?;
 
-    let out = reframe::<Ipv4Hdr>(ctx, l2, fields.tot_len as usize, &egress.tag)?;
-    let l4 = L4::at(ctx, out.l2 + IPV4_HLEN, fields.proto == IPPROTO_UDP)?;
+    let out = reframe::<F::Hdr, P>(ctx, l2, h.len as usize, &egress.tag)?;
+    let l4 = L4::at(ctx, out.l2 + F::HLEN, h.proto == IPPROTO_UDP)?;
     // Every check passed: from here on the packet is ours.
-    rewrite::rewrite_v4(out.eth, out.ip, l4, &nat, &hop);
-    write_l2(&out, &egress.tag, L3::V4, fields.tot_len as usize);
-    // SAFETY: `flow` is a live map value pointer.
-    let counters = unsafe { addr_of_mut!((*flow).counters) };
+    F::rewrite(out.eth, out.ip, l4, &nat, &hop);
+    write_l2(&out, &egress.tag, F::L3, h.len as usize);
+    let counters = fields.counters;
     if first_in_pass(counters, cache) {
-        // The connection by its original tuple (the flow key without the ingress): this
-        // direction's key, or for the reply direction the tuple it is rewritten to, swapped.
-        // Built in the lookup key's stack slot: the program's stack is nearly full.
-        key.ifindex = 0;
-        if flags & FLOW_F_REPLY != 0 {
-            key.src_be = nat.dst_be;
-            key.dst_be = nat.src_be;
-            key.sport_be = nat.dport_be;
-            key.dport_be = nat.sport_be;
-        }
+        // The connection by its original tuple, built in the lookup key's stack slot: the
+        // program's stack is nearly full.
+        F::to_active_key(&mut key, &nat, flags & FLOW_F_REPLY != 0);
         // A failed insert (out of memory) only delays the conntrack refresh to a later pass.
-        let _ = ACTIVE_V4.insert(&key, &0, 0);
-    }
-    Ok(finish(
-        counters,
-        flags,
-        frame_len(ctx) as u64,
-        egress.action,
-        now,
-    ))
-}
-
-/// Steps 4-11 for IPv6 (see [`try_forward_v4`]).
-#[expect(
-    clippy::needless_borrows_for_generic_args,
-    reason = "the flow key stays in its one stack slot (a by-value key is copied): the program's stack is nearly full"
-)]
-#[inline(always)]
-fn try_forward_v6(
-    ctx: &XdpContext,
-    ifindex: u32,
-    l2: usize,
-    ip_len_max: usize,
-    cache: &FibCachePolicy,
-    verify_l4: bool,
-) -> Result<Forwarded, Reason> {
-    let ip: *mut Ipv6Hdr = ptr_at_mut(ctx, l2)?;
-    // SAFETY: bounds checked by ptr_at_mut; fields are copied out, no reference is kept.
-    let (fields, flowinfo, src, dst) = unsafe {
-        (
-            Ipv6Fields {
-                version_tc: (*ip).version_tc(),
-                payload_len: (*ip).payload_len(),
-                next_header: (*ip).next_header,
-                hop_limit: (*ip).hop_limit,
-                available: ip_len_max,
-            },
-            (*ip).flowinfo_be(),
-            (*ip).src_be,
-            (*ip).dst_be,
-        )
-    };
-    check_ipv6(&fields)?;
-    let l4_len = fields.payload_len as usize;
-    let ports = l4_ports(ctx, fields.next_header, l2, IPV6_HLEN, l4_len)?;
-    let (sport, dport) = (ports.sport, ports.dport);
-
-    let mut key = key_v6(ifindex, src, dst, sport, dport, fields.next_header);
-    // Not offloaded (yet): new, unconfirmed, or not eligible per the daemon's policy.
-    let Some(flow) = FLOWS_V6.get_ptr_mut(&key) else {
-        return Err(Reason::PassNoFlow);
-    };
-    // SAFETY: map value pointer from the kernel (see try_forward_v4).
-    let nat = unsafe {
-        rewrite::NatV6 {
-            src_be: (*flow).new_src_be,
-            dst_be: (*flow).new_dst_be,
-            sport_be: (*flow).new_sport_be,
-            dport_be: (*flow).new_dport_be,
-            l4_csum_diff: (*flow).l4_csum_diff,
-        }
-    };
-    // SAFETY: `flow` is a live map value pointer.
-    let flags = unsafe { (*flow).flags };
-    let mark = check_armed(
-        // SAFETY: `flow` is a live map value pointer.
-        unsafe { addr_of_mut!((*flow).armed_generation) },
-        // SAFETY: as above.
-        unsafe { addr_of_mut!((*flow).fib_mark) },
-        cache,
-    )?;
-    // The DSCP: the top 6 bits of the traffic class, below the 4 version bits.
-    check_dscp(
-        // SAFETY: `flow` is a live map value pointer.
-        unsafe { addr_of_mut!((*flow).kernel_dscp) },
-        (u32::from_be(flowinfo) >> 22) as u8 & 0x3f,
-    )?;
-    check_ttl(
-        // SAFETY: `flow` is a live map value pointer.
-        unsafe { addr_of_mut!((*flow).kernel_ttl) },
-        fields.hop_limit,
-    )?;
-    // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
-    if verify_l4 && !ports.no_checksum {
-        let pseudo = pseudo_v6(src, dst, fields.next_header, fields.payload_len);
-        verify::l4_checksum(ctx, l2 + IPV6_HLEN, l4_len, pseudo)?;
-    }
-
-    // The whole datagram, header included, in host order (MTU check).
-    let len = fields.payload_len.wrapping_add(IPV6_HLEN as u16);
-    let mut params = fib_params(
-        AF_INET6,
-        fields.next_header,
-        sport,
-        nat.dport_be,
-        len,
-        ifindex,
-        flowinfo,
-        src,
-        nat.dst_be,
-        mark,
-    );
-    // SAFETY: a helper without arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
-    // SAFETY: `flow` is a live map value pointer.
-    let fib_cache = unsafe { addr_of_mut!((*flow).fib) };
-    let mut hop = next_hop(ctx, fib_cache, cache, now, &mut params, len, flowinfo, mark)?;
-    let egress = redirect_to(&mut hop)?;
-
-    let out = reframe::<Ipv6Hdr>(ctx, l2, len as usize, &egress.tag)?;
-    let l4 = L4::at(ctx, out.l2 + IPV6_HLEN, fields.next_header == IPPROTO_UDP)?;
-    // Every check passed: from here on the packet is ours.
-    rewrite::rewrite_v6(out.eth, out.ip, l4, &nat, &hop);
-    write_l2(&out, &egress.tag, L3::V6, len as usize);
-    // SAFETY: `flow` is a live map value pointer.
-    let counters = unsafe { addr_of_mut!((*flow).counters) };
-    if first_in_pass(counters, cache) {
-        // The connection by its original tuple (the flow key without the ingress): this
-        // direction's key, or for the reply direction the tuple it is rewritten to, swapped.
-        // Built in the lookup key's stack slot: the program's stack is nearly full.
-        key.ifindex = 0;
-        if flags & FLOW_F_REPLY != 0 {
-            key.src_be = nat.dst_be;
-            key.dst_be = nat.src_be;
-            key.sport_be = nat.dport_be;
-            key.dport_be = nat.sport_be;
-        }
-        // A failed insert (out of memory) only delays the conntrack refresh to a later pass.
-        let _ = ACTIVE_V6.insert(&key, &0, 0);
+        let _ = F::active().insert(&key, &0, 0);
     }
     Ok(finish(
         counters,

@@ -12,6 +12,7 @@ mod arm;
 mod bridge;
 mod egress;
 mod encap;
+mod family;
 mod fib;
 mod flow;
 mod maps;

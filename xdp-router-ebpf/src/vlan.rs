@@ -4,7 +4,6 @@
 
 use core::mem::transmute;
 
-use aya_ebpf::programs::XdpContext;
 use xdp_router_common::{
     IFACE_F_BRIDGE, IFACE_F_NO_XDP_XMIT, IFACE_F_VLAN, IfaceInfo, Reason, VlanKey, parse::ETH_HLEN,
 };
@@ -13,7 +12,7 @@ use crate::{
     bridge,
     encap::{EgressTag, check_egress},
     maps::{IFACES, VLANS},
-    packet::ptr_at_mut,
+    packet::{Packet, ptr_at_mut},
     parse::VlanHdr,
     words::pack16,
 };
@@ -27,7 +26,7 @@ pub struct VlanDevice {
 /// The VLAN tag of a frame whose EtherType (raw: `tpid_be`) is a VLAN TPID: its protocol and
 /// TCI (raw) and the EtherType after it (host order).
 #[inline(always)]
-pub fn read_tag(ctx: &XdpContext, tpid_be: u16) -> Result<(u16, u16, u16), Reason> {
+pub fn read_tag<P: Packet>(ctx: &P, tpid_be: u16) -> Result<(u16, u16, u16), Reason> {
     let tag: *mut VlanHdr = ptr_at_mut(ctx, ETH_HLEN)?;
     // SAFETY: bounds checked by ptr_at_mut.
     let (tci_be, inner) = unsafe { ((*tag).tci_be, u16::from_be((*tag).inner_ethertype_be)) };
