@@ -14,8 +14,9 @@ use xdp_router_common::{
 };
 
 use crate::{
-    flow::{EgressTag, VlanDevice, check_egress, pack16, vlan_device_of},
+    encap::{EgressTag, check_egress},
     maps::{BRIDGE_FDB, BRIDGE_VLANS, IFACES},
+    words::pack16,
 };
 
 /// What the bridge does with a frame addressed to it on a port.
@@ -23,9 +24,9 @@ pub struct Ingress {
     /// The VLAN the bridge has the frame in (its FDB is keyed by it): 0 on a bridge without
     /// VLAN filtering.
     pub vid: u16,
-    /// The VLAN device over the bridge that receives it (`br-lan.20`); `None`: the bridge
-    /// device itself.
-    pub upper: Option<VlanDevice>,
+    /// The VLAN (ID, tag protocol: raw) of the VLAN device over the bridge that receives it
+    /// (`br-lan.20`, looked up in `VLANS` by the caller); `None`: the bridge device itself.
+    pub upper: Option<(u16, u16)>,
 }
 
 /// The VLAN a frame received on `port` (a port of `bridge`, flags `flags`, `IfaceInfo` `info`)
@@ -46,7 +47,7 @@ pub fn ingress(
         let upper = match tag {
             Some((tpid_be, tci_be, inner)) => {
                 let vid = check_vlan_tag(u16::from_be(tci_be), inner)?;
-                Some(vlan_device_of(bridge, vid, tpid_be)?)
+                Some((vid, tpid_be))
             }
             None => None,
         };
@@ -81,7 +82,7 @@ pub fn ingress(
     let upper = if own & BRIDGE_VLAN_F_UNTAGGED != 0 {
         None
     } else {
-        Some(vlan_device_of(bridge, vid, proto_be)?)
+        Some((vid, proto_be))
     };
     up_to(flags, Ingress { vid, upper })
 }

@@ -10,13 +10,20 @@
 
 mod arm;
 mod bridge;
+mod egress;
+mod encap;
+mod family;
+mod fib;
 mod flow;
 mod maps;
+mod packet;
 mod parse;
 mod pppoe;
 mod rewrite;
 mod stats;
 mod verify;
+mod vlan;
+mod words;
 
 use aya_ebpf::{
     bindings::{TC_ACT_UNSPEC, xdp_action},

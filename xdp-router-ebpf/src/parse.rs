@@ -1,4 +1,4 @@
-//! Bounds-checked access to packet memory and the headers the fast path reads and rewrites.
+//! The headers the fast path reads and rewrites (accessed through `packet::ptr_at_mut`).
 //!
 //! Headers are plain `#[repr(C, packed(2))]` structs of integers, read and written field by
 //! field through accessor methods: nothing is ever reinterpreted as a Rust enum. Multi-byte
@@ -6,24 +6,6 @@
 //! in XDP starts at least 2-byte aligned (`XDP_PACKET_HEADROOM`, or `NET_SKB_PAD + NET_IP_ALIGN`
 //! in drivers), hence `packed(2)`: the compiler emits 16-bit loads for the 32-bit address fields
 //! that sit at 2 mod 4 behind the 14-byte Ethernet header.
-
-use core::mem::size_of;
-
-use aya_ebpf::programs::XdpContext;
-use xdp_router_common::Reason;
-
-/// Pointer to a `T` at `offset` bytes into the frame, if the whole `T` is inside it; a frame too
-/// short for the header is [`Reason::PassMalformed`]. Mutable because every header the fast
-/// path reads is also one it may rewrite (after all checks).
-#[inline(always)]
-pub fn ptr_at_mut<T>(ctx: &XdpContext, offset: usize) -> Result<*mut T, Reason> {
-    let start = ctx.data();
-    let end = ctx.data_end();
-    if start + offset + size_of::<T>() > end {
-        return Err(Reason::PassMalformed);
-    }
-    Ok((start + offset) as *mut T)
-}
 
 /// Ethernet II header.
 #[repr(C, packed(2))]

@@ -10,7 +10,6 @@
 
 use core::{mem::transmute, ptr::addr_of_mut};
 
-use aya_ebpf::programs::XdpContext;
 use xdp_router_common::{
     IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_NO_XDP_XMIT, IFACE_F_PPP_CCP, IFACE_F_PPPOE,
     IFACE_F_VLAN, IfaceInfo, PppoeKey, Reason,
@@ -18,11 +17,13 @@ use xdp_router_common::{
 };
 
 use crate::{
-    flow::{EgressTag, check_egress, vlan_parent},
+    encap::{EgressTag, check_egress},
+    fib::NextHop,
     maps::{IFACES, PPPOE},
-    parse::{PppoeHdr, ptr_at_mut},
-    rewrite::NextHop,
+    packet::{Packet, frame_len, ptr_at_mut},
+    parse::PppoeHdr,
     verify::mac_words,
+    vlan,
 };
 
 /// The managed PPP device a session frame belongs to.
@@ -39,7 +40,7 @@ pub struct Session {
 /// `lower` (the device the kernel's PPPoE socket is bound to) from `src`, or why the kernel
 /// must have the frame.
 #[inline(always)]
-pub fn session(ctx: &XdpContext, lower: u32, at: usize, src: [u8; 6]) -> Result<Session, Reason> {
+pub fn session<P: Packet>(ctx: &P, lower: u32, at: usize, src: [u8; 6]) -> Result<Session, Reason> {
     let h: *mut PppoeHdr = ptr_at_mut(ctx, at)?;
     // SAFETY: bounds checked by ptr_at_mut.
     let (ver_type, code, sid_be, length_be, proto_be) = unsafe {
@@ -87,7 +88,7 @@ pub fn session(ctx: &XdpContext, lower: u32, at: usize, src: [u8; 6]) -> Result<
         }
         return Err(Reason::PassPppoeCcp);
     }
-    let frame = crate::flow::frame_len(ctx);
+    let frame = frame_len(ctx);
     let (l3, ip_len_max) = check_pppoe(&PppoeFields {
         ver_type,
         code,
@@ -107,7 +108,7 @@ pub fn session(ctx: &XdpContext, lower: u32, at: usize, src: [u8; 6]) -> Result<
 
 /// The code of the CCP packet at `at`.
 #[inline(always)]
-fn ccp_code(ctx: &XdpContext, at: usize) -> Result<u8, Reason> {
+fn ccp_code<P: Packet>(ctx: &P, at: usize) -> Result<u8, Reason> {
     let code: *mut u8 = ptr_at_mut(ctx, at)?;
     // SAFETY: bounds checked by ptr_at_mut.
     Ok(unsafe { *code })
@@ -146,7 +147,7 @@ pub fn lower(
     // SAFETY: map value pointer from the kernel.
     let lflags = unsafe { (*linfo).flags };
     let target = if lflags & IFACE_F_VLAN != 0 {
-        vlan_parent(linfo, lflags, peer, tag)?
+        vlan::parent(linfo, lflags, peer, tag)?
     } else if lflags & (IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT | IFACE_F_PPPOE) != 0 {
         // PPPoE over a bridge or a bridge port, or over another PPP device: not handled here.
         return Err(Reason::PassEgressNotManaged);

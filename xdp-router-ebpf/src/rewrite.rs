@@ -2,13 +2,16 @@
 //! (RFC 1624, per-flow diffs precomputed by the daemon), TTL / hop-limit decrement, and the MAC
 //! addresses from the FIB result. Called only after every check has passed.
 
-use aya_ebpf::programs::XdpContext;
 use xdp_router_common::{
     Reason,
     checksum::{apply, apply_udp, combine, diff16},
 };
 
-use crate::parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, PortsHdr, ptr_at_mut};
+use crate::{
+    fib::NextHop,
+    packet::{Packet, ptr_at_mut},
+    parse::{EthHdr, Ipv4Hdr, Ipv6Hdr, PortsHdr},
+};
 
 /// Where the transport header of the packet being forwarded gets written: its ports and its
 /// checksum field, each behind its own bounds check taken right before the rewrite.
@@ -26,7 +29,7 @@ pub struct L4 {
 impl L4 {
     /// The transport header at `offset` (TCP if `!udp`), already parsed and checked.
     #[inline(always)]
-    pub fn at(ctx: &XdpContext, offset: usize, udp: bool) -> Result<L4, Reason> {
+    pub fn at<P: Packet>(ctx: &P, offset: usize, udp: bool) -> Result<L4, Reason> {
         // Offset of the checksum field: TCP 16, UDP 6.
         let check_off = if udp { 6 } else { 16 };
         Ok(L4 {
@@ -37,44 +40,21 @@ impl L4 {
     }
 }
 
-/// The IPv4 translation of one flow direction (copied from its `FlowV4`).
-pub struct NatV4 {
+/// The translation of one flow direction (copied from its `FlowV4` / `FlowV6`); `A` is an
+/// address: `u32` for IPv4, `[u32; 4]` for IPv6 (raw words).
+pub struct Nat<A> {
     /// New source address (network order).
-    pub src_be: u32,
+    pub src_be: A,
     /// New destination address (network order).
-    pub dst_be: u32,
+    pub dst_be: A,
     /// New source port (network order).
     pub sport_be: u16,
     /// New destination port (network order).
     pub dport_be: u16,
-    /// Header checksum diff of the address rewrite.
+    /// Header checksum diff of the address rewrite (IPv4; IPv6 has no header checksum).
     pub l3_csum_diff: u32,
     /// TCP/UDP checksum diff of the address and port rewrite.
     pub l4_csum_diff: u32,
-}
-
-/// The IPv6 translation of one flow direction (copied from its `FlowV6`).
-pub struct NatV6 {
-    /// New source address (network order).
-    pub src_be: [u32; 4],
-    /// New destination address (network order).
-    pub dst_be: [u32; 4],
-    /// New source port (network order).
-    pub sport_be: u16,
-    /// New destination port (network order).
-    pub dport_be: u16,
-    /// TCP/UDP checksum diff of the address and port rewrite.
-    pub l4_csum_diff: u32,
-}
-
-/// Where a packet leaves: a successful `bpf_fib_lookup`'s answer, fresh or cached.
-pub struct NextHop {
-    /// Egress interface.
-    pub ifindex: u32,
-    /// The router's MAC on the egress.
-    pub smac: [u8; 6],
-    /// The next hop's MAC.
-    pub dmac: [u8; 6],
 }
 
 /// Source and destination MAC of the next hop.
@@ -107,7 +87,7 @@ fn rewrite_l4(l4: L4, sport_be: u16, dport_be: u16, diff: u32) {
 
 /// Rewrites a checked IPv4 packet for forwarding: NAT, TTL - 1, header checksum, MACs.
 #[inline(always)]
-pub fn rewrite_v4(eth: *mut EthHdr, ip: *mut Ipv4Hdr, l4: L4, nat: &NatV4, hop: &NextHop) {
+pub fn rewrite_v4(eth: *mut EthHdr, ip: *mut Ipv4Hdr, l4: L4, nat: &Nat<u32>, hop: &NextHop) {
     // SAFETY: `ip` was bounds checked by the caller's parse; TTL >= 2 was checked.
     unsafe {
         let old_word = (*ip).ttl_proto_word();
@@ -124,7 +104,7 @@ pub fn rewrite_v4(eth: *mut EthHdr, ip: *mut Ipv4Hdr, l4: L4, nat: &NatV4, hop: 
 /// Rewrites a checked IPv6 packet for forwarding: NAT, hop limit - 1, MACs (IPv6 has no header
 /// checksum; the hop limit is not in the pseudo-header).
 #[inline(always)]
-pub fn rewrite_v6(eth: *mut EthHdr, ip: *mut Ipv6Hdr, l4: L4, nat: &NatV6, hop: &NextHop) {
+pub fn rewrite_v6(eth: *mut EthHdr, ip: *mut Ipv6Hdr, l4: L4, nat: &Nat<[u32; 4]>, hop: &NextHop) {
     // SAFETY: `ip` was bounds checked by the caller's parse; hop limit >= 2 was checked.
     unsafe {
         (*ip).hop_limit -= 1;

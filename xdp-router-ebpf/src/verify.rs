@@ -2,15 +2,18 @@
 //! IPv4 header checksum (`ip_rcv_core`) and, while conntrack checks them, TCP/UDP checksums.
 //! A packet that fails goes to the kernel, which drops or judges it.
 
-use core::ptr::null_mut;
+use core::{ffi::c_void, ptr::null_mut};
 
-use aya_ebpf::{bindings::xdp_md, helpers::bpf_csum_diff, programs::XdpContext};
+use aya_ebpf::helpers::bpf_csum_diff;
 use xdp_router_common::{
     IfaceInfo, Reason,
     checksum::{fold, sum_is_valid},
 };
 
-use crate::parse::{EthHdr, ptr_at_mut};
+use crate::{
+    packet::{Packet, ptr_at_mut},
+    parse::EthHdr,
+};
 
 /// A MAC address as a 32-bit and a 16-bit raw word (compared without a `memcmp`).
 #[inline(always)]
@@ -43,7 +46,7 @@ struct Words10 {
 
 /// `Ok` when the option-less IPv4 header at `offset` has a correct checksum.
 #[inline(always)]
-pub fn ipv4_header_checksum(ctx: &XdpContext, offset: usize) -> Result<(), Reason> {
+pub fn ipv4_header_checksum<P: Packet>(ctx: &P, offset: usize) -> Result<(), Reason> {
     let h: *mut Words10 = ptr_at_mut(ctx, offset)?;
     // SAFETY: bounds checked by ptr_at_mut.
     let w = unsafe { (*h).w };
@@ -83,7 +86,11 @@ struct Words2 {
 
 /// `bpf_csum_diff` over `LEN` packet bytes at `offset` added to `seed` (a 32-bit partial sum).
 #[inline(always)]
-fn csum_block<const LEN: usize>(ctx: &XdpContext, offset: usize, seed: u32) -> Result<u32, Reason> {
+fn csum_block<const LEN: usize>(
+    ctx: &impl Packet,
+    offset: usize,
+    seed: u32,
+) -> Result<u32, Reason> {
     let p: *mut [u8; LEN] = ptr_at_mut(ctx, offset)?;
     // SAFETY: `p` covers LEN bytes of the packet (checked above); LEN is a multiple of 4 and at
     // most 512, as the helper requires; no `from` buffer.
@@ -108,8 +115,13 @@ fn csum_block<const LEN: usize>(ctx: &XdpContext, offset: usize, seed: u32) -> R
 /// loops, but they end with the subprogram's frame at its return, where they merge (two
 /// outcomes) instead of each carrying its own stack into the rest of the program.
 #[inline(always)]
-pub fn l4_checksum(ctx: &XdpContext, offset: usize, len: usize, pseudo: u64) -> Result<(), Reason> {
-    match l4_checksum_call(ctx.ctx, offset, len, pseudo) {
+pub fn l4_checksum<P: Packet>(
+    ctx: &P,
+    offset: usize,
+    len: usize,
+    pseudo: u64,
+) -> Result<(), Reason> {
+    match l4_checksum_call::<P>(ctx.as_ptr(), offset, len, pseudo) {
         0 => Ok(()),
         CSUM_TOO_LONG => Err(Reason::PassL4ChecksumTooLong),
         CSUM_SHORT => Err(Reason::PassMalformed),
@@ -124,8 +136,9 @@ const CSUM_SHORT: u32 = 3;
 
 /// [`l4_checksum`]'s subprogram: 0 = correct, 1 = wrong, [`CSUM_TOO_LONG`], [`CSUM_SHORT`].
 #[inline(never)]
-fn l4_checksum_call(ctx: *mut xdp_md, offset: usize, len: usize, pseudo: u64) -> u32 {
-    match l4_sum_checks(&XdpContext::new(ctx), offset, len, pseudo) {
+fn l4_checksum_call<P: Packet>(ctx: *mut c_void, offset: usize, len: usize, pseudo: u64) -> u32 {
+    // SAFETY: `ctx` is the program's context pointer, passed on by `l4_checksum`.
+    match l4_sum_checks(&unsafe { P::from_ptr(ctx) }, offset, len, pseudo) {
         Ok(()) => 0,
         Err(Reason::PassL4ChecksumTooLong) => CSUM_TOO_LONG,
         Err(Reason::PassMalformed) => CSUM_SHORT,
@@ -134,7 +147,7 @@ fn l4_checksum_call(ctx: *mut xdp_md, offset: usize, len: usize, pseudo: u64) ->
 }
 
 #[inline(always)]
-fn l4_sum_checks(ctx: &XdpContext, offset: usize, len: usize, pseudo: u64) -> Result<(), Reason> {
+fn l4_sum_checks<P: Packet>(ctx: &P, offset: usize, len: usize, pseudo: u64) -> Result<(), Reason> {
     // Also bounds every offset below for the verifier (a packet offset must stay below 64 KiB).
     if len >= (MAX_BIG + 1) * BIG {
         return Err(Reason::PassL4ChecksumTooLong);

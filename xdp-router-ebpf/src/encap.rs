@@ -1,0 +1,156 @@
+//! Encapsulation on egress: the headers a packet leaves with between its MACs and its IP header
+//! (VLAN tag, PPPoE session), the checks that an egress device may send a redirected frame, and
+//! the reframing that pops what the received frame had and pushes what the egress needs.
+
+use xdp_router_common::{
+    IFACE_F_EGRESS_HOOK, IFACE_F_NO_XDP_XMIT, IFACE_F_SHAPED, Reason,
+    parse::{
+        ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ETH_P_PPP_SES, L3, PPP_IP, PPP_IPV6, PPPOE_HLEN,
+        PPPOE_VER_TYPE, VLAN_HLEN,
+    },
+};
+
+use crate::{
+    packet::{Packet, frame_len, ptr_at_mut},
+    parse::{EthHdr, PppoeHdr, VlanTag},
+};
+
+/// Why the fast path must not send out of an interface with `IFACE_F_*` flags `flags`, if
+/// anything.
+#[inline(always)]
+pub fn check_egress(flags: u32) -> Result<(), Reason> {
+    if flags & IFACE_F_NO_XDP_XMIT != 0 {
+        // The device would drop a redirected frame (no ndo_xdp_xmit, or a veth whose peer
+        // has neither XDP nor GRO): the kernel's own output path can send it.
+        return Err(Reason::PassEgressNoXdpXmit);
+    }
+    if flags & IFACE_F_SHAPED != 0 {
+        // A redirect skips the egress qdisc; a shaped link must keep its shaping.
+        return Err(Reason::PassEgressShaped);
+    }
+    if flags & IFACE_F_EGRESS_HOOK != 0 {
+        // A redirect skips the netdev egress chain and tc egress filters too.
+        return Err(Reason::PassEgressHook);
+    }
+    Ok(())
+}
+
+/// The headers a packet leaves with between its MACs and its IP header, besides the
+/// EtherType (raw wire values): a VLAN tag (`tpid_be` 0 = untagged) and a PPPoE session.
+pub struct EgressTag {
+    pub tpid_be: u16,
+    pub tci_be: u16,
+    /// The PPPoE session's ID, when `pppoe`.
+    pub pppoe_sid_be: u16,
+    /// The egress is a PPPoE device: the session header goes after the EtherType.
+    pub pppoe: bool,
+}
+
+/// The frame as it leaves: its Ethernet header, the VLAN tag to write after the MACs (when
+/// the egress is a VLAN device, or a PPPoE session over one), the EtherType after it, the
+/// PPPoE header after that (when the egress is a PPPoE device) and the IP header, all
+/// re-derived after the resize.
+pub struct Reframed<T> {
+    pub eth: *mut EthHdr,
+    tag: Option<*mut VlanTag>,
+    ethertype: *mut u16,
+    pppoe: Option<*mut PppoeHdr>,
+    pub ip: *mut T,
+    /// Length of the Ethernet header, tag and PPPoE header as the frame leaves.
+    pub l2: usize,
+}
+
+/// Gives the frame the L2 header its egress needs and cuts it down to that header plus the
+/// `ip_len`-byte IP datagram. `l2_in` is the received header's length (14, plus 4 with a tag,
+/// plus 8 for a PPPoE session); the outgoing one is 14, plus 4 when `tag` has a VLAN tag,
+/// plus 8 when it has a PPPoE session: `bpf_xdp_adjust_head` removes what the received
+/// header has more or makes room for what the new one needs (the MACs, tag, EtherType and
+/// PPPoE header are written by the caller). Done before anything is written, so a failed
+/// resize passes the frame as received.
+///
+/// Bytes beyond the datagram (Ethernet padding, garbage) are cut as the kernel trims the skb
+/// (`pskb_trim_rcsum` in `ip_rcv_core` / `ip6_rcv_core`): they must not leave, and would count
+/// against the egress MTU. Every packet pointer is invalid after either helper, hence the
+/// re-derived ones.
+#[inline(always)]
+pub fn reframe<T, P: Packet>(
+    ctx: &P,
+    l2_in: usize,
+    ip_len: usize,
+    tag: &EgressTag,
+) -> Result<Reframed<T>, Reason> {
+    let vlan = if tag.tpid_be != 0 { VLAN_HLEN } else { 0 };
+    let session = if tag.pppoe { PPPOE_HLEN } else { 0 };
+    let l2 = ETH_HLEN + vlan + session;
+    if l2 != l2_in {
+        // A positive delta pops received headers, a negative one makes room for new ones.
+        let delta = l2_in as i32 - l2 as i32;
+        // XDP frames have 256 bytes of headroom (XDP_PACKET_HEADROOM) and the frame is longer
+        // than the tag.
+        if !ctx.adjust_head(delta) {
+            return Err(Reason::PassMalformed);
+        }
+    }
+    let len = l2 + ip_len;
+    let have = frame_len(ctx);
+    if have > len {
+        // Both below 64 KiB: the difference fits an i32.
+        let delta = len as i32 - have as i32;
+        // A negative delta only shrinks.
+        if !ctx.adjust_tail(delta) {
+            return Err(Reason::PassMalformed);
+        }
+    }
+    let tag_ptr = if tag.tpid_be != 0 {
+        Some(ptr_at_mut(ctx, 12)?)
+    } else {
+        None
+    };
+    let pppoe_ptr = if tag.pppoe {
+        Some(ptr_at_mut(ctx, ETH_HLEN + vlan)?)
+    } else {
+        None
+    };
+    Ok(Reframed {
+        eth: ptr_at_mut(ctx, 0)?,
+        tag: tag_ptr,
+        ethertype: ptr_at_mut(ctx, 12 + vlan)?,
+        pppoe: pppoe_ptr,
+        ip: ptr_at_mut(ctx, l2)?,
+        l2,
+    })
+}
+
+/// Writes the egress's headers between the MACs and the IP header of an `ip_len`-byte
+/// datagram of family `l3`: the VLAN tag, the EtherType and the PPPoE session header, as far
+/// as the egress has them (after the rewrite: nothing can fail by then). The EtherType is
+/// always written: a received PPPoE frame's was 0x8864.
+#[inline(always)]
+pub fn write_l2<T>(out: &Reframed<T>, tag: &EgressTag, l3: L3, ip_len: usize) {
+    if let Some(t) = out.tag {
+        // SAFETY: bounds checked by ptr_at_mut in `reframe`.
+        unsafe {
+            (*t).tpid_be = tag.tpid_be;
+            (*t).tci_be = tag.tci_be;
+        }
+    }
+    let (ethertype, ppp_proto) = match l3 {
+        L3::V4 => (ETH_P_IP, PPP_IP),
+        L3::V6 => (ETH_P_IPV6, PPP_IPV6),
+    };
+    if let Some(h) = out.pppoe {
+        // SAFETY: bounds checked by ptr_at_mut in `reframe`.
+        unsafe {
+            *out.ethertype = ETH_P_PPP_SES.to_be();
+            (*h).ver_type = PPPOE_VER_TYPE;
+            (*h).code = 0;
+            (*h).sid_be = tag.pppoe_sid_be;
+            // The PPP protocol field and the datagram (below 64 KiB: checked by the parser).
+            (*h).length_be = (ip_len as u16).wrapping_add(2).to_be();
+            (*h).proto_be = ppp_proto.to_be();
+        }
+    } else {
+        // SAFETY: bounds checked by ptr_at_mut in `reframe`.
+        unsafe { *out.ethertype = ethertype.to_be() };
+    }
+}
