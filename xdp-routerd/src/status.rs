@@ -200,7 +200,16 @@ impl BridgeVlansStatus {
 
     /// `802.1Q` / `802.1ad`.
     pub fn protocol(&self) -> &'static str {
-        crate::state::bridge::protocol_name(self.tpid)
+        vlan_protocol_name(self.tpid)
+    }
+}
+
+/// `802.1Q` / `802.1ad` for a tag protocol (host order).
+pub fn vlan_protocol_name(tpid: u16) -> &'static str {
+    match tpid {
+        0x8100 => "802.1Q",
+        0x88a8 => "802.1ad",
+        _ => "unknown protocol",
     }
 }
 

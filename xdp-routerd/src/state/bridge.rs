@@ -99,7 +99,7 @@ impl Bridge {
                 info!(
                     interface = name,
                     "{name}: VLAN filtering ({}): the fast path bridges by VLAN as the kernel does",
-                    protocol_name(tpid)
+                    crate::status::vlan_protocol_name(tpid)
                 )
             }
             None if self.filtering.is_some() => {
@@ -109,15 +109,6 @@ impl Bridge {
         }
         self.filtering = now;
         true
-    }
-}
-
-/// `802.1Q` / `802.1ad` for a tag protocol (host order).
-pub fn protocol_name(tpid: u16) -> &'static str {
-    match tpid {
-        0x8100 => "802.1Q",
-        0x88a8 => "802.1ad",
-        _ => "unknown protocol",
     }
 }
 

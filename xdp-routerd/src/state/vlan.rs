@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use tracing::debug;
 
-use super::{Ports, SHAPED_UNKNOWN, State, bridge, egress::egress_flags};
+use super::{Ports, SHAPED_UNKNOWN, State, egress::egress_flags};
 use crate::sync::{qdisc::Egress, vlan::VlanRead};
 
 impl<D: Ports> State<D> {
@@ -81,6 +81,6 @@ impl<D: Ports> State<D> {
 
 /// `VLAN 7 (802.1Q) on eth0`.
 pub(super) fn vlan_encap(v: &VlanRead) -> String {
-    let proto = bridge::protocol_name(v.link.tpid);
+    let proto = crate::status::vlan_protocol_name(v.link.tpid);
     format!("VLAN {} ({proto}) on {}", v.link.vid, v.parent_name)
 }
