@@ -13,7 +13,9 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 
-use crate::{netns::Netns, packet::Family};
+use xdp_router_testbed::netns::Netns;
+
+use crate::packet::Family;
 
 /// A router configuration under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]

@@ -30,6 +30,7 @@ use std::{
 
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
+use xdp_router_testbed::checksum::internet_checksum;
 
 use crate::netns::{self, Netns};
 
@@ -1258,25 +1259,6 @@ pub struct UdpFrame {
     pub payload: Vec<u8>,
 }
 
-/// One's-complement sum of 16-bit big-endian words (odd byte padded), not yet inverted.
-fn csum_add(mut sum: u32, data: &[u8]) -> u32 {
-    let mut words = data.chunks_exact(2);
-    for w in &mut words {
-        sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
-    }
-    if let [b] = words.remainder() {
-        sum += u32::from(*b) << 8;
-    }
-    sum
-}
-
-fn csum_fold(mut sum: u32) -> u16 {
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    sum as u16
-}
-
 /// Parses an Ethernet frame carrying IPv4 or IPv6 UDP (no options/extension headers); None for
 /// anything else.
 pub fn parse_udp_frame(frame: &[u8]) -> Option<UdpFrame> {
@@ -1291,7 +1273,7 @@ pub fn parse_udp_frame(frame: &[u8]) -> Option<UdpFrame> {
                     return None;
                 }
                 let hdr = ip.get(..20)?;
-                let ip_ok = csum_fold(csum_add(0, hdr)) == 0xffff;
+                let ip_ok = internet_checksum(&[hdr]) == 0;
                 let src: [u8; 4] = hdr[12..16].try_into().ok()?;
                 let dst: [u8; 4] = hdr[16..20].try_into().ok()?;
                 let l4 = ip.get(20..tot)?;
@@ -1326,7 +1308,7 @@ pub fn parse_udp_frame(frame: &[u8]) -> Option<UdpFrame> {
     let sport = u16::from_be_bytes([l4[0], l4[1]]);
     let dport = u16::from_be_bytes([l4[2], l4[3]]);
     let stored = u16::from_be_bytes([l4[6], l4[7]]);
-    let udp_ok = stored != 0 && csum_fold(csum_add(csum_add(0, &pseudo), l4)) == 0xffff;
+    let udp_ok = stored != 0 && internet_checksum(&[&pseudo, l4]) == 0;
     Some(UdpFrame {
         src: SocketAddr::new(src_ip, sport),
         dst: SocketAddr::new(dst_ip, dport),
@@ -1796,12 +1778,12 @@ mod tests {
         let mut ip = vec![
             0x45, 0, 0, 33, 0x12, 0x34, 0x40, 0, 63, 17, 0, 0, 10, 0, 2, 1, 10, 0, 2, 2,
         ];
-        let c = !csum_fold(csum_add(0, &ip));
+        let c = internet_checksum(&[&ip]);
         ip[10..12].copy_from_slice(&c.to_be_bytes());
         let mut udp = vec![0x9c, 0x40, 0x27, 0x0f, 0, 13, 0, 0];
         udp.extend_from_slice(b"hello");
         let pseudo = [10, 0, 2, 1, 10, 0, 2, 2, 0, 17, 0, 13];
-        let c = !csum_fold(csum_add(csum_add(0, &pseudo), &udp));
+        let c = internet_checksum(&[&pseudo, &udp]);
         udp[6..8].copy_from_slice(&c.to_be_bytes());
         f.extend_from_slice(&ip);
         f.extend_from_slice(&udp);
