@@ -19,7 +19,6 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU32, Ordering},
@@ -30,7 +29,10 @@ use std::{
 
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
-use xdp_router_testbed::checksum::internet_checksum;
+use xdp_router_testbed::{
+    checksum::internet_checksum,
+    daemon::{self as shared, Stop},
+};
 
 use crate::netns::{self, Netns};
 
@@ -595,14 +597,9 @@ impl Snapshot {
     }
 }
 
-/// xdp-routerd running in the router namespace; SIGTERM on drop (and its log printed when the
-/// test is failing).
-pub struct Daemon {
-    child: Option<Child>,
-    bin: PathBuf,
-    socket: PathBuf,
-    log: PathBuf,
-}
+/// xdp-routerd running in the router namespace (the shared [`shared::Daemon`], with calls that
+/// panic with the failure); SIGTERM on drop (and its log printed when the test is failing).
+pub struct Daemon(shared::Daemon);
 
 impl Daemon {
     /// Starts `xdp-routerd run` in `router` with `config`, its control socket at `socket` and its
@@ -610,67 +607,23 @@ impl Daemon {
     pub fn start(router: &Netns, config: &Path, socket: &Path, dir: &Path) -> Daemon {
         let bin = daemon_binary();
         let log = dir.join("xdp-routerd.log");
-        let log_file =
-            fs::File::create(&log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
-        let err_file = log_file
-            .try_clone()
-            .unwrap_or_else(|e| panic!("dup log fd: {e}"));
-        let child = router
-            .command(&bin.to_string_lossy())
-            .arg("run")
-            .arg("--config")
-            .arg(config)
-            .arg("--socket")
-            .arg(socket)
-            .stdin(Stdio::null())
-            .stdout(log_file)
-            .stderr(err_file)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
-        let mut d = Daemon {
-            child: Some(child),
-            bin,
-            socket: socket.to_owned(),
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                d.child = None;
-                panic!("xdp-routerd exited at start ({st}); log:\n{}", d.log_tail());
-            }
-            match d.try_status() {
-                Ok(_) => return d,
-                Err(e) if Instant::now() > deadline => {
-                    panic!(
-                        "xdp-routerd did not answer `status --json` within 20 s ({e}); log:\n{}",
-                        d.log_tail()
-                    )
-                }
-                Err(_) => sleep(Duration::from_millis(100)),
-            }
+        let mut d = shared::Daemon::spawn(
+            router.command(&bin.to_string_lossy()),
+            &bin,
+            config,
+            socket,
+            &log,
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        if let Err(e) = d.wait_answering(Duration::from_secs(20)) {
+            panic!("{e:#}");
         }
+        Daemon(d)
     }
 
     /// Runs `xdp-routerd ARGS --socket S`; Ok(stdout) or Err(one line + stderr).
     pub fn ctl(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(&self.bin)
-            .args(args)
-            .arg("--socket")
-            .arg(&self.socket)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("spawn {}: {e}", self.bin.display()))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(format!(
-                "xdp-routerd {} ({}): {}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
+        self.0.cli(args).map_err(|e| format!("{e:#}"))
     }
 
     /// `status --json`, parsed.
@@ -718,47 +671,28 @@ impl Daemon {
     /// Stops (SIGSTOP, `true`) or continues (SIGCONT) the daemon: while stopped it reads no
     /// events, as a daemon far behind on a busy machine.
     pub fn pause(&self, stop: bool) {
-        let pid = self.child.as_ref().expect("daemon running").id();
         let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
-        // SAFETY: plain kill(2) on our own child.
-        let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
-        assert_eq!(rc, 0, "kill({pid}, {sig}): {}", io::Error::last_os_error());
+        if let Err(e) = self.0.signal(sig) {
+            panic!("{e:#}");
+        }
     }
 
     /// SIGKILL (no cleanup chance: the kernel must detach when its link fds close).
     pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.0.kill();
     }
 
     /// SIGTERM and wait (5 s, then SIGKILL); returns whether it exited with status 0.
     pub fn stop(&mut self) -> bool {
-        let Some(mut c) = self.child.take() else {
-            return false;
-        };
-        if let Ok(pid) = i32::try_from(c.id()) {
-            // SAFETY: kill has no memory-safety preconditions; `pid` is our unreaped child.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(st)) = c.try_wait() {
-                return st.success();
-            }
-            sleep(Duration::from_millis(50));
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-        false
+        matches!(
+            self.0.terminate(),
+            Ok(Stop::Exited(st) | Stop::ExitedBefore(st)) if st.success()
+        )
     }
 
     /// The last 6000 bytes of the daemon's log.
     pub fn log_tail(&self) -> String {
-        let s = fs::read(&self.log).unwrap_or_default();
-        let start = s.len().saturating_sub(6000);
-        String::from_utf8_lossy(&s[start..]).into_owned()
+        self.0.log_tail(6000)
     }
 }
 
