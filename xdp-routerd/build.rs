@@ -1,5 +1,6 @@
 //! Builds the eBPF object (xdp-router-ebpf) with nightly + bpf-linker and embeds it: the normal
-//! `cargo build` of xdp-routerd produces a daemon that carries its datapath.
+//! `cargo build` of xdp-routerd produces a daemon that carries its datapath. The benchmark
+//! (bench/Cargo.toml `build`) runs this same script and embeds the `lab` binary it also builds.
 //! `cargo xtask setup` installs what this needs (rust-src on nightly, bpf-linker).
 use std::path::PathBuf;
 

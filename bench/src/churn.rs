@@ -41,9 +41,10 @@ use tokio::{
     net::{TcpListener, TcpStream, UdpSocket},
     time::timeout,
 };
+use xdp_router_testbed::netns::{Netns, enter_netns};
 
 use crate::{
-    netns::{Netns, enter_netns, pin_current_thread},
+    pin::pin_current_thread,
     router::Daemon,
     run::stopped,
     soak::{self, CONN_TIMEOUT, ECHO_PORT, FAILURE_KINDS, Failure},

@@ -4,21 +4,16 @@
 //! `bench responsive` churns thousands per second (`conntrack -D` scans the whole table per
 //! entry: 2,000 deletions took 33 s).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 
 use anyhow::{Context as _, Result, bail};
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader,
-    NetlinkMessage, NetlinkPayload,
-};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkBuffer};
 use netlink_packet_netfilter::{
-    NetfilterHeader, NetfilterMessage, NetfilterProtoFamily as ProtoFamily,
-    conntrack::{
-        ConntrackAttribute, ConntrackMessage, IPTuple, ProtoInfo, ProtoInfoTCP, ProtoTuple, Status,
-        Tuple,
-    },
+    NetfilterProtoFamily as ProtoFamily,
+    conntrack::{ConntrackAttribute, ConntrackMessage, ProtoInfo, ProtoInfoTCP, Status},
 };
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
+use xdp_routerd::sync::{conntrack::CtTuple, ctnetlink::encode_request};
 
 /// IANA protocol numbers.
 pub const TCP: u8 = 6;
@@ -34,31 +29,9 @@ const TCP_ESTABLISHED: u8 = 3;
 /// Messages per datagram (each answered by an ACK before the next datagram is sent).
 const PER_DATAGRAM: usize = 128;
 
-/// One direction of a connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tuple5 {
-    pub src: IpAddr,
-    pub dst: IpAddr,
-    pub proto: u8,
-    pub sport: u16,
-    pub dport: u16,
-}
-
-impl Tuple5 {
-    fn attributes(&self) -> Vec<Tuple> {
-        vec![
-            Tuple::Ip(vec![
-                IPTuple::SourceAddress(self.src),
-                IPTuple::DestinationAddress(self.dst),
-            ]),
-            Tuple::Proto(vec![
-                ProtoTuple::Protocol(self.proto.into()),
-                ProtoTuple::SourcePort(self.sport),
-                ProtoTuple::DestinationPort(self.dport),
-            ]),
-        ]
-    }
-}
+/// One direction of a connection: the daemon's conntrack tuple, so that requests carry it as
+/// the daemon encodes its own (`CtTuple::to_attributes`).
+pub type Tuple5 = CtTuple;
 
 /// An established (TCP) or assured two-way (UDP) connection to create.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,12 +82,12 @@ enum Op {
 
 fn encode(conn: &Conn, op: Op, seq: u32, out: &mut Vec<u8>) {
     if op == Op::Delete {
-        let attrs = vec![ConntrackAttribute::CtaTupleOrig(conn.orig.attributes())];
+        let attrs = vec![ConntrackAttribute::CtaTupleOrig(conn.orig.to_attributes())];
         return serialize(conn, ConntrackMessage::Delete(attrs), 0, seq, out);
     }
     let mut attrs = vec![
-        ConntrackAttribute::CtaTupleOrig(conn.orig.attributes()),
-        ConntrackAttribute::CtaTupleReply(conn.reply.attributes()),
+        ConntrackAttribute::CtaTupleOrig(conn.orig.to_attributes()),
+        ConntrackAttribute::CtaTupleReply(conn.reply.to_attributes()),
         ConntrackAttribute::CtaStatus(Status::from_bits_retain(ESTABLISHED_STATUS)),
         ConntrackAttribute::CtaTimeout(conn.timeout),
     ];
@@ -132,27 +105,20 @@ fn encode(conn: &Conn, op: Op, seq: u32, out: &mut Vec<u8>) {
     );
 }
 
-/// Appends one acknowledged request about `conn` to `out`.
+/// Appends one acknowledged request about `conn` to `out`, encoded by the daemon's
+/// [`encode_request`].
 fn serialize(conn: &Conn, msg: ConntrackMessage, flags: u16, seq: u32, out: &mut Vec<u8>) {
     let family = if conn.orig.src.is_ipv6() {
         ProtoFamily::IPv6
     } else {
         ProtoFamily::IPv4
     };
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-    header.sequence_number = seq;
-    let mut packet = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(NetfilterMessage::new(
-            NetfilterHeader::new(family, 0, 0),
-            msg,
-        )),
-    );
-    packet.finalize();
-    let start = out.len();
-    out.resize(start + packet.buffer_len(), 0);
-    packet.serialize(&mut out[start..]);
+    out.extend_from_slice(&encode_request(
+        family,
+        msg,
+        NLM_F_REQUEST | NLM_F_ACK | flags,
+        seq,
+    ));
 }
 
 /// What [`Writer::create`] or [`Writer::delete`] did.
@@ -274,6 +240,8 @@ pub fn create(conns: impl IntoIterator<Item = Conn>) -> Result<Created> {
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
     use super::*;
 
     fn conn() -> Conn {

@@ -17,7 +17,9 @@ use xdp_router_common::lab::{
     MAP_LAB_GEN, MAP_LAB_REDIR, MAP_LAB_SINK, RedirectConfig,
 };
 
-use crate::netns::{Netns, enter_netns, pin_current_thread};
+use xdp_router_testbed::netns::{Netns, enter_netns};
+
+use crate::pin::pin_current_thread;
 
 /// The lab object, built by build.rs (aya-build) and embedded in the binary.
 pub static LAB_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lab"));

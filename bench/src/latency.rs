@@ -21,7 +21,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 use serde::Serialize;
 
-use crate::netns::{Netns, enter_netns};
+use xdp_router_testbed::netns::{Netns, enter_netns};
 
 /// Echo server address (WAN host).
 const SERVER: &str = "10.0.2.2:7007";

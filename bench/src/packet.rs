@@ -7,6 +7,7 @@ use anyhow::{Result, bail};
 use xdp_router_common::lab::{
     GEN_FAMILY_V4, GEN_FAMILY_V6, GEN_TEMPLATE_LEN, GEN_TEMPLATE_LEN_V4, GenConfig,
 };
+use xdp_router_testbed::checksum::internet_checksum;
 
 /// Bytes of Ethernet FCS counted in a frame size (RFC 2544 sizes include it; the buffer the
 /// generator sends does not).
@@ -118,7 +119,7 @@ impl FrameSpec {
                 ip[9] = 17; // UDP
                 ip[12..16].copy_from_slice(&s.octets());
                 ip[16..20].copy_from_slice(&d.octets());
-                let c = !fold(sum_words(ip));
+                let c = internet_checksum(&[&ip[..]]);
                 ip[10..12].copy_from_slice(&c.to_be_bytes());
                 34
             }
@@ -170,33 +171,30 @@ impl FrameSpec {
     }
 }
 
-/// One's-complement sum of big-endian 16-bit words (an odd last byte is padded with zero).
-fn sum_words(b: &[u8]) -> u64 {
-    b.chunks(2)
-        .map(|c| u64::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum()
-}
-
-fn fold(mut s: u64) -> u16 {
-    while s > 0xffff {
-        s = (s & 0xffff) + (s >> 16);
+/// The IPv4 or IPv6 pseudo-header of the UDP datagram at `l4` (34: IPv4, 54: IPv6) without
+/// its length: the addresses and protocol 17. (Summed with the 16-bit UDP length, it adds up
+/// as the IPv6 pseudo-header's 32-bit length and 3 zero bytes do for a datagram under 64 KiB.)
+fn pseudo_addrs(frame: &[u8], l4: usize) -> &[u8] {
+    if l4 == 34 {
+        &frame[26..34]
+    } else {
+        &frame[22..54]
     }
-    s as u16
 }
 
 /// UDP checksum of the datagram at `l4` in an Ethernet frame (IPv4 or IPv6 pseudo-header),
 /// with a computed 0 sent as 0xffff.
 fn udp_checksum(frame: &[u8], l4: usize) -> u16 {
     let udp = &frame[l4..];
-    let pseudo = if l4 == 34 {
-        sum_words(&frame[26..34]) + 17 + udp.len() as u64
-    } else {
-        sum_words(&frame[22..54]) + 17 + udp.len() as u64
-    };
-    // The checksum field itself must be zero while summing.
-    let mut s = pseudo + sum_words(udp);
-    s -= u64::from(u16::from_be_bytes([udp[6], udp[7]]));
-    let c = !fold(s);
+    let len = (udp.len() as u16).to_be_bytes();
+    // The checksum field itself is left out of the sum.
+    let c = internet_checksum(&[
+        pseudo_addrs(frame, l4),
+        &[0, 17],
+        &len,
+        &udp[..6],
+        &udp[8..],
+    ]);
     if c == 0 { 0xffff } else { c }
 }
 
@@ -234,13 +232,8 @@ mod tests {
 
     fn udp_ok(frame: &[u8], l4: usize) -> bool {
         let udp = &frame[l4..];
-        let pseudo = if l4 == 34 {
-            sum_words(&frame[26..34])
-        } else {
-            sum_words(&frame[22..54])
-        } + 17
-            + udp.len() as u64;
-        fold(pseudo + sum_words(udp)) == 0xffff
+        let len = (udp.len() as u16).to_be_bytes();
+        internet_checksum(&[pseudo_addrs(frame, l4), &[0, 17], &len, udp]) == 0
     }
 
     #[test]
@@ -256,7 +249,7 @@ mod tests {
                         rewrite(&cfg, &mut frame, i);
                         assert!(udp_ok(&frame, l4), "{src} size {size} flow {i}");
                         if l4 == 34 {
-                            assert_eq!(fold(sum_words(&frame[14..34])), 0xffff);
+                            assert_eq!(internet_checksum(&[&frame[14..34]]), 0);
                         }
                     }
                 }

@@ -29,11 +29,11 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
+use xdp_router_testbed::netns::{self, Netns};
 
 use crate::{
     Opts,
     ctnl::{self, Conn, Writer},
-    netns::{self, Netns},
     router::{self, Daemon},
 };
 

@@ -5,7 +5,7 @@ use std::{
     fmt::Write as _,
     fs,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -13,7 +13,12 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 
-use crate::{netns::Netns, packet::Family};
+use xdp_router_testbed::{
+    daemon::{self as shared, Stop},
+    netns::Netns,
+};
+
+use crate::packet::Family;
 
 /// A router configuration under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -349,13 +354,9 @@ impl Status {
     }
 }
 
-/// A running `xdp-routerd` in the router namespace; stopped (SIGTERM, then SIGKILL) on drop.
-pub struct Daemon {
-    child: Child,
-    bin: PathBuf,
-    socket: PathBuf,
-    log: PathBuf,
-}
+/// A running `xdp-routerd` in the router namespace (the shared [`shared::Daemon`]); stopped
+/// (SIGTERM, then SIGKILL) on drop.
+pub struct Daemon(shared::Daemon);
 
 impl Daemon {
     /// Writes a config for the two router interfaces into `dir` and starts the daemon (pinned
@@ -420,80 +421,36 @@ impl Daemon {
         use std::os::unix::process::CommandExt as _;
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let socket = dir.join("control.sock");
-        let log = dir.join("xdp-routerd.log");
         let _ = fs::remove_file(&socket);
-        let logf = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let child = rtr
-            .command("taskset")
+        let mut command = rtr.command("taskset");
+        command
             .arg("-c")
             .arg(crate::testbed::GEN_CPU.to_string())
             .arg(bin)
-            .arg("run")
-            .arg("--config")
-            .arg(config)
-            .arg("--socket")
-            .arg(&socket)
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone()?)
-            .stderr(logf)
-            .process_group(0)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let mut d = Daemon {
-            child,
-            bin: bin.to_owned(),
-            socket,
-            log,
-        };
-        let deadline = Instant::now() + wait;
-        loop {
-            if let Some(st) = d.child.try_wait()? {
-                bail!(
-                    "xdp-routerd exited at startup ({st}); last log line: {}",
-                    d.log_tail()
-                );
-            }
-            match d.status() {
-                Ok(_) => return Ok(d),
-                Err(e) if Instant::now() > deadline => {
-                    bail!(
-                        "xdp-routerd does not answer `status` after {} s ({e:#}); log: {}",
-                        wait.as_secs(),
-                        d.log_tail()
-                    )
-                }
-                Err(_) => thread::sleep(Duration::from_millis(100)),
-            }
-        }
+            .process_group(0);
+        let mut d =
+            shared::Daemon::spawn(command, bin, config, &socket, &dir.join("xdp-routerd.log"))?;
+        d.wait_answering(wait)?;
+        Ok(Daemon(d))
     }
 
     /// The daemon's process id (`ip netns exec` and `taskset` exec in place).
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.0
+            .pid()
+            .expect("the daemon runs until stop() or drop ends it")
     }
 
+    /// The last line of the daemon's log.
     fn log_tail(&self) -> String {
-        fs::read_to_string(&self.log)
+        fs::read_to_string(self.0.log())
             .ok()
             .and_then(|s| s.lines().last().map(str::to_owned))
-            .unwrap_or_else(|| format!("(see {})", self.log.display()))
+            .unwrap_or_else(|| format!("(see {})", self.0.log().display()))
     }
 
     fn cli(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new(&self.bin)
-            .args(args)
-            .arg("--socket")
-            .arg(&self.socket)
-            .output()
-            .with_context(|| format!("running {}", self.bin.display()))?;
-        if !out.status.success() {
-            bail!(
-                "xdp-routerd {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        self.0.cli(args)
     }
 
     /// `xdp-routerd status` as a user sees it.
@@ -519,7 +476,7 @@ impl Daemon {
 
     /// The daemon's log so far.
     pub fn log_text(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
+        fs::read_to_string(self.0.log()).unwrap_or_default()
     }
 
     /// `xdp-routerd fastpath on|off`, then checks that `status` agrees.
@@ -549,7 +506,7 @@ impl Daemon {
                      within {timeout:?} (conntrack has them ASSURED); log: {}",
                     st.flows(family),
                     family.name(),
-                    self.log.display()
+                    self.0.log().display()
                 );
             }
             thread::sleep(Duration::from_millis(100));
@@ -562,28 +519,15 @@ impl Daemon {
     }
 
     fn terminate(&mut self) -> Result<()> {
-        if self.child.try_wait()?.is_some() {
-            return Ok(());
+        match self.0.terminate()? {
+            Stop::NotRunning | Stop::ExitedBefore(_) => Ok(()),
+            Stop::Exited(st) if st.success() => Ok(()),
+            Stop::Exited(st) => bail!(
+                "xdp-routerd exited with {st} on SIGTERM; log: {}",
+                self.log_tail()
+            ),
+            Stop::Killed => bail!("xdp-routerd ignored SIGTERM for 5 s and was killed"),
         }
-        let pid = i32::try_from(self.child.id()).context("pid out of range")?;
-        // SAFETY: kill(2) on our own child, which has not been reaped yet.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Some(st) = self.child.try_wait()? {
-                if !st.success() {
-                    bail!(
-                        "xdp-routerd exited with {st} on SIGTERM; log: {}",
-                        self.log_tail()
-                    );
-                }
-                return Ok(());
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        bail!("xdp-routerd ignored SIGTERM for 5 s and was killed")
     }
 }
 

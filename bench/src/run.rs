@@ -58,7 +58,7 @@ pub fn prepare() -> Result<()> {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
-    crate::netns::cleanup_stale("xr-bench-")
+    xdp_router_testbed::netns::cleanup_stale("xr-bench-")
 }
 
 /// Below this flat-out rate the generator itself is disturbed (see the warning in `measure`).
@@ -222,7 +222,7 @@ pub fn run(o: &Opts, quick: bool, command: String) -> Result<Report> {
 }
 
 fn default_out_dir(quick: bool) -> Result<PathBuf> {
-    let stamp = crate::netns::run("date", &["+%Y%m%d-%H%M%S"])?;
+    let stamp = xdp_router_testbed::netns::run("date", &["+%Y%m%d-%H%M%S"])?;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .context("workspace root")?;
@@ -240,7 +240,7 @@ fn meta(plan: &Plan, command: String, daemon: Option<&PathBuf>) -> Meta {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         duration_secs: 0.0,
-        kernel: crate::netns::run("uname", &["-r"])
+        kernel: xdp_router_testbed::netns::run("uname", &["-r"])
             .map(|s| s.trim().to_owned())
             .unwrap_or_default(),
         cpu_model: cpuinfo

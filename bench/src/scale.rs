@@ -38,11 +38,11 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
+use xdp_router_testbed::netns::Netns;
 
 use crate::{
     Opts, churn,
     ctnl::{self, Conn, TCP, Tuple5, UDP},
-    netns::Netns,
     packet::Family,
     router::{self, Daemon, Scenario},
     run,

@@ -35,10 +35,11 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use xdp_router_testbed::netns::{Netns, enter_netns};
 
 use crate::{
     Opts,
-    netns::{Netns, enter_netns, pin_current_thread},
+    pin::pin_current_thread,
     router::{self, Daemon},
     run::{check_stop, prepare, stopped},
     testbed::{GEN_CPU, Names, Testbed},

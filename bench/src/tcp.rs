@@ -5,7 +5,7 @@ use std::process::{Child, Stdio};
 use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 
-use crate::netns::Netns;
+use xdp_router_testbed::netns::Netns;
 
 const PORT: &str = "5201";
 

@@ -16,12 +16,13 @@ use std::{net::IpAddr, thread, time::Duration};
 use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 use xdp_router_common::lab::LAB_PORT;
+use xdp_router_testbed::netns::{self, Netns};
 
 use crate::{
     cpu::{CpuShare, CpuTimes},
     lab::{Generator, Sink, ifindex},
-    netns::{Netns, pin_pid, set_fifo},
     packet::{Family, FrameSpec},
+    pin::{pin_pid, set_fifo},
     search::Outcome,
 };
 
@@ -175,7 +176,7 @@ impl Testbed {
         let wan = Netns::create(&format!("xr-bench-{pid}-wan"))?;
         let Names { rl, rw, sd } = &names;
         let pair = |a: &str, ma: [u8; 6], na: &Netns, b: &str, mb: [u8; 6], nb: &Netns| {
-            crate::netns::run(
+            netns::run(
                 "ip",
                 &[
                     "link",

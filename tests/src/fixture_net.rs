@@ -1,5 +1,5 @@
 //! The router network namespace and map plumbing shared by the BPF_PROG_RUN users: the
-//! fixture table (`tests/prog_run.rs`) and the per-packet cost benchmark (`bin/prog_cost.rs`).
+//! fixture table (`tests/prog_run/`) and the per-packet cost benchmark (`bin/prog_cost.rs`).
 //!
 //! `bpf_fib_lookup` consults the routes and neighbours of the namespace of the thread that runs
 //! BPF_PROG_RUN (through the ingress device given in the `xdp_md` context), so both build the

@@ -1,18 +1,19 @@
-//! Network namespaces for privileged tests: created with a unique name, deleted on drop.
+//! Network namespaces for privileged tests: the shared [`xdp_router_testbed::netns::Netns`]
+//! under a unique name, with calls that panic with the failure (a test fails with the message)
+//! instead of returning it; and the root check and loud skip of every privileged test.
 
 use std::{
-    fs::File,
-    os::fd::AsFd,
     process::{Command, Output},
     sync::atomic::{AtomicU32, Ordering},
 };
 
+use xdp_router_testbed::netns as shared;
+
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
-/// A network namespace that lives as long as this value (deleted on drop, even on panic).
-pub struct Netns {
-    name: String,
-}
+/// A network namespace that lives as long as this value (deleted on drop, even on panic, with
+/// whatever the test still runs inside).
+pub struct Netns(shared::Netns);
 
 impl Netns {
     /// Creates `xr-<tag>-<pid>-<seq>` (at most 15 chars of tag are kept short by callers).
@@ -22,23 +23,19 @@ impl Netns {
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
-        run_ok("ip", &["netns", "add", &name]);
-        let ns = Netns { name };
-        ns.exec_ok("ip", &["link", "set", "lo", "up"]);
-        ns
+        Netns(shared::Netns::create(&name).unwrap_or_else(|e| panic!("{e:#}")))
     }
 
     /// The namespace's name (for `ip netns exec`).
     pub fn name(&self) -> &str {
-        &self.name
+        self.0.name()
     }
 
     /// Runs a command inside the namespace and returns its output (does not check the status).
     pub fn exec(&self, prog: &str, args: &[&str]) -> Output {
-        let mut full = vec!["netns", "exec", &self.name, prog];
-        full.extend_from_slice(args);
-        Command::new("ip")
-            .args(&full)
+        self.0
+            .command(prog)
+            .args(args)
             .output()
             .unwrap_or_else(|e| panic!("spawn ip netns exec {prog}: {e}"))
     }
@@ -49,7 +46,7 @@ impl Netns {
         assert!(
             out.status.success(),
             "in netns {}: {prog} {}: {}",
-            self.name,
+            self.name(),
             args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         );
@@ -63,29 +60,13 @@ impl Netns {
 
     /// A `Command` that will run `prog` inside the namespace (for spawning long-lived processes).
     pub fn command(&self, prog: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name, prog]);
-        c
+        self.0.command(prog)
     }
 
     /// Runs `f` on a new thread that has entered this namespace (sockets it creates live there),
     /// and returns its result.
-    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let path = format!("/run/netns/{}", self.name);
-        std::thread::spawn(move || {
-            let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-            // SAFETY: setns on a valid namespace fd only changes this (new) thread's netns.
-            let rc = unsafe {
-                libc::setns(
-                    std::os::fd::AsRawFd::as_raw_fd(&file.as_fd()),
-                    libc::CLONE_NEWNET,
-                )
-            };
-            assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        self.0.enter(|| Ok(f())).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// Creates a veth pair `a` (in self) ⇄ `b` (in `peer`), both up.
@@ -108,42 +89,6 @@ impl Netns {
         self.exec_ok("ip", &["link", "set", a, "up"]);
         peer.exec_ok("ip", &["link", "set", b, "up"]);
     }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        // Kill anything still running inside (only processes this test started live there).
-        // One may exit between the listing and the kill: that is no error worth printing.
-        let _ = Command::new("ip")
-            .args(["netns", "pids", &self.name])
-            .output()
-            .map(|o| {
-                for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
-                    let _ = Command::new("kill")
-                        .args(["-9", pid])
-                        .stderr(std::process::Stdio::null())
-                        .status();
-                }
-            });
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-/// Runs a host command; panics with its stderr when it fails.
-pub fn run_ok(prog: &str, args: &[&str]) -> String {
-    let out = Command::new(prog)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {prog}: {e}"));
-    assert!(
-        out.status.success(),
-        "{prog} {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// True when running as root. Privileged tests call [`require_root`] first.

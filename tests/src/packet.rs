@@ -6,6 +6,7 @@
 use std::net::IpAddr;
 
 use etherparse::{PacketBuilder, PacketBuilderStep, TcpHeader};
+use xdp_router_testbed::checksum::internet_checksum;
 
 /// Length of the Ethernet header of the frames built here (no VLAN tag).
 pub const ETH_LEN: usize = 14;
@@ -271,28 +272,6 @@ pub fn with_zero_udp_checksum(frame: &[u8]) -> Vec<u8> {
     let off = l4_offset(&f) + 6;
     f[off..off + 2].copy_from_slice(&[0, 0]);
     f
-}
-
-/// RFC 1071 Internet checksum over the concatenation of `parts` (each of even length except
-/// possibly the last), computed from scratch.
-pub fn internet_checksum(parts: &[&[u8]]) -> u16 {
-    let mut sum: u64 = 0;
-    let mut odd: Option<u8> = None;
-    for part in parts {
-        for &b in *part {
-            match odd.take() {
-                None => odd = Some(b),
-                Some(hi) => sum += u64::from(u16::from_be_bytes([hi, b])),
-            }
-        }
-    }
-    if let Some(hi) = odd {
-        sum += u64::from(u16::from_be_bytes([hi, 0]));
-    }
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// Recomputes the IPv4 header checksum and the TCP/UDP checksum of `frame` from scratch and

@@ -20,10 +20,11 @@ use std::{
     time::Duration,
 };
 
+use xdp_router_testbed::checksum::internet_checksum;
 use xdp_router_tests::{
     netns::Netns,
     packet::{
-        ETH_LEN, Spec, Transport, fix_ipv4_checksum, fix_l4_checksum, internet_checksum, l4_offset,
+        ETH_LEN, Spec, Transport, fix_ipv4_checksum, fix_l4_checksum, l4_offset,
         tcp_flags::{ACK, FIN, PSH, RST, SYN},
         with_bad_ipv4_checksum, with_bad_l4_checksum, with_eth_dst, with_ipv4_frag,
         with_ipv4_options, with_ipv6_ext, with_tcp_doff, with_tcp_flags, with_trailer,

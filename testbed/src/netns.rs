@@ -1,5 +1,6 @@
-//! Network namespaces owned by the benchmark: created with a unique name, deleted on drop (also
-//! when a run fails), plus helpers to run commands and closures inside them.
+//! Network namespaces owned by a test or benchmark run: created by name, deleted on drop (also
+//! when a run fails, with whatever still runs inside), plus helpers to run commands and closures
+//! inside them.
 
 use std::{
     fs::File,
@@ -73,7 +74,7 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        // Anything still running inside was started by this benchmark (the namespace is ours).
+        // Anything still running inside was started by this run (the namespace is ours).
         if let Ok(out) = Command::new("ip")
             .args(["netns", "pids", &self.name])
             .output()
@@ -92,8 +93,8 @@ impl Drop for Netns {
     }
 }
 
-/// Deletes namespaces `<prefix><pid>-…` left behind by benchmark runs whose process is gone
-/// (e.g. killed with SIGKILL), with whatever still runs inside them.
+/// Deletes namespaces `<prefix><pid>-…` left behind by runs whose process is gone (e.g. killed
+/// with SIGKILL), with whatever still runs inside them.
 pub fn cleanup_stale(prefix: &str) -> Result<()> {
     let list = run("ip", &["netns", "list"])?;
     for name in list.lines().filter_map(|l| l.split_whitespace().next()) {
@@ -106,7 +107,7 @@ pub fn cleanup_stale(prefix: &str) -> Result<()> {
         if std::path::Path::new(&format!("/proc/{pid}")).exists() {
             continue;
         }
-        eprintln!("removing stale namespace {name} (its benchmark process {pid} is gone)");
+        eprintln!("removing stale namespace {name} (its process {pid} is gone)");
         drop(Netns {
             name: name.to_owned(),
         });
@@ -121,44 +122,6 @@ pub fn enter_netns(path: &str) -> Result<()> {
     let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
     if rc != 0 {
         bail!("setns {path}: {}", std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Pins the calling thread to one CPU.
-pub fn pin_current_thread(cpu: usize) -> Result<()> {
-    pin_pid(0, cpu)
-}
-
-/// Pins a task (thread or process; 0 = the calling thread) to one CPU.
-pub fn pin_pid(pid: i32, cpu: usize) -> Result<()> {
-    // SAFETY: cpu_set_t is plain data; CPU_SET and sched_setaffinity get a valid set.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            bail!(
-                "pin task {pid} to CPU{cpu}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Gives a task real-time FIFO priority `prio` (used for the router's NAPI threads: on a real
-/// router NAPI runs in softirq, ahead of every process; a threaded NAPI under SCHED_OTHER would
-/// instead share its CPU with whatever else runs on this shared machine).
-pub fn set_fifo(pid: i32, prio: i32) -> Result<()> {
-    let param = libc::sched_param {
-        sched_priority: prio,
-    };
-    // SAFETY: a valid sched_param for sched_setscheduler(2).
-    if unsafe { libc::sched_setscheduler(pid, libc::SCHED_FIFO, &param) } != 0 {
-        bail!(
-            "SCHED_FIFO for task {pid}: {}",
-            std::io::Error::last_os_error()
-        );
     }
     Ok(())
 }

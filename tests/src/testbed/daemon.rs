@@ -1,0 +1,146 @@
+//! The daemon binary the tests start, and xdp-routerd as the tests drive it.
+
+use std::{
+    path::{Path, PathBuf},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use xdp_router_testbed::daemon::{self as shared, Stop};
+
+use crate::netns::Netns;
+
+use super::status::Status;
+
+/// The daemon binary: `$XDP_ROUTERD_BIN` (set by `cargo xtask test`), else the newer of
+/// `target/release/xdp-routerd` and `target/debug/xdp-routerd`.
+pub fn daemon_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("XDP_ROUTERD_BIN") {
+        return PathBuf::from(p);
+    }
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target");
+    ["release", "debug"]
+        .iter()
+        .map(|p| target.join(p).join("xdp-routerd"))
+        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| {
+            panic!(
+                "no xdp-routerd binary in {}/{{release,debug}}: run `cargo build --release -p \
+                 xdp-routerd` (cargo xtask test does) or set XDP_ROUTERD_BIN",
+                target.display()
+            )
+        })
+}
+
+/// xdp-routerd running in the router namespace (the shared [`shared::Daemon`], with calls that
+/// panic with the failure); SIGTERM on drop (and its log printed when the test is failing).
+pub struct Daemon(shared::Daemon);
+
+impl Daemon {
+    /// Starts `xdp-routerd run` in `router` with `config`, its control socket at `socket` and its
+    /// log in `dir`, and waits until `status` answers.
+    pub fn start(router: &Netns, config: &Path, socket: &Path, dir: &Path) -> Daemon {
+        let bin = daemon_binary();
+        let log = dir.join("xdp-routerd.log");
+        let mut d = shared::Daemon::spawn(
+            router.command(&bin.to_string_lossy()),
+            &bin,
+            config,
+            socket,
+            &log,
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        if let Err(e) = d.wait_answering(Duration::from_secs(20)) {
+            panic!("{e:#}");
+        }
+        Daemon(d)
+    }
+
+    /// Runs `xdp-routerd ARGS --socket S`; Ok(stdout) or Err(one line + stderr).
+    pub fn ctl(&self, args: &[&str]) -> Result<String, String> {
+        self.0.cli(args).map_err(|e| format!("{e:#}"))
+    }
+
+    /// `status --json`, parsed.
+    pub fn try_status(&self) -> Result<Status, String> {
+        let out = self.ctl(&["status", "--json"])?;
+        serde_json::from_str(&out).map_err(|e| format!("status --json: {e}: {out}"))
+    }
+
+    /// `status --json`, parsed; panics (with the log) when the daemon does not answer.
+    pub fn status(&self) -> Status {
+        self.try_status()
+            .unwrap_or_else(|e| panic!("{e}; daemon log:\n{}", self.log_tail()))
+    }
+
+    /// `flows --json`, raw (for failure messages).
+    pub fn flows_json(&self) -> String {
+        self.ctl(&["flows", "--json"]).unwrap_or_else(|e| e)
+    }
+
+    /// `fastpath on|off`; panics when it fails or `status` does not reflect it.
+    pub fn set_fastpath(&self, on: bool) {
+        let word = if on { "on" } else { "off" };
+        if let Err(e) = self.ctl(&["fastpath", word]) {
+            panic!("{e}; daemon log:\n{}", self.log_tail());
+        }
+        assert_eq!(self.status().fastpath, on, "status after `fastpath {word}`");
+    }
+
+    /// Waits up to `timeout` until `cond(status)` holds; returns the last status and whether
+    /// it held.
+    pub fn wait_status(&self, timeout: Duration, cond: impl Fn(&Status) -> bool) -> (Status, bool) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let st = self.status();
+            if cond(&st) {
+                return (st, true);
+            }
+            if Instant::now() > deadline {
+                return (st, false);
+            }
+            sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops (SIGSTOP, `true`) or continues (SIGCONT) the daemon: while stopped it reads no
+    /// events, as a daemon far behind on a busy machine.
+    pub fn pause(&self, stop: bool) {
+        let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+        if let Err(e) = self.0.signal(sig) {
+            panic!("{e:#}");
+        }
+    }
+
+    /// SIGKILL (no cleanup chance: the kernel must detach when its link fds close).
+    pub fn kill9(&mut self) {
+        self.0.kill();
+    }
+
+    /// SIGTERM and wait (5 s, then SIGKILL); returns whether it exited with status 0.
+    pub fn stop(&mut self) -> bool {
+        matches!(
+            self.0.terminate(),
+            Ok(Stop::Exited(st) | Stop::ExitedBefore(st)) if st.success()
+        )
+    }
+
+    /// The last 6000 bytes of the daemon's log.
+    pub fn log_tail(&self) -> String {
+        self.0.log_tail(6000)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let clean = self.stop();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- xdp-routerd log (stopped cleanly: {clean}) ----\n{}\n---- end of log ----",
+                self.log_tail()
+            );
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! What the tests read off the router: `status --json` (the fields the tests use), counter
+//! snapshots, and the FORWARD chain's packet counters.
+
+use serde::Deserialize;
+
+use crate::netns::Netns;
+
+use super::addrs::{LAN_IF, WAN_IF};
+
+/// Packet count of the FORWARD chain's `ESTABLISHED,RELATED` rule (`iptables -vnxL FORWARD`).
+pub fn established_packets(ns: &Netns, iptables: &str) -> u64 {
+    let out = ns.exec_ok(iptables, &["-w", "-vnxL", "FORWARD"]);
+    parse_established(&out).unwrap_or_else(|| panic!("no ESTABLISHED rule in {iptables}:\n{out}"))
+}
+
+/// The pkts column of the first rule mentioning ESTABLISHED in `iptables -vnxL` output.
+pub fn parse_established(listing: &str) -> Option<u64> {
+    listing
+        .lines()
+        .find(|l| l.contains("ESTABLISHED"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// Every packet the FORWARD chain counted: the policy counter plus every rule's
+/// (`iptables -vnxL FORWARD`).
+pub fn forward_total(ns: &Netns, iptables: &str) -> u64 {
+    let out = ns.exec_ok(iptables, &["-w", "-vnxL", "FORWARD"]);
+    parse_forward_total(&out).unwrap_or_else(|| panic!("cannot parse {iptables} -vnxL:\n{out}"))
+}
+
+/// Sum of the policy counter and every rule's pkts column in `iptables -vnxL CHAIN` output.
+pub fn parse_forward_total(listing: &str) -> Option<u64> {
+    let mut lines = listing.lines();
+    let header = lines.next()?;
+    let policy: u64 = header
+        .split_once("policy ")?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    let rules: u64 = lines
+        .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Some(policy + rules)
+}
+
+/// Share of `wire` packets that the fast path forwarded (0 when nothing was received).
+pub fn fastpath_fraction(forwarded: u64, wire: u64) -> f64 {
+    if wire == 0 {
+        0.0
+    } else {
+        forwarded as f64 / wire as f64
+    }
+}
+
+/// `status --json`, the fields the tests use (the daemon's contract).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Status {
+    /// Fast path switched on.
+    pub fastpath: bool,
+    /// Managed interfaces.
+    pub interfaces: Vec<IfaceStatus>,
+    /// Flow map occupancy.
+    pub flows: FlowCounts,
+    /// One row per (ingress interface, reason).
+    pub counters: Vec<CounterRow>,
+    /// Conntrack sync state (offloaded connections, withdrawals, skips).
+    pub conntrack: ConntrackSummary,
+    /// The per-flow FIB cache.
+    pub fib_cache: FibCacheSummary,
+    /// Firewall ruleset tracking.
+    pub ruleset: RulesetSummary,
+}
+
+/// The `ruleset` object of `status --json`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RulesetSummary {
+    /// Current ruleset generation.
+    pub generation: u32,
+    /// Ruleset changes seen since start.
+    pub changes: u64,
+    /// Interfaces with the arming program attached.
+    pub armed_interfaces: u32,
+}
+
+/// The `fib_cache` object of `status --json`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct FibCacheSummary {
+    /// `fib_cache_ms` (0 = off).
+    pub max_age_ms: u64,
+    /// Current generation.
+    pub generation: u32,
+    /// Invalidations since start.
+    pub invalidations: u64,
+}
+
+/// The `conntrack` object of `status --json`, the fields the tests use.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ConntrackSummary {
+    /// Connections currently offloaded.
+    pub offloaded: u64,
+    /// Connections offloaded since start.
+    pub offloaded_total: u64,
+    /// Connections taken back from the fast path since start.
+    pub removed_total: u64,
+    /// Connections considered but not offloaded (or withdrawn), by reason.
+    pub skipped: std::collections::BTreeMap<String, u64>,
+}
+
+/// One managed interface in `status --json`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct IfaceStatus {
+    /// Interface name.
+    pub name: String,
+    /// Its current ifindex (0 while it does not exist).
+    pub ifindex: u32,
+    /// `native`, `generic`, … (`detached` while it does not exist).
+    pub attach_mode: String,
+    /// Egress shaped: the fast path does not send out of it.
+    #[serde(default)]
+    pub shaped: bool,
+    /// The kernel reports that it transmits XDP frames (redirect target).
+    #[serde(default)]
+    pub xdp_xmit: bool,
+    /// Why `xdp_xmit` is false.
+    #[serde(default)]
+    pub no_xdp_xmit_because: Option<String>,
+    /// Why it runs generic XDP although native was asked for.
+    #[serde(default)]
+    pub generic_because: Option<String>,
+    /// For a bridge port: its bridge.
+    #[serde(default)]
+    pub bridge: Option<String>,
+    /// For a bridge: FDB entries copied.
+    #[serde(default)]
+    pub fdb_entries: Option<u64>,
+    /// For a VLAN device: `VLAN 7 (802.1Q) on eth0`; for a parent managed only for its
+    /// VLANs: `parent of eth0.7`.
+    #[serde(default)]
+    pub encap: Option<String>,
+    /// For a PPP device: its PPPoE session.
+    #[serde(default)]
+    pub pppoe: Option<PppoeStatus>,
+}
+
+/// The `pppoe` object of a PPP device in `status --json`, the fields the tests use.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PppoeStatus {
+    /// The bound session's ID; null while none is bound.
+    pub session_id: Option<u16>,
+    /// Why the fast path carries nothing of the PPP device; null while a session is bound.
+    pub not_accelerated_because: Option<String>,
+}
+
+/// Flow map occupancy in `status --json`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct FlowCounts {
+    /// IPv4 flow entries.
+    pub ipv4: u64,
+    /// IPv6 flow entries.
+    pub ipv6: u64,
+}
+
+/// One counter row in `status --json`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CounterRow {
+    /// Ingress interface.
+    pub interface: String,
+    /// `Reason::name()`.
+    pub reason: String,
+    /// Packets.
+    pub packets: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+impl Status {
+    /// Packets counted under `reason` on ingress interface `iface`; panics when the row is
+    /// missing (a renamed reason must not read as zero).
+    pub fn packets(&self, iface: &str, reason: &str) -> u64 {
+        self.counters
+            .iter()
+            .find(|r| r.interface == iface && r.reason == reason)
+            .map(|r| r.packets)
+            .unwrap_or_else(|| panic!("status has no counter row ({iface}, {reason}): {self:?}"))
+    }
+
+    /// Fast-path forwarded packets (both directions) that entered on `iface`.
+    pub fn forwarded(&self, iface: &str) -> u64 {
+        self.packets(iface, "forwarded_original") + self.packets(iface, "forwarded_reply")
+    }
+}
+
+/// Counters at one instant (see [`Testbed::snapshot`]).
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The daemon's status.
+    pub status: Status,
+    /// rx_packets of the router's LAN interface.
+    pub rx_lan: u64,
+    /// rx_packets of the router's WAN interface.
+    pub rx_wan: u64,
+    /// iptables FORWARD ESTABLISHED rule packets.
+    pub established_v4: u64,
+    /// ip6tables FORWARD ESTABLISHED rule packets.
+    pub established_v6: u64,
+}
+
+impl Snapshot {
+    /// Increase of a daemon counter since `earlier`.
+    pub fn packets_since(&self, earlier: &Snapshot, iface: &str, reason: &str) -> u64 {
+        self.status
+            .packets(iface, reason)
+            .saturating_sub(earlier.status.packets(iface, reason))
+    }
+
+    /// Increase of fast-path forwarded packets (both directions, both interfaces).
+    pub fn forwarded_since(&self, earlier: &Snapshot) -> u64 {
+        [LAN_IF, WAN_IF]
+            .iter()
+            .map(|i| {
+                self.status
+                    .forwarded(i)
+                    .saturating_sub(earlier.status.forwarded(i))
+            })
+            .sum()
+    }
+
+    /// Increase of the router's LAN rx_packets.
+    pub fn rx_lan_since(&self, earlier: &Snapshot) -> u64 {
+        self.rx_lan.saturating_sub(earlier.rx_lan)
+    }
+
+    /// Increase of the router's WAN rx_packets.
+    pub fn rx_wan_since(&self, earlier: &Snapshot) -> u64 {
+        self.rx_wan.saturating_sub(earlier.rx_wan)
+    }
+
+    /// Increase of the FORWARD ESTABLISHED rule (IPv4 or IPv6).
+    pub fn established_since(&self, earlier: &Snapshot, v6: bool) -> u64 {
+        if v6 {
+            self.established_v6.saturating_sub(earlier.established_v6)
+        } else {
+            self.established_v4.saturating_sub(earlier.established_v4)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn established_counter_is_parsed_from_iptables_listing() {
+        let listing = "Chain FORWARD (policy DROP 3 packets, 180 bytes)
+    pkts      bytes target     prot opt in     out     source               destination
+   12345  9876543 ACCEPT     all  --  *      *       0.0.0.0/0            0.0.0.0/0            ctstate RELATED,ESTABLISHED
+       7      420 ACCEPT     all  --  eth1   eth0    0.0.0.0/0            0.0.0.0/0
+";
+        assert_eq!(parse_established(listing), Some(12345));
+        assert_eq!(parse_established("Chain FORWARD (policy ACCEPT)\n"), None);
+        assert_eq!(parse_forward_total(listing), Some(3 + 12345 + 7));
+    }
+
+    #[test]
+    fn fraction_handles_zero_wire_packets() {
+        assert_eq!(fastpath_fraction(0, 0), 0.0);
+        assert!((fastpath_fraction(9, 10) - 0.9).abs() < 1e-9);
+    }
+}

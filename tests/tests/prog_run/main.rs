@@ -1,0 +1,415 @@
+//! BPF_PROG_RUN fixture table for the `xdp_router` program.
+//!
+//! Each case is: an input frame, the map contents (flows, interfaces, redirect ports, settings),
+//! the expected verdict, the expected output frame, and the expected `STATS` delta. The program
+//! runs with `Xdp::test_run` on a thread inside a network namespace that holds a real FIB:
+//! `bpf_fib_lookup` consults the routes and neighbours of the namespace of the calling thread
+//! (through the ingress device given in the `xdp_md` context).
+//!
+//! The router namespace (`xr-dp-<pid>-<n>`) and the map plumbing are in
+//! `xdp_router_tests::fixture_net`, shared with the `prog-cost` benchmark.
+//!
+//! Run: `cargo test -p xdp-router-tests --test prog_run -- --test-threads=1` (as root).
+//!
+//! The table is split by subject, one module each: `ip` (forwarding and NAT), `ingress`,
+//! `flow` and `route` (what the fast path refuses, and where), `bridge`, `bridge_vlan`, `vlan`,
+//! `pppoe`, `kernel_checks`; `case` holds the case type and its constructors, `runner` the
+//! check of one case.
+
+mod bridge;
+mod bridge_vlan;
+mod case;
+mod flow;
+mod ingress;
+mod ip;
+mod kernel_checks;
+mod pppoe;
+mod route;
+mod runner;
+mod vlan;
+
+use std::collections::BTreeSet;
+
+use aya::programs::Xdp;
+use xdp_router_common::{
+    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_PPP_CCP, PROG_NAME, Reason, stats_index,
+};
+use xdp_router_tests::{
+    fixture_net::{
+        Bed, GW_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, Setup, WAN_MAC, XDP_PASS, XDP_REDIRECT,
+        build_topology, flow, lan_pkt, load, load_object, routed, run, v4, v6, wan_pkt,
+    },
+    netns::{Netns, require_root},
+    packet::{
+        Spec, Transport,
+        tcp_flags::{ACK, PSH},
+        with_pppoe,
+    },
+};
+use xdp_routerd::datapath::EBPF_OBJECT;
+
+use crate::{
+    case::{Case, forward, pass},
+    runner::{assert_all_ok, check_case, hex},
+};
+
+/// Every case of the table.
+fn cases(b: &Bed) -> Vec<Case> {
+    let mut c = Vec::new();
+    ip::cases(b, &mut c);
+    ingress::cases(b, &mut c);
+    flow::cases(b, &mut c);
+    route::cases(b, &mut c);
+    bridge::cases(b, &mut c);
+    bridge_vlan::cases(b, &mut c);
+    vlan::cases(b, &mut c);
+    pppoe::cases(b, &mut c);
+    kernel_checks::cases(b, &mut c);
+    c
+}
+
+#[test]
+fn fixture_table() {
+    if !require_root("prog_run::fixture_table") {
+        return;
+    }
+    let router = Netns::new("dp");
+    let hosts = Netns::new("dph");
+    build_topology(&router, &hosts);
+    let results = router.run(|| {
+        let bed = Bed::here();
+        let (ebpf, mut maps) = load();
+        let prog: &Xdp = ebpf
+            .program(PROG_NAME)
+            .expect("program present")
+            .try_into()
+            .expect("XDP program");
+        cases(&bed)
+            .iter()
+            .map(|case| {
+                (
+                    case.name.clone(),
+                    case.reason(),
+                    check_case(prog, &mut maps, case),
+                )
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut failed = Vec::new();
+    for (name, reason, res) in &results {
+        match res {
+            Ok(()) => println!("ok   {name} ({})", reason.name()),
+            Err(e) => {
+                println!("FAIL {name} ({})\n    {e}", reason.name());
+                failed.push(name.as_str());
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} cases failed: {failed:?}",
+        failed.len(),
+        results.len()
+    );
+}
+
+/// `GLOBAL_FIB_FLAGS`: by default the FIB lookup honours policy rules (`ip rule`); loaded with
+/// `FIB_LOOKUP_DIRECT` it looks up the main table only, as documented. The client 192.0.2.10
+/// is policy-routed (table 100) to a gateway without neighbour entry: the kernel routes a
+/// forwarded packet before SNAT, so the rule matches the received source, not the translated
+/// 198.51.100.77.
+#[test]
+fn fib_flags_direct_skips_policy_rules() {
+    if !require_root("prog_run::fib_flags_direct_skips_policy_rules") {
+        return;
+    }
+    let router = Netns::new("dpr");
+    let hosts = Netns::new("dprh");
+    build_topology(&router, &hosts);
+    router.sh("set -e
+        ip rule add from 192.0.2.10 lookup 100 pref 100
+        ip route add default via 198.51.100.253 dev wan0 table 100");
+    let results = router.run(|| {
+        let bed = Bed::here();
+        let p = lan_pkt(
+            v4("192.0.2.10"),
+            v4("198.18.0.7"),
+            Transport::Tcp(ACK | PSH),
+            100,
+        );
+        let nat_src = (v4("198.51.100.77"), 61_000);
+        let dst = (p.dst, p.dport);
+        let full = pass(
+            &bed,
+            "policy rule honoured (default flags)",
+            bed.lan,
+            p.frame(),
+            Setup::managed(&bed, vec![flow(bed.lan, &p, nat_src, dst, false)]),
+            Reason::PassNoNeighbour,
+        );
+        let direct = forward(
+            &bed,
+            "policy rule skipped (FIB_LOOKUP_DIRECT)",
+            bed.lan,
+            &p,
+            nat_src,
+            dst,
+            false,
+            (WAN_MAC, GW_MAC),
+        );
+        [(0, full), (FIB_LOOKUP_DIRECT, direct)]
+            .iter()
+            .map(|(flags, case)| {
+                let (ebpf, mut maps) = load_object(EBPF_OBJECT, *flags);
+                let prog: &Xdp = ebpf
+                    .program(PROG_NAME)
+                    .expect("program present")
+                    .try_into()
+                    .expect("XDP program");
+                (case.name.clone(), check_case(prog, &mut maps, case))
+            })
+            .collect::<Vec<_>>()
+    });
+    assert_all_ok(&results);
+}
+
+/// CCP seen on a PPPoE session stops its fast path: the peer's compressed datagram (or CCP
+/// Configure-Ack) is passed and marks the PPP device (`IFACE_F_PPP_CCP`), after which the
+/// session's IP datagrams, which were forwarded before, are passed too. Negative control: the
+/// same IP datagram after a frame that is not CCP (LCP) is still forwarded.
+#[test]
+fn ccp_seen_on_a_session_stops_its_fast_path() {
+    if !require_root("prog_run::ccp_seen_on_a_session_stops_its_fast_path") {
+        return;
+    }
+    let router = Netns::new("dpc");
+    let hosts = Netns::new("dpch");
+    build_topology(&router, &hosts);
+    let results = router.run(|| {
+        let b = Bed::here();
+        let (server4, router4, client4) = (v4("198.18.0.7"), v4("198.51.100.1"), v4("192.0.2.10"));
+        let r4 = Spec {
+            eth_src: MTU_PEER_MAC,
+            eth_dst: MTU_MAC,
+            ..wan_pkt(server4, router4, 61_000, Transport::Tcp(ACK | PSH))
+        };
+        let setup = Setup::managed(
+            &b,
+            vec![flow(b.wan, &r4, (server4, 443), (client4, 40_000), true)],
+        )
+        .with_pppoe(b.wan, b.mtu, 0x1234, MTU_PEER_MAC, true);
+        let ip = with_pppoe(&r4.frame(), 0x1234);
+        let with_proto = |bytes: &[u8]| {
+            let mut f = ip.clone();
+            f[20..20 + bytes.len()].copy_from_slice(bytes);
+            f
+        };
+        let (ebpf, mut maps) = load();
+        let prog: &Xdp = ebpf
+            .program(PROG_NAME)
+            .expect("program present")
+            .try_into()
+            .expect("XDP program");
+        let mut results = Vec::new();
+        for (name, first, want_flag, want_verdict) in [
+            (
+                "after LCP (control)",
+                with_proto(&[0xc0, 0x21, 0x09]),
+                false,
+                XDP_REDIRECT,
+            ),
+            (
+                "after a compressed datagram",
+                with_proto(&[0x00, 0xfd]),
+                true,
+                XDP_PASS,
+            ),
+            (
+                "after a CCP Configure-Ack",
+                with_proto(&[0x80, 0xfd, 0x02]),
+                true,
+                XDP_PASS,
+            ),
+        ] {
+            maps.apply(&setup);
+            let (v0, _) = run(prog, &first, b.mtu);
+            let flags = maps.ifaces.get(&b.wan, 0).expect("ppp entry").flags;
+            let (v1, _) = run(prog, &ip, b.mtu);
+            let ok =
+                v0 == XDP_PASS && (flags & IFACE_F_PPP_CCP != 0) == want_flag && v1 == want_verdict;
+            results.push((
+                format!("IP datagram {name}"),
+                if ok {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "first frame verdict {v0}, IFACE_F_PPP_CCP {}, then IP datagram \
+                         verdict {v1} (want {want_verdict})",
+                        flags & IFACE_F_PPP_CCP != 0
+                    ))
+                },
+            ));
+        }
+        results
+    });
+    assert_all_ok(&results);
+}
+
+/// The table names every reason at least once (checked without running anything).
+#[test]
+fn table_covers_every_reason() {
+    let bed = Bed {
+        lan: 11,
+        wan: 12,
+        mtu: 13,
+        sub: 14,
+    };
+    let covered: BTreeSet<u32> = cases(&bed).iter().map(|c| c.reason() as u32).collect();
+    let missing: Vec<_> = Reason::ALL
+        .iter()
+        .filter(|r| !covered.contains(&(**r as u32)))
+        .collect();
+    assert!(missing.is_empty(), "reasons without a case: {missing:?}");
+}
+
+/// The per-flow FIB cache: a flow's cached `bpf_fib_lookup` answer is used while its
+/// generation, age, length and TOS / flow information match, and each of those (and the
+/// switch that turns the cache off) makes the next packet look the FIB up again. To tell the
+/// two apart, the cached answer is poisoned with a next-hop MAC the FIB does not have: a packet
+/// that used the cache leaves with it, one that looked up the FIB leaves with the real one.
+#[test]
+fn fib_cache_is_used_only_while_valid() {
+    if !require_root("prog_run::fib_cache_is_used_only_while_valid") {
+        return;
+    }
+    let router = Netns::new("dpc");
+    let hosts = Netns::new("dpch");
+    build_topology(&router, &hosts);
+    const POISON: [u8; 6] = [0x02, 0xba, 0xd0, 0x00, 0x00, 0x01];
+    type Tweak = fn(&mut Setup, &mut FibCache);
+    let tweaks: [(&str, bool, Tweak); 8] = [
+        ("valid answer is used", true, |_, _| {}),
+        ("generation bumped", false, |s, _| s.fib_generation += 1),
+        ("entry being rewritten (generation 0)", false, |_, c| {
+            c.generation = 0
+        }),
+        ("older than fib_cache_ns", false, |s, c| {
+            c.filled_ns = c.filled_ns.saturating_sub(s.fib_cache_ns + 1_000_000)
+        }),
+        ("packet longer than max_len", false, |_, c| c.max_len -= 1),
+        ("other TOS / flow information", false, |_, c| {
+            c.tos_flowinfo ^= 0x04
+        }),
+        ("cache off (fib_cache_ns 0)", false, |s, _| {
+            s.fib_cache_ns = 0
+        }),
+        ("cache off (generation 0)", false, |s, _| {
+            s.fib_generation = 0
+        }),
+    ];
+    let results = router.run(move || {
+        let bed = Bed::here();
+        let (ebpf, mut maps) = load();
+        let prog: &Xdp = ebpf
+            .program(PROG_NAME)
+            .expect("program present")
+            .try_into()
+            .expect("XDP program");
+        let mut results = Vec::new();
+        let udp = Transport::Udp;
+        let packets = [
+            lan_pkt(v4("192.0.2.10"), v4("198.18.0.7"), udp, 64),
+            lan_pkt(v6("2001:db8:1::10"), v6("2001:db8:ff::7"), udp, 64),
+        ];
+        for p in &packets {
+            let family = if p.src.is_ipv4() { "v4" } else { "v6" };
+            let f = routed(bed.lan, p, false);
+            let keep = ((p.src, p.sport), (p.dst, p.dport));
+            let real = p.forwarded(WAN_MAC, GW_MAC, keep.0, keep.1).frame();
+            let poisoned = p.forwarded(WAN_MAC, POISON, keep.0, keep.1).frame();
+            for (what, uses_cache, tweak) in &tweaks {
+                let name = format!("{family}: {what}");
+                let mut setup = Setup::managed(&bed, vec![f]);
+                maps.apply(&setup);
+                let res = (|| -> Result<(), String> {
+                    let (verdict, out) = run(prog, &p.frame(), bed.lan);
+                    if verdict != XDP_REDIRECT || out != real {
+                        return Err(format!("first packet: verdict {verdict}, {}", hex(&out)));
+                    }
+                    let filled = maps.fib_cache(&f);
+                    if filled.generation != setup.fib_generation || filled.dmac != GW_MAC {
+                        return Err(format!("first packet did not fill the cache: {filled:?}"));
+                    }
+                    let mut edited = filled;
+                    edited.dmac = POISON;
+                    tweak(&mut setup, &mut edited);
+                    maps.set_fib_cache(&f, edited);
+                    maps.write_settings(&setup);
+                    let (verdict, out) = run(prog, &p.frame(), bed.lan);
+                    let want = if *uses_cache { &poisoned } else { &real };
+                    if verdict != XDP_REDIRECT || &out != want {
+                        return Err(format!(
+                            "second packet: verdict {verdict}\n      got  {}\n      want {}",
+                            hex(&out),
+                            hex(want)
+                        ));
+                    }
+                    let after = maps.fib_cache(&f);
+                    let enabled = setup.fib_generation != 0 && setup.fib_cache_ns != 0;
+                    if !*uses_cache
+                        && enabled
+                        && (after.dmac != GW_MAC || after.generation != setup.fib_generation)
+                    {
+                        return Err(format!("the lookup did not refill the cache: {after:?}"));
+                    }
+                    Ok(())
+                })();
+                results.push((name, res));
+            }
+        }
+
+        // The MTU check survives the cache: a small packet fills it, a packet of the same flow
+        // over the egress MTU (1280) must still go to the kernel (which sends the ICMP).
+        let mut small = lan_pkt(
+            v4("192.0.2.10"),
+            v4("203.0.113.130"),
+            Transport::Tcp(ACK),
+            100,
+        );
+        small.dport = 8080;
+        let big = Spec {
+            payload_len: 1300,
+            ..small.clone()
+        };
+        let f = routed(bed.lan, &small, false);
+        maps.apply(&Setup::managed(&bed, vec![f]));
+        let res = (|| -> Result<(), String> {
+            let (verdict, _) = run(prog, &small.frame(), bed.lan);
+            if verdict != XDP_REDIRECT {
+                return Err(format!("small packet: verdict {verdict}"));
+            }
+            let idx = stats_index(LAN_SLOT, Reason::PassFragNeeded) as usize;
+            let before = maps.stats()[idx].packets;
+            let (verdict, out) = run(prog, &big.frame(), bed.lan);
+            if verdict != XDP_PASS || out != big.frame() {
+                return Err(format!(
+                    "big packet: verdict {verdict}, want XDP_PASS unchanged"
+                ));
+            }
+            if maps.stats()[idx].packets != before + 1 {
+                return Err("big packet not counted as frag_needed".into());
+            }
+            let (verdict, _) = run(prog, &small.frame(), bed.lan);
+            if verdict != XDP_REDIRECT {
+                return Err(format!("small packet again: verdict {verdict}"));
+            }
+            Ok(())
+        })();
+        results.push((
+            "v4: cached flow, packet over the egress MTU".to_owned(),
+            res,
+        ));
+        results
+    });
+    assert_all_ok(&results);
+}
