@@ -13,7 +13,10 @@ use netlink_packet_netfilter::{
     conntrack::{ConntrackAttribute, ConntrackMessage, ProtoInfo, ProtoInfoTCP, Status},
 };
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
-use xdp_routerd::sync::{conntrack::CtTuple, ctnetlink::encode_request};
+use xdp_routerd::{
+    flows::conntrack::CtTuple,
+    sync::{conntrack::tuple_attributes, ctnetlink::encode_request},
+};
 
 /// IANA protocol numbers.
 pub const TCP: u8 = 6;
@@ -30,7 +33,7 @@ const TCP_ESTABLISHED: u8 = 3;
 const PER_DATAGRAM: usize = 128;
 
 /// One direction of a connection: the daemon's conntrack tuple, so that requests carry it as
-/// the daemon encodes its own (`CtTuple::to_attributes`).
+/// the daemon encodes its own (`sync::conntrack::tuple_attributes`).
 pub type Tuple5 = CtTuple;
 
 /// An established (TCP) or assured two-way (UDP) connection to create.
@@ -82,12 +85,14 @@ enum Op {
 
 fn encode(conn: &Conn, op: Op, seq: u32, out: &mut Vec<u8>) {
     if op == Op::Delete {
-        let attrs = vec![ConntrackAttribute::CtaTupleOrig(conn.orig.to_attributes())];
+        let attrs = vec![ConntrackAttribute::CtaTupleOrig(tuple_attributes(
+            &conn.orig,
+        ))];
         return serialize(conn, ConntrackMessage::Delete(attrs), 0, seq, out);
     }
     let mut attrs = vec![
-        ConntrackAttribute::CtaTupleOrig(conn.orig.to_attributes()),
-        ConntrackAttribute::CtaTupleReply(conn.reply.to_attributes()),
+        ConntrackAttribute::CtaTupleOrig(tuple_attributes(&conn.orig)),
+        ConntrackAttribute::CtaTupleReply(tuple_attributes(&conn.reply)),
         ConntrackAttribute::CtaStatus(Status::from_bits_retain(ESTABLISHED_STATUS)),
         ConntrackAttribute::CtaTimeout(conn.timeout),
     ];
