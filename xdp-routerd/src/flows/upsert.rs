@@ -177,7 +177,7 @@ impl FlowManager {
     }
 
     /// Remembers `entry` for a later retry when `skip` may change with the routing.
-    pub(super) fn park(&mut self, entry: CtEntry, skip: Skip) {
+    fn park(&mut self, entry: CtEntry, skip: Skip) {
         match skip {
             Skip::PathNotManaged | Skip::NatAddressGone | Skip::TableFull => {
                 if self.parked.len() < MAX_PARKED || self.parked.contains_key(&entry.orig) {
@@ -229,7 +229,7 @@ impl FlowManager {
             .collect()
     }
 
-    pub(super) fn plan(&self, entry: &CtEntry, paths: &impl PathOracle) -> Result<Plan, Skip> {
+    fn plan(&self, entry: &CtEntry, paths: &impl PathOracle) -> Result<Plan, Skip> {
         entry.offload_decision().map_err(|_| Skip::NotEstablished)?;
         let (orig, reply) = (&entry.orig, &entry.reply);
         let ingress_orig = paths.ingress_for(orig.src).ok_or(Skip::PathNotManaged)?;
