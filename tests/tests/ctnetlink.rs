@@ -19,7 +19,10 @@ use xdp_routerd::{
         CtEntry, CtEvent, CtStatus, CtTuple, IPPROTO_TCP, IPPROTO_UDP, NotOffloadable,
         TCP_FLAG_BE_LIBERAL, TCP_FLAG_MAXACK_SET, tcp_state,
     },
-    sync::ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate, KernelTimeouts},
+    sync::{
+        ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate},
+        sysctl::KernelTimeouts,
+    },
 };
 
 const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 71, 1, 2);

@@ -3,14 +3,17 @@
 use std::{
     collections::{BTreeMap, HashSet},
     net::{IpAddr, Ipv4Addr},
+    time::{Duration, Instant},
 };
 
-use xdp_router_common::checksum;
+use xdp_router_common::{FLOW_F_REPLY, checksum};
 
-use super::conntrack::CtStatus;
+use super::conntrack::{CtStatus, tcp_state};
 use super::*;
 
 use super::fake::FakeTable;
+use super::stored::{Stored, TupleV4};
+use super::upsert::OncePerInterval;
 
 /// LAN 10.0.1.0/24 and fd00:1::/64 on ifindex 3, everything else via WAN ifindex 2.
 struct FakePaths {

@@ -19,6 +19,7 @@ pub mod pppoe;
 pub mod qdisc;
 pub mod routes;
 pub mod rtnl;
+pub mod sysctl;
 pub mod vlan;
 pub mod xdp_xmit;
 

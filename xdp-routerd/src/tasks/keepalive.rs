@@ -9,7 +9,10 @@ use tracing::{debug, error, warn};
 use crate::{
     flows::conntrack::IPPROTO_TCP,
     state::{Shared, monotonic_ns},
-    sync::ctnetlink::{CtNetlink, CtUpdate, KernelTimeouts, conntrack_checksum},
+    sync::{
+        ctnetlink::{CtNetlink, CtUpdate},
+        sysctl::{KernelTimeouts, conntrack_checksum},
+    },
 };
 
 /// Refreshes every `interval`, forever.

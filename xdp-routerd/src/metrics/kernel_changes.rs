@@ -1,0 +1,36 @@
+//! Kernel changes that touch every flow: FIB cache invalidations (and the FIB cache's age
+//! limit) and firewall ruleset changes (each disarms every flow).
+
+use std::fmt;
+
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Unit;
+
+use super::family::{counters, gauges};
+use crate::status::Status;
+
+/// Encodes this subsystem's families of one status snapshot.
+pub(super) fn encode(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+    counters(
+        enc,
+        "fib_cache_invalidations",
+        "Times every flow's cached FIB answer was dropped (kernel routing, rule, address, link, neighbour or forwarding notifications).",
+        None,
+        [(vec![], s.fib_cache.invalidations)],
+    )?;
+    counters(
+        enc,
+        "ruleset_changes",
+        "Firewall ruleset changes (nftables commits, iptables-legacy changes, lost notifications); each disarms every flow until the kernel forwards it again.",
+        None,
+        [(vec![], s.ruleset.changes)],
+    )?;
+    gauges(
+        enc,
+        "fib_cache_max_age",
+        "Longest a flow reuses a FIB answer (fib_cache_ms); 0 = every packet is looked up.",
+        Some(&Unit::Seconds),
+        [(vec![], s.fib_cache.max_age_ms as f64 / 1000.0)],
+    )?;
+    Ok(())
+}

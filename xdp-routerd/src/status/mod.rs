@@ -1,0 +1,354 @@
+//! What `xdp-routerd status` and `xdp-routerd flows` show: the JSON shapes (a stable interface
+//! for scripts and tests) and their human-readable rendering.
+//!
+//! This file holds the JSON shapes; `render` prints `status` and `flows`, `stats` builds and
+//! prints the `stats` table, `filter` selects the rows `flows --addr/--port` shows.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use xdp_router_common::Reason;
+
+use crate::{datapath, flows::Skip};
+
+/// `status --json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    /// Whether established flows are forwarded in XDP.
+    pub fastpath: bool,
+    /// Managed interfaces.
+    pub interfaces: Vec<IfaceStatus>,
+    /// Offloaded flow directions per family and the capacity of each map.
+    pub flows: FlowCounts,
+    /// One row per (managed interface, reason); rows are per ingress interface.
+    pub counters: Vec<CounterRow>,
+    /// Conntrack sync.
+    pub conntrack: ConntrackStatus,
+    /// The datapath's per-flow cache of FIB answers.
+    #[serde(default)]
+    pub fib_cache: FibCacheStatus,
+    /// Firewall ruleset tracking (arming).
+    #[serde(default)]
+    pub ruleset: RulesetStatus,
+    /// How old these figures are: 0 when built for this request, else the age of the last
+    /// status built, answered because the daemon was busy (see
+    /// [`crate::state::Shared::status`]).
+    #[serde(default)]
+    pub age_ms: u64,
+}
+
+/// Firewall ruleset tracking: flow directions are forwarded only once the kernel forwarded one
+/// of their packets under the current ruleset generation.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RulesetStatus {
+    /// Current ruleset generation (starts at 1).
+    pub generation: u32,
+    /// Ruleset changes seen since start (nftables commits, iptables-legacy changes, lost
+    /// notifications), each of which disarmed every flow direction.
+    pub changes: u64,
+    /// Managed interfaces with the TC egress arming program attached.
+    pub armed_interfaces: u32,
+    /// `bpf_fib_lookup` takes the packet mark (Linux 6.10): marked flows can be fast-pathed.
+    pub fib_mark: bool,
+}
+
+impl From<datapath::Ruleset> for RulesetStatus {
+    fn from(r: datapath::Ruleset) -> Self {
+        RulesetStatus {
+            generation: r.generation,
+            changes: r.changes,
+            armed_interfaces: r.armed_interfaces,
+            fib_mark: r.fib_mark,
+        }
+    }
+}
+
+/// The per-flow cache of `bpf_fib_lookup` answers (`fib_cache_ms`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct FibCacheStatus {
+    /// Longest an answer is reused, in ms; 0 = every packet is looked up.
+    pub max_age_ms: u64,
+    /// Current generation: answers of older generations are not used.
+    pub generation: u32,
+    /// Invalidations since start (kernel routing, rule, address, link, neighbour or
+    /// forwarding notifications, in bursts of up to 50 ms).
+    pub invalidations: u64,
+}
+
+impl From<datapath::FibCache> for FibCacheStatus {
+    fn from(c: datapath::FibCache) -> Self {
+        FibCacheStatus {
+            max_age_ms: c.max_age_ms,
+            generation: c.generation,
+            invalidations: c.invalidations,
+        }
+    }
+}
+
+/// One managed interface.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IfaceStatus {
+    pub name: String,
+    /// 0 while the interface does not exist.
+    pub ifindex: u32,
+    pub role: String,
+    /// `native`, `generic`, or `detached` (interface missing).
+    pub attach_mode: String,
+    /// Egress is shaped: the fast path does not send packets out of this interface.
+    pub shaped: bool,
+    /// The `shaped` setting of the config: `auto`, `true` or `false`.
+    #[serde(default)]
+    pub shaped_config: String,
+    /// Why it is shaped: `config` (`shaped = true`), the kind of the shaping qdisc found in
+    /// its egress tree (`auto`, e.g. `htb`), or `unknown qdiscs` (auto, not read yet); null
+    /// when not shaped.
+    #[serde(default)]
+    pub shaped_by: Option<String>,
+    /// Kind of the root egress qdisc as last read (null before the first read or when the
+    /// kernel reports none).
+    #[serde(default)]
+    pub egress_qdisc: Option<String>,
+    /// The fast path may redirect packets into it: the kernel reports that it transmits XDP
+    /// frames (`NETDEV_XDP_ACT_NDO_XMIT`). False for a bridge, or a veth whose peer has
+    /// neither XDP nor GRO; packets routed out of it are counted `egress_no_xdp_xmit`.
+    #[serde(default)]
+    pub xdp_xmit: bool,
+    /// Why `xdp_xmit` is false (null when true or the interface is missing).
+    #[serde(default)]
+    pub no_xdp_xmit_because: Option<String>,
+    /// Why the attach mode is generic although native was asked for: the kernel's refusal,
+    /// explained (e.g. a veth peer's MTU too large for native XDP).
+    #[serde(default)]
+    pub generic_because: Option<String>,
+    /// For a bridge port: the managed bridge it belongs to (its role, its routing).
+    #[serde(default)]
+    pub bridge: Option<String>,
+    /// For a managed bridge: MAC addresses copied from its FDB (redirect targets).
+    #[serde(default)]
+    pub fdb_entries: Option<u64>,
+    /// For a VLAN device: its VLAN and parent (`VLAN 7 (802.1Q) on eth0`, the program runs
+    /// there, or on the ports of a bridge parent: `VLAN 20 (802.1Q) on br-lan`); for a parent
+    /// managed only for its VLANs: `parent of eth0.7`. For a PPP device:
+    /// its PPPoE session (`PPPoE session 0x0001 over eth0 (peer 52:54:00:12:34:56)`, the
+    /// program runs on eth0), or `PPPoE: not accelerated` when it has none; for a device
+    /// managed only for a session: `lower device of ppp0`.
+    #[serde(default)]
+    pub encap: Option<String>,
+    /// For a PPP device: its PPPoE session as the fast path uses it (null for other
+    /// interfaces).
+    #[serde(default)]
+    pub pppoe: Option<PppoeStatus>,
+    /// For a VLAN-filtering bridge (its own `self` VLANs) and each of its ports: the VLANs as
+    /// the fast path uses them; null for everything else (a bridge without VLAN filtering
+    /// too).
+    #[serde(default)]
+    pub bridge_vlans: Option<BridgeVlansStatus>,
+    /// Why the fast path carries nothing of it (a VLAN over a VLAN device); null otherwise.
+    #[serde(default)]
+    pub not_accelerated_because: Option<String>,
+}
+
+/// The VLANs of a VLAN-filtering bridge or of one of its ports, as copied to the fast path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BridgeVlansStatus {
+    /// The bridge's tag protocol (`vlan_protocol`): 33024 (0x8100, 802.1Q) or 34984
+    /// (0x88a8, 802.1ad); 0 when it could not be read.
+    pub tpid: u16,
+    /// Its PVID (untagged frames it receives are in this VLAN); null: none (they are
+    /// dropped).
+    pub pvid: Option<u16>,
+    /// Its memberships, by VLAN ID.
+    pub vlans: Vec<BridgeVlanStatus>,
+}
+
+/// One VLAN membership (a line of `bridge vlan show`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BridgeVlanStatus {
+    pub vid: u16,
+    /// It is the PVID.
+    pub pvid: bool,
+    /// Sent untagged (for the bridge itself: its own IP layer sees the VLAN on the bridge
+    /// device, not on a VLAN device over it).
+    pub untagged: bool,
+}
+
+impl BridgeVlansStatus {
+    /// `VLANs 1 (PVID, untagged), 20`, `no VLANs`, with `, no PVID` when it has none.
+    pub fn render(&self) -> String {
+        let list: Vec<String> = self
+            .vlans
+            .iter()
+            .map(|v| match (v.pvid, v.untagged) {
+                (true, true) => format!("{} (PVID, untagged)", v.vid),
+                (true, false) => format!("{} (PVID)", v.vid),
+                (false, true) => format!("{} (untagged)", v.vid),
+                (false, false) => v.vid.to_string(),
+            })
+            .collect();
+        let mut s = if list.is_empty() {
+            "no VLANs".to_string()
+        } else {
+            format!("VLANs {}", list.join(", "))
+        };
+        if self.pvid.is_none() {
+            s.push_str(", no PVID");
+        }
+        s
+    }
+
+    /// `802.1Q` / `802.1ad`.
+    pub fn protocol(&self) -> &'static str {
+        vlan_protocol_name(self.tpid)
+    }
+}
+
+/// `802.1Q` / `802.1ad` for a tag protocol (host order).
+pub fn vlan_protocol_name(tpid: u16) -> &'static str {
+    match tpid {
+        0x8100 => "802.1Q",
+        0x88a8 => "802.1ad",
+        _ => "unknown protocol",
+    }
+}
+
+/// A managed PPP device's PPPoE session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PppoeStatus {
+    /// The session ID (host order, as pppd logs it); null while no session is bound.
+    pub session_id: Option<u16>,
+    /// The device the session runs over, where the program runs.
+    pub lower: Option<String>,
+    /// The access concentrator's MAC.
+    pub peer_mac: Option<String>,
+    /// Why the fast path carries nothing of the PPP device (no session, several sessions
+    /// and no `pppoe_device`, PPP compression, ...); null while a session is bound.
+    pub not_accelerated_because: Option<String>,
+}
+
+/// Flow map occupancy.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FlowCounts {
+    /// IPv4 flow directions (two per connection).
+    pub ipv4: u64,
+    /// IPv6 flow directions.
+    pub ipv6: u64,
+    /// Capacity of each map.
+    pub capacity: u32,
+}
+
+/// Packets and bytes of one reason on one ingress interface.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CounterRow {
+    pub interface: String,
+    pub reason: Reason,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// Conntrack sync counters.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ConntrackStatus {
+    /// ctnetlink events received.
+    pub events: u64,
+    /// ctnetlink events received, by type: `new` (a connection was confirmed), `update` (its
+    /// state, status or timeout changed) and `destroy`.
+    #[serde(default)]
+    pub events_by_type: BTreeMap<String, u64>,
+    /// Full resyncs from a dump (start, netlink overrun).
+    pub resyncs: u64,
+    /// Connections currently offloaded.
+    pub offloaded: u64,
+    /// Connections offloaded since start.
+    pub offloaded_total: u64,
+    /// Connections taken back from the fast path since start.
+    pub removed_total: u64,
+    /// Conntrack timeout refreshes sent by the keep-alive.
+    pub refreshes: u64,
+    /// ctnetlink errors (failed dumps, refreshes, socket errors).
+    pub errors: u64,
+    /// Conntrack event messages that could not be decoded (skipped; their connections stay
+    /// in the kernel).
+    #[serde(default)]
+    pub decode_errors: u64,
+    /// Connections considered but not offloaded, by reason.
+    pub skipped: BTreeMap<Skip, u64>,
+    /// Duration of the last full resync, in milliseconds.
+    pub last_resync_ms: u64,
+}
+
+/// One offloaded flow direction (`flows --json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FlowRow {
+    pub family: String,
+    pub ingress: String,
+    pub proto: String,
+    pub src: String,
+    pub dst: String,
+    pub new_src: String,
+    pub new_dst: String,
+    /// `original` or `reply`.
+    pub direction: String,
+    pub packets: u64,
+    pub bytes: u64,
+    /// Milliseconds since the fast path last forwarded a packet of it; null if never.
+    pub idle_ms: Option<u64>,
+}
+
+/// `flows --json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Flows {
+    pub flows: Vec<FlowRow>,
+}
+
+mod filter;
+mod render;
+mod stats;
+
+pub use filter::{AddrFilter, FlowFilter};
+pub use stats::{StatsRow, render_stats};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(super) fn status(counters: &[(&str, &str, u64, u64)]) -> Status {
+        Status {
+            fastpath: true,
+            interfaces: vec![],
+            flows: FlowCounts {
+                ipv4: 0,
+                ipv6: 0,
+                capacity: 16,
+            },
+            counters: counters
+                .iter()
+                .map(|&(i, r, p, b)| CounterRow {
+                    interface: i.into(),
+                    reason: Reason::from_name(r).unwrap(),
+                    packets: p,
+                    bytes: b,
+                })
+                .collect(),
+            conntrack: ConntrackStatus::default(),
+            fib_cache: FibCacheStatus::default(),
+            ruleset: RulesetStatus::default(),
+            age_ms: 0,
+        }
+    }
+
+    #[test]
+    fn reasons_travel_as_their_stable_names_in_json() {
+        let mut st = status(&[("wan0", "no_flow", 3, 180)]);
+        st.conntrack.skipped.insert(Skip::PathNotManaged, 2);
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(json["counters"][0]["reason"], "no_flow");
+        assert_eq!(json["conntrack"]["skipped"]["path_not_managed"], 2);
+        let back: Status = serde_json::from_value(json).unwrap();
+        assert_eq!(back.counters[0].reason, Reason::PassNoFlow);
+        assert_eq!(back.conntrack.skipped[&Skip::PathNotManaged], 2);
+        // A name no reason has is an error, not a silent default.
+        let bad =
+            serde_json::json!({"interface": "wan0", "reason": "nope", "packets": 0, "bytes": 0});
+        assert!(serde_json::from_value::<CounterRow>(bad).is_err());
+    }
+}

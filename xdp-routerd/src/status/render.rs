@@ -1,0 +1,254 @@
+//! The human-readable rendering of `xdp-routerd status` and `xdp-routerd flows`.
+
+use std::fmt::Write as _;
+
+use super::{Flows, Status};
+
+impl Status {
+    /// Human-readable rendering. Counter rows that are zero are left out.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        if self.age_ms > 0 {
+            let _ = writeln!(
+                s,
+                "(the daemon is busy: these figures are {} ms old)",
+                self.age_ms
+            );
+        }
+        let _ = writeln!(s, "fast path: {}", if self.fastpath { "on" } else { "off" });
+        let _ = writeln!(s, "interfaces:");
+        for i in &self.interfaces {
+            let qdisc = i
+                .egress_qdisc
+                .as_deref()
+                .map(|q| format!(" qdisc {q}"))
+                .unwrap_or_default();
+            let shaped = match (&i.shaped_by, i.shaped) {
+                (Some(by), true) => format!(" (egress shaped by {by}: not used by the fast path)"),
+                (None, true) => " (egress shaped: not used by the fast path)".to_string(),
+                (_, false) => String::new(),
+            };
+            let bridge = match (&i.bridge, i.fdb_entries, &i.bridge_vlans) {
+                (Some(b), _, None) => format!(" (port of {b})"),
+                (Some(b), _, Some(v)) => format!(" (port of {b}, {})", v.render()),
+                (None, Some(n), None) => format!(" (bridge: {n} FDB entries)"),
+                (None, Some(n), Some(v)) => format!(
+                    " (bridge: {n} FDB entries, VLAN filtering {}, {})",
+                    v.protocol(),
+                    v.render()
+                ),
+                (None, None, _) => String::new(),
+            };
+            let encap = i
+                .encap
+                .as_deref()
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "  {:<12} ifindex {:<4} role {:<4} xdp {}{qdisc}{shaped}{bridge}{encap}",
+                i.name, i.ifindex, i.role, i.attach_mode,
+            );
+            if let Some(why) = &i.generic_because {
+                let _ = writeln!(s, "    generic XDP because: {why}");
+            }
+            if let Some(why) = &i.no_xdp_xmit_because {
+                let _ = writeln!(s, "    not sent out of by the fast path: {why}");
+            }
+            if let Some(why) = i
+                .pppoe
+                .as_ref()
+                .and_then(|p| p.not_accelerated_because.as_ref())
+            {
+                let _ = writeln!(s, "    PPPoE not accelerated: {why}");
+            }
+            if let Some(why) = &i.not_accelerated_because {
+                let _ = writeln!(s, "    not accelerated: {why}");
+            }
+        }
+        let _ = writeln!(
+            s,
+            "flows: {} IPv4 + {} IPv6 directions (capacity {} each)",
+            self.flows.ipv4, self.flows.ipv6, self.flows.capacity
+        );
+        let c = &self.conntrack;
+        let _ = writeln!(
+            s,
+            "conntrack: {} offloaded now, {} offloaded / {} removed since start, {} events, {} resyncs, {} refreshes, {} errors",
+            c.offloaded,
+            c.offloaded_total,
+            c.removed_total,
+            c.events,
+            c.resyncs,
+            c.refreshes,
+            c.errors
+        );
+        if !c.skipped.is_empty() {
+            let list: Vec<String> = c.skipped.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(s, "not offloaded: {}", list.join(" "));
+        }
+        let r = &self.ruleset;
+        let _ = writeln!(
+            s,
+            "firewall: ruleset generation {}, {} changes since start, arming on {} interfaces{}",
+            r.generation,
+            r.changes,
+            r.armed_interfaces,
+            if r.fib_mark {
+                ""
+            } else {
+                " (marked flows stay in the kernel: Linux < 6.10)"
+            }
+        );
+        let f = &self.fib_cache;
+        if f.max_age_ms == 0 {
+            let _ = writeln!(s, "fib cache: off (every packet is looked up)");
+        } else {
+            let _ = writeln!(
+                s,
+                "fib cache: answers kept up to {} ms, generation {}, {} invalidations",
+                f.max_age_ms, f.generation, f.invalidations
+            );
+        }
+        let _ = writeln!(
+            s,
+            "{:<12} {:<22} {:>14} {:>16}",
+            "INTERFACE", "REASON", "PACKETS", "BYTES"
+        );
+        for r in self.counters.iter().filter(|r| r.packets != 0) {
+            let _ = writeln!(
+                s,
+                "{:<12} {:<22} {:>14} {:>16}",
+                r.interface, r.reason, r.packets, r.bytes
+            );
+        }
+        s
+    }
+}
+
+impl Flows {
+    /// Human-readable table.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:<5} {:<8} {:<4} {:<42} {:<42} {:<8} {:>10} {:>12} {:>8}",
+            "FAM",
+            "IN",
+            "PROTO",
+            "SRC -> DST",
+            "REWRITTEN SRC -> DST",
+            "DIR",
+            "PACKETS",
+            "BYTES",
+            "IDLE"
+        );
+        for f in &self.flows {
+            let idle = f
+                .idle_ms
+                .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
+                .unwrap_or("-".into());
+            let _ = writeln!(
+                s,
+                "{:<5} {:<8} {:<4} {:<42} {:<42} {:<8} {:>10} {:>12} {:>8}",
+                f.family,
+                f.ingress,
+                f.proto,
+                format!("{} -> {}", f.src, f.dst),
+                format!("{} -> {}", f.new_src, f.new_dst),
+                f.direction,
+                f.packets,
+                f.bytes,
+                idle
+            );
+        }
+        let _ = writeln!(s, "{} flow directions", self.flows.len());
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::{IfaceStatus, PppoeStatus, tests::status};
+
+    #[test]
+    fn an_old_status_says_how_old() {
+        let mut st = status(&[]);
+        assert!(st.render().starts_with("fast path:"));
+        st.age_ms = 1250;
+        assert!(
+            st.render()
+                .starts_with("(the daemon is busy: these figures are 1250 ms old)\nfast path:")
+        );
+    }
+
+    fn ppp0(pppoe: PppoeStatus, encap: Option<&str>) -> IfaceStatus {
+        IfaceStatus {
+            name: "ppp0".into(),
+            ifindex: 12,
+            role: "wan".into(),
+            attach_mode: "lower".into(),
+            shaped: false,
+            shaped_config: "auto".into(),
+            shaped_by: None,
+            egress_qdisc: None,
+            xdp_xmit: pppoe.session_id.is_some(),
+            no_xdp_xmit_because: None,
+            generic_because: None,
+            bridge: None,
+            fdb_entries: None,
+            encap: encap.map(str::to_string),
+            pppoe: Some(pppoe),
+            bridge_vlans: None,
+            not_accelerated_because: None,
+        }
+    }
+
+    #[test]
+    fn a_ppp_device_shows_its_session_or_why_it_has_none() {
+        let mut st = status(&[]);
+        st.interfaces.push(ppp0(
+            PppoeStatus {
+                session_id: Some(1),
+                lower: Some("eth0".into()),
+                peer_mac: Some("52:54:00:12:34:56".into()),
+                not_accelerated_because: None,
+            },
+            Some("PPPoE session 0x0001 over eth0 (peer 52:54:00:12:34:56)"),
+        ));
+        let text = st.render();
+        assert!(
+            text.contains("ppp0         ifindex 12   role wan  xdp lower (PPPoE session 0x0001 over eth0 (peer 52:54:00:12:34:56))\n"),
+            "{text}"
+        );
+        assert!(!text.contains("PPPoE not accelerated"), "{text}");
+        st.interfaces[0] = ppp0(
+            PppoeStatus {
+                not_accelerated_because: Some("no PPPoE session in /proc/net/pppoe".into()),
+                ..PppoeStatus::default()
+            },
+            None,
+        );
+        let text = st.render();
+        assert!(
+            text.contains("\n    PPPoE not accelerated: no PPPoE session in /proc/net/pppoe\n"),
+            "{text}"
+        );
+        // JSON round trip; an older daemon's status (no `pppoe`) still parses.
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(
+            json["interfaces"][0]["pppoe"]["session_id"],
+            serde_json::Value::Null
+        );
+        let back: Status = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(back.interfaces[0].pppoe, st.interfaces[0].pppoe);
+        let mut old = json;
+        old["interfaces"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("pppoe");
+        let back: Status = serde_json::from_value(old).unwrap();
+        assert_eq!(back.interfaces[0].pppoe, None);
+    }
+}

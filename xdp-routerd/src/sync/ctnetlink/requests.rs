@@ -1,0 +1,337 @@
+//! [`CtNetlink`]: the request socket (dump, get, update and pipelined updates), one request
+//! at a time, with the draining of abandoned replies.
+
+use std::io;
+
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkBuffer, NetlinkPayload,
+};
+use netlink_packet_netfilter::{
+    NetfilterMessage, NetfilterProtoFamily, conntrack::ConntrackMessage,
+};
+use tracing::warn;
+
+use super::update::{CtUpdate, encode_request, family_of, key_attributes};
+use super::{CtNetlinkError, NlSocket, RECV_BUF, open_socket};
+use crate::flows::conntrack::{CtEntry, CtTuple};
+use crate::sync::conntrack::{decode_message, entry_from_message};
+use crate::sync::datagram::messages;
+
+/// Most requests [`CtNetlink::update_many`] sends in one datagram: their acknowledgements
+/// (one skb each, ~1 KiB of receive buffer with the request echoed on errors) must fit the
+/// socket's default receive buffer (~208 KiB).
+const PIPELINE: usize = 64;
+
+/// Requests to ctnetlink in the current network namespace. One request at a time (`&mut self`).
+pub struct CtNetlink {
+    sock: NlSocket,
+    seq: u32,
+    buf: Vec<u8>,
+    /// A request was abandoned before its reply was read (its future dropped, or it failed
+    /// mid-way): the next request first drains what the kernel still has for it.
+    in_flight: bool,
+}
+
+impl CtNetlink {
+    /// Opens the request socket.
+    pub fn new() -> Result<Self, CtNetlinkError> {
+        Ok(CtNetlink {
+            sock: open_socket("open ctnetlink socket")?,
+            seq: 0,
+            buf: vec![0; RECV_BUF],
+            in_flight: false,
+        })
+    }
+
+    /// The socket's netlink port id (events caused by this socket's updates carry it).
+    pub fn port_id(&self) -> u32 {
+        self.sock.port()
+    }
+
+    /// All conntrack entries, IPv4 and IPv6. Entries that do not decode are skipped with a
+    /// warning (they stay on the kernel path).
+    pub async fn dump(&mut self) -> Result<Vec<CtEntry>, CtNetlinkError> {
+        // Each message becomes an entry as it arrives: a million entries as parsed netlink
+        // messages (nested attribute vectors) would take gigabytes at once.
+        let mut entries = Vec::new();
+        self.request_each(
+            "dump conntrack table",
+            NetfilterProtoFamily::Unspec,
+            ConntrackMessage::Get(vec![]),
+            NLM_F_REQUEST | NLM_F_DUMP,
+            |m| match entry_from_message(&m) {
+                Ok(e) => entries.extend(e),
+                Err(e) => warn!(error = %e, "skipping malformed conntrack dump entry"),
+            },
+        )
+        .await?;
+        Ok(entries)
+    }
+
+    /// The entry with this original tuple in `zone`, if it exists.
+    pub async fn get(
+        &mut self,
+        orig: &CtTuple,
+        zone: u16,
+    ) -> Result<Option<CtEntry>, CtNetlinkError> {
+        let result = self
+            .request(
+                "get conntrack entry",
+                family_of(orig),
+                ConntrackMessage::Get(key_attributes(orig, zone)),
+                NLM_F_REQUEST | NLM_F_ACK,
+            )
+            .await;
+        let msgs = match result {
+            Ok(msgs) => msgs,
+            Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        for m in &msgs {
+            let entry = entry_from_message(m).map_err(|source| CtNetlinkError::Malformed {
+                op: "get conntrack entry",
+                source,
+            })?;
+            if entry.is_some() {
+                return Ok(entry);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Applies `update` to the existing entry. Returns false when there is no such entry (or it
+    /// is being destroyed); never creates one.
+    pub async fn update(&mut self, update: &CtUpdate) -> Result<bool, CtNetlinkError> {
+        let result = self
+            .request(
+                "update conntrack entry",
+                family_of(&update.orig),
+                ConntrackMessage::New(update.attributes()),
+                // No NLM_F_CREATE: an unknown tuple is ENOENT. No NLM_F_EXCL: update in place.
+                NLM_F_REQUEST | NLM_F_ACK,
+            )
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            // ETIME: the timeout was set on an entry that is dying.
+            Err(e) if matches!(e.errno(), Some(libc::ENOENT | libc::ETIME)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets the timeout of the existing entry to `timeout_secs` from now; false when it is gone.
+    pub async fn refresh_timeout(
+        &mut self,
+        orig: &CtTuple,
+        zone: u16,
+        timeout_secs: u32,
+    ) -> Result<bool, CtNetlinkError> {
+        self.update(&CtUpdate::new(*orig, zone).timeout(timeout_secs))
+            .await
+    }
+
+    /// Sets `IP_CT_TCP_FLAG_BE_LIBERAL` (and clears `IP_CT_TCP_FLAG_MAXACK_SET`) on both
+    /// directions of the existing TCP entry (see [`CtUpdate::tcp_liberal`] for why); false when
+    /// it is gone.
+    pub async fn set_tcp_liberal(
+        &mut self,
+        orig: &CtTuple,
+        zone: u16,
+    ) -> Result<bool, CtNetlinkError> {
+        self.update(&CtUpdate::new(*orig, zone).tcp_liberal()).await
+    }
+
+    /// Applies every update in `updates` (in order), pipelined: up to [`PIPELINE`] requests go
+    /// out in one datagram and their acknowledgements are collected together, so marking a
+    /// batch of connections costs a few round trips, not one each. Per update: whether the
+    /// entry existed (as [`CtNetlink::update`]) or the kernel's error for it. The outer error
+    /// is a socket failure (the updates after it are not known to be applied).
+    pub async fn update_many(
+        &mut self,
+        updates: &[CtUpdate],
+    ) -> Result<Vec<Result<bool, CtNetlinkError>>, CtNetlinkError> {
+        const OP: &str = "update conntrack entries";
+        let mut out = Vec::with_capacity(updates.len());
+        for chunk in updates.chunks(PIPELINE) {
+            if self.in_flight {
+                self.drain_stale();
+            }
+            self.in_flight = true;
+            let first = self.seq.wrapping_add(1);
+            let mut req = Vec::new();
+            for u in chunk {
+                self.seq = self.seq.wrapping_add(1);
+                req.extend(encode_request(
+                    family_of(&u.orig),
+                    ConntrackMessage::New(u.attributes()),
+                    NLM_F_REQUEST | NLM_F_ACK,
+                    self.seq,
+                ));
+                // The kernel walks the datagram by NLMSG_ALIGN(nlmsg_len).
+                req.resize(req.len().next_multiple_of(4), 0);
+            }
+            self.sock
+                .send(&req)
+                .await
+                .map_err(|e| CtNetlinkError::from_io(OP, e))?;
+            let mut results: Vec<Option<Result<bool, CtNetlinkError>>> =
+                (0..chunk.len()).map(|_| None).collect();
+            let mut pending = chunk.len();
+            while pending > 0 {
+                let n = self
+                    .sock
+                    .recv(&mut self.buf)
+                    .await
+                    .map_err(|e| CtNetlinkError::from_io(OP, e))?;
+                let Some(datagram) = self.buf.get(..n) else {
+                    continue;
+                };
+                for raw in messages(datagram) {
+                    let raw = raw.map_err(|source| CtNetlinkError::Decode { op: OP, source })?;
+                    let Ok(nl) = NetlinkBuffer::new_checked(raw) else {
+                        continue;
+                    };
+                    let index = nl.sequence_number().wrapping_sub(first) as usize;
+                    let Some(slot @ None) = results.get_mut(index) else {
+                        continue; // a stale reply
+                    };
+                    let msg = decode_message(raw)
+                        .map_err(|source| CtNetlinkError::Decode { op: OP, source })?;
+                    let NetlinkPayload::Error(err) = msg.payload else {
+                        continue;
+                    };
+                    *slot = Some(match err.code {
+                        None => Ok(true),
+                        Some(_) => {
+                            let e = CtNetlinkError::from_io(OP, err.to_io());
+                            match e.errno() {
+                                // As in `update`: gone, or dying.
+                                Some(libc::ENOENT | libc::ETIME) => Ok(false),
+                                _ => Err(e),
+                            }
+                        }
+                    });
+                    pending -= 1;
+                }
+            }
+            self.in_flight = false;
+            out.extend(results.into_iter().flatten());
+        }
+        Ok(out)
+    }
+
+    /// Reads and discards everything queued on the socket. Reading also lets the kernel
+    /// finish an abandoned dump (it produces the next part on each read), which would otherwise
+    /// make the next dump fail with EBUSY. Stale replies that arrive later are skipped by
+    /// sequence number anyway. Keeps the socket, so [`CtNetlink::port_id`] stays valid.
+    fn drain_stale(&mut self) {
+        while self.sock.try_recv(&mut self.buf).is_ok() {}
+    }
+
+    /// Sends one request and collects the conntrack messages answering it, until the ACK
+    /// (plain requests) or NLMSG_DONE (dumps). Kernel errors become typed errors.
+    async fn request(
+        &mut self,
+        op: &'static str,
+        family: NetfilterProtoFamily,
+        msg: ConntrackMessage,
+        flags: u16,
+    ) -> Result<Vec<NetfilterMessage>, CtNetlinkError> {
+        let mut out = Vec::new();
+        self.request_each(op, family, msg, flags, |m| out.push(m))
+            .await?;
+        Ok(out)
+    }
+
+    /// [`CtNetlink::request`], handing each answering message to `each` as it arrives.
+    async fn request_each(
+        &mut self,
+        op: &'static str,
+        family: NetfilterProtoFamily,
+        msg: ConntrackMessage,
+        flags: u16,
+        mut each: impl FnMut(NetfilterMessage),
+    ) -> Result<(), CtNetlinkError> {
+        if self.in_flight {
+            self.drain_stale();
+        }
+        self.in_flight = true;
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let req = encode_request(family, msg, flags, seq);
+        self.sock
+            .send(&req)
+            .await
+            .map_err(|e| CtNetlinkError::from_io(op, e))?;
+        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        let mut interrupted = false;
+        loop {
+            let n = self
+                .sock
+                .recv(&mut self.buf)
+                .await
+                .map_err(|e| CtNetlinkError::from_io(op, e))?;
+            let Some(datagram) = self.buf.get(..n) else {
+                continue;
+            };
+            for raw in messages(datagram) {
+                let raw = raw.map_err(|source| CtNetlinkError::Decode { op, source })?;
+                let Ok(nl) = NetlinkBuffer::new_checked(raw) else {
+                    continue;
+                };
+                if nl.sequence_number() != seq {
+                    continue; // a stale reply
+                }
+                interrupted |= nl.flags() & NLM_F_DUMP_INTR != 0;
+                let msg = match decode_message(raw) {
+                    Ok(msg) => msg,
+                    Err(e) if dump => {
+                        warn!(error = %e, "skipping undecodable conntrack dump entry");
+                        continue;
+                    }
+                    Err(source) => return Err(CtNetlinkError::Decode { op, source }),
+                };
+                match msg.payload {
+                    NetlinkPayload::InnerMessage(m) => each(m),
+                    NetlinkPayload::Error(err) => {
+                        self.in_flight = false;
+                        return match err.code {
+                            None => Ok(()),
+                            Some(_) => Err(CtNetlinkError::from_io(op, err.to_io())),
+                        };
+                    }
+                    NetlinkPayload::Done(done) => {
+                        self.in_flight = false;
+                        if done.code < 0 {
+                            return Err(CtNetlinkError::from_io(
+                                op,
+                                io::Error::from_raw_os_error(-done.code),
+                            ));
+                        }
+                        if interrupted {
+                            // The table changed under the dump; entries may be missing or
+                            // duplicated. The event stream covers the changes.
+                            warn!("conntrack dump interrupted (NLM_F_DUMP_INTR)");
+                        }
+                        return Ok(());
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockets_need_a_runtime() {
+        // Outside tokio: a clear error instead of a panic.
+        let Err(err) = CtNetlink::new() else {
+            panic!("opened without a runtime");
+        };
+        assert!(err.to_string().contains("tokio runtime"), "{err}");
+    }
+}
