@@ -723,7 +723,7 @@ pub fn step(
         Some(d) => Some((
             d.status()?.forwarded(),
             offloaded_total(d)?,
-            crate::scale::sample(d.pid())?.cpu_s,
+            crate::scale::proc::sample(d.pid())?.cpu_s,
         )),
         None => None,
     };
@@ -752,7 +752,8 @@ pub fn step(
     };
     if let (Some(d), Some((fwd, off, cpu))) = (daemon, before) {
         step.daemon_cpu = Some(
-            100.0 * (crate::scale::sample(d.pid())?.cpu_s - cpu) / wall.as_secs_f64().max(1e-9),
+            100.0 * (crate::scale::proc::sample(d.pid())?.cpu_s - cpu)
+                / wall.as_secs_f64().max(1e-9),
         );
         let (stale, missing) = in_step(&tb.rtr, d, out)?;
         step.fast_packets = Some(d.status()?.forwarded().saturating_sub(fwd));
