@@ -46,7 +46,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("pppstats", "ppp"),
     // bench/src/router.rs pins the router's threads.
     ("taskset", "util-linux"),
-    // bench/src/scale.rs counts an idle daemon's system calls.
+    // bench/src/scale/idle.rs counts an idle daemon's system calls.
     ("strace", "strace"),
 ];
 

@@ -19,13 +19,17 @@
 //! completed, the daemon's RSS over time, and the flow entries left in the maps after the run
 //! against conntrack's established entries; it fails on any lost connection, any failed stream,
 //! or any leaked flow entry.
+//!
+//! The short connections (client, server, failure kinds) are in [`conns`], the iperf3 streams
+//! in [`streams`].
+
+mod conns;
+mod streams;
 
 use std::{
     fmt::Write as _,
-    io::{ErrorKind, Read as _, Write as _},
-    net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream},
     path::PathBuf,
-    process::{Child, Stdio},
+    process::Stdio,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -35,14 +39,21 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use xdp_router_testbed::netns::{Netns, enter_netns};
+use xdp_router_testbed::netns::Netns;
 
 use crate::{
     Opts,
-    pin::pin_current_thread,
     router::{self, Daemon},
-    run::{check_stop, prepare, stopped},
-    testbed::{GEN_CPU, Names, Testbed},
+    run::{check_stop, prepare},
+    testbed::{Names, Testbed},
+};
+
+pub(crate) use self::conns::{
+    CONN_TIMEOUT, ECHO_PORT, FAILURE_KINDS, Failure, classify, payload, request,
+};
+use self::{
+    conns::{Conns, start_clients, start_servers},
+    streams::{IPERF_RATE, Streams, start_streams},
 };
 
 /// Options of `xdp-router-bench soak`.
@@ -69,18 +80,6 @@ pub struct SoakArgs {
     ct_event_buffer: Option<usize>,
 }
 
-/// Port of the short-connection echo server on the WAN host.
-pub(crate) const ECHO_PORT: u16 = 7000;
-/// Ports of the two iperf3 servers on the WAN host.
-const IPERF_PORTS: [u16; 2] = [5211, 5212];
-/// Rate of each iperf3 stream: long-lived flows, not a CPU hog on a 2-core machine.
-const IPERF_RATE: &str = "100M";
-/// Seconds of each iperf3 stream (streams run back to back, across toggles and flaps).
-const IPERF_SECS: u64 = 20;
-/// Client threads opening the short connections.
-const WORKERS: usize = 48;
-/// Connect/read/write timeout of one short connection.
-pub(crate) const CONN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Interval of the route flaps.
 const FLAP_EVERY: Duration = Duration::from_secs(10);
 /// Interval of the fast-path toggles, and how long it stays off each time.
@@ -88,319 +87,6 @@ const TOGGLE_EVERY: Duration = Duration::from_secs(30);
 const TOGGLE_OFF_FOR: Duration = Duration::from_secs(2);
 /// Interval of the daemon RSS samples.
 const RSS_EVERY: Duration = Duration::from_secs(10);
-/// Failures printed in full (the rest are only counted).
-const SHOWN_FAILURES: usize = 20;
-
-/// How a short connection failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Failure {
-    Reset,
-    Refused,
-    Timeout,
-    Mismatch,
-    Other,
-}
-
-pub(crate) const FAILURE_KINDS: [(Failure, &str); 5] = [
-    (Failure::Reset, "reset"),
-    (Failure::Refused, "refused"),
-    (Failure::Timeout, "timeout"),
-    (Failure::Mismatch, "data mismatch"),
-    (Failure::Other, "other error"),
-];
-
-pub(crate) fn classify(e: &std::io::Error) -> Failure {
-    match e.kind() {
-        ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe => {
-            Failure::Reset
-        }
-        ErrorKind::ConnectionRefused => Failure::Refused,
-        ErrorKind::TimedOut | ErrorKind::WouldBlock => Failure::Timeout,
-        _ => Failure::Other,
-    }
-}
-
-/// Request of connection `n`: its number, then a length and content derived from it.
-pub(crate) fn request(n: u64) -> Vec<u8> {
-    payload(n, 16 + (n.wrapping_mul(7919) % 3000) as usize)
-}
-
-/// `len` (at least 16) bytes: `n`, `len`, then content derived from `n`; a receiver checks it
-/// by rebuilding it from its first 16 bytes.
-pub(crate) fn payload(n: u64, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    v.extend_from_slice(&n.to_be_bytes());
-    v.extend_from_slice(&(len as u64).to_be_bytes());
-    let mut x = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.push(x as u8);
-    }
-    v
-}
-
-/// Counters of one run's short connections.
-#[derive(Default)]
-struct Conns {
-    started: AtomicU64,
-    ok: AtomicU64,
-    failed: [AtomicU64; 5],
-    /// Server side: requests that arrived wrong, and connections the server saw reset.
-    server_mismatch: AtomicU64,
-    server_reset: AtomicU64,
-    server_other: AtomicU64,
-    shown: Mutex<Vec<String>>,
-}
-
-impl Conns {
-    fn fail(&self, kind: Failure, what: String) {
-        let i = FAILURE_KINDS
-            .iter()
-            .position(|(k, _)| *k == kind)
-            .unwrap_or(4);
-        self.failed[i].fetch_add(1, Ordering::Relaxed);
-        let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
-        if shown.len() < SHOWN_FAILURES {
-            shown.push(what);
-        }
-    }
-
-    fn failed_total(&self) -> u64 {
-        self.failed.iter().map(|c| c.load(Ordering::Relaxed)).sum()
-    }
-}
-
-/// One short connection: connect, send the request, half-close, read the echo, compare.
-fn one_connection(n: u64, to: SocketAddr, conns: &Conns, t0: Instant) {
-    let req = request(n);
-    let mut local = None;
-    let res = (|| -> std::io::Result<Result<(), String>> {
-        let mut s = TcpStream::connect_timeout(&to, CONN_TIMEOUT)?;
-        local = s.local_addr().ok();
-        s.set_read_timeout(Some(CONN_TIMEOUT))?;
-        s.set_write_timeout(Some(CONN_TIMEOUT))?;
-        s.write_all(&req)?;
-        s.shutdown(Shutdown::Write)?;
-        let mut back = Vec::with_capacity(req.len());
-        s.read_to_end(&mut back)?;
-        Ok(if back == req {
-            Ok(())
-        } else {
-            Err(format!(
-                "echo of {} bytes differs (got {} bytes)",
-                req.len(),
-                back.len()
-            ))
-        })
-    })();
-    let at = t0.elapsed().as_secs_f64();
-    let who =
-        |local: Option<SocketAddr>| local.map_or_else(|| "(unbound)".to_owned(), |a| a.to_string());
-    match res {
-        Ok(Ok(())) => {
-            conns.ok.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(Err(why)) => conns.fail(
-            Failure::Mismatch,
-            format!("t={at:.1}s #{n} {} -> {to}: {why}", who(local)),
-        ),
-        Err(e) => {
-            let kind = classify(&e);
-            conns.fail(kind, format!("t={at:.1}s #{n} {} -> {to}: {e}", who(local)));
-        }
-    }
-}
-
-/// Server side of one connection: read the whole request, check it, echo it, close.
-fn serve(mut s: TcpStream, conns: &Conns) {
-    let res = (|| -> std::io::Result<bool> {
-        s.set_read_timeout(Some(CONN_TIMEOUT))?;
-        s.set_write_timeout(Some(CONN_TIMEOUT))?;
-        let mut buf = Vec::with_capacity(4096);
-        s.read_to_end(&mut buf)?;
-        let n = buf
-            .get(..8)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_be_bytes);
-        let good = n.is_some_and(|n| buf == request(n));
-        s.write_all(&buf)?;
-        Ok(good)
-    })();
-    match res {
-        Ok(true) => {}
-        Ok(false) => {
-            conns.server_mismatch.fetch_add(1, Ordering::Relaxed);
-        }
-        Err(e) if classify(&e) == Failure::Reset => {
-            conns.server_reset.fetch_add(1, Ordering::Relaxed);
-        }
-        Err(_) => {
-            conns.server_other.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// The echo servers on the WAN host (IPv4 and IPv6), one thread per connection.
-fn start_servers(wan: &Netns, conns: &Arc<Conns>, stop: &Arc<AtomicBool>) -> Result<()> {
-    for addr in ["10.0.2.2", "fd00:2::2"] {
-        let ip: IpAddr = addr.parse().context("server address")?;
-        let path = wan.path();
-        let (conns, stop) = (conns.clone(), stop.clone());
-        let (tx, rx) = std::sync::mpsc::channel();
-        thread::spawn(move || {
-            let listener = (|| -> Result<TcpListener> {
-                enter_netns(&path)?;
-                pin_current_thread(GEN_CPU)?;
-                let l = TcpListener::bind(SocketAddr::new(ip, ECHO_PORT))
-                    .with_context(|| format!("binding the echo server to {ip}"))?;
-                l.set_nonblocking(true)?;
-                Ok(l)
-            })();
-            let listener = match listener {
-                Ok(l) => {
-                    let _ = tx.send(Ok(()));
-                    l
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-            };
-            while !stop.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((s, _)) => {
-                        let _ = s.set_nonblocking(false);
-                        let conns = conns.clone();
-                        // Threads spawned here inherit the namespace and the CPU pin.
-                        thread::spawn(move || serve(s, &conns));
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        thread::sleep(Duration::from_micros(500));
-                    }
-                    Err(_) => {
-                        conns.server_other.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-        });
-        rx.recv().context("echo server thread")??;
-    }
-    Ok(())
-}
-
-/// The connection generator: `WORKERS` threads in the LAN host, connection `n` due at
-/// `n / rate` seconds after the start (started late when every worker is busy: the achieved
-/// rate is what the report prints).
-fn start_clients(
-    lan: &Netns,
-    rate: u32,
-    until: Instant,
-    conns: &Arc<Conns>,
-) -> Vec<thread::JoinHandle<()>> {
-    let next = Arc::new(AtomicU64::new(0));
-    let t0 = Instant::now();
-    let v4: SocketAddr = SocketAddr::new(IpAddr::from([10, 0, 2, 2]), ECHO_PORT);
-    let v6: SocketAddr = SocketAddr::new(IpAddr::from([0xfd00, 2, 0, 0, 0, 0, 0, 2u16]), ECHO_PORT);
-    (0..WORKERS)
-        .map(|_| {
-            let (path, conns, next) = (lan.path(), conns.clone(), next.clone());
-            thread::spawn(move || {
-                if enter_netns(&path).is_err() || pin_current_thread(GEN_CPU).is_err() {
-                    conns.fail(Failure::Other, "client thread setup failed".into());
-                    return;
-                }
-                loop {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    let due = t0 + Duration::from_secs_f64(n as f64 / f64::from(rate));
-                    if due >= until || stopped() {
-                        return;
-                    }
-                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                        thread::sleep(wait);
-                    }
-                    conns.started.fetch_add(1, Ordering::Relaxed);
-                    one_connection(n, if n % 2 == 0 { v4 } else { v6 }, &conns, t0);
-                }
-            })
-        })
-        .collect()
-}
-
-/// iperf3 streams: one client loop per stream, back to back until `until`.
-struct Streams {
-    completed: AtomicU64,
-    failed: AtomicU64,
-    errors: Mutex<Vec<String>>,
-}
-
-fn start_streams(
-    lan: &Netns,
-    wan: &Netns,
-    until: Instant,
-    streams: &Arc<Streams>,
-) -> Result<(Vec<Child>, Vec<thread::JoinHandle<()>>)> {
-    let mut servers = Vec::new();
-    for port in IPERF_PORTS {
-        servers.push(
-            wan.command("iperf3")
-                .args(["-s", "-p", &port.to_string(), "-A", &GEN_CPU.to_string()])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting iperf3 (install iperf3)")?,
-        );
-    }
-    thread::sleep(Duration::from_millis(300));
-    let clients = [
-        ("10.0.2.2", IPERF_PORTS[0], false),
-        ("fd00:2::2", IPERF_PORTS[1], true),
-    ];
-    let mut loops = Vec::new();
-    for (addr, port, reverse) in clients {
-        let lan_name = lan.name().to_owned();
-        let streams = streams.clone();
-        loops.push(thread::spawn(move || {
-            loop {
-                let left = until.saturating_duration_since(Instant::now()).as_secs();
-                if left < 2 || stopped() {
-                    return;
-                }
-                let secs = left.min(IPERF_SECS).to_string();
-                let mut c = std::process::Command::new("ip");
-                c.args(["netns", "exec", &lan_name, "iperf3", "-c", addr])
-                    .args(["-p", &port.to_string(), "-t", &secs, "-b", IPERF_RATE])
-                    .args(["-A", &GEN_CPU.to_string(), "-J"]);
-                if reverse {
-                    c.arg("-R");
-                }
-                let ok = match c.output() {
-                    Ok(out) if out.status.success() => Ok(()),
-                    Ok(out) => Err(String::from_utf8_lossy(&out.stdout)
-                        .lines()
-                        .find(|l| l.contains("\"error\""))
-                        .unwrap_or("(no error message)")
-                        .trim()
-                        .to_owned()),
-                    Err(e) => Err(e.to_string()),
-                };
-                match ok {
-                    Ok(()) => streams.completed.fetch_add(1, Ordering::Relaxed),
-                    Err(e) => {
-                        streams
-                            .errors
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(format!("iperf3 -c {addr}: {e}"));
-                        streams.failed.fetch_add(1, Ordering::Relaxed)
-                    }
-                };
-            }
-        }));
-    }
-    Ok((servers, loops))
-}
 
 /// Resident set size of process `pid`, KiB.
 fn rss_kib(pid: u32) -> Option<u64> {
@@ -816,22 +502,4 @@ fn report(runs: &[RunResult], a: &SoakArgs) -> String {
         }
     }
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn requests_are_distinct_and_self_describing() {
-        let a = request(1);
-        let b = request(2);
-        assert_ne!(a, b);
-        assert_eq!(u64::from_be_bytes(a[..8].try_into().unwrap()), 1);
-        assert_eq!(
-            u64::from_be_bytes(a[8..16].try_into().unwrap()),
-            a.len() as u64
-        );
-        assert!((16..3016).contains(&request(12345).len()));
-    }
 }

@@ -1,0 +1,41 @@
+//! Running the program once under BPF_PROG_RUN: the `xdp_md` context, the run, and the clock
+//! of the flows' `last_seen_ns`.
+
+use aya::programs::{TestRun, TestRunOptions, Xdp};
+
+/// CLOCK_MONOTONIC_COARSE now, in ns: the clock of the flows' `last_seen_ns`
+/// (`bpf_ktime_get_coarse_ns`), which advances once per tick.
+pub fn coarse_monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The `struct xdp_md` context of a run: a frame of `len` bytes received on `ingress`.
+pub fn xdp_md(ingress: u32, len: usize) -> Vec<u8> {
+    // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
+    // egress_ifindex. The kernel wants data = data_meta = 0 and data_end = frame length.
+    let md: [u32; 6] = [0, len as u32, 0, ingress, 0, 0];
+    md.iter().flat_map(|w| w.to_ne_bytes()).collect()
+}
+
+/// Runs the program once on `frame` as received on `ingress`: (verdict, output frame).
+pub fn run(prog: &Xdp, frame: &[u8], ingress: u32) -> (u32, Vec<u8>) {
+    let ctx = xdp_md(ingress, frame.len());
+    let mut out = vec![0u8; frame.len() + 512];
+    let res = prog
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..TestRunOptions::default()
+        })
+        .unwrap_or_else(|e| panic!("BPF_PROG_RUN: {e}"));
+    out.truncate(res.data_size_out as usize);
+    (res.return_value, out)
+}
