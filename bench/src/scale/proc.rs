@@ -19,6 +19,13 @@ pub(crate) struct ProcSample {
     pub(super) hwm_kib: u64,
 }
 
+/// The clock ticks per second that /proc counts CPU time in (`_SC_CLK_TCK`, 100 on Linux).
+pub(super) fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64
+}
+
+/// `pid`'s CPU time so far and its memory (see [`ProcSample`]).
 pub(crate) fn sample(pid: u32) -> Result<ProcSample> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
         .with_context(|| format!("reading /proc/{pid}/stat (did xdp-routerd exit?)"))?;
@@ -27,9 +34,7 @@ pub(crate) fn sample(pid: u32) -> Result<ProcSample> {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let cpu_s = (ticks(11) + ticks(12)) as f64 / hz;
+    let cpu_s = (ticks(11) + ticks(12)) as f64 / ticks_per_second();
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib = |key: &str| {
         status
