@@ -2,9 +2,10 @@
 //! the flows are resynced from a dump. Each batch: routes looked up first (batched, no lock),
 //! then the TCP connections the batch will offload marked "be liberal" in conntrack (pipelined,
 //! a few round trips per batch, no lock), then the batch handed to the state, which applies the
-//! flow changes in event order under the lock ([`crate::state::State::apply_events`]). Marking comes *before* the flows reach the maps: the kernel's next packet arms a
-//! flow and conntrack sees nothing after that, so a FIN in between would be out of window
-//! (see [`crate::flows::FlowManager::would_add`]). Repeat marks after arming go to a second
+//! flow changes in event order under the lock ([`crate::state::State::apply_events`]).
+//! Marking comes *before* the flows reach the maps: the kernel's next packet arms a flow and
+//! conntrack sees nothing after that, so a FIN in between would be out of window (see
+//! [`crate::flows::FlowManager::would_add`]). Repeat marks after arming go to a second
 //! task ([`mark_liberal`]) so the event loop never waits for them.
 //!
 //! The event socket is read by its own task ([`read_events`]), so the kernel's socket buffer
