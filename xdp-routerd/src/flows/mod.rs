@@ -87,7 +87,7 @@ pub trait PathOracle {
 }
 
 /// One offloaded connection as [`FlowManager::conns`] shows it: the conntrack entry (as far as
-/// the manager keeps it, see [`Stored`]) and both directions' keys.
+/// the manager keeps it, see `Stored`) and both directions' keys.
 #[derive(Debug, Clone)]
 pub struct Offloaded {
     /// The conntrack entry: tuples, status, mark and zone as last seen; TCP ones are

@@ -23,7 +23,7 @@ use crate::{
 /// What the fast path must know of a device managed only for a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Side {
-    /// Its shaping qdisc's kind as last read ([`SHAPED_UNKNOWN`] until read).
+    /// Its shaping qdisc's kind as last read (`SHAPED_UNKNOWN` until read).
     pub shaper: Option<String>,
     /// Its hooks as last read.
     pub hooks: Hooks,

@@ -224,7 +224,7 @@ fn poll_legacy(tx: &mpsc::UnboundedSender<RulesetEvent>) {
     }
 }
 
-/// Starts [`poll_legacy`] on a thread of its own; the returned receiver resolves when it ended
+/// Starts `poll_legacy` on a thread of its own; the returned receiver resolves when it ended
 /// (it ends only when `tx`'s receiver is gone, or if it panicked).
 pub fn spawn_legacy_poller(
     tx: mpsc::UnboundedSender<RulesetEvent>,

@@ -65,7 +65,7 @@ pub enum Received {
 }
 
 /// Reads the event socket as fast as the kernel fills it and queues what it read for the
-/// event loop (at most [`QUEUED_BATCHES`]), until the socket fails or the loop is gone.
+/// event loop (at most `QUEUED_BATCHES`), until the socket fails or the loop is gone.
 pub async fn read_events(
     mut events: CtSubscription,
     queue: mpsc::Sender<Result<Received, CtNetlinkError>>,

@@ -141,7 +141,7 @@ impl CtNetlink {
         self.update(&CtUpdate::new(*orig, zone).tcp_liberal()).await
     }
 
-    /// Applies every update in `updates` (in order), pipelined: up to [`PIPELINE`] requests go
+    /// Applies every update in `updates` (in order), pipelined: up to `PIPELINE` requests go
     /// out in one datagram and their acknowledgements are collected together, so marking a
     /// batch of connections costs a few round trips, not one each. Per update: whether the
     /// entry existed (as [`CtNetlink::update`]) or the kernel's error for it. The outer error
