@@ -18,8 +18,8 @@ use std::{
 };
 
 use xdp_router_tests::testbed::{
-    Capture, HOST_IF, LAN_IF, Snapshot, Testbed, UdpEcho, WAN_IF, any_v4, fastpath_fraction, ready,
-    udp_payload, udp_socket, wait_until, wan_v4,
+    Capture, HOST_IF, LAN_IF, Testbed, UdpEcho, WAN_IF, any_v4, lan_fast_share, ready, udp_payload,
+    udp_socket, wait_until, wan_v4,
 };
 
 /// A LAN→WAN TCP stream at a fixed rate whose receiver counts bytes live.
@@ -134,16 +134,6 @@ impl Drop for Stream {
     }
 }
 
-/// Share of the LAN packets fast-pathed over `window` (and the packets seen on the wire).
-fn fast_share(tb: &Testbed, window: Duration) -> (f64, u64) {
-    let before: Snapshot = tb.snapshot();
-    sleep(window);
-    let after = tb.snapshot();
-    let wire = after.rx_lan_since(&before);
-    let fwd = after.packets_since(&before, LAN_IF, "forwarded_original");
-    (fastpath_fraction(fwd, wire), wire)
-}
-
 /// Starts the daemon and a stream to `port`, and waits until the stream is fast-pathed
 /// (≥ 90 % of its LAN packets forwarded by XDP over one second).
 fn fast_stream(tb: &mut Testbed, port: u16) -> Stream {
@@ -151,7 +141,7 @@ fn fast_stream(tb: &mut Testbed, port: u16) -> Stream {
     let stream = Stream::start(tb, wan_v4(port));
     let mut share = (0.0, 0);
     let ok = wait_until(Duration::from_secs(10), || {
-        share = fast_share(tb, Duration::from_secs(1));
+        share = lan_fast_share(tb, Duration::from_secs(1));
         share.0 >= 0.9
     });
     assert!(
@@ -247,7 +237,7 @@ fn conntrack_removal_stops_the_stream(tag: &str, port: u16, conntrack_cmd: &str)
     tb.router
         .sh("iptables -w -I FORWARD 1 -m conntrack --ctstate NEW -j DROP");
     let ok = wait_until(Duration::from_secs(3), || {
-        fast_share(&tb, Duration::from_millis(500)).0 >= 0.9
+        lan_fast_share(&tb, Duration::from_millis(500)).0 >= 0.9
     });
     assert!(
         ok,
@@ -286,7 +276,7 @@ fn unrelated_rule_change_keeps_the_stream_fast_pathed() {
     let changes = tb.daemon().status().ruleset.changes;
     tb.router
         .sh("iptables -w -I FORWARD 1 -p tcp --dport 9999 -j DROP");
-    let (share, wire) = fast_share(&tb, Duration::from_secs(2));
+    let (share, wire) = lan_fast_share(&tb, Duration::from_secs(2));
     let st = tb.daemon().status();
     eprintln!(
         "after an unrelated rule: {:.1} % of {wire} LAN packets fast-pathed over 2 s; ruleset \

@@ -158,7 +158,14 @@ pub struct FlowV4 {
     pub l3_csum_diff: u32,
     /// One's-complement sum to add to the TCP/UDP checksum for the address + port rewrite.
     pub l4_csum_diff: u32,
-    pub _pad: u32,
+    /// When the kernel last forwarded a packet of this direction, in [`verdict_tick`]s of
+    /// `bpf_ktime_get_coarse_ns()` (written by the TC arming program with
+    /// `armed_generation`; 0 = never). While [`Settings::verdict_max_age`] is non-zero, the
+    /// fast path forwards the direction only for that long after it: then the next packet
+    /// goes through the kernel's rules again (`Reason::PassVerdictExpired`), so verdicts that
+    /// change without a ruleset change (ipset membership, time matches, set element timeouts)
+    /// reach offloaded flows.
+    pub armed_at: u32,
     pub counters: FlowCounters,
     /// The datapath's copy of this direction's last FIB answer; the daemon writes it zeroed.
     pub fib: FibCache,
@@ -199,7 +206,8 @@ pub struct FlowV6 {
     pub flags: u32,
     /// One's-complement sum to add to the TCP/UDP checksum for the address + port rewrite.
     pub l4_csum_diff: u32,
-    pub _pad: u32,
+    /// See [`FlowV4::armed_at`].
+    pub armed_at: u32,
     pub counters: FlowCounters,
     /// See [`FlowV4::fib`].
     pub fib: FibCache,
@@ -521,7 +529,10 @@ pub struct Settings {
     /// Non-zero: verify TCP/UDP checksums before forwarding (`Reason::PassL4Checksum`), as
     /// conntrack does while `net.netfilter.nf_conntrack_checksum` is 1 (the daemon mirrors it).
     pub verify_l4_checksum: u32,
-    pub _pad: u32,
+    /// Longest the fast path forwards a flow direction after the kernel last forwarded one of
+    /// its packets, in [`verdict_tick`]s (see [`FlowV4::armed_at`]); 0 = no limit (the
+    /// verdict holds until the ruleset changes, as in the kernel's flowtable).
+    pub verdict_max_age: u32,
     /// Start of the current keep-alive pass, in `bpf_ktime_get_coarse_ns()` time; 0 = record
     /// nothing. The fast path records a connection in [`MAP_ACTIVE_V4`] / [`MAP_ACTIVE_V6`]
     /// when it forwards a packet of one of its directions whose `last_seen_ns` is older than
@@ -530,6 +541,17 @@ pub struct Settings {
     pub active_since_ns: u64,
 }
 const _: () = assert!(core::mem::size_of::<Settings>() == 40);
+
+/// log2 of the nanoseconds in a [`verdict_tick`] (2^20 ns ≈ 1.05 ms).
+pub const VERDICT_TICK_SHIFT: u32 = 20;
+
+/// A time in `bpf_ktime_get_coarse_ns()` nanoseconds as the 32-bit tick count
+/// [`FlowV4::armed_at`] and [`Settings::verdict_max_age`] hold. Ages are compared with
+/// wrapping subtraction; the count wraps after about 52 days.
+#[inline(always)]
+pub const fn verdict_tick(ns: u64) -> u32 {
+    (ns >> VERDICT_TICK_SHIFT) as u32
+}
 
 /// `Settings::flags`: `bpf_fib_lookup` honours `BPF_FIB_LOOKUP_MARK` (Linux 6.10). Without
 /// it a direction the kernel forwarded with a non-zero mark is never armed.

@@ -125,11 +125,16 @@ pub enum Reason {
     /// the port (or the bridge itself) is not a member of, or a packet routed out of the
     /// bridge with no PVID there.
     PassBridgeVlanFiltered = 42,
+    /// An offloaded flow direction the kernel last forwarded longer ago than the configured
+    /// verdict age (`verdict_max_age_ms`): the kernel's rules judge this packet again, since
+    /// a verdict can change without a ruleset change (an ipset entry added, a time rule's
+    /// boundary passed). The TC egress program re-arms the direction if the kernel forwards it.
+    PassVerdictExpired = 43,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 43;
+    pub const COUNT: u32 = 44;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -176,6 +181,7 @@ impl Reason {
         Reason::PassPppoeLowerOther,
         Reason::PassPppoeCcp,
         Reason::PassBridgeVlanFiltered,
+        Reason::PassVerdictExpired,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -224,6 +230,7 @@ impl Reason {
             Reason::PassPppoeLowerOther => "pppoe_lower_other",
             Reason::PassPppoeCcp => "pppoe_ccp",
             Reason::PassBridgeVlanFiltered => "bridge_vlan_filtered",
+            Reason::PassVerdictExpired => "kernel_verdict_expired",
         }
     }
 

@@ -5,9 +5,10 @@
 //! POSTROUTING, NAT). A packet seen here was accepted by the firewall as it is now; the fast
 //! path's own packets are redirected by XDP and never pass here. For a packet that belongs to an
 //! offloaded flow direction (found by its post-NAT tuple in `ARM_V4`/`ARM_V6`, arriving on the
-//! direction's ingress interface), it stores the current `ruleset_generation`, the packet's
-//! mark, DSCP and TTL in the flow entry: from then on XDP forwards that direction, until the
-//! ruleset changes, and only packets that would leave the kernel with that DSCP and TTL.
+//! direction's ingress interface), it stores the current `ruleset_generation`, the time, the
+//! packet's mark, DSCP and TTL in the flow entry: from then on XDP forwards that direction,
+//! until the ruleset changes or the verdict is older than `Settings::verdict_max_age`, and only
+//! packets that would leave the kernel with that DSCP and TTL.
 //!
 //! A TCP SYN the kernel forwards opens a new connection: if its tuple finds an entry, that
 //! entry is a closed connection's whose removal the daemon has not caught up with yet. The SYN
@@ -23,10 +24,15 @@
 
 use core::ptr::{addr_of_mut, write_volatile};
 
-use aya_ebpf::{bindings::bpf_xfrm_state, helpers::bpf_skb_get_xfrm_state, programs::TcContext};
+use aya_ebpf::{
+    bindings::bpf_xfrm_state,
+    helpers::{bpf_ktime_get_coarse_ns, bpf_skb_get_xfrm_state},
+    programs::TcContext,
+};
 use xdp_router_common::{
     ArmKeyV4, ArmKeyV6, FLOW_DSCP_KNOWN, FLOW_F_STALE, FLOW_TTL_KNOWN, SETTINGS_F_FIB_MARK,
     parse::{ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP},
+    verdict_tick,
 };
 
 use crate::maps::{ARM_V4, ARM_V6, FLOWS_V4, FLOWS_V6, SETTINGS};
@@ -113,20 +119,22 @@ fn is_tcp_syn(ctx: &TcContext, proto: u8, l4: usize) -> bool {
 struct ArmFields {
     flags: *mut u32,
     armed: *mut u32,
+    armed_at: *mut u32,
     fib_mark: *mut u32,
     fib_generation: *mut u32,
     kernel_dscp: *mut u32,
     kernel_ttl: *mut u32,
 }
 
-/// Writes the arming into a flow entry's `armed_generation`, `fib_mark`, `kernel_dscp` and
-/// `kernel_ttl` (`dscp`, `ttl`: what this packet leaves with). A direction with a mark the FIB
+/// Writes the arming into a flow entry's `armed_generation`, `armed_at` (now), `fib_mark`,
+/// `kernel_dscp` and `kernel_ttl` (`dscp`, `ttl`: what this packet leaves with). A direction with a mark the FIB
 /// lookup cannot take is left unarmed (XDP counts it as `fib_mark_unsupported`).
 #[inline(always)]
 fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
     let ArmFields {
         flags,
         armed,
+        armed_at,
         fib_mark,
         fib_generation,
         kernel_dscp,
@@ -163,6 +171,12 @@ fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
         let ttl = FLOW_TTL_KNOWN | u32::from(ttl);
         if core::ptr::read_volatile(kernel_ttl) != ttl {
             write_volatile(kernel_ttl, ttl);
+        }
+        // Before the generation too: XDP forwards an armed direction only while this is
+        // recent (`Settings::verdict_max_age`).
+        let now = verdict_tick(bpf_ktime_get_coarse_ns());
+        if core::ptr::read_volatile(armed_at) != now {
+            write_volatile(armed_at, now);
         }
         if core::ptr::read_volatile(armed) != generation {
             write_volatile(armed, generation);
@@ -208,6 +222,7 @@ fn arm_v4(ctx: &TcContext, l3: usize, fwd: &Forwarded) -> Option<()> {
         ArmFields {
             flags: addr_of_mut!((*flow).flags),
             armed: addr_of_mut!((*flow).armed_generation),
+            armed_at: addr_of_mut!((*flow).armed_at),
             fib_mark: addr_of_mut!((*flow).fib_mark),
             fib_generation: addr_of_mut!((*flow).fib.generation),
             kernel_dscp: addr_of_mut!((*flow).kernel_dscp),
@@ -254,6 +269,7 @@ fn arm_v6(ctx: &TcContext, l3: usize, fwd: &Forwarded) -> Option<()> {
         ArmFields {
             flags: addr_of_mut!((*flow).flags),
             armed: addr_of_mut!((*flow).armed_generation),
+            armed_at: addr_of_mut!((*flow).armed_at),
             fib_mark: addr_of_mut!((*flow).fib_mark),
             fib_generation: addr_of_mut!((*flow).fib.generation),
             kernel_dscp: addr_of_mut!((*flow).kernel_dscp),

@@ -299,6 +299,7 @@ pub struct FlowFields {
     /// What the TC arming program records (see `flow::check_armed`, `flow::check_dscp`,
     /// `flow::check_ttl`).
     pub armed_generation: *mut u32,
+    pub armed_at: *mut u32,
     pub fib_mark: *mut u32,
     pub kernel_dscp: *mut u32,
     pub kernel_ttl: *mut u32,
@@ -362,6 +363,7 @@ macro_rules! flow_maps {
                     FlowFields {
                         flags: (*flow).flags,
                         armed_generation: addr_of_mut!((*flow).armed_generation),
+                        armed_at: addr_of_mut!((*flow).armed_at),
                         fib_mark: addr_of_mut!((*flow).fib_mark),
                         kernel_dscp: addr_of_mut!((*flow).kernel_dscp),
                         kernel_ttl: addr_of_mut!((*flow).kernel_ttl),

@@ -88,6 +88,9 @@ pub struct FibCachePolicy {
     /// `Settings::ruleset_generation`: a flow direction armed under another one goes to the
     /// kernel (see `flow::check_armed`).
     pub ruleset_generation: u32,
+    /// `Settings::verdict_max_age`: how long an armed direction stays armed; 0 = until the
+    /// ruleset changes (see `flow::check_armed`).
+    pub verdict_max_age: u32,
     /// `bpf_fib_lookup` takes a mark (`SETTINGS_F_FIB_MARK`).
     pub fib_mark: bool,
     /// `Settings::active_since_ns`: start of the daemon's keep-alive pass (see `flow::first_in_pass`).

@@ -20,13 +20,14 @@ use xdp_router_common::{
         ETH_HLEN, ETH_P_PPP_SES, IPPROTO_TCP, IPPROTO_UDP, L3, PPPOE_HLEN, VLAN_HLEN, check_tcp,
         check_udp, check_vlan_tag, classify_ethertype, is_vlan_tpid,
     },
+    verdict_tick,
 };
 
 use crate::{
     bridge,
     egress::redirect_to,
     encap::{reframe, write_l2},
-    family::{Family, V4, V6},
+    family::{Family, FlowFields, V4, V6},
     fib::{FibCachePolicy, fib_params, next_hop},
     maps::SETTINGS,
     packet::{Packet, frame_len, ptr_at_mut},
@@ -66,6 +67,7 @@ pub fn try_forward<P: Packet>(
         generation: settings.fib_generation,
         max_age_ns: settings.fib_cache_ns,
         ruleset_generation: settings.ruleset_generation,
+        verdict_max_age: settings.verdict_max_age,
         fib_mark: settings.flags & SETTINGS_F_FIB_MARK != 0,
         active_since_ns: settings.active_since_ns,
     };
@@ -265,18 +267,19 @@ fn l4_ports<P: Packet>(
 /// firewall ruleset (the TC egress program recorded it in `armed` and `mark`), else why not.
 /// This is what makes the fast path follow iptables/nftables: a new flow, and every flow after
 /// any ruleset change, has its next packet judged by the kernel's rules, and only a packet the
-/// kernel forwarded re-arms the direction.
+/// kernel forwarded re-arms the direction. A verdict also expires `verdict_max_age` ticks after
+/// the kernel last forwarded the direction (`armed_at`, `now`: [`verdict_tick`]s): verdicts
+/// that change without a ruleset change (ipset membership, time rules) then reach the flow
+/// with its next packet, which the kernel forwards (re-arming it) or drops.
 #[inline(always)]
-fn check_armed(
-    armed: *const u32,
-    mark: *const u32,
-    policy: &FibCachePolicy,
-) -> Result<u32, Reason> {
-    // SAFETY: both point into a live flow map value; the TC program writes the mark first.
-    let (armed, mark) = unsafe {
+fn check_armed(fields: &FlowFields, policy: &FibCachePolicy, now: u32) -> Result<u32, Reason> {
+    // SAFETY: all point into a live flow map value; the TC program writes the mark and the
+    // time first.
+    let (armed, mark, armed_at) = unsafe {
         (
-            core::ptr::read_volatile(armed),
-            core::ptr::read_volatile(mark),
+            core::ptr::read_volatile(fields.armed_generation),
+            core::ptr::read_volatile(fields.fib_mark),
+            core::ptr::read_volatile(fields.armed_at),
         )
     };
     if armed != policy.ruleset_generation {
@@ -285,6 +288,11 @@ fn check_armed(
             return Err(Reason::PassMarkUnsupported);
         }
         return Err(Reason::PassNotArmed);
+    }
+    // An `armed_at` read before the TC program's latest write only makes the age look larger:
+    // one more packet for the kernel, never a forward past the limit.
+    if policy.verdict_max_age != 0 && now.wrapping_sub(armed_at) > policy.verdict_max_age {
+        return Err(Reason::PassVerdictExpired);
     }
     Ok(mark)
 }
@@ -388,7 +396,9 @@ fn try_forward_ip<F: Family, P: Packet>(
     let nat = F::nat(flow);
     let fields = F::fields(flow);
     let flags = fields.flags;
-    let mark = check_armed(fields.armed_generation, fields.fib_mark, cache)?;
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let mark = check_armed(&fields, cache, verdict_tick(now))?;
     check_dscp(fields.kernel_dscp, F::dscp(&h))?;
     check_ttl(fields.kernel_ttl, h.ttl)?;
     // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
@@ -408,8 +418,6 @@ fn try_forward_ip<F: Family, P: Packet>(
         F::fib_addr(nat.dst_be),
         mark,
     );
-    // SAFETY: a helper without arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let mut hop = next_hop(
         ctx,
         fields.fib,

@@ -41,6 +41,14 @@ pub struct Config {
     /// kernel announces drops every cached answer at once, whatever this says.
     #[serde(default = "default_fib_cache_ms")]
     pub fib_cache_ms: u64,
+    /// How long the fast path forwards a flow direction after the kernel last forwarded one of
+    /// its packets (ms); then the next packet is judged by the kernel's rules again. This is
+    /// what makes verdicts that change without a ruleset change reach offloaded flows: an
+    /// `ipset add` to a blocklist, a `-m time` / `meta hour` boundary, a set element timing
+    /// out. 0 = never (a verdict holds until the ruleset changes, like the kernel's
+    /// flowtable).
+    #[serde(default = "default_verdict_max_age_ms")]
+    pub verdict_max_age_ms: u64,
     /// Receive buffer of the conntrack event socket, in bytes (SO_RCVBUFFORCE). When a burst
     /// of connections overflows it, events are lost and the flows are resynced from a full
     /// conntrack dump (counted as `xdp_router_conntrack_resyncs_total`).
@@ -177,6 +185,10 @@ pub const MIN_CONNTRACK_EVENT_BUFFER: usize = 4 << 10;
 /// Largest `conntrack_event_buffer` (1 GiB; the kernel charges it to the daemon's socket).
 pub const MAX_CONNTRACK_EVENT_BUFFER: usize = 1 << 30;
 
+/// Largest `verdict_max_age_ms` (one minute): an ipset entry or a time rule must not wait
+/// longer than that to reach an offloaded flow.
+pub const MAX_VERDICT_AGE_MS: u64 = 60_000;
+
 /// Largest flow map capacity the automatic sizing picks (per family, in directions): 4 Mi
 /// directions, two million connections. The maps are preallocated (≈ 300 B of kernel memory per
 /// IPv4 direction with its arming index), so a larger table must be asked for explicitly.
@@ -207,6 +219,9 @@ fn default_keepalive_interval_ms() -> u64 {
 }
 fn default_fib_cache_ms() -> u64 {
     100
+}
+fn default_verdict_max_age_ms() -> u64 {
+    500
 }
 fn default_conntrack_event_buffer() -> usize {
     crate::sync::ctnetlink::DEFAULT_EVENT_RCVBUF
@@ -363,6 +378,13 @@ impl Config {
             return Err(format!(
                 "fib_cache_ms = {} is out of range (0..=10000; 0 looks up every packet)",
                 self.fib_cache_ms
+            ));
+        }
+        if self.verdict_max_age_ms > MAX_VERDICT_AGE_MS {
+            return Err(format!(
+                "verdict_max_age_ms = {} is out of range (0..={MAX_VERDICT_AGE_MS}; 0 keeps a \
+                 verdict until the ruleset changes)",
+                self.verdict_max_age_ms
             ));
         }
         if !(MIN_CONNTRACK_EVENT_BUFFER..=MAX_CONNTRACK_EVENT_BUFFER)

@@ -24,6 +24,9 @@ pub enum Request {
     Status,
     /// Switch the fast path on or off.
     Fastpath { on: bool },
+    /// Set how long a kernel verdict holds (`verdict_max_age_ms`; 0 = until the ruleset
+    /// changes), live.
+    VerdictAge { ms: u64 },
     /// The offloaded flows.
     Flows,
 }

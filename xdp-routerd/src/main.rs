@@ -51,6 +51,14 @@ enum Command {
         #[command(flatten)]
         target: Target,
     },
+    /// Set how long a kernel verdict holds for an offloaded flow, live (`verdict_max_age_ms`
+    /// of the config until the daemon restarts; 0 = until the ruleset changes).
+    VerdictAge {
+        /// Milliseconds (0..=60000).
+        ms: u64,
+        #[command(flatten)]
+        target: Target,
+    },
     /// List the offloaded flows.
     Flows {
         #[command(flatten)]
@@ -174,6 +182,11 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             let on = matches!(state, OnOff::On);
             control::call(&target.socket()?, &Request::Fastpath { on })?;
             println!("fast path {}", if on { "on" } else { "off" });
+            Ok(())
+        }
+        Command::VerdictAge { ms, target } => {
+            control::call(&target.socket()?, &Request::VerdictAge { ms })?;
+            println!("kernel verdicts held for {ms} ms");
             Ok(())
         }
         Command::Flows {

@@ -101,6 +101,7 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
         nftables::subscribe().context("cannot subscribe to nftables notifications")?;
     // Flows may keep FIB answers only while the notifications that invalidate them are heard.
     dp.set_fib_cache(Duration::from_millis(config.fib_cache_ms))?;
+    dp.set_verdict_max_age(Duration::from_millis(config.verdict_max_age_ms))?;
     // TCP/UDP checksums are verified in XDP exactly while conntrack verifies them.
     dp.set_verify_l4_checksum(conntrack_checksum())?;
     let mut state = State::new(dp, &config.interfaces, &ifindexes, config.xdp_mode);

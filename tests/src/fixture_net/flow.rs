@@ -152,6 +152,15 @@ impl FlowEntry {
         }
     }
 
+    /// The entry with the time the TC arming program last armed it (`armed_at`, in verdict
+    /// ticks).
+    pub fn armed_at(self, armed_at: u32) -> FlowEntry {
+        match self {
+            FlowEntry::V4(k, v) => FlowEntry::V4(k, FlowV4 { armed_at, ..v }),
+            FlowEntry::V6(k, v) => FlowEntry::V6(k, FlowV6 { armed_at, ..v }),
+        }
+    }
+
     /// The entry with `armed_generation` and `fib_mark` as the TC arming program would have
     /// left them.
     pub fn armed(self, generation: u32, mark: u32) -> FlowEntry {

@@ -192,7 +192,7 @@ impl Maps {
             ruleset_generation: ARMED,
             flags: if s.fib_mark { SETTINGS_F_FIB_MARK } else { 0 },
             verify_l4_checksum: u32::from(s.verify_l4_checksum),
-            _pad: 0,
+            verdict_max_age: s.verdict_max_age,
             active_since_ns: 0,
         };
         self.settings.set(0, settings, 0).expect("write settings");

@@ -39,6 +39,8 @@ pub struct Setup {
     pub fib_mark: bool,
     /// `SETTINGS[0].verify_l4_checksum` (as with `nf_conntrack_checksum = 1`, the default).
     pub verify_l4_checksum: bool,
+    /// `SETTINGS[0].verdict_max_age`, in verdict ticks (0 = verdicts do not expire).
+    pub verdict_max_age: u32,
 }
 
 impl Setup {
@@ -90,6 +92,7 @@ impl Setup {
             fib_cache_ns: 10_000_000_000,
             fib_mark: true,
             verify_l4_checksum: true,
+            verdict_max_age: 0,
         }
     }
 

@@ -28,6 +28,17 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Share of the LAN host's packets the fast path forwarded over `window`, measured against the
+/// packets the router's LAN port received on the wire, and that wire count.
+pub fn lan_fast_share(tb: &Testbed, window: Duration) -> (f64, u64) {
+    let before: Snapshot = tb.snapshot();
+    sleep(window);
+    let after = tb.snapshot();
+    let wire = after.rx_lan_since(&before);
+    let fwd = after.packets_since(&before, LAN_IF, "forwarded_original");
+    (fastpath_fraction(fwd, wire), wire)
+}
+
 /// A full-size TCP segment on the wire (MTU 1500 + Ethernet header): a transfer of N bytes
 /// needs at least N / this wire packets (fewer would mean GRO merged them and counters lie).
 pub const MAX_FRAME: u64 = 1514;

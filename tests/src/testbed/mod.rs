@@ -13,8 +13,9 @@
 //! off everywhere so rewritten packets carry real checksums.
 //!
 //! One module per part: `addrs` (names and addresses), `topology` (the namespaces and the
-//! `Testbed`), `daemon`, `status` (what the tests read off the router), `traffic`, `capture`
-//! and `checks` (the assertions the e2e tests share). Everything is re-exported here.
+//! `Testbed`), `daemon`, `status` (what the tests read off the router), `traffic` and
+//! `udp_flow` (a running flow whose stop and resumption tests time), `capture` and `checks`
+//! (the assertions the e2e tests share). Everything is re-exported here.
 
 mod addrs;
 mod capture;
@@ -23,5 +24,8 @@ mod daemon;
 mod status;
 mod topology;
 mod traffic;
+mod udp_flow;
 
-pub use self::{addrs::*, capture::*, checks::*, daemon::*, status::*, topology::*, traffic::*};
+pub use self::{
+    addrs::*, capture::*, checks::*, daemon::*, status::*, topology::*, traffic::*, udp_flow::*,
+};

@@ -83,6 +83,8 @@ pub struct RulesetSummary {
     pub changes: u64,
     /// Interfaces with the arming program attached.
     pub armed_interfaces: u32,
+    /// `verdict_max_age_ms` (0 = verdicts kept until the ruleset changes).
+    pub verdict_max_age_ms: u64,
 }
 
 /// The `fib_cache` object of `status --json`.

@@ -1,10 +1,13 @@
 //! The flow lookup and what the kernel did to the flow's armed packet: no flow (another
 //! interface, port or protocol), unarmed or stale flows, the kernel's DSCP and TTL rewrites
-//! (and their forwarded neighbours), a mark the lookup cannot take, an unmanaged ingress.
+//! (and their forwarded neighbours), the age of the kernel's verdict, a mark the lookup cannot
+//! take, an unmanaged ingress.
 
-use xdp_router_common::{FLOW_DSCP_KNOWN, FLOW_TTL_KNOWN, Reason};
+use xdp_router_common::{FLOW_DSCP_KNOWN, FLOW_TTL_KNOWN, Reason, verdict_tick};
 use xdp_router_tests::{
-    fixture_net::{ARMED, Bed, GW_MAC, Setup, WAN_MAC, lan_pkt, routed, v4, v6},
+    fixture_net::{
+        ARMED, Bed, GW_MAC, Setup, WAN_MAC, coarse_monotonic_ns, lan_pkt, routed, v4, v6,
+    },
     packet::{
         Transport,
         tcp_flags::{ACK, PSH},
@@ -164,6 +167,54 @@ pub fn cases(b: &Bed, c: &mut Vec<Case>) {
             .flows
             .into_iter()
             .map(|f| f.with_kernel_ttl(FLOW_TTL_KNOWN | u32::from(pkt.ttl - 1)))
+            .collect();
+        c.push(case);
+    }
+    // The kernel's verdict on an armed direction expires `verdict_max_age` ticks after the TC
+    // program last armed it: an older one sends the packet to the kernel; a recent one, or any
+    // age with expiry off, is forwarded. The ages are far from the limits (10 s against 1 s,
+    // now against 10 min): the time between building and running a case does not matter.
+    let now = verdict_tick(coarse_monotonic_ns());
+    let second = verdict_tick(1_000_000_000);
+    for (family, pkt) in [("v4", &good4), ("v6", &good6)] {
+        let mut setup = Setup::managed(
+            b,
+            vec![routed(b.lan, pkt, false).armed_at(now.wrapping_sub(10 * second))],
+        );
+        setup.verdict_max_age = second;
+        c.push(pass(
+            b,
+            &format!("{family} verdict older than the limit"),
+            b.lan,
+            pkt.frame(),
+            setup,
+            Reason::PassVerdictExpired,
+        ));
+    }
+    for (name, max_age, armed_at) in [
+        ("v4 tcp snat original, verdict recent", 600 * second, now),
+        (
+            "v4 tcp snat original, verdict old, expiry off",
+            0,
+            now.wrapping_sub(10 * second),
+        ),
+    ] {
+        let mut case = forward(
+            b,
+            name,
+            b.lan,
+            &lan_pkt(client4, server4, tcp, 100),
+            (router4, 61_000),
+            (server4, 443),
+            false,
+            to_wan,
+        );
+        case.setup.verdict_max_age = max_age;
+        case.setup.flows = case
+            .setup
+            .flows
+            .into_iter()
+            .map(|f| f.armed_at(armed_at))
             .collect();
         c.push(case);
     }

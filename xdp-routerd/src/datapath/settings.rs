@@ -12,6 +12,7 @@ use aya::{
 };
 use xdp_router_common::{
     Counter, MAP_SETTINGS, MAP_STATS, Reason, SETTINGS_F_FIB_MARK, Settings, stats_index,
+    verdict_tick,
 };
 
 use super::{Datapath, take};
@@ -27,6 +28,10 @@ pub struct Ruleset {
     pub armed_interfaces: u32,
     /// `bpf_fib_lookup` takes the packet mark (Linux 6.10).
     pub fib_mark: bool,
+    /// How long a flow direction is forwarded after the kernel last forwarded it, in ms, as
+    /// configured (the datapath counts whole ≈ 1.05 ms ticks, rounding down); 0 = until the
+    /// ruleset changes.
+    pub verdict_max_age_ms: u64,
 }
 
 /// The per-flow cache of FIB answers, as [`Datapath::fib_cache_status`] reports it.
@@ -49,6 +54,8 @@ pub(super) struct SettingsMaps {
     fib_invalidations: u64,
     /// Successful [`Datapath::bump_ruleset_generation`] calls.
     ruleset_changes: u64,
+    /// What [`Datapath::set_verdict_max_age`] was last given.
+    verdict_max_age: Duration,
     stats: PerCpuArray<MapData, Counter>,
 }
 
@@ -64,7 +71,8 @@ impl SettingsMaps {
             current: Settings {
                 // Until the daemon has read nf_conntrack_checksum: verify (the kernel default).
                 verify_l4_checksum: 1,
-                _pad: 0,
+                // Until the config is applied: verdicts hold until the ruleset changes.
+                verdict_max_age: 0,
                 // Until the first keep-alive pass: record every flow's first packet.
                 active_since_ns: 1,
                 fastpath_enabled: 1,
@@ -75,6 +83,7 @@ impl SettingsMaps {
             },
             fib_invalidations: 0,
             ruleset_changes: 0,
+            verdict_max_age: Duration::ZERO,
             stats: take(ebpf, MAP_STATS)?,
         })
     }
@@ -124,6 +133,17 @@ impl Datapath {
         self.settings.write()
     }
 
+    /// How long a flow direction is forwarded after the kernel last forwarded one of its
+    /// packets (`verdict_max_age_ms`; zero: until the ruleset changes). Starts at zero.
+    pub fn set_verdict_max_age(&mut self, max_age: Duration) -> anyhow::Result<()> {
+        let ticks = verdict_tick(u64::try_from(max_age.as_nanos()).unwrap_or(u64::MAX));
+        // A non-zero age shorter than a tick is one tick, not "never expires".
+        self.settings.current.verdict_max_age = if max_age.is_zero() { 0 } else { ticks.max(1) };
+        self.settings.write()?;
+        self.settings.verdict_max_age = max_age;
+        Ok(())
+    }
+
     /// Invalidates every flow's cached FIB answer: the next packet of each flow takes a full
     /// `bpf_fib_lookup`. Called for every kernel notification that can change an answer.
     pub fn invalidate_fib_cache(&mut self) -> anyhow::Result<()> {
@@ -152,6 +172,8 @@ impl Datapath {
             changes: self.settings.ruleset_changes,
             armed_interfaces: self.links.armed.len() as u32,
             fib_mark: self.settings.current.flags & SETTINGS_F_FIB_MARK != 0,
+            verdict_max_age_ms: u64::try_from(self.settings.verdict_max_age.as_millis())
+                .unwrap_or(u64::MAX),
         }
     }
 

@@ -32,5 +32,12 @@ pub(super) fn encode(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt:
         Some(&Unit::Seconds),
         [(vec![], s.fib_cache.max_age_ms as f64 / 1000.0)],
     )?;
+    gauges(
+        enc,
+        "verdict_max_age",
+        "Longest the fast path forwards a flow direction after the kernel last forwarded one of its packets (verdict_max_age_ms); 0 = until the ruleset changes.",
+        Some(&Unit::Seconds),
+        [(vec![], s.ruleset.verdict_max_age_ms as f64 / 1000.0)],
+    )?;
     Ok(())
 }

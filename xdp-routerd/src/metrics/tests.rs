@@ -120,6 +120,7 @@ fn sample_status() -> Status {
             changes: 3,
             armed_interfaces: 2,
             fib_mark: true,
+            verdict_max_age_ms: 1000,
         },
         age_ms: 0,
     }
@@ -227,6 +228,7 @@ fn encodes_every_family_with_values_from_the_status() {
     assert_eq!(value(&t, "xdp_router_conntrack_refreshes_total"), 77.0);
     assert_eq!(value(&t, "xdp_router_fib_cache_invalidations_total"), 6.0);
     assert_eq!(value(&t, "xdp_router_fib_cache_max_age_seconds"), 0.1);
+    assert_eq!(value(&t, "xdp_router_verdict_max_age_seconds"), 1.0);
     assert_eq!(value(&t, "xdp_router_ruleset_changes_total"), 3.0);
     assert_eq!(
         value(

@@ -87,6 +87,11 @@ impl State<Datapath> {
         self.dp.set_fastpath(on)
     }
 
+    /// How long a kernel verdict holds (see [`Datapath::set_verdict_max_age`]).
+    pub fn set_verdict_max_age(&mut self, max_age: std::time::Duration) -> anyhow::Result<()> {
+        self.dp.set_verdict_max_age(max_age)
+    }
+
     /// Verifies TCP/UDP checksums in XDP (while conntrack verifies them, `on`).
     pub fn set_verify_l4_checksum(&mut self, on: bool) -> anyhow::Result<()> {
         self.dp.set_verify_l4_checksum(on)

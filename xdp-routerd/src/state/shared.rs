@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 
 use super::{State, lock_stats, monotonic_ns};
 use crate::{
+    config::MAX_VERDICT_AGE_MS,
     flows::Offloaded,
     paths::Stale,
     status::{Flows, Status},
@@ -148,6 +149,16 @@ impl Shared {
     pub fn set_fastpath(&self, on: bool) -> anyhow::Result<()> {
         let mut s = self.lock();
         s.set_fastpath(on)?;
+        self.build_status(s).map(drop)
+    }
+
+    /// Sets `verdict_max_age_ms` live (see [`crate::config::Config::verdict_max_age_ms`]).
+    pub fn set_verdict_max_age(&self, ms: u64) -> anyhow::Result<()> {
+        if ms > MAX_VERDICT_AGE_MS {
+            anyhow::bail!("{ms} ms is out of range (0..={MAX_VERDICT_AGE_MS})");
+        }
+        let mut s = self.lock();
+        s.set_verdict_max_age(Duration::from_millis(ms))?;
         self.build_status(s).map(drop)
     }
 

@@ -50,6 +50,10 @@ pub struct RulesetStatus {
     pub armed_interfaces: u32,
     /// `bpf_fib_lookup` takes the packet mark (Linux 6.10): marked flows can be fast-pathed.
     pub fib_mark: bool,
+    /// How long a flow direction is forwarded after the kernel last forwarded it, in ms
+    /// (`verdict_max_age_ms`); 0 = until the ruleset changes.
+    #[serde(default)]
+    pub verdict_max_age_ms: u64,
 }
 
 impl From<datapath::Ruleset> for RulesetStatus {
@@ -59,6 +63,7 @@ impl From<datapath::Ruleset> for RulesetStatus {
             changes: r.changes,
             armed_interfaces: r.armed_interfaces,
             fib_mark: r.fib_mark,
+            verdict_max_age_ms: r.verdict_max_age_ms,
         }
     }
 }

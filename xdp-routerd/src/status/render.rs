@@ -100,6 +100,20 @@ impl Status {
                 " (marked flows stay in the kernel: Linux < 6.10)"
             }
         );
+        if r.verdict_max_age_ms == 0 {
+            let _ = writeln!(
+                s,
+                "kernel verdicts: kept until the ruleset changes (ipset and time rules do not \
+                 reach offloaded flows)"
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "kernel verdicts: renewed every {} ms (ipset and time rules reach offloaded \
+                 flows)",
+                r.verdict_max_age_ms
+            );
+        }
         let f = &self.fib_cache;
         if f.max_age_ms == 0 {
             let _ = writeln!(s, "fib cache: off (every packet is looked up)");

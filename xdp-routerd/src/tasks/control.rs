@@ -43,6 +43,14 @@ impl Handler for ControlHandler {
                 info!(on, "fast path switched {}", if on { "on" } else { "off" });
                 serde_json::json!({ "fastpath": on })
             }
+            Request::VerdictAge { ms } => {
+                self.shared.set_verdict_max_age(ms)?;
+                info!(
+                    ms,
+                    "kernel verdicts now held for {ms} ms (0: until the ruleset changes)"
+                );
+                serde_json::json!({ "verdict_max_age_ms": ms })
+            }
         })
     }
 }
