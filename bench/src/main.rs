@@ -22,6 +22,7 @@ mod search;
 mod soak;
 mod tcp;
 mod testbed;
+mod verdicts;
 
 use std::path::PathBuf;
 
@@ -59,6 +60,9 @@ enum Mode {
     /// with the kernel alone, the flow maps checked against conntrack. Fails when a check is
     /// missed.
     Scale(scale::ScaleArgs),
+    /// Verdict expiry cost (≈ 1 min): 64-byte UDP through the fast path with verdicts kept
+    /// and with `verdict_max_age_ms` set, side by side.
+    Verdicts(verdicts::VerdictArgs),
     /// Responsiveness (≈ 2 min per build): `/metrics` and `xdp-routerd status` latency with
     /// 100,000 connections in conntrack while 100,000 routes flap and connections come and go;
     /// `--baseline BIN` measures another build first, side by side.
@@ -159,6 +163,13 @@ fn main() {
     if let Some(Mode::Scale(args)) = &cli.mode {
         if let Err(e) = scale::run(&cli.opts, args) {
             eprintln!("xdp-router-bench scale: error: {e:#}");
+            std::process::exit(if run::stopped() { 130 } else { 1 });
+        }
+        return;
+    }
+    if let Some(Mode::Verdicts(args)) = &cli.mode {
+        if let Err(e) = verdicts::run(&cli.opts, args) {
+            eprintln!("xdp-router-bench verdicts: error: {e:#}");
             std::process::exit(if run::stopped() { 130 } else { 1 });
         }
         return;

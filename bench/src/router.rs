@@ -344,6 +344,15 @@ impl Status {
         parts.join(" ")
     }
 
+    /// Packets counted under `reason` (its stable name), summed over interfaces.
+    pub fn packets(&self, reason: &str) -> u64 {
+        self.reasons
+            .iter()
+            .filter(|(r, _)| r == reason)
+            .map(|(_, p)| p)
+            .sum()
+    }
+
     /// Packets the datapath forwarded itself (`forwarded_*` reasons).
     pub fn forwarded(&self) -> u64 {
         self.reasons
@@ -488,6 +497,16 @@ impl Daemon {
                 "xdp-routerd fastpath {on}: status still says fastpath={}",
                 st.fastpath
             );
+        }
+        Ok(())
+    }
+
+    /// `xdp-routerd verdict-age MS`, then checks that `status` agrees.
+    pub fn set_verdict_age(&self, ms: u64) -> Result<()> {
+        self.cli(&["verdict-age", &ms.to_string()])?;
+        let now = self.status_json()?["ruleset"]["verdict_max_age_ms"].as_u64();
+        if now != Some(ms) {
+            bail!("xdp-routerd verdict-age {ms}: status says {now:?}");
         }
         Ok(())
     }

@@ -48,6 +48,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("taskset", "util-linux"),
     // bench/src/scale/idle.rs counts an idle daemon's system calls.
     ("strace", "strace"),
+    ("ipset", "ipset"),
 ];
 
 /// Runs every setup step.

@@ -4,11 +4,11 @@
 
 use std::net::IpAddr;
 
-use xdp_router_common::{IFACE_F_SHAPED, Reason};
+use xdp_router_common::{IFACE_F_SHAPED, Reason, verdict_tick};
 use xdp_router_tests::{
     fixture_net::{
         Bed, CLIENT_MAC, FlowEntry, GW_MAC, LAN_SLOT, Setup, WAN_SLOT, XDP_PASS, XDP_REDIRECT,
-        flow, lan_pkt, v4, v6, wan_pkt,
+        coarse_monotonic_ns, flow, lan_pkt, v4, v6, wan_pkt,
     },
     packet::{
         Spec, Transport,
@@ -107,8 +107,10 @@ fn forward(
         frame: pkt.frame(),
         ingress,
         subject: Subject::Router {
-            setup: Setup::managed(bed, flow_pair(ingress, &pkt, new_src, new_dst, reply))
-                .with_iface_mac(ingress, next_hop),
+            setup: with_verdict_age(
+                Setup::managed(bed, flow_pair(ingress, &pkt, new_src, new_dst, reply))
+                    .with_iface_mac(ingress, next_hop),
+            ),
             slot,
             reason: if reply {
                 Reason::ForwardedReply
@@ -118,6 +120,15 @@ fn forward(
             verdict: XDP_REDIRECT,
         },
     }
+}
+
+/// `setup` with verdicts expiring, as the daemon runs it (`verdict_max_age_ms`), so that every
+/// forward pays the age check: here after an hour, longer than any run, the flows armed now.
+fn with_verdict_age(mut setup: Setup) -> Setup {
+    let now = verdict_tick(coarse_monotonic_ns());
+    setup.verdict_max_age = verdict_tick(3_600_000_000_000);
+    setup.flows = setup.flows.into_iter().map(|f| f.armed_at(now)).collect();
+    setup
 }
 
 /// `case` with TCP/UDP checksums not verified (`nf_conntrack_checksum = 0`).
