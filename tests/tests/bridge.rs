@@ -133,9 +133,13 @@ impl Bed {
             format!(
                 "control_socket = \"{}\"\nxdp_mode = \"native\"\nflow_capacity = 4096\n\
                  keepalive_interval_ms = 2000\nlog_level = \"debug\"\n\
+                 verdict_max_age_ms = {}\n\
                  [[interface]]\nname = \"eth0\"\nrole = \"wan\"\n\
                  {lan}",
-                socket.display()
+                socket.display(),
+                // Verdicts kept, as on the `Testbed` (see `Testbed::verdict_max_age_ms`): the
+                // tests count every packet's reason.
+                0
             ),
         )
         .expect("write config");

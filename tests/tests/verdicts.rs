@@ -24,6 +24,9 @@ use xdp_router_tests::testbed::{
 /// Datagrams per second each way.
 const PPS: u32 = 2000;
 
+/// `verdict_max_age_ms` as shipped (`config/xdp-routerd.toml` and the daemon's default).
+const DEFAULT_VERDICT_AGE_MS: u64 = 500;
+
 /// How each round runs the flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -84,9 +87,10 @@ struct Round {
 /// Starts the daemon and the flow to `port` and waits until it is offloaded; returns the
 /// daemon's default verdict age.
 fn offloaded_flow(tb: &mut Testbed, port: u16) -> (UdpFlow, u64) {
+    tb.verdict_max_age_ms = DEFAULT_VERDICT_AGE_MS;
     tb.start_daemon();
     let age = tb.daemon().status().ruleset.verdict_max_age_ms;
-    assert!(age > 0, "the default config keeps verdicts forever");
+    assert_eq!(age, DEFAULT_VERDICT_AGE_MS);
     let flow = UdpFlow::start(tb, wan_v4(port), PPS);
     enter(tb, Mode::FastPath, age);
     (flow, age)

@@ -1,5 +1,6 @@
 //! xdp-routerd: attaches the xdp-router XDP program to the managed interfaces and keeps its maps
 //! in step with the kernel (conntrack over ctnetlink; links, addresses and routes over rtnetlink).
+pub mod check_system;
 pub mod config;
 pub mod control;
 pub mod daemon;

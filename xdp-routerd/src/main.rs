@@ -97,6 +97,14 @@ enum Command {
         /// Configuration file (TOML).
         file: PathBuf,
     },
+    /// Check this kernel and its network devices for the fast path (BTF, version, privileges,
+    /// the eBPF object loading, conntrack, each device's XDP support), in lines to paste into
+    /// a bug report. Exits 1 when something required is missing.
+    CheckSystem {
+        /// Only the interfaces of this configuration file (default: every device).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -212,6 +220,17 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             count,
             zeros,
         } => stats(&target.socket()?, json, watch, count, zeros),
+        Command::CheckSystem { config } => {
+            let config = config.map(|f| Config::load(&f)).transpose()?;
+            let facts = xdp_routerd::check_system::gather(config.as_ref());
+            let (text, worst) =
+                xdp_routerd::check_system::judge::render(env!("CARGO_PKG_VERSION"), &facts);
+            print!("{text}");
+            if worst == xdp_routerd::check_system::judge::Level::Fail {
+                bail!("this system cannot run the fast path: see the FAIL lines above");
+            }
+            Ok(())
+        }
         Command::CheckConfig { file } => {
             let c = Config::load(&file)?;
             for name in c.missing_interfaces() {

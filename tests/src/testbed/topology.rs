@@ -101,6 +101,13 @@ pub struct Testbed {
     pub wan: Netns,
     /// Config, control socket and daemon log.
     pub dir: TempDir,
+    /// `verdict_max_age_ms` of the daemon's config: 0 (verdicts kept until the ruleset
+    /// changes) unless a test sets it before starting the daemon. Most tests count exactly
+    /// which reason every packet of a short exchange took; with verdicts expiring, one packet
+    /// per direction and interval would go to the kernel instead at a moment that depends on
+    /// timing. Expiry only ever sends more packets to the kernel; `tests/verdicts.rs` runs
+    /// with the shipped default.
+    pub verdict_max_age_ms: u64,
 }
 
 impl Testbed {
@@ -113,6 +120,7 @@ impl Testbed {
             router: Netns::new(&format!("{tag}r")),
             wan: Netns::new(&format!("{tag}w")),
             dir: TempDir::new(),
+            verdict_max_age_ms: 0,
         };
         tb.router.sh(&format!(
             "ip link add {LAN_IF} type veth peer name {HOST_IF} netns {lan}
@@ -231,8 +239,10 @@ impl Testbed {
                  flow_capacity = 4096\n\
                  keepalive_interval_ms = 2000\n\
                  log_level = \"debug\"\n\
+                 verdict_max_age_ms = {}\n\
                  {config_tail}",
-                socket.display()
+                socket.display(),
+                self.verdict_max_age_ms
             ),
         )
         .unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
