@@ -141,18 +141,23 @@ impl Status {
 }
 
 impl Flows {
-    /// Human-readable table.
+    /// Human-readable table: per direction, what the fast path forwarded, conntrack's own
+    /// counter (what the kernel forwarded) and their sum, in packets and IP bytes.
     pub fn render(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "{:<5} {:<8} {:<4} {:<42} {:<42} {:<8} {:>10} {:>12} {:>8}",
+            "{:<5} {:<8} {:<4} {:<42} {:<42} {:<8} {:>10} {:>12} {:>10} {:>12} {:>10} {:>12} {:>8}",
             "FAM",
             "IN",
             "PROTO",
             "SRC -> DST",
             "REWRITTEN SRC -> DST",
             "DIR",
+            "FP PKTS",
+            "FP BYTES",
+            "CT PKTS",
+            "CT BYTES",
             "PACKETS",
             "BYTES",
             "IDLE"
@@ -162,9 +167,12 @@ impl Flows {
                 .idle_ms
                 .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
                 .unwrap_or("-".into());
+            let (ct_packets, ct_bytes) = f.conntrack.map_or(("-".into(), "-".into()), |c| {
+                (c.packets.to_string(), c.bytes.to_string())
+            });
             let _ = writeln!(
                 s,
-                "{:<5} {:<8} {:<4} {:<42} {:<42} {:<8} {:>10} {:>12} {:>8}",
+                "{:<5} {:<8} {:<4} {:<42} {:<42} {:<8} {:>10} {:>12} {:>10} {:>12} {:>10} {:>12} {:>8}",
                 f.family,
                 f.ingress,
                 f.proto,
@@ -173,10 +181,23 @@ impl Flows {
                 f.direction,
                 f.packets,
                 f.bytes,
+                ct_packets,
+                ct_bytes,
+                f.total.packets,
+                f.total.bytes,
                 idle
             );
         }
         let _ = writeln!(s, "{} flow directions", self.flows.len());
+        let _ = writeln!(
+            s,
+            "FP: forwarded by the fast path; CT: conntrack's own counter (what the kernel \
+             forwarded); PACKETS/BYTES: both, what conntrack would count without the fast path \
+             (bytes: IP datagram lengths)"
+        );
+        if let Some(note) = &self.conntrack_note {
+            let _ = writeln!(s, "no conntrack counters: {note}");
+        }
         s
     }
 }
