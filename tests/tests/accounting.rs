@@ -164,6 +164,7 @@ fn transfer_is_counted(tag: &str, on: bool, port: u16) {
     let transfer = OpenTransfer::run(&tb, wan_v4(port));
     let after = tb.snapshot();
     let row = flow_row(&tb, port);
+    eprintln!("{}", tb.daemon().ctl(&["flows"]).unwrap_or_else(|e| e));
     let host_tx = host_transmit_bytes(&tb) - host_before;
     let tool = conntrack_tool_bytes(&tb, port);
     transfer.close();

@@ -259,7 +259,8 @@ impl FlowManager {
     /// hosts' totals). Returns whether it was offloaded.
     pub fn forget(&mut self, orig: &CtTuple, table: &mut impl FlowTable) -> bool {
         self.parked.remove(orig);
-        let was = self.remove(orig, table);
+        // Its last counts matter only to the per-host totals.
+        let was = self.take_back(orig, table, self.ledger.limit() > 0);
         self.ledger.close(orig);
         was
     }
@@ -271,14 +272,23 @@ impl FlowManager {
 
     /// Takes a connection back from the fast path. Returns whether it was offloaded.
     pub fn remove(&mut self, orig: &CtTuple, table: &mut impl FlowTable) -> bool {
+        // The connection lives on: what its entries counted stays with it (it may be
+        // offloaded again, with new entries).
+        self.take_back(orig, table, true)
+    }
+
+    /// [`FlowManager::remove`], keeping what the entries counted when `keep_counts` (two map
+    /// reads).
+    fn take_back(&mut self, orig: &CtTuple, table: &mut impl FlowTable, keep_counts: bool) -> bool {
         let Some(conn) = self.take(orig) else {
             return false;
         };
         let plan = Plan::new(orig, &conn.reply, conn.ingress[0], conn.ingress[1]);
-        // What the entries counted stays with the connection (they may be rewritten next).
-        let lan = self.lan_hosts(orig, &conn.reply, conn.ingress);
-        self.ledger
-            .carry(*orig, lan, read_traffic(table, &plan.keys));
+        if keep_counts {
+            let lan = self.lan_hosts(orig, &conn.reply, conn.ingress);
+            self.ledger
+                .carry(*orig, lan, read_traffic(table, &plan.keys));
+        }
         remove_entries(table, &plan.keys, &plan.arms);
         self.stats.removed_total += 1;
         true
