@@ -205,7 +205,59 @@ impl Flows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::{IfaceStatus, PppoeStatus, tests::status};
+    use crate::flows::accounting::Traffic;
+    use crate::status::{FlowRow, IfaceStatus, PppoeStatus, tests::status};
+
+    #[test]
+    fn flows_show_fast_path_conntrack_and_total_per_direction() {
+        let t = |packets, bytes| Traffic { packets, bytes };
+        let row = |direction: &str, fp: Traffic, ct: Option<Traffic>| FlowRow {
+            family: "ipv4".into(),
+            ingress: "eth1".into(),
+            proto: "tcp".into(),
+            src: "10.0.1.2:40000".into(),
+            dst: "10.0.2.2:5201".into(),
+            new_src: "10.0.2.1:40000".into(),
+            new_dst: "10.0.2.2:5201".into(),
+            direction: direction.into(),
+            packets: fp.packets,
+            bytes: fp.bytes,
+            conntrack: ct,
+            total: fp + ct.unwrap_or_default(),
+            idle_ms: Some(400),
+        };
+        let flows = Flows {
+            flows: vec![
+                row("original", t(69_354, 103_602_064), Some(t(7, 7612))),
+                row("reply", t(1344, 69_912), None),
+            ],
+            conntrack_note: Some("net.netfilter.nf_conntrack_acct is 0".into()),
+        };
+        let text = flows.render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].contains("FP BYTES") && lines[0].contains("CT BYTES"),
+            "{text}"
+        );
+        let cols: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            cols[cols.len() - 7..],
+            [
+                "69354",
+                "103602064",
+                "7",
+                "7612",
+                "69361",
+                "103609676",
+                "0.4s"
+            ]
+        );
+        assert!(
+            lines[2].contains(" - "),
+            "no conntrack counter shows as -: {text}"
+        );
+        assert!(text.ends_with("no conntrack counters: net.netfilter.nf_conntrack_acct is 0\n"));
+    }
 
     #[test]
     fn an_old_status_says_how_old() {
