@@ -266,6 +266,36 @@ pub fn l4_offset(frame: &[u8]) -> usize {
     }
 }
 
+/// Length of the IP datagram a frame carries (IPv4 total length, IPv6 payload length + 40),
+/// after any VLAN tags and a PPPoE session header: what the flow counters count per packet.
+pub fn ip_len(frame: &[u8]) -> usize {
+    let mut off = 12;
+    loop {
+        match u16::from_be_bytes([frame[off], frame[off + 1]]) {
+            0x8100 | 0x88a8 => off += 4,
+            // PPPoE session header (6 bytes), then the PPP protocol (0x0021 IPv4, 0x0057 IPv6).
+            0x8864 => {
+                let ppp = u16::from_be_bytes([frame[off + 8], frame[off + 9]]);
+                let ip = off + 10;
+                return match ppp {
+                    0x0021 => usize::from(u16::from_be_bytes([frame[ip + 2], frame[ip + 3]])),
+                    0x0057 => 40 + usize::from(u16::from_be_bytes([frame[ip + 4], frame[ip + 5]])),
+                    p => panic!("ip_len: PPP protocol {p:#06x}"),
+                };
+            }
+            0x0800 => {
+                let ip = off + 2;
+                return usize::from(u16::from_be_bytes([frame[ip + 2], frame[ip + 3]]));
+            }
+            0x86dd => {
+                let ip = off + 2;
+                return 40 + usize::from(u16::from_be_bytes([frame[ip + 4], frame[ip + 5]]));
+            }
+            t => panic!("ip_len: EtherType {t:#06x}"),
+        }
+    }
+}
+
 /// Sets the UDP checksum field of a frame to 0 ("no checksum", IPv4 only).
 pub fn with_zero_udp_checksum(frame: &[u8]) -> Vec<u8> {
     let mut f = frame.to_vec();

@@ -132,7 +132,9 @@ pub const FLOW_F_STALE: u32 = 1 << 1;
 pub struct FlowCounters {
     /// Packets forwarded by the fast path.
     pub packets: u64,
-    /// Bytes forwarded by the fast path (L2 frame length as received).
+    /// Bytes forwarded by the fast path, counted as conntrack counts them (`nf_conntrack_acct`):
+    /// each packet's IP datagram length (IPv4 total length, IPv6 payload length + 40), no
+    /// link-layer header, so a flow's total is conntrack's counter plus this one.
     pub bytes: u64,
     /// `bpf_ktime_get_coarse_ns()` (CLOCK_MONOTONIC_COARSE: tick resolution, at most a jiffy behind
     /// CLOCK_MONOTONIC) of the last forwarded packet; 0 = never.

@@ -336,9 +336,18 @@ fn first_in_pass(counters: *mut FlowCounters, policy: &FibCachePolicy) -> bool {
     last < policy.active_since_ns
 }
 
-/// Counts the packet on its flow; `action` is what the redirect set-up returned.
+/// Counts the packet on its flow (`ip_len`: its IP datagram's length, as conntrack counts
+/// bytes) and says what was sent (`frame_len` bytes, for the per-reason counters); `action`
+/// is what the redirect set-up returned.
 #[inline(always)]
-fn finish(counters: *mut FlowCounters, flags: u32, bytes: u64, action: u32, now: u64) -> Forwarded {
+fn finish(
+    counters: *mut FlowCounters,
+    flags: u32,
+    ip_len: u64,
+    frame_len: u64,
+    action: u32,
+    now: u64,
+) -> Forwarded {
     // SAFETY: `counters` points into a flow map value (8-byte aligned); the kernel keeps it
     // alive for this program run. Several CPUs may forward the same flow, hence atomic adds
     // (BPF_ATOMIC | BPF_ADD): plain adds lose updates when two CPUs forward the same flow
@@ -353,7 +362,7 @@ fn finish(counters: *mut FlowCounters, flags: u32, bytes: u64, action: u32, now:
         atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(addr_of_mut!((*counters).packets), 1);
         atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
             addr_of_mut!((*counters).bytes),
-            bytes,
+            ip_len,
         );
         addr_of_mut!((*counters).last_seen_ns).write_volatile(now);
     }
@@ -365,7 +374,7 @@ fn finish(counters: *mut FlowCounters, flags: u32, bytes: u64, action: u32, now:
     Forwarded {
         action,
         reason,
-        bytes,
+        bytes: frame_len,
     }
 }
 
@@ -446,6 +455,7 @@ fn try_forward_ip<F: Family, P: Packet>(
     Ok(finish(
         counters,
         flags,
+        u64::from(h.len),
         frame_len(ctx) as u64,
         egress.action,
         now,

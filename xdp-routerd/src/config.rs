@@ -62,6 +62,12 @@ pub struct Config {
     /// here) disables it.
     #[serde(default = "default_metrics_listen", with = "listen_addr")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Most LAN hosts with per-host traffic series of their own
+    /// (`xdp_router_host_{transmit,receive}_{bytes,packets}_total{host}`): the first hosts
+    /// seen, by address; the traffic of any others is summed under `host="other"`. A LAN host
+    /// is an endpoint whose packets arrive on a `lan` interface. 0 disables the series.
+    #[serde(default = "default_host_metrics_limit")]
+    pub host_metrics_limit: usize,
     /// Interfaces the fast path manages.
     #[serde(rename = "interface", default)]
     pub interfaces: Vec<InterfaceConfig>,
@@ -185,6 +191,12 @@ pub const MIN_CONNTRACK_EVENT_BUFFER: usize = 4 << 10;
 /// Largest `conntrack_event_buffer` (1 GiB; the kernel charges it to the daemon's socket).
 pub const MAX_CONNTRACK_EVENT_BUFFER: usize = 1 << 30;
 
+/// Default `host_metrics_limit`: a home or small-office LAN, four series each.
+pub const DEFAULT_HOST_METRICS_LIMIT: usize = 256;
+
+/// Largest `host_metrics_limit`: the series a scrape returns stay bounded.
+pub const MAX_HOST_METRICS_LIMIT: usize = 65_536;
+
 /// Largest `verdict_max_age_ms` (one minute): an ipset entry or a time rule must not wait
 /// longer than that to reach an offloaded flow.
 pub const MAX_VERDICT_AGE_MS: u64 = 60_000;
@@ -225,6 +237,9 @@ fn default_verdict_max_age_ms() -> u64 {
 }
 fn default_conntrack_event_buffer() -> usize {
     crate::sync::ctnetlink::DEFAULT_EVENT_RCVBUF
+}
+fn default_host_metrics_limit() -> usize {
+    DEFAULT_HOST_METRICS_LIMIT
 }
 fn default_log_level() -> String {
     "info".to_string()
@@ -385,6 +400,13 @@ impl Config {
                 "verdict_max_age_ms = {} is out of range (0..={MAX_VERDICT_AGE_MS}; 0 keeps a \
                  verdict until the ruleset changes)",
                 self.verdict_max_age_ms
+            ));
+        }
+        if self.host_metrics_limit > MAX_HOST_METRICS_LIMIT {
+            return Err(format!(
+                "host_metrics_limit = {} is out of range (0..={MAX_HOST_METRICS_LIMIT}; 0 \
+                 disables the per-host series)",
+                self.host_metrics_limit
             ));
         }
         if !(MIN_CONNTRACK_EVENT_BUFFER..=MAX_CONNTRACK_EVENT_BUFFER)

@@ -67,7 +67,11 @@ pub async fn run(
     tasks.spawn(tasks::control::run(s.listener, shared.clone()));
     tasks.spawn(tasks::status::publish(shared.clone()));
     if let Some(listener) = metrics {
-        tasks.spawn(tasks::metrics::run(listener, shared.clone()));
+        tasks.spawn(tasks::metrics::run(
+            listener,
+            shared.clone(),
+            config.host_metrics_limit > 0,
+        ));
     }
     info!(socket = %socket.display(), "xdp-routerd running; fast path on");
 

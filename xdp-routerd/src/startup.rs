@@ -105,6 +105,7 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     // TCP/UDP checksums are verified in XDP exactly while conntrack verifies them.
     dp.set_verify_l4_checksum(conntrack_checksum())?;
     let mut state = State::new(dp, &config.interfaces, &ifindexes, config.xdp_mode);
+    state.set_host_metrics_limit(config.host_metrics_limit);
     // Which interfaces are bridges, and which devices can transmit XDP frames, before the
     // first packet is redirected.
     let xmit_sub = xdp_xmit::subscribe().context("cannot read the devices' XDP features")?;

@@ -10,6 +10,7 @@ use xdp_router_common::{
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
+use super::accounting::DirTraffic;
 use super::conntrack::CtTuple;
 use super::{FlowTable, Skip};
 
@@ -41,6 +42,17 @@ pub(super) fn remove_entries(table: &mut impl FlowTable, keys: &[DirKey; 2], arm
             DirKey::V6(k) => table.remove_v6(k),
         }
     }
+}
+
+/// What a connection's `[original, reply]` flow entries counted (nothing for a missing one).
+pub(super) fn read_traffic(table: &impl FlowTable, keys: &[DirKey; 2]) -> DirTraffic {
+    keys.map(|key| {
+        let counters = match key {
+            DirKey::V4(k) => table.get_v4(&k).map(|v| v.counters),
+            DirKey::V6(k) => table.get_v6(&k).map(|v| v.counters),
+        };
+        counters.unwrap_or_default().into()
+    })
 }
 
 /// The two map entries of a connection, each with its arming index key.

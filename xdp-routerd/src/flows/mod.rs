@@ -8,19 +8,21 @@
 //! This file holds the two traits and the manager's tables; the rest is by concern:
 //! `upsert` (the offload decision and parking), `map_entries` (the map entries of a
 //! connection), `stored` (what is kept per connection), `resync` (snapshots, revalidation,
-//! dumps), `keepalive` (the active connections), `skip` (why a connection is not offloaded).
+//! dumps), `keepalive` (the active connections), `skip` (why a connection is not offloaded),
+//! `accounting` (what the fast path forwarded, per connection and per LAN host).
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
 };
 
 use aya::maps::MapError;
 use xdp_router_common::{ArmKeyV4, ArmKeyV6, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6};
 
+use accounting::{DirTraffic, LanHosts, Ledger};
 use addresses::Addresses;
 use conntrack::{CtEntry, CtTuple};
-use map_entries::{Plan, remove_entries};
+use map_entries::{Plan, read_traffic, remove_entries};
 use stored::{Conns, Stored, TupleV4, TupleV6};
 use upsert::OncePerInterval;
 
@@ -97,6 +99,11 @@ pub struct Offloaded {
     pub keys: [DirKey; 2],
     /// `[original, reply]` arming index keys.
     pub arms: [ArmKey; 2],
+    /// Its LAN hosts (see [`LanHosts`]).
+    pub lan: LanHosts,
+    /// What earlier map entries of this connection counted (see [`Ledger::carried`]): its
+    /// fast-path traffic is this plus what its current entries count.
+    pub carried: DirTraffic,
 }
 
 /// Counters the manager keeps for `status` and metrics.
@@ -124,6 +131,11 @@ pub struct FlowManager {
     full_log: OncePerInterval,
     /// The addresses the offloaded connections use (not the parked ones).
     addresses: Addresses,
+    /// The managed LAN interfaces (ifindex): a connection's endpoint whose packets arrive on
+    /// one is a LAN host.
+    lan: BTreeSet<u32>,
+    /// What removed map entries counted, and the hosts with per-host series.
+    ledger: Ledger,
 }
 
 impl FlowManager {
@@ -135,6 +147,29 @@ impl FlowManager {
     /// Sets the managed interfaces (ifindex → name) that flows may enter or leave through.
     pub fn set_managed(&mut self, managed: BTreeMap<u32, String>) {
         self.managed = managed;
+    }
+
+    /// Sets the managed LAN interfaces (ifindexes; see [`LanHosts`]).
+    pub fn set_lan(&mut self, lan: BTreeSet<u32>) {
+        self.lan = lan;
+    }
+
+    /// Sets how many LAN hosts get per-host series (`host_metrics_limit`; 0: none).
+    pub fn set_host_limit(&mut self, limit: usize) {
+        self.ledger.set_limit(limit);
+    }
+
+    /// What removed map entries counted, per connection and per host.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// The LAN hosts of a connection whose directions arrive on `ingress`.
+    fn lan_hosts(&self, orig: &CtTuple, reply: &CtTuple, ingress: [u32; 2]) -> LanHosts {
+        [
+            self.lan.contains(&ingress[0]).then_some(orig.src),
+            self.lan.contains(&ingress[1]).then_some(reply.src),
+        ]
     }
 
     /// Name of a managed interface.
@@ -214,13 +249,20 @@ impl FlowManager {
 
     /// The offloaded connections (built on the fly from what the manager keeps).
     pub fn conns(&self) -> impl Iterator<Item = Offloaded> + '_ {
-        self.stored().map(|(orig, s)| s.offloaded(orig))
+        self.stored().map(|(orig, s)| {
+            let lan = self.lan_hosts(&orig, &s.reply, s.ingress);
+            s.offloaded(orig, lan, self.ledger.carried(&orig))
+        })
     }
 
-    /// Conntrack destroyed the connection: forget it entirely. Returns whether it was offloaded.
+    /// Conntrack destroyed the connection: forget it entirely (what it counted goes to its
+    /// hosts' totals). Returns whether it was offloaded.
     pub fn forget(&mut self, orig: &CtTuple, table: &mut impl FlowTable) -> bool {
         self.parked.remove(orig);
-        self.remove(orig, table)
+        // Its last counts matter only to the per-host totals.
+        let was = self.take_back(orig, table, self.ledger.limit() > 0);
+        self.ledger.close(orig);
+        was
     }
 
     /// Number of parked connections (offloadable by conntrack, waiting for a usable path).
@@ -230,16 +272,30 @@ impl FlowManager {
 
     /// Takes a connection back from the fast path. Returns whether it was offloaded.
     pub fn remove(&mut self, orig: &CtTuple, table: &mut impl FlowTable) -> bool {
+        // The connection lives on: what its entries counted stays with it (it may be
+        // offloaded again, with new entries).
+        self.take_back(orig, table, true)
+    }
+
+    /// [`FlowManager::remove`], keeping what the entries counted when `keep_counts` (two map
+    /// reads).
+    fn take_back(&mut self, orig: &CtTuple, table: &mut impl FlowTable, keep_counts: bool) -> bool {
         let Some(conn) = self.take(orig) else {
             return false;
         };
         let plan = Plan::new(orig, &conn.reply, conn.ingress[0], conn.ingress[1]);
+        if keep_counts {
+            let lan = self.lan_hosts(orig, &conn.reply, conn.ingress);
+            self.ledger
+                .carry(*orig, lan, read_traffic(table, &plan.keys));
+        }
         remove_entries(table, &plan.keys, &plan.arms);
         self.stats.removed_total += 1;
         true
     }
 }
 
+pub mod accounting;
 mod addresses;
 pub mod conntrack;
 #[cfg(test)]

@@ -148,9 +148,10 @@ impl FlowManager {
             .filter(|k| !present.contains(k))
             .collect();
         for k in &stale {
-            self.remove(k, table);
+            self.forget(k, table);
         }
         self.parked.retain(|k, _| present.contains(k));
+        self.ledger.close_absent(present);
         stale.len()
     }
 }

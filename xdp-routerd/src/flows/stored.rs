@@ -8,6 +8,7 @@ use std::{
 };
 
 use super::Offloaded;
+use super::accounting::{DirTraffic, LanHosts};
 use super::conntrack::{CtEntry, CtStatus, CtTuple, IPPROTO_TCP, tcp_state};
 use super::map_entries::Plan;
 
@@ -221,12 +222,14 @@ impl Stored<CtTuple> {
         }
     }
 
-    pub(super) fn offloaded(&self, orig: CtTuple) -> Offloaded {
+    pub(super) fn offloaded(&self, orig: CtTuple, lan: LanHosts, carried: DirTraffic) -> Offloaded {
         let plan = Plan::new(&orig, &self.reply, self.ingress[0], self.ingress[1]);
         Offloaded {
             entry: self.entry(orig),
             keys: plan.keys,
             arms: plan.arms,
+            lan,
+            carried,
         }
     }
 }

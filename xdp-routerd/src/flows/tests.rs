@@ -293,6 +293,50 @@ fn update_with_same_path_keeps_counters() {
 }
 
 #[test]
+fn counters_survive_rewrites_and_go_to_the_lan_host_when_the_connection_ends() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    m.set_managed(BTreeMap::from([
+        (2, "eth0".to_string()),
+        (3, "eth1".to_string()),
+        (4, "eth2".to_string()),
+    ]));
+    m.set_lan([3].into());
+    m.set_host_limit(8);
+    let host: IpAddr = "10.0.1.2".parse().unwrap();
+    let forward = |t: &mut FakeTable, packets: u64| {
+        for v in t.v4.values_mut() {
+            v.counters.packets += packets;
+            v.counters.bytes += 1500 * packets;
+        }
+    };
+    let fastpath = |m: &FlowManager, t: &FakeTable| {
+        let conn = m.conns().next().expect("offloaded");
+        let live = map_entries::read_traffic(t, &conn.keys);
+        [0, 1].map(|i| conn.carried[i] + live[i])
+    };
+    let traffic = |packets: u64| accounting::Traffic {
+        packets,
+        bytes: 1500 * packets,
+    };
+    assert_eq!(m.upsert(snat_tcp(), &mut t, &paths()), Upsert::Added);
+    let conn = m.conns().next().unwrap();
+    assert_eq!(conn.lan, [Some(host), None], "the WAN end is no LAN host");
+    forward(&mut t, 10);
+    // The WAN moves to eth2: new entries, counting from 0; the old ones' counts are carried.
+    let moved = FakePaths { wan: 4, ..paths() };
+    assert_eq!(m.upsert(snat_tcp(), &mut t, &moved), Upsert::Added);
+    assert!(t.v4.values().all(|v| v.counters.packets == 0));
+    forward(&mut t, 5);
+    assert_eq!(fastpath(&m, &t), [traffic(15), traffic(15)]);
+    // Conntrack destroys it: its hosts keep everything it carried.
+    m.forget(&snat_tcp().orig, &mut t);
+    let totals = m.ledger().totals();
+    assert_eq!(totals.hosts[&host].transmit, traffic(15));
+    assert_eq!(totals.hosts[&host].receive, traffic(15));
+    assert_eq!(m.ledger().carried(&snat_tcp().orig), [traffic(0); 2]);
+}
+
+#[test]
 fn unmanaged_or_local_endpoints_are_not_offloaded() {
     let (mut m, mut t) = (manager(), FakeTable::default());
     // WAN is ifindex 9, not managed.

@@ -108,6 +108,8 @@ impl FlowManager {
             return Upsert::Skipped(skip);
         }
         self.stats.offloaded_total += 1;
+        self.ledger
+            .admit(&self.lan_hosts(&entry.orig, &entry.reply, plan.ingress));
         self.insert(&entry.orig, &stored);
         Upsert::Added
     }
@@ -157,6 +159,8 @@ impl FlowManager {
             if written {
                 self.parked.remove(&e.orig);
                 self.stats.offloaded_total += 1;
+                self.ledger
+                    .admit(&self.lan_hosts(&e.orig, &e.reply, plan.ingress));
                 let stored = Stored {
                     reply: e.reply,
                     id: e.id.map_or(0, short_id),

@@ -11,7 +11,8 @@
 //!
 //! Here: the registry and its exposition; `collector` (the scrape-time collector), one file per
 //! subsystem that exports metrics (`forwarding`, `interfaces`, `offload`, `conntrack`,
-//! `kernel_changes`), `family` (encoding one family), `server` (HTTP).
+//! `kernel_changes`), `hosts` (per-LAN-host traffic, a collector of its own), `family`
+//! (encoding one family), `server` (HTTP).
 
 use std::{fmt, sync::Arc};
 
@@ -20,12 +21,16 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::status::Status;
+use crate::{flows::accounting::HostTotals, status::Status};
 use collector::StatusCollector;
 use family::gauges;
+use hosts::HostCollector;
 
 /// Where the metrics' status comes from (the daemon's state; a fixed one in tests).
 pub type StatusSource = Arc<dyn Fn() -> anyhow::Result<Status> + Send + Sync>;
+
+/// Where the per-host traffic comes from (see [`crate::state::Shared::host_traffic`]).
+pub type HostSource = Arc<dyn Fn() -> HostTotals + Send + Sync>;
 
 /// Every metric name starts with this (plus `_`).
 pub const PREFIX: &str = "xdp_router";
@@ -33,14 +38,21 @@ pub const PREFIX: &str = "xdp_router";
 /// `Content-Type` of the exposition (OpenMetrics text 1.0, which Prometheus negotiates).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// The daemon's registry: build info, scrape errors, and the status collector over `source`.
-pub fn registry(source: StatusSource) -> Registry {
+/// The daemon's registry: build info, scrape errors, the status collector over `source` and,
+/// when given (`host_metrics_limit` > 0), the per-host collector over `hosts`.
+pub fn registry(source: StatusSource, hosts: Option<HostSource>) -> Registry {
     let mut registry = Registry::with_prefix(PREFIX);
     registry.register_collector(Box::new(BuildInfo));
     registry.register_collector(Box::new(StatusCollector {
         source,
         errors: Counter::default(),
     }));
+    if let Some(source) = hosts {
+        registry.register_collector(Box::new(HostCollector {
+            source,
+            last: Default::default(),
+        }));
+    }
     registry
 }
 
@@ -74,6 +86,7 @@ mod collector;
 mod conntrack;
 mod family;
 mod forwarding;
+mod hosts;
 mod interfaces;
 mod kernel_changes;
 mod offload;

@@ -16,7 +16,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
-use super::{CONTENT_TYPE, StatusSource, encode, registry};
+use super::{CONTENT_TYPE, HostSource, StatusSource, encode, registry};
 
 /// Binds the metrics listener (before anything is attached, so a taken port is a start-up
 /// error, not a silent loss of metrics).
@@ -37,13 +37,14 @@ pub fn bind(addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
 pub async fn serve_listener(
     listener: std::net::TcpListener,
     source: StatusSource,
+    hosts: Option<HostSource>,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)
         .context("cannot register the metrics listener with tokio")?;
     if let Ok(addr) = listener.local_addr() {
         info!(url = %format!("http://{addr}/metrics"), "serving Prometheus metrics");
     }
-    serve(listener, Arc::new(registry(source))).await;
+    serve(listener, Arc::new(registry(source, hosts))).await;
     Ok(())
 }
 

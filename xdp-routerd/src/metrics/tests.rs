@@ -126,9 +126,14 @@ fn sample_status() -> Status {
     }
 }
 
+/// The exposition of `status`, with one LAN host's traffic.
 fn exposition(status: Status) -> String {
     let source: StatusSource = Arc::new(move || Ok(status.clone()));
-    encode(&registry(source)).unwrap()
+    let hosts: HostSource = Arc::new(|| HostTotals {
+        hosts: [("10.0.1.2".parse().unwrap(), Default::default())].into(),
+        other: Default::default(),
+    });
+    encode(&registry(source, Some(hosts))).unwrap()
 }
 
 /// The value of the sample `line_prefix` (name plus labels exactly as encoded).
@@ -319,7 +324,7 @@ fn names_follow_prometheus_conventions() {
 #[test]
 fn a_failed_status_read_is_counted_not_fatal() {
     let source: StatusSource = Arc::new(|| Err(anyhow::anyhow!("map gone")));
-    let r = registry(source);
+    let r = registry(source, None);
     encode(&r).unwrap();
     let t = encode(&r).unwrap();
     assert_eq!(value(&t, "xdp_router_status_read_errors_total"), 2.0);
@@ -361,6 +366,8 @@ fn dashboard_queries_only_exported_metrics() {
         "xdp_router_fallback_packets_total",
         "xdp_router_flow_entries",
         "xdp_router_fastpath_enabled",
+        "xdp_router_host_transmit_bytes_total",
+        "xdp_router_host_receive_bytes_total",
     ] {
         assert!(used.contains(must), "dashboard does not show {must}");
     }
@@ -418,6 +425,7 @@ async fn serves_metrics_over_http() {
     tokio::spawn(serve_listener(
         listener,
         Arc::new(move || Ok(status.clone())),
+        None,
     ));
     let get = |method: &'static str, path: &'static str| {
         tokio::task::spawn_blocking(move || {

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use tracing::{error, info, warn};
 
 use crate::{
-    config::{InterfaceConfig, XdpModeConfig},
+    config::{InterfaceConfig, Role, XdpModeConfig},
     datapath::Datapath,
     flows::FlowManager,
     status::ConntrackStatus,
@@ -163,6 +163,11 @@ impl<D: Ports> State<D> {
         }
     }
 
+    /// How many LAN hosts get per-host traffic series (`host_metrics_limit`; 0: none).
+    pub fn set_host_metrics_limit(&mut self, limit: usize) {
+        self.flows.set_host_limit(limit);
+    }
+
     /// Start-up: records what every interface is (`found`, by name; see
     /// [`crate::sync::bridge::read`]) and which devices can transmit XDP frames, before
     /// anything is attached.
@@ -191,9 +196,22 @@ impl<D: Ports> State<D> {
             let parent = m.vlan_parent(&self.xmit, &mut self.parent_slots, &mut self.next_slot);
             m.mode = Some(m.attach(&mut self.dp, ifindex, mac, self.xdp_mode, parent)?);
         }
-        let managed = self.managed_map();
-        self.flows.set_managed(managed);
+        self.sync_managed();
         Ok(())
+    }
+
+    /// Tells the flow manager which interfaces are managed now, and which of them face the
+    /// LAN.
+    fn sync_managed(&mut self) {
+        let managed = self.managed_map();
+        let lan = self
+            .ifaces
+            .iter()
+            .filter(|m| m.mode.is_some() && m.cfg.role == Role::Lan)
+            .filter_map(|m| m.ifindex)
+            .collect();
+        self.flows.set_managed(managed);
+        self.flows.set_lan(lan);
     }
 
     pub(super) fn managed_map(&self) -> BTreeMap<u32, String> {
@@ -261,8 +279,7 @@ impl<D: Ports> State<D> {
             Ok(mode) => m.mode = Some(mode),
             Err(e) => error!(interface = name, error = %format!("{e:#}"), "cannot attach"),
         }
-        let managed = self.managed_map();
-        self.flows.set_managed(managed);
+        self.sync_managed();
         true
     }
 
@@ -277,8 +294,7 @@ impl<D: Ports> State<D> {
         m.mode = None;
         m.detach(&mut self.dp, ifindex);
         self.prune_parent_bridges();
-        let managed = self.managed_map();
-        self.flows.set_managed(managed);
+        self.sync_managed();
         true
     }
 

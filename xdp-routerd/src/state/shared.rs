@@ -18,7 +18,10 @@ use tokio::sync::Notify;
 use super::{State, lock_stats, monotonic_ns};
 use crate::{
     config::MAX_VERDICT_AGE_MS,
-    flows::Offloaded,
+    flows::{
+        Offloaded,
+        accounting::{HostTotals, KernelCounters},
+    },
     paths::Stale,
     status::{Flows, Status},
 };
@@ -133,16 +136,42 @@ impl Shared {
 
     /// What `xdp-routerd flows` shows: the connections listed under the lock, their counters
     /// (two map reads each) read a chunk at a time with the lock released in between, so a
-    /// listing of 100,000 flows does not stall the other tasks. A connection removed meanwhile
-    /// is left out.
-    pub fn flows(&self) -> Flows {
+    /// listing of 100,000 flows does not stall the other tasks, each merged with conntrack's
+    /// own (`kernel`, read before; `conntrack_note`: why there are none). A connection removed
+    /// meanwhile is left out.
+    pub fn flows(&self, kernel: &KernelCounters, conntrack_note: Option<String>) -> Flows {
         let conns: Vec<Offloaded> = self.lock().flows().conns().collect();
         let now = monotonic_ns();
         let mut flows = Vec::with_capacity(2 * conns.len());
         for chunk in conns.chunks(APPLY_CHUNK) {
-            flows.extend(self.lock().flow_rows(chunk, now));
+            flows.extend(self.lock().flow_rows(chunk, now, kernel));
         }
-        Flows { flows }
+        Flows {
+            flows,
+            conntrack_note,
+        }
+    }
+
+    /// What the fast path forwarded per LAN host (the per-host metrics): the totals of removed
+    /// map entries and the connections listed under the lock, then the connections' live
+    /// counters read a chunk at a time as for [`Shared::flows`]. A connection removed between
+    /// the two counts in neither, so a total may dip for one scrape (the collector keeps the
+    /// series monotonic).
+    pub fn host_traffic(&self) -> HostTotals {
+        let (mut totals, conns) = {
+            let s = self.lock();
+            let conns: Vec<Offloaded> = s.flows().conns().collect();
+            (s.flows().ledger().totals(), conns)
+        };
+        for chunk in conns.chunks(APPLY_CHUNK) {
+            let s = self.lock();
+            for conn in chunk {
+                if let Some(live) = s.live_traffic(conn) {
+                    totals.add(&conn.lan, &live);
+                }
+            }
+        }
+        totals
     }
 
     /// Switches the fast path on or off; the published status says so at once.

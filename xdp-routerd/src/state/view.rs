@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use xdp_router_common::{FLOW_F_REPLY, Reason};
+use xdp_router_common::Reason;
 
 use super::{
     Managed, State,
@@ -14,7 +14,10 @@ use super::{
 };
 use crate::{
     datapath::{AttachMode, Datapath},
-    flows::{DirKey, FlowTable, Offloaded},
+    flows::{
+        DirKey, FlowTable, Offloaded,
+        accounting::{DirTraffic, KernelCounters, Traffic, merge},
+    },
     status::{
         BridgeVlanStatus, BridgeVlansStatus, CounterRow, FlowCounts, FlowRow, IfaceStatus, Status,
     },
@@ -292,9 +295,27 @@ impl State<Datapath> {
         }
     }
 
+    /// What the map entries of `conn` count now (`None` when they are gone: removed since it
+    /// was listed).
+    pub(super) fn live_traffic(&self, conn: &Offloaded) -> Option<DirTraffic> {
+        let counters = conn.keys.map(|key| match key {
+            DirKey::V4(k) => self.dp.get_v4(&k).map(|v| v.counters),
+            DirKey::V6(k) => self.dp.get_v6(&k).map(|v| v.counters),
+        });
+        match counters {
+            [None, None] => None,
+            [a, b] => Some([a, b].map(|c| c.unwrap_or_default().into())),
+        }
+    }
+
     /// The `xdp-routerd flows` rows of `conns`, with their counters read from the maps now
-    /// (see [`super::Shared::flows`]).
-    pub(super) fn flow_rows(&self, conns: &[Offloaded], now: u64) -> Vec<FlowRow> {
+    /// (see [`super::Shared::flows`]) and merged with conntrack's own (`kernel`).
+    pub(super) fn flow_rows(
+        &self,
+        conns: &[Offloaded],
+        now: u64,
+        kernel: &KernelCounters,
+    ) -> Vec<FlowRow> {
         let name = |i: u32| self.flows.iface_name(i).unwrap_or("?").to_string();
         let proto = |p: u8| match p {
             6 => "tcp".to_string(),
@@ -308,6 +329,7 @@ impl State<Datapath> {
         let mut rows = Vec::new();
         for conn in conns {
             let e = &conn.entry;
+            let ct = kernel.get(&(e.orig, e.zone));
             for (i, key) in conn.keys.iter().enumerate() {
                 let (from, to_src, to_sport, to_dst, to_dport) = if i == 0 {
                     (
@@ -320,20 +342,15 @@ impl State<Datapath> {
                 } else {
                     (&e.reply, e.orig.dst, e.orig.dport, e.orig.src, e.orig.sport)
                 };
-                let (ifindex, family, counters, flags) = match key {
-                    DirKey::V4(k) => {
-                        let v = self.dp.get_v4(k);
-                        (k.ifindex, "ipv4", v.map(|v| v.counters), v.map(|v| v.flags))
-                    }
-                    DirKey::V6(k) => {
-                        let v = self.dp.get_v6(k);
-                        (k.ifindex, "ipv6", v.map(|v| v.counters), v.map(|v| v.flags))
-                    }
+                let (ifindex, family, counters) = match key {
+                    DirKey::V4(k) => (k.ifindex, "ipv4", self.dp.get_v4(k).map(|v| v.counters)),
+                    DirKey::V6(k) => (k.ifindex, "ipv6", self.dp.get_v6(k).map(|v| v.counters)),
                 };
                 // Removed since it was listed (see `Shared::flows`): left out.
                 let Some(c) = counters else {
                     continue;
                 };
+                let merged = merge(conn.carried[i] + Traffic::from(c), ct.map(|ct| ct[i]));
                 rows.push(FlowRow {
                     family: family.into(),
                     ingress: name(ifindex),
@@ -342,14 +359,11 @@ impl State<Datapath> {
                     dst: ep(from.dst, from.dport),
                     new_src: ep(to_src, to_sport),
                     new_dst: ep(to_dst, to_dport),
-                    direction: if flags.unwrap_or(0) & FLOW_F_REPLY != 0 {
-                        "reply"
-                    } else {
-                        "original"
-                    }
-                    .into(),
-                    packets: c.packets,
-                    bytes: c.bytes,
+                    direction: if i == 0 { "original" } else { "reply" }.into(),
+                    packets: merged.fastpath.packets,
+                    bytes: merged.fastpath.bytes,
+                    conntrack: merged.kernel,
+                    total: merged.total,
                     idle_ms: (c.last_seen_ns != 0)
                         .then(|| now.saturating_sub(c.last_seen_ns) / 1_000_000),
                 });

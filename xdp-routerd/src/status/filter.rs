@@ -106,6 +106,8 @@ mod tests {
             direction: "original".into(),
             packets: 1,
             bytes: 1,
+            conntrack: None,
+            total: Default::default(),
             idle_ms: None,
         }
     }
@@ -146,6 +148,7 @@ mod tests {
         assert!(f(Some("[2001:db8::10]"), None).matches(&v6));
         let flows = Flows {
             flows: vec![nat, v6],
+            conntrack_note: None,
         }
         .filtered(&f(None, Some(5000)));
         assert_eq!(flows.flows.len(), 1);

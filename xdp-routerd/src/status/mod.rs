@@ -9,7 +9,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use xdp_router_common::Reason;
 
-use crate::{datapath, flows::Skip};
+use crate::{
+    datapath,
+    flows::{Skip, accounting::Traffic},
+};
 
 /// `status --json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -281,7 +284,8 @@ pub struct ConntrackStatus {
     pub last_resync_ms: u64,
 }
 
-/// One offloaded flow direction (`flows --json`).
+/// One offloaded flow direction (`flows --json`). Bytes are IP bytes (each packet's datagram
+/// length), conntrack's unit.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FlowRow {
     pub family: String,
@@ -293,8 +297,18 @@ pub struct FlowRow {
     pub new_dst: String,
     /// `original` or `reply`.
     pub direction: String,
+    /// Packets the fast path forwarded (since the connection was first offloaded).
     pub packets: u64,
+    /// Their bytes.
     pub bytes: u64,
+    /// Conntrack's own counter of this direction (`nf_conntrack_acct`): what the kernel
+    /// forwarded, including every packet the fast path passed to it, and nothing the fast path
+    /// forwarded. Null when conntrack has no counters (see [`Flows::conntrack_note`]).
+    #[serde(default)]
+    pub conntrack: Option<Traffic>,
+    /// Fast path + conntrack: what `conntrack -L` would show without the fast path.
+    #[serde(default)]
+    pub total: Traffic,
     /// Milliseconds since the fast path last forwarded a packet of it; null if never.
     pub idle_ms: Option<u64>,
 }
@@ -303,6 +317,10 @@ pub struct FlowRow {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Flows {
     pub flows: Vec<FlowRow>,
+    /// Why the rows have no conntrack counters (accounting off, dump failed); null when they
+    /// have them.
+    #[serde(default)]
+    pub conntrack_note: Option<String>,
 }
 
 mod filter;

@@ -141,18 +141,23 @@ impl Status {
 }
 
 impl Flows {
-    /// Human-readable table.
+    /// Human-readable table: per direction, what the fast path forwarded, conntrack's own
+    /// counter (what the kernel forwarded) and their sum, in packets and IP bytes.
     pub fn render(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "{:<5} {:<8} {:<4} {:<42} {:<42} {:<8} {:>10} {:>12} {:>8}",
+            "{:<5} {:<8} {:<4} {:<42} {:<42} {:<8} {:>10} {:>12} {:>10} {:>12} {:>10} {:>12} {:>8}",
             "FAM",
             "IN",
             "PROTO",
             "SRC -> DST",
             "REWRITTEN SRC -> DST",
             "DIR",
+            "FP PKTS",
+            "FP BYTES",
+            "CT PKTS",
+            "CT BYTES",
             "PACKETS",
             "BYTES",
             "IDLE"
@@ -162,9 +167,12 @@ impl Flows {
                 .idle_ms
                 .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
                 .unwrap_or("-".into());
+            let (ct_packets, ct_bytes) = f.conntrack.map_or(("-".into(), "-".into()), |c| {
+                (c.packets.to_string(), c.bytes.to_string())
+            });
             let _ = writeln!(
                 s,
-                "{:<5} {:<8} {:<4} {:<42} {:<42} {:<8} {:>10} {:>12} {:>8}",
+                "{:<5} {:<8} {:<4} {:<42} {:<42} {:<8} {:>10} {:>12} {:>10} {:>12} {:>10} {:>12} {:>8}",
                 f.family,
                 f.ingress,
                 f.proto,
@@ -173,10 +181,23 @@ impl Flows {
                 f.direction,
                 f.packets,
                 f.bytes,
+                ct_packets,
+                ct_bytes,
+                f.total.packets,
+                f.total.bytes,
                 idle
             );
         }
         let _ = writeln!(s, "{} flow directions", self.flows.len());
+        let _ = writeln!(
+            s,
+            "FP: forwarded by the fast path; CT: conntrack's own counter (what the kernel \
+             forwarded); PACKETS/BYTES: both, what conntrack would count without the fast path \
+             (bytes: IP datagram lengths)"
+        );
+        if let Some(note) = &self.conntrack_note {
+            let _ = writeln!(s, "no conntrack counters: {note}");
+        }
         s
     }
 }
@@ -184,7 +205,59 @@ impl Flows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::{IfaceStatus, PppoeStatus, tests::status};
+    use crate::flows::accounting::Traffic;
+    use crate::status::{FlowRow, IfaceStatus, PppoeStatus, tests::status};
+
+    #[test]
+    fn flows_show_fast_path_conntrack_and_total_per_direction() {
+        let t = |packets, bytes| Traffic { packets, bytes };
+        let row = |direction: &str, fp: Traffic, ct: Option<Traffic>| FlowRow {
+            family: "ipv4".into(),
+            ingress: "eth1".into(),
+            proto: "tcp".into(),
+            src: "10.0.1.2:40000".into(),
+            dst: "10.0.2.2:5201".into(),
+            new_src: "10.0.2.1:40000".into(),
+            new_dst: "10.0.2.2:5201".into(),
+            direction: direction.into(),
+            packets: fp.packets,
+            bytes: fp.bytes,
+            conntrack: ct,
+            total: fp + ct.unwrap_or_default(),
+            idle_ms: Some(400),
+        };
+        let flows = Flows {
+            flows: vec![
+                row("original", t(69_354, 103_602_064), Some(t(7, 7612))),
+                row("reply", t(1344, 69_912), None),
+            ],
+            conntrack_note: Some("net.netfilter.nf_conntrack_acct is 0".into()),
+        };
+        let text = flows.render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].contains("FP BYTES") && lines[0].contains("CT BYTES"),
+            "{text}"
+        );
+        let cols: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            cols[cols.len() - 7..],
+            [
+                "69354",
+                "103602064",
+                "7",
+                "7612",
+                "69361",
+                "103609676",
+                "0.4s"
+            ]
+        );
+        assert!(
+            lines[2].contains(" - "),
+            "no conntrack counter shows as -: {text}"
+        );
+        assert!(text.ends_with("no conntrack counters: net.netfilter.nf_conntrack_acct is 0\n"));
+    }
 
     #[test]
     fn an_old_status_says_how_old() {

@@ -5,12 +5,14 @@
 //! groups becomes a [`CtEvent`] (and [`entry_from_message`] the one for dump and get replies).
 //!
 //! The parsing of tuples, status, timeout, mark and TCP protoinfo comes from
-//! `netlink-packet-netfilter`; CTA_ID, CTA_ZONE and CTA_HELP (which that crate leaves as raw
-//! attributes) are decoded here.
+//! `netlink-packet-netfilter`; CTA_ID, CTA_ZONE, CTA_HELP and the CTA_COUNTERS_* (which that
+//! crate leaves as raw attributes) are decoded here.
 
 use std::net::IpAddr;
 
-use netlink_packet_core::{DecodeError, DefaultNla, NLA_TYPE_MASK, NetlinkMessage, Nla};
+use netlink_packet_core::{
+    DecodeError, DefaultNla, NLA_TYPE_MASK, NetlinkMessage, Nla, NlaBuffer, NlasIterator,
+};
 use netlink_packet_netfilter::{
     NetfilterMessage, NetfilterMessageInner,
     conntrack::{
@@ -18,7 +20,10 @@ use netlink_packet_netfilter::{
     },
 };
 
-use crate::flows::conntrack::{CtEntry, CtEvent, CtStatus, CtTuple};
+use crate::flows::{
+    accounting::{DirTraffic, Traffic},
+    conntrack::{CtEntry, CtEvent, CtStatus, CtTuple},
+};
 
 /// `CTA_HELP` (nested helper name): present when a helper (ftp, sip, ...) is attached.
 pub const CTA_HELP: u16 = 5;
@@ -26,6 +31,17 @@ pub const CTA_HELP: u16 = 5;
 pub const CTA_ID: u16 = 12;
 /// `CTA_ZONE`: the conntrack zone (u16, network byte order); absent means zone 0.
 pub const CTA_ZONE: u16 = 18;
+
+/// `CTA_COUNTERS_ORIG`: the original direction's packets and bytes (nested), sent while
+/// `net.netfilter.nf_conntrack_acct` is 1. Bytes are the IP datagrams' lengths (`skb->len` at
+/// the conntrack hook).
+pub const CTA_COUNTERS_ORIG: u16 = 9;
+/// `CTA_COUNTERS_REPLY`: the reply direction's, likewise.
+pub const CTA_COUNTERS_REPLY: u16 = 10;
+/// `CTA_COUNTERS_PACKETS` (u64, network byte order) inside a `CTA_COUNTERS_*`.
+const CTA_COUNTERS_PACKETS: u16 = 1;
+/// `CTA_COUNTERS_BYTES` (u64, network byte order).
+const CTA_COUNTERS_BYTES: u16 = 2;
 
 /// `tuple` as `CTA_TUPLE_*` sub-attributes, for requests keyed by it.
 pub fn tuple_attributes(tuple: &CtTuple) -> Vec<Tuple> {
@@ -159,6 +175,69 @@ pub fn entry_from_attributes(attrs: &[ConntrackAttribute]) -> Result<CtEntry, Ct
         entry.has_helper = true;
     }
     Ok(entry)
+}
+
+/// A dump entry's original tuple, zone and conntrack's own `[original, reply]` counters;
+/// `Ok(None)` for anything else, and for an entry without counters (`nf_conntrack_acct` off).
+pub fn counted_from_message(
+    msg: &NetfilterMessage,
+) -> Result<Option<(CtTuple, u16, DirTraffic)>, CtParseError> {
+    let NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) = &msg.inner else {
+        return Ok(None);
+    };
+    let entry = entry_from_attributes(attrs)?;
+    Ok(counters_from_attributes(attrs)?.map(|c| (entry.orig, entry.zone, c)))
+}
+
+/// The `CTA_COUNTERS_ORIG` / `CTA_COUNTERS_REPLY` of a conntrack message; `None` when it has
+/// neither.
+pub fn counters_from_attributes(
+    attrs: &[ConntrackAttribute],
+) -> Result<Option<DirTraffic>, CtParseError> {
+    let mut found = false;
+    let mut counters = DirTraffic::default();
+    for attr in attrs {
+        let ConntrackAttribute::Other(nla) = attr else {
+            continue;
+        };
+        let (dir, name) = match nla.kind() & NLA_TYPE_MASK {
+            CTA_COUNTERS_ORIG => (0, "CTA_COUNTERS_ORIG"),
+            CTA_COUNTERS_REPLY => (1, "CTA_COUNTERS_REPLY"),
+            _ => continue,
+        };
+        let mut nested = vec![0; nla.value_len()];
+        nla.emit_value(&mut nested);
+        counters[dir] = traffic_from_nested(&nested, name)?;
+        found = true;
+    }
+    Ok(found.then_some(counters))
+}
+
+/// The packets and bytes inside one `CTA_COUNTERS_*`.
+fn traffic_from_nested(nested: &[u8], name: &'static str) -> Result<Traffic, CtParseError> {
+    let mut t = Traffic::default();
+    for nla in NlasIterator::new(nested) {
+        let nla: NlaBuffer<&[u8]> = nla.map_err(|_| CtParseError::BadLength {
+            name,
+            len: nested.len(),
+            expected: 24,
+        })?;
+        let value = |field| {
+            <[u8; 8]>::try_from(nla.value())
+                .map(u64::from_be_bytes)
+                .map_err(|_| CtParseError::BadLength {
+                    name: field,
+                    len: nla.value().len(),
+                    expected: 8,
+                })
+        };
+        match nla.kind() & NLA_TYPE_MASK {
+            CTA_COUNTERS_PACKETS => t.packets = value("CTA_COUNTERS_PACKETS")?,
+            CTA_COUNTERS_BYTES => t.bytes = value("CTA_COUNTERS_BYTES")?,
+            _ => {}
+        }
+    }
+    Ok(t)
 }
 
 const UNSPECIFIED_TUPLE: CtTuple = CtTuple {
@@ -605,6 +684,45 @@ mod tests {
                 expected: 2
             })
         );
+    }
+
+    /// A nested `CTA_COUNTERS_*` attribute with these packets and bytes.
+    fn counters_attr(kind: u16, packets: u64, bytes: u64) -> ConntrackAttribute {
+        let mut nested = Vec::new();
+        for (k, v) in [(CTA_COUNTERS_PACKETS, packets), (CTA_COUNTERS_BYTES, bytes)] {
+            nested.extend_from_slice(&12u16.to_ne_bytes());
+            nested.extend_from_slice(&k.to_ne_bytes());
+            nested.extend_from_slice(&v.to_be_bytes());
+        }
+        ConntrackAttribute::Other(DefaultNla::new(kind | 0x8000, nested))
+    }
+
+    #[test]
+    fn conntrack_counters_are_decoded_per_direction() {
+        let mut attrs = attributes(TCP_ESTABLISHED_SNAT_V4);
+        // Accounting off: the kernel sends no counters.
+        assert_eq!(counters_from_attributes(&attrs), Ok(None));
+        attrs.push(counters_attr(CTA_COUNTERS_ORIG, 71_000, 103_700_000));
+        attrs.push(counters_attr(CTA_COUNTERS_REPLY, 35_000, 1_820_000));
+        assert_eq!(
+            counters_from_attributes(&attrs),
+            Ok(Some([
+                Traffic {
+                    packets: 71_000,
+                    bytes: 103_700_000
+                },
+                Traffic {
+                    packets: 35_000,
+                    bytes: 1_820_000
+                },
+            ]))
+        );
+        // A short value is an error, not a zero.
+        let short = ConntrackAttribute::Other(DefaultNla::new(
+            CTA_COUNTERS_ORIG,
+            [8u16.to_ne_bytes(), CTA_COUNTERS_BYTES.to_ne_bytes(), [0, 1]].concat(),
+        ));
+        assert!(counters_from_attributes(&[short]).is_err());
     }
 
     #[test]

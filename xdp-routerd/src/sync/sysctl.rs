@@ -54,6 +54,13 @@ pub fn conntrack_checksum_in(dir: &Path) -> bool {
     read_u32(&dir.join("nf_conntrack_checksum")).map_or(true, |v| v != 0)
 }
 
+/// `net.netfilter.nf_conntrack_acct` of the calling thread's network namespace: whether
+/// conntrack counts packets and bytes per connection (for connections created while it is 1).
+/// Missing or unreadable counts as the kernel default, 0.
+pub fn conntrack_acct() -> bool {
+    read_u32(Path::new("/proc/sys/net/netfilter/nf_conntrack_acct")).is_ok_and(|v| v != 0)
+}
+
 fn read_u32(path: &Path) -> Result<u32, CtNetlinkError> {
     let err = |source| CtNetlinkError::Sysctl {
         path: path.to_owned(),

@@ -10,7 +10,9 @@ use tracing::info;
 
 use crate::{
     control::{self, Handler, Request},
+    flows::accounting::KernelCounters,
     state::Shared,
+    sync::{ctnetlink::CtNetlink, sysctl::conntrack_acct},
 };
 
 /// Serves the control socket (bound at start-up) until the daemon exits.
@@ -37,7 +39,10 @@ impl Handler for ControlHandler {
     fn handle(&self, req: Request) -> anyhow::Result<serde_json::Value> {
         Ok(match req {
             Request::Status => serde_json::to_value(self.shared.status()?)?,
-            Request::Flows => serde_json::to_value(self.shared.flows())?,
+            Request::Flows => {
+                let (kernel, note) = conntrack_counters();
+                serde_json::to_value(self.shared.flows(&kernel, note))?
+            }
             Request::Fastpath { on } => {
                 self.shared.set_fastpath(on)?;
                 info!(on, "fast path switched {}", if on { "on" } else { "off" });
@@ -52,5 +57,22 @@ impl Handler for ControlHandler {
                 serde_json::json!({ "verdict_max_age_ms": ms })
             }
         })
+    }
+}
+
+/// Conntrack's own counters of every connection, read before the state is locked (a dump of
+/// the table), and why there are none when there are none.
+fn conntrack_counters() -> (KernelCounters, Option<String>) {
+    if !conntrack_acct() {
+        let note = "net.netfilter.nf_conntrack_acct is 0: the kernel counts nothing (set it to \
+                    1; connections are counted from their start)";
+        return (KernelCounters::new(), Some(note.into()));
+    }
+    // On the control task's blocking thread: its runtime drives the request socket.
+    let dump = tokio::runtime::Handle::current()
+        .block_on(async { CtNetlink::new()?.dump_counters().await });
+    match dump {
+        Ok(counters) => (counters, None),
+        Err(e) => (KernelCounters::new(), Some(e.to_string())),
     }
 }

@@ -8,15 +8,24 @@ use std::sync::Arc;
 use anyhow::anyhow;
 
 use crate::{
-    metrics::{self, StatusSource},
+    metrics::{self, HostSource, StatusSource},
     state::Shared,
 };
 
-/// Serves `/metrics` on `listener` (bound before anything was attached) until the daemon exits.
-pub async fn run(listener: std::net::TcpListener, shared: Arc<Shared>) -> anyhow::Result<()> {
+/// Serves `/metrics` on `listener` (bound before anything was attached) until the daemon exits;
+/// with per-host series when `host_metrics` (`host_metrics_limit` > 0).
+pub async fn run(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    host_metrics: bool,
+) -> anyhow::Result<()> {
+    let hosts: Option<HostSource> = host_metrics.then(|| {
+        let shared = shared.clone();
+        Arc::new(move || shared.host_traffic()) as HostSource
+    });
     let source: StatusSource = Arc::new(move || shared.status());
     super::on_own_thread("metrics", move || async move {
-        metrics::serve_listener(listener, source).await?;
+        metrics::serve_listener(listener, source, hosts).await?;
         Err(anyhow!("the metrics endpoint ended"))
     })
     .await

@@ -13,8 +13,11 @@ use tracing::warn;
 
 use super::update::{CtUpdate, encode_request, family_of, key_attributes};
 use super::{CtNetlinkError, NlSocket, RECV_BUF, open_socket};
-use crate::flows::conntrack::{CtEntry, CtTuple};
-use crate::sync::conntrack::{decode_message, entry_from_message};
+use crate::flows::{
+    accounting::KernelCounters,
+    conntrack::{CtEntry, CtTuple},
+};
+use crate::sync::conntrack::{counted_from_message, decode_message, entry_from_message};
 use crate::sync::datagram::messages;
 
 /// Most requests [`CtNetlink::update_many`] sends in one datagram: their acknowledgements
@@ -66,6 +69,24 @@ impl CtNetlink {
         )
         .await?;
         Ok(entries)
+    }
+
+    /// Conntrack's own counters of every entry that has them (none while
+    /// `nf_conntrack_acct` is off), by original tuple and zone.
+    pub async fn dump_counters(&mut self) -> Result<KernelCounters, CtNetlinkError> {
+        let mut counters = KernelCounters::new();
+        self.request_each(
+            "dump conntrack counters",
+            NetfilterProtoFamily::Unspec,
+            ConntrackMessage::Get(vec![]),
+            NLM_F_REQUEST | NLM_F_DUMP,
+            |m| match counted_from_message(&m) {
+                Ok(c) => counters.extend(c.map(|(orig, zone, c)| ((orig, zone), c))),
+                Err(e) => warn!(error = %e, "skipping malformed conntrack dump entry"),
+            },
+        )
+        .await?;
+        Ok(counters)
     }
 
     /// The entry with this original tuple in `zone`, if it exists.
