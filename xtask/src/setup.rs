@@ -200,7 +200,47 @@ fn apt_install(missing: &[&str]) -> anyhow::Result<()> {
     if ours {
         let _ = fs::remove_file(policy);
     }
-    res
+    res?;
+    disable_services(missing);
+    Ok(())
+}
+
+/// Disables the systemd services the just installed `packages` ship (their maintainer scripts
+/// enable them: prometheus.service would listen on :9090 from the next boot on). The tests start
+/// their own instances; a developer or CI machine should not gain servers nobody asked for.
+/// Template units (`name@.service`) are never enabled by themselves and are left alone.
+fn disable_services(packages: &[&str]) {
+    if cmd::which("systemctl").is_none() {
+        return;
+    }
+    for pkg in packages {
+        let Ok(out) = Command::new("dpkg-query").args(["-L", pkg]).output() else {
+            continue;
+        };
+        for unit in String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|f| f.contains("/systemd/system/") && f.ends_with(".service"))
+            .filter_map(|f| Path::new(f).file_name()?.to_str())
+            .filter(|u| !u.contains('@'))
+        {
+            let enabled = Command::new("systemctl")
+                .args(["is-enabled", "--quiet", unit])
+                .status()
+                .is_ok_and(|s| s.success());
+            if !enabled {
+                continue;
+            }
+            match Command::new("systemctl")
+                .args(["disable", "--quiet", unit])
+                .status()
+            {
+                Ok(s) if s.success() => {
+                    println!("  disabled {unit} (installed with {pkg}; the tests start their own)")
+                }
+                _ => println!("  warning: could not disable {unit} (installed with {pkg})"),
+            }
+        }
+    }
 }
 
 /// `rustup toolchain install nightly` if missing, and rust-src on it.
