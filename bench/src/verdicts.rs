@@ -16,6 +16,7 @@ use crate::{
     Opts,
     latency::EchoServer,
     packet::Family,
+    report::median,
     router::{self, Daemon, Scenario},
     run::{check_stop, prepare, prime},
     testbed::{Names, Path, Testbed},
@@ -42,16 +43,6 @@ struct ModeRuns {
     delivered: u64,
     kernel_forwarded: u64,
     expired: u64,
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// Runs the comparison and prints its table.

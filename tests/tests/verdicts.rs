@@ -96,16 +96,29 @@ fn offloaded_flow(tb: &mut Testbed, port: u16) -> (UdpFlow, u64) {
     (flow, age)
 }
 
-/// Waits for the flow to come back after `undo` (at `t`) and to be fast-pathed again in the
-/// fast-path modes.
-fn after_undo(tb: &Testbed, flow: &UdpFlow, mode: Mode, t: Instant) -> (bool, bool) {
+/// Runs `undo_cmd` in the router, waits (2 s at most) for the flow to come back and, in the
+/// fast-path modes, to be fast-pathed again; returns the round.
+fn undo(
+    tb: &Testbed,
+    flow: &UdpFlow,
+    mode: Mode,
+    stopped: Option<Duration>,
+    undo_cmd: &str,
+) -> Round {
+    let t = Instant::now();
+    tb.router.sh(undo_cmd);
     let limit = Duration::from_secs(2);
     let resumed = flow.resumes_within(t, limit);
     let fast_again = mode != Mode::KernelAlone
         && wait_until(limit.saturating_sub(t.elapsed()), || {
             lan_fast_share(tb, Duration::from_millis(300)).0 >= 0.9
         });
-    (resumed, fast_again)
+    Round {
+        mode,
+        stopped,
+        resumed,
+        fast_again,
+    }
 }
 
 /// The kernel alone and the fast path stop within 1 s and resume within 2 s (the fast path
@@ -163,15 +176,13 @@ fn ipset_add_stops_an_offloaded_flow() {
         let stopped = flow.time_to_stop(t0, Duration::from_secs(1));
         // Still blocked a moment later: the fast path must not leak packets after the stop.
         sleep(Duration::from_millis(300));
-        let t1 = Instant::now();
-        tb.router.sh(&format!("ipset del blk {WAN_HOST_V4}"));
-        let (resumed, fast_again) = after_undo(&tb, &flow, mode, t1);
-        rounds.push(Round {
+        rounds.push(undo(
+            &tb,
+            &flow,
             mode,
             stopped,
-            resumed,
-            fast_again,
-        });
+            &format!("ipset del blk {WAN_HOST_V4}"),
+        ));
     }
     let st = tb.daemon().status();
     eprintln!(
@@ -245,15 +256,7 @@ fn time_rule_stops_an_offloaded_flow() {
         sleep(boundary.saturating_duration_since(Instant::now()));
         let stopped = flow.time_to_stop(boundary, Duration::from_secs(1));
         sleep(Duration::from_millis(300));
-        let t1 = Instant::now();
-        tb.router.sh("iptables -w -D FORWARD 1");
-        let (resumed, fast_again) = after_undo(&tb, &flow, mode, t1);
-        rounds.push(Round {
-            mode,
-            stopped,
-            resumed,
-            fast_again,
-        });
+        rounds.push(undo(&tb, &flow, mode, stopped, "iptables -w -D FORWARD 1"));
     }
     judge("-m time --timestart", &rounds);
 }

@@ -18,6 +18,17 @@ use crate::{
     testbed::{Path, Trial},
 };
 
+/// The median of `v` (0 when empty).
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// Mbit/s of `pps` frames of `size` bytes (FCS included; no preamble or inter-frame gap).
 pub fn mbps(pps: f64, size: usize) -> f64 {
     pps * size as f64 * 8.0 / 1e6

@@ -23,6 +23,7 @@ use super::{
 };
 use crate::{
     packet::Family,
+    report::median,
     router::Daemon,
     run,
     testbed::{Path as StreamPath, Testbed},
@@ -160,16 +161,6 @@ fn steady(v: &[f64]) -> bool {
     v.sort_by(f64::total_cmp);
     let inner = v.get(1..v.len().saturating_sub(1)).unwrap_or(&[]);
     m > 0.0 && inner.iter().all(|x| (x - m).abs() <= 0.25 * m)
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 #[expect(
