@@ -559,6 +559,13 @@ pub const fn verdict_tick(ns: u64) -> u32 {
 /// it a direction the kernel forwarded with a non-zero mark is never armed.
 pub const SETTINGS_F_FIB_MARK: u32 = 1 << 0;
 
+/// `Settings::flags`: the firewall ruleset has a rule that must see every packet (a rate
+/// limit, quota, queue, log, …; see `Reason::PassPerPacketRule`) in a chain that forwarded
+/// packets traverse, or the daemon could not read the ruleset: every packet goes to the
+/// kernel, counted `PassPerPacketRule`. The daemon also sets it while it reads the ruleset
+/// after a change, so no flow re-armed under the new ruleset is fast-pathed before it knows.
+pub const SETTINGS_F_HOLD_ALL: u32 = 1 << 1;
+
 /// `BPF_FIB_LOOKUP_MARK` (Linux 6.10, commit "bpf: Add support for passing mark with
 /// bpf_fib_lookup"): route with `bpf_fib_lookup::mark`, the 4 bytes at offset 52 that share a
 /// union with the output `smac`/`dmac`.

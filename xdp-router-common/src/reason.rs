@@ -130,11 +130,17 @@ pub enum Reason {
     /// a verdict can change without a ruleset change (an ipset entry added, a time rule's
     /// boundary passed). The TC egress program re-arms the direction if the kernel forwards it.
     PassVerdictExpired = 43,
+    /// The firewall ruleset has a rule that must see every packet of the flows it applies to
+    /// (`limit`, `hashlimit`, `quota`, `connbytes`, `connlimit` / `ct count`, `statistic`,
+    /// `recent`, `NFQUEUE` / `queue`, `LOG` / `NFLOG` / `log`, meters, sets updated from the
+    /// packet path) in a chain that established forwarded packets traverse, and the daemon
+    /// holds them in the kernel (`per_packet_rules = "hold"`, `SETTINGS_F_HOLD_ALL`).
+    PassPerPacketRule = 44,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 44;
+    pub const COUNT: u32 = 45;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -182,6 +188,7 @@ impl Reason {
         Reason::PassPppoeCcp,
         Reason::PassBridgeVlanFiltered,
         Reason::PassVerdictExpired,
+        Reason::PassPerPacketRule,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -231,6 +238,7 @@ impl Reason {
             Reason::PassPppoeCcp => "pppoe_ccp",
             Reason::PassBridgeVlanFiltered => "bridge_vlan_filtered",
             Reason::PassVerdictExpired => "kernel_verdict_expired",
+            Reason::PassPerPacketRule => "per_packet_rule_in_ruleset",
         }
     }
 

@@ -15,7 +15,7 @@ use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use xdp_router_common::{
     FLOW_DSCP_KNOWN, FLOW_F_REPLY, FLOW_TTL_KNOWN, FlowCounters, IFACE_F_BRIDGE_PORT,
     IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_PORT_NOT_FORWARDING, IFACE_F_PPPOE_LOWER,
-    IFACE_F_VLAN_PARENT, IfaceInfo, Reason, SETTINGS_F_FIB_MARK,
+    IFACE_F_VLAN_PARENT, IfaceInfo, Reason, SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL,
     parse::{
         ETH_HLEN, ETH_P_PPP_SES, IPPROTO_TCP, IPPROTO_UDP, L3, PPPOE_HLEN, VLAN_HLEN, check_tcp,
         check_udp, check_vlan_tag, classify_ethertype, is_vlan_tpid,
@@ -75,6 +75,12 @@ pub fn try_forward<P: Packet>(
         return Err(Reason::PassDisabled);
     }
     let verify_l4 = settings.verify_l4_checksum != 0;
+    // A rule in the ruleset must see every packet (a rate limit, quota, queue, log: state XDP
+    // cannot keep), or the daemon is reading the ruleset after a change: the kernel carries
+    // everything (see `SETTINGS_F_HOLD_ALL`).
+    if settings.flags & SETTINGS_F_HOLD_ALL != 0 {
+        return Err(Reason::PassPerPacketRule);
+    }
     // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
     if info.is_some_and(|i| unsafe { (*i).flags } & IFACE_F_GENERIC_XDP != 0) {
         return Err(Reason::PassGenericXdp);

@@ -12,6 +12,8 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+use crate::flows::per_packet::PerPacketMode;
+
 /// Default path of the control socket (root-only Unix socket).
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/xdp-router/control.sock";
 
@@ -68,6 +70,13 @@ pub struct Config {
     /// is an endpoint whose packets arrive on a `lan` interface. 0 disables the series.
     #[serde(default = "default_host_metrics_limit")]
     pub host_metrics_limit: usize,
+    /// What to do about firewall rules that must see every packet (rate limits, quotas,
+    /// `NFQUEUE`, `LOG`/`NFLOG`, … in a chain forwarded packets traverse; see
+    /// [`crate::flows::per_packet`]): `"hold"` (default) keeps every flow in the kernel while
+    /// one exists or the ruleset cannot be read; `"ignore"` fast-paths flows anyway, so such
+    /// rules see only the packets the kernel still carries (the kernel flowtable's semantics).
+    #[serde(default)]
+    pub per_packet_rules: PerPacketMode,
     /// Interfaces the fast path manages.
     #[serde(rename = "interface", default)]
     pub interfaces: Vec<InterfaceConfig>,
@@ -449,6 +458,21 @@ mod tests {
         assert_eq!(c.interfaces[0].shaped, Shaped::Auto);
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9824".parse().unwrap()));
         assert_eq!(c.conntrack_event_buffer, 16 << 20);
+    }
+
+    #[test]
+    fn per_packet_rules_is_hold_or_ignore() {
+        let base = "[[interface]]\nname = \"eth0\"\nrole = \"wan\"\n";
+        let c = Config::parse(base, "t").unwrap();
+        assert_eq!(c.per_packet_rules, PerPacketMode::Hold);
+        let c = Config::parse(&format!("per_packet_rules = \"ignore\"\n{base}"), "t").unwrap();
+        assert_eq!(c.per_packet_rules, PerPacketMode::Ignore);
+        let err = Config::parse(&format!("per_packet_rules = \"off\"\n{base}"), "t")
+            .expect_err("not a mode");
+        assert!(
+            err.to_string().starts_with("t:1: ") && err.to_string().contains("hold"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::{
         ctnetlink::{CtNetlink, CtSubscription},
         hooks, netdev,
         nftables::{self, RulesetEvent},
-        pppoe, qdisc,
+        per_packet, pppoe, qdisc,
         routes::RouteLookup,
         rtnl::{self, RtEvent},
         sysctl::conntrack_checksum,
@@ -106,6 +106,14 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     dp.set_verify_l4_checksum(conntrack_checksum())?;
     let mut state = State::new(dp, &config.interfaces, &ifindexes, config.xdp_mode);
     state.set_host_metrics_limit(config.host_metrics_limit);
+    // Rules that must see every packet, read before the first packet can be forwarded (the
+    // nftables subscription above catches any commit from here on).
+    state.set_per_packet_mode(config.per_packet_rules);
+    state.apply_per_packet(
+        tokio::task::spawn_blocking(per_packet::read)
+            .await
+            .context("reading the firewall ruleset")?,
+    );
     // Which interfaces are bridges, and which devices can transmit XDP frames, before the
     // first packet is redirected.
     let xmit_sub = xdp_xmit::subscribe().context("cannot read the devices' XDP features")?;

@@ -11,8 +11,8 @@ use aya::{
     util::KernelVersion,
 };
 use xdp_router_common::{
-    Counter, MAP_SETTINGS, MAP_STATS, Reason, SETTINGS_F_FIB_MARK, Settings, stats_index,
-    verdict_tick,
+    Counter, MAP_SETTINGS, MAP_STATS, Reason, SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL, Settings,
+    stats_index, verdict_tick,
 };
 
 use super::{Datapath, take};
@@ -208,5 +208,38 @@ impl Datapath {
             packets: acc.packets + c.packets,
             bytes: acc.bytes + c.bytes,
         }))
+    }
+}
+
+/// Holding every packet in the kernel while the ruleset has rules that must see every packet
+/// (`SETTINGS_F_HOLD_ALL`; see [`crate::flows::per_packet`]).
+impl Datapath {
+    /// Whether every packet goes to the kernel (`per_packet_rule_in_ruleset`).
+    pub fn hold_all(&self) -> bool {
+        self.settings.current.flags & SETTINGS_F_HOLD_ALL != 0
+    }
+
+    /// Sends every packet to the kernel (`hold`) or lets the fast path forward again: one map
+    /// write, none when nothing changes.
+    pub fn set_hold_all(&mut self, hold: bool) -> anyhow::Result<()> {
+        let flags = if hold {
+            self.settings.current.flags | SETTINGS_F_HOLD_ALL
+        } else {
+            self.settings.current.flags & !SETTINGS_F_HOLD_ALL
+        };
+        if flags == self.settings.current.flags {
+            return Ok(());
+        }
+        self.settings.current.flags = flags;
+        self.settings.write()
+    }
+
+    /// [`Datapath::bump_ruleset_generation`] with every packet held in the kernel in the same
+    /// map write: for a ruleset change whose content is still to be read, so that no flow
+    /// re-armed under the new ruleset is fast-pathed before the daemon knows whether it has
+    /// rules that must see every packet.
+    pub fn bump_ruleset_generation_holding(&mut self) -> anyhow::Result<()> {
+        self.settings.current.flags |= SETTINGS_F_HOLD_ALL;
+        self.bump_ruleset_generation()
     }
 }

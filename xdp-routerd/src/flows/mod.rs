@@ -302,6 +302,7 @@ pub mod conntrack;
 pub(crate) mod fake;
 mod keepalive;
 mod map_entries;
+pub mod per_packet;
 mod resync;
 mod skip;
 mod stored;

@@ -9,7 +9,7 @@ use prometheus_client::{
 use tracing::warn;
 
 use super::family::{counters, gauges};
-use super::{StatusSource, conntrack, forwarding, interfaces, kernel_changes, offload};
+use super::{StatusSource, conntrack, forwarding, interfaces, kernel_changes, offload, per_packet};
 use crate::status::Status;
 
 /// Reads a [`Status`] per scrape and turns it into metric families.
@@ -51,6 +51,7 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Err
     offload::encode(s, enc)?;
     conntrack::encode(s, enc)?;
     kernel_changes::encode(s, enc)?;
+    per_packet::encode(s, enc)?;
     gauges(
         enc,
         "status_age",

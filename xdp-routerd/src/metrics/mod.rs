@@ -11,8 +11,8 @@
 //!
 //! Here: the registry and its exposition; `collector` (the scrape-time collector), one file per
 //! subsystem that exports metrics (`forwarding`, `interfaces`, `offload`, `conntrack`,
-//! `kernel_changes`), `hosts` (per-LAN-host traffic, a collector of its own), `family`
-//! (encoding one family), `server` (HTTP).
+//! `kernel_changes`, `per_packet`), `hosts` (per-LAN-host traffic, a collector of its own),
+//! `family` (encoding one family), `server` (HTTP).
 
 use std::{fmt, sync::Arc};
 
@@ -90,6 +90,7 @@ mod hosts;
 mod interfaces;
 mod kernel_changes;
 mod offload;
+mod per_packet;
 mod server;
 #[cfg(test)]
 mod tests;

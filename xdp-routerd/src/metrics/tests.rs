@@ -6,9 +6,10 @@ use std::{
 };
 
 use super::*;
+use crate::flows::per_packet::{PerPacketKind, PerPacketMode, PerPacketRule, RuleOrigin};
 use crate::status::{
     BridgeVlanStatus, BridgeVlansStatus, ConntrackStatus, CounterRow, FibCacheStatus, FlowCounts,
-    IfaceStatus, PppoeStatus, RulesetStatus,
+    IfaceStatus, PerPacketStatus, PppoeStatus, RulesetStatus,
 };
 
 /// A status with every family populated (also used to list the exported names).
@@ -123,6 +124,35 @@ fn sample_status() -> Status {
             verdict_max_age_ms: 1000,
         },
         age_ms: 0,
+        per_packet: PerPacketStatus {
+            mode: PerPacketMode::Hold,
+            held: true,
+            reading: false,
+            rules: vec![
+                PerPacketRule {
+                    origin: RuleOrigin::NftIp,
+                    table: "filter".into(),
+                    chain: "FORWARD".into(),
+                    position: 1,
+                    kinds: vec![PerPacketKind::Hashlimit],
+                },
+                PerPacketRule {
+                    origin: RuleOrigin::NftInet,
+                    table: "fw".into(),
+                    chain: "forward".into(),
+                    position: 3,
+                    kinds: vec![PerPacketKind::Limit, PerPacketKind::Log],
+                },
+                PerPacketRule {
+                    origin: RuleOrigin::LegacyIpv4,
+                    table: "mangle".into(),
+                    chain: "POSTROUTING".into(),
+                    position: 2,
+                    kinds: vec![PerPacketKind::Log],
+                },
+            ],
+            unreadable: vec![],
+        },
     }
 }
 
@@ -235,6 +265,23 @@ fn encodes_every_family_with_values_from_the_status() {
     assert_eq!(value(&t, "xdp_router_fib_cache_max_age_seconds"), 0.1);
     assert_eq!(value(&t, "xdp_router_verdict_max_age_seconds"), 1.0);
     assert_eq!(value(&t, "xdp_router_ruleset_changes_total"), 3.0);
+    assert_eq!(
+        value(&t, r#"xdp_router_ruleset_per_packet_rules{kind="log"}"#),
+        2.0
+    );
+    assert_eq!(
+        value(
+            &t,
+            r#"xdp_router_ruleset_per_packet_rules{kind="hashlimit"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&t, r#"xdp_router_ruleset_per_packet_rules{kind="queue"}"#),
+        0.0
+    );
+    assert_eq!(value(&t, "xdp_router_ruleset_per_packet_hold"), 1.0);
+    assert_eq!(value(&t, "xdp_router_ruleset_unreadable"), 0.0);
     assert_eq!(
         value(
             &t,

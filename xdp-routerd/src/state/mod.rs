@@ -36,6 +36,7 @@ mod egress;
 mod events;
 mod iface;
 pub mod lock_stats;
+mod per_packet;
 pub mod pppoe;
 mod shared;
 mod view;
@@ -65,6 +66,8 @@ pub struct State<D = Datapath> {
     /// The bridges managed only as the parent of managed VLAN devices, by ifindex (see
     /// [`State::sync_bridges`]).
     parent_bridges: BTreeMap<u32, ParentBridge>,
+    /// Rules that must see every packet, and the hold they cause.
+    per_packet: per_packet::PerPacket,
 }
 
 impl<D> State<D> {
@@ -160,6 +163,7 @@ impl<D: Ports> State<D> {
             next_slot: interfaces.len() as u32 + 1,
             parent_slots: BTreeMap::new(),
             parent_bridges: BTreeMap::new(),
+            per_packet: per_packet::PerPacket::default(),
         }
     }
 

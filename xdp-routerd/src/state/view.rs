@@ -261,6 +261,7 @@ impl State<Datapath> {
             fib_cache: self.dp.fib_cache_status().into(),
             ruleset: self.dp.ruleset_status().into(),
             age_ms: 0,
+            per_packet: self.per_packet_status(),
         })
     }
 

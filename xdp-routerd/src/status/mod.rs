@@ -11,7 +11,11 @@ use xdp_router_common::Reason;
 
 use crate::{
     datapath,
-    flows::{Skip, accounting::Traffic},
+    flows::{
+        Skip,
+        accounting::Traffic,
+        per_packet::{PerPacketMode, PerPacketRule},
+    },
 };
 
 /// `status --json`.
@@ -38,6 +42,26 @@ pub struct Status {
     /// [`crate::state::Shared::status`]).
     #[serde(default)]
     pub age_ms: u64,
+    /// Rules that must see every packet, and whether they hold every packet in the kernel.
+    #[serde(default)]
+    pub per_packet: PerPacketStatus,
+}
+
+/// Rules in the firewall ruleset that must see every packet (`per_packet_rules`; see
+/// [`crate::flows::per_packet`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PerPacketStatus {
+    /// `per_packet_rules` from the config.
+    pub mode: PerPacketMode,
+    /// Every packet goes to the kernel now (`per_packet_rule_in_ruleset`): such rules exist or
+    /// the ruleset could not be read (under `hold`), or a change is being read.
+    pub held: bool,
+    /// A ruleset change has not been read yet (held meanwhile under `hold`).
+    pub reading: bool,
+    /// The rules found, in ruleset order.
+    pub rules: Vec<PerPacketRule>,
+    /// Why a part of the ruleset could not be read.
+    pub unreadable: Vec<String>,
 }
 
 /// Firewall ruleset tracking: flow directions are forwarded only once the kernel forwarded one
@@ -68,6 +92,35 @@ impl From<datapath::Ruleset> for RulesetStatus {
             fib_mark: r.fib_mark,
             verdict_max_age_ms: r.verdict_max_age_ms,
         }
+    }
+}
+
+impl PerPacketStatus {
+    /// `status`'s line: `held in the kernel: ip filter FORWARD rule 1 uses hashlimit, …`;
+    /// `None` when there is nothing to say (no such rule, nothing held).
+    pub fn line(&self) -> Option<String> {
+        let mut what: Vec<String> = self.rules.iter().map(ToString::to_string).collect();
+        what.extend(
+            self.unreadable
+                .iter()
+                .map(|u| format!("the ruleset cannot be read ({u})")),
+        );
+        if what.is_empty() && self.reading && self.held {
+            what.push("reading the ruleset after a change".into());
+        }
+        if what.is_empty() {
+            return None;
+        }
+        Some(match (self.mode, self.held) {
+            (PerPacketMode::Ignore, _) => format!(
+                "not held (per_packet_rules = \"ignore\"), seeing only the packets the kernel carries: {}",
+                what.join(", ")
+            ),
+            (PerPacketMode::Hold, true) => format!("held in the kernel: {}", what.join(", ")),
+            (PerPacketMode::Hold, false) => {
+                format!("to be held in the kernel: {}", what.join(", "))
+            }
+        })
     }
 }
 
@@ -356,7 +409,51 @@ mod tests {
             fib_cache: FibCacheStatus::default(),
             ruleset: RulesetStatus::default(),
             age_ms: 0,
+            per_packet: PerPacketStatus::default(),
         }
+    }
+
+    #[test]
+    fn the_per_packet_line_names_the_rules_and_what_is_done_about_them() {
+        use crate::flows::per_packet::{PerPacketKind, RuleOrigin};
+        let mut p = PerPacketStatus::default();
+        assert_eq!(p.line(), None, "nothing found, nothing held");
+        p.held = true;
+        p.reading = true;
+        assert_eq!(
+            p.line().as_deref(),
+            Some("held in the kernel: reading the ruleset after a change")
+        );
+        p.reading = false;
+        p.rules.push(PerPacketRule {
+            origin: RuleOrigin::NftIp,
+            table: "filter".into(),
+            chain: "FORWARD".into(),
+            position: 1,
+            kinds: vec![PerPacketKind::Hashlimit],
+        });
+        assert_eq!(
+            p.line().as_deref(),
+            Some("held in the kernel: ip filter FORWARD rule 1 uses hashlimit")
+        );
+        p.rules.clear();
+        p.unreadable
+            .push("cannot run `nft`: No such file or directory".into());
+        assert_eq!(
+            p.line().as_deref(),
+            Some(
+                "held in the kernel: the ruleset cannot be read (cannot run `nft`: No such file or directory)"
+            )
+        );
+        p.mode = PerPacketMode::Ignore;
+        p.held = false;
+        assert!(
+            p.line()
+                .unwrap()
+                .starts_with("not held (per_packet_rules = \"ignore\")")
+        );
+        let json = serde_json::to_string(&p).unwrap();
+        assert!(json.contains(r#""mode":"ignore""#), "{json}");
     }
 
     #[test]

@@ -124,6 +124,9 @@ impl Status {
                 f.max_age_ms, f.generation, f.invalidations
             );
         }
+        if let Some(line) = self.per_packet.line() {
+            let _ = writeln!(s, "{line}");
+        }
         let _ = writeln!(
             s,
             "{:<12} {:<22} {:>14} {:>16}",

@@ -14,6 +14,7 @@ pub mod hooks;
 pub mod netdev;
 pub mod nftables;
 pub mod nlsocket;
+pub mod per_packet;
 pub mod ppp_compression;
 pub mod pppoe;
 pub mod qdisc;

@@ -1,5 +1,7 @@
 //! Firewall changes (nftables commits, lost notifications, iptables-legacy changes) bump the
 //! ruleset generation: every flow direction is disarmed until the kernel forwards it again.
+//! Each is then read for rules that must see every packet (`sync::per_packet`), which hold
+//! every packet in the kernel meanwhile (see `state::per_packet`).
 
 use std::sync::Arc;
 
@@ -7,7 +9,10 @@ use anyhow::anyhow;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{debug, error};
 
-use crate::{state::Shared, sync::nftables::RulesetEvent};
+use crate::{
+    state::Shared,
+    sync::{nftables::RulesetEvent, per_packet},
+};
 
 /// Follows both sources until one of them ends.
 pub async fn run(
@@ -27,7 +32,8 @@ pub async fn run(
         }
         {
             let mut s = shared.lock();
-            match s.bump_ruleset_generation() {
+            // Held (per_packet_rules = "hold") until the new ruleset is read below.
+            match s.ruleset_changed() {
                 Ok(()) => debug!(
                     ?events,
                     generation = s.dp().ruleset_status().generation,
@@ -35,6 +41,12 @@ pub async fn run(
                 ),
                 Err(e) => error!(error = %format!("{e:#}"), "cannot bump the ruleset generation"),
             }
+        }
+        // Rules that must see every packet may have come or gone with it: read off the runtime
+        // (child processes), no lock held, then kept or lifted.
+        match tokio::task::spawn_blocking(per_packet::read).await {
+            Ok(found) => shared.lock().apply_per_packet(found),
+            Err(e) => error!(error = %e, "reading the firewall ruleset failed"),
         }
         // A netdev chain may have come or gone with the commit.
         super::rtnetlink::refresh_hooks(&shared).await;

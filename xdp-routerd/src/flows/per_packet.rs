@@ -1,0 +1,295 @@
+//! Rules that must see every packet: what the firewall ruleset holds that the fast path cannot
+//! follow, and whether flows stay in the kernel because of it.
+//!
+//! Arming assumes a flow's verdict changes only with the ruleset. Some matches and targets keep
+//! state per packet instead: a rate limit (`limit`, `hashlimit`, meters) or a quota counts the
+//! packets it sees, `connbytes` reads conntrack's counters (which miss what XDP forwards),
+//! `statistic` / `numgen` pick every n-th packet, `recent` and sets updated from the packet
+//! path remember when an address was last seen, `NFQUEUE` / `queue` hand every packet to a
+//! program (an IDS), `LOG` / `NFLOG` / `log` record it, `TEE` / `dup` copy it. In a chain that
+//! established forwarded packets traverse (the `prerouting`, `forward` and `postrouting` hooks
+//! of the raw, mangle, filter and security tables; nat chains see only a connection's first
+//! packet), such a rule would see a fast-pathed flow's first packet and nothing after it. The
+//! daemon finds them (`sync::per_packet` reads the ruleset) and, unless the config says
+//! `per_packet_rules = "ignore"`, keeps every flow in the kernel while one exists: the rules
+//! are not narrowed to the flows they can match (a rule's own matches can depend on anything,
+//! so narrowing is not done; correctness first).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// What a rule does per packet that XDP cannot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PerPacketKind {
+    /// `-m limit`, nft `limit`: a token bucket over the packets it sees.
+    Limit,
+    /// `-m hashlimit`: token buckets per address/port.
+    Hashlimit,
+    /// `-m quota`, nft `quota`: a byte budget.
+    Quota,
+    /// `-m connbytes`, nft `ct bytes` / `ct packets` / `ct avgpkt`: conntrack's counters, which
+    /// do not include fast-path packets.
+    Connbytes,
+    /// `-m connlimit`, nft `ct count`.
+    Connlimit,
+    /// `-m statistic`, nft `numgen`: every n-th or a random share of packets.
+    Statistic,
+    /// `-m recent`: when an address was last seen.
+    Recent,
+    /// `-j NFQUEUE`, nft `queue`: every packet to a user-space program.
+    Queue,
+    /// `-j LOG`, `-j NFLOG`, nft `log`: a log line or an NFLOG message per packet.
+    Log,
+    /// nft `meter`: a dynamic set with a statement per element.
+    Meter,
+    /// nft `add @set` / `update @set` (and maps): a set updated from the packet path.
+    SetUpdate,
+    /// `-j TEE`, nft `dup`: a copy of every packet.
+    Dup,
+}
+
+impl PerPacketKind {
+    /// Every kind (the metrics export one series each).
+    pub const ALL: [PerPacketKind; 12] = [
+        PerPacketKind::Limit,
+        PerPacketKind::Hashlimit,
+        PerPacketKind::Quota,
+        PerPacketKind::Connbytes,
+        PerPacketKind::Connlimit,
+        PerPacketKind::Statistic,
+        PerPacketKind::Recent,
+        PerPacketKind::Queue,
+        PerPacketKind::Log,
+        PerPacketKind::Meter,
+        PerPacketKind::SetUpdate,
+        PerPacketKind::Dup,
+    ];
+
+    /// Stable name for status, logs and the metrics' `kind` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            PerPacketKind::Limit => "limit",
+            PerPacketKind::Hashlimit => "hashlimit",
+            PerPacketKind::Quota => "quota",
+            PerPacketKind::Connbytes => "connbytes",
+            PerPacketKind::Connlimit => "connlimit",
+            PerPacketKind::Statistic => "statistic",
+            PerPacketKind::Recent => "recent",
+            PerPacketKind::Queue => "queue",
+            PerPacketKind::Log => "log",
+            PerPacketKind::Meter => "meter",
+            PerPacketKind::SetUpdate => "set_update",
+            PerPacketKind::Dup => "dup",
+        }
+    }
+
+    /// The kind of an iptables match or target (`-m NAME`, `-j NAME`; the `xt` expressions of
+    /// iptables-nft), if it is one.
+    pub fn of_xtables(name: &str) -> Option<PerPacketKind> {
+        Some(match name {
+            "limit" => PerPacketKind::Limit,
+            "hashlimit" => PerPacketKind::Hashlimit,
+            "quota" | "quota2" => PerPacketKind::Quota,
+            "connbytes" => PerPacketKind::Connbytes,
+            "connlimit" => PerPacketKind::Connlimit,
+            "statistic" => PerPacketKind::Statistic,
+            "recent" => PerPacketKind::Recent,
+            "NFQUEUE" | "QUEUE" => PerPacketKind::Queue,
+            "LOG" | "NFLOG" | "ULOG" => PerPacketKind::Log,
+            "TEE" => PerPacketKind::Dup,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for PerPacketKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which ruleset a rule is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleOrigin {
+    /// An nftables table of the `ip` family (iptables-nft's IPv4 tables too).
+    NftIp,
+    /// An nftables table of the `ip6` family (ip6tables-nft's too).
+    NftIp6,
+    /// An nftables table of the `inet` family.
+    NftInet,
+    /// `iptables-legacy`.
+    LegacyIpv4,
+    /// `ip6tables-legacy`.
+    LegacyIpv6,
+}
+
+impl RuleOrigin {
+    /// How `status` names it: the nftables family, or the legacy tool.
+    pub fn name(self) -> &'static str {
+        match self {
+            RuleOrigin::NftIp => "ip",
+            RuleOrigin::NftIp6 => "ip6",
+            RuleOrigin::NftInet => "inet",
+            RuleOrigin::LegacyIpv4 => "iptables-legacy",
+            RuleOrigin::LegacyIpv6 => "ip6tables-legacy",
+        }
+    }
+}
+
+/// One rule that must see every packet, where an admin finds it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PerPacketRule {
+    pub origin: RuleOrigin,
+    /// The table (`filter`, `mangle`, an nftables table's name).
+    pub table: String,
+    /// The chain (`FORWARD`, or a chain jumped to from one that established packets
+    /// traverse).
+    pub chain: String,
+    /// 1-based position in the chain, as `iptables -L --line-numbers` counts (nftables: the
+    /// n-th rule of the chain as `nft list chain` lists it).
+    pub position: u32,
+    /// What it does per packet (at least one, sorted, no duplicates).
+    pub kinds: Vec<PerPacketKind>,
+}
+
+impl fmt::Display for PerPacketRule {
+    /// `ip filter FORWARD rule 1 uses hashlimit`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kinds: Vec<&str> = self.kinds.iter().map(|k| k.name()).collect();
+        write!(
+            f,
+            "{} {} {} rule {} uses {}",
+            self.origin.name(),
+            self.table,
+            self.chain,
+            self.position,
+            kinds.join(" and ")
+        )
+    }
+}
+
+/// What one read of the ruleset found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PerPacketRules {
+    /// The rules that must see every packet, in ruleset order.
+    pub rules: Vec<PerPacketRule>,
+    /// Why a part of the ruleset could not be read (one line each: `nft` missing, a legacy
+    /// table iptables-legacy-save cannot list, output that does not parse). A ruleset that
+    /// cannot be read may hold such rules: it holds flows like one that does.
+    pub unreadable: Vec<String>,
+}
+
+/// `per_packet_rules` in the config: what the daemon does about such rules.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PerPacketMode {
+    /// Keep every flow in the kernel while the ruleset has such a rule (or cannot be read):
+    /// the rules see every packet, as without the fast path.
+    #[default]
+    Hold,
+    /// Fast-path flows anyway: such rules see only the packets the kernel still carries (a
+    /// connection's first packets, and one per direction after each ruleset change), as with
+    /// the kernel's own flowtable offload. Listed in `status`, nothing held.
+    Ignore,
+}
+
+impl PerPacketMode {
+    /// As written in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            PerPacketMode::Hold => "hold",
+            PerPacketMode::Ignore => "ignore",
+        }
+    }
+}
+
+/// Whether the datapath must send every packet to the kernel, for `found` under `mode`.
+pub fn hold(mode: PerPacketMode, found: &PerPacketRules) -> bool {
+    mode == PerPacketMode::Hold && (!found.rules.is_empty() || !found.unreadable.is_empty())
+}
+
+/// How many of `rules` use each kind, for every kind (zeros included).
+pub fn count_by_kind(rules: &[PerPacketRule]) -> Vec<(PerPacketKind, u64)> {
+    PerPacketKind::ALL
+        .iter()
+        .map(|k| {
+            let n = rules.iter().filter(|r| r.kinds.contains(k)).count();
+            (*k, n as u64)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(kinds: Vec<PerPacketKind>) -> PerPacketRule {
+        PerPacketRule {
+            origin: RuleOrigin::NftIp,
+            table: "filter".into(),
+            chain: "FORWARD".into(),
+            position: 1,
+            kinds,
+        }
+    }
+
+    #[test]
+    fn held_while_a_rule_exists_or_the_ruleset_is_unreadable_unless_ignored() {
+        let none = PerPacketRules::default();
+        let one = PerPacketRules {
+            rules: vec![rule(vec![PerPacketKind::Hashlimit])],
+            unreadable: vec![],
+        };
+        let blind = PerPacketRules {
+            rules: vec![],
+            unreadable: vec!["nft: not found".into()],
+        };
+        assert!(!hold(PerPacketMode::Hold, &none));
+        assert!(hold(PerPacketMode::Hold, &one));
+        assert!(hold(PerPacketMode::Hold, &blind));
+        for f in [&none, &one, &blind] {
+            assert!(!hold(PerPacketMode::Ignore, f));
+        }
+    }
+
+    #[test]
+    fn a_rule_reads_as_an_admin_finds_it() {
+        assert_eq!(
+            rule(vec![PerPacketKind::Hashlimit]).to_string(),
+            "ip filter FORWARD rule 1 uses hashlimit"
+        );
+        let mut r = rule(vec![PerPacketKind::Limit, PerPacketKind::Log]);
+        r.origin = RuleOrigin::LegacyIpv6;
+        r.position = 4;
+        assert_eq!(
+            r.to_string(),
+            "ip6tables-legacy filter FORWARD rule 4 uses limit and log"
+        );
+    }
+
+    #[test]
+    fn every_kind_is_counted_and_names_are_unique() {
+        let rules = [
+            rule(vec![PerPacketKind::Limit, PerPacketKind::Log]),
+            rule(vec![PerPacketKind::Log]),
+        ];
+        let counts = count_by_kind(&rules);
+        assert_eq!(counts.len(), PerPacketKind::ALL.len());
+        let get = |k| counts.iter().find(|(c, _)| *c == k).unwrap().1;
+        assert_eq!(get(PerPacketKind::Log), 2);
+        assert_eq!(get(PerPacketKind::Limit), 1);
+        assert_eq!(get(PerPacketKind::Quota), 0);
+        let mut names: Vec<_> = PerPacketKind::ALL.iter().map(|k| k.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), PerPacketKind::ALL.len());
+        assert_eq!(
+            PerPacketKind::of_xtables("NFQUEUE"),
+            Some(PerPacketKind::Queue)
+        );
+        assert_eq!(PerPacketKind::of_xtables("conntrack"), None);
+    }
+}

@@ -1,0 +1,39 @@
+//! Firewall rules that must see every packet (`per_packet_rules`): how many of each kind the
+//! ruleset has, and whether they hold every packet in the kernel. The packets held are counted
+//! with the other fallbacks (`xdp_router_fallback_packets_total{reason="per_packet_rule_in_ruleset"}`).
+
+use std::fmt;
+
+use prometheus_client::encoding::DescriptorEncoder;
+
+use super::family::gauges;
+use crate::{flows::per_packet::count_by_kind, status::Status};
+
+/// Encodes this subsystem's families of one status snapshot.
+pub(super) fn encode(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+    let p = &s.per_packet;
+    gauges(
+        enc,
+        "ruleset_per_packet_rules",
+        "Firewall rules that must see every packet, by what they do (limit, hashlimit, quota, queue, log, ...), in chains that forwarded packets traverse.",
+        None,
+        count_by_kind(&p.rules)
+            .into_iter()
+            .map(|(k, n)| (vec![("kind", k.name().to_string())], n)),
+    )?;
+    gauges(
+        enc,
+        "ruleset_unreadable",
+        "1 while a part of the firewall ruleset cannot be read (nft missing, a legacy table that cannot be listed): it may hold such rules.",
+        None,
+        [(vec![], u64::from(!p.unreadable.is_empty()))],
+    )?;
+    gauges(
+        enc,
+        "ruleset_per_packet_hold",
+        "1 while every packet goes through the kernel because of such rules (per_packet_rules = \"hold\"), or while a ruleset change is being read.",
+        None,
+        [(vec![], u64::from(p.held))],
+    )?;
+    Ok(())
+}

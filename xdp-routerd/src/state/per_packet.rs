@@ -1,0 +1,115 @@
+//! Rules that must see every packet (see [`crate::flows::per_packet`]): what the last read of
+//! the ruleset found, and the datapath's hold (`SETTINGS_F_HOLD_ALL`) that follows from it.
+//!
+//! A ruleset change is applied in two steps by `tasks::ruleset`: [`State::ruleset_changed`]
+//! bumps the ruleset generation and, under `per_packet_rules = "hold"`, holds every packet in
+//! the kernel in the same map write; the task then reads the new ruleset (no lock held) and
+//! [`State::apply_per_packet`] keeps the hold or lifts it. So a flow the kernel re-arms under a
+//! new ruleset is never fast-pathed before the daemon knows what that ruleset holds.
+
+use tracing::{debug, info, warn};
+
+use super::State;
+use crate::{
+    datapath::Datapath,
+    flows::per_packet::{self, PerPacketMode, PerPacketRules},
+    status::PerPacketStatus,
+};
+
+/// What the state keeps about per-packet rules.
+#[derive(Debug, Default)]
+pub(super) struct PerPacket {
+    /// `per_packet_rules` from the config.
+    mode: PerPacketMode,
+    /// What the last read found; `None` before the first.
+    found: Option<PerPacketRules>,
+    /// A ruleset change has not been read yet.
+    reading: bool,
+}
+
+/// How many rules the log line names before "and N more".
+const LOGGED_RULES: usize = 5;
+
+impl State<Datapath> {
+    /// Start-up: `per_packet_rules` from the config (before the first
+    /// [`State::apply_per_packet`]).
+    pub fn set_per_packet_mode(&mut self, mode: PerPacketMode) {
+        self.per_packet.mode = mode;
+    }
+
+    /// The firewall ruleset changed: every flow direction is disarmed until the kernel forwards
+    /// it again (see [`Datapath::bump_ruleset_generation`]) and, under `"hold"`, every packet
+    /// stays in the kernel until the new ruleset is read ([`State::apply_per_packet`]).
+    pub fn ruleset_changed(&mut self) -> anyhow::Result<()> {
+        if self.per_packet.mode == PerPacketMode::Ignore {
+            return self.dp.bump_ruleset_generation();
+        }
+        self.per_packet.reading = true;
+        self.dp.bump_ruleset_generation_holding()
+    }
+
+    /// The ruleset as just read: holds every packet in the kernel while it has rules that must
+    /// see every packet or could not be read (under `"hold"`), lifts the hold otherwise. Logs
+    /// what changed, once.
+    pub fn apply_per_packet(&mut self, found: PerPacketRules) {
+        let hold = per_packet::hold(self.per_packet.mode, &found);
+        if self.per_packet.found.as_ref() != Some(&found) {
+            log_found(self.per_packet.mode, &found);
+        }
+        if let Err(e) = self.dp.set_hold_all(hold) {
+            tracing::error!(error = %format!("{e:#}"), hold, "cannot write the per-packet hold");
+        }
+        self.per_packet.found = Some(found);
+        self.per_packet.reading = false;
+    }
+
+    /// `status`'s view.
+    pub(super) fn per_packet_status(&self) -> PerPacketStatus {
+        let found = self.per_packet.found.clone().unwrap_or_default();
+        PerPacketStatus {
+            mode: self.per_packet.mode,
+            held: self.dp.hold_all(),
+            reading: self.per_packet.reading || self.per_packet.found.is_none(),
+            rules: found.rules,
+            unreadable: found.unreadable,
+        }
+    }
+}
+
+/// One log line for what a read found (called when it differs from the previous read).
+fn log_found(mode: PerPacketMode, found: &PerPacketRules) {
+    let mut names: Vec<String> = found
+        .rules
+        .iter()
+        .take(LOGGED_RULES)
+        .map(ToString::to_string)
+        .collect();
+    if found.rules.len() > LOGGED_RULES {
+        names.push(format!("and {} more", found.rules.len() - LOGGED_RULES));
+    }
+    let rules = names.join(", ");
+    match mode {
+        PerPacketMode::Hold if !found.unreadable.is_empty() => warn!(
+            unreadable = %found.unreadable.join("; "),
+            "the firewall ruleset cannot be read, so it may have rules that must see every \
+             packet: every packet goes through the kernel (install nftables, or set \
+             per_packet_rules = \"ignore\" to accept flowtable semantics)"
+        ),
+        PerPacketMode::Hold if !found.rules.is_empty() => info!(
+            rules,
+            "the firewall ruleset has rules that must see every packet: every packet goes \
+             through the kernel while they exist (per_packet_rules = \"ignore\" accepts \
+             flowtable semantics instead)"
+        ),
+        PerPacketMode::Ignore if !found.rules.is_empty() || !found.unreadable.is_empty() => {
+            warn!(
+                rules,
+                unreadable = %found.unreadable.join("; "),
+                "the firewall ruleset has rules that must see every packet, and \
+                 per_packet_rules = \"ignore\": they see only the packets the kernel still \
+                 carries"
+            )
+        }
+        _ => debug!("the firewall ruleset has no rules that must see every packet"),
+    }
+}

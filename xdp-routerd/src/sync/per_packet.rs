@@ -1,0 +1,567 @@
+//! Reads the firewall ruleset for rules that must see every packet (see
+//! [`crate::flows::per_packet`]): `nft -j list ruleset` (native nftables rules and the `xt`
+//! matches and targets iptables-nft writes) and, while legacy tables exist,
+//! `iptables-legacy-save` / `ip6tables-legacy-save`. Read at start and after every ruleset
+//! change (`tasks::ruleset`); blocking (child processes), so called off the async runtime.
+//!
+//! Only chains that established forwarded packets traverse count: nftables base chains of the
+//! `ip`, `ip6` and `inet` families at the `prerouting`, `forward`, `postrouting` (and `inet`
+//! `ingress`) hooks that are not `nat` chains (those see a connection's first packet only),
+//! and the chains they jump or go to, directly or through a verdict map; for iptables-legacy
+//! the `PREROUTING`/`FORWARD`/`POSTROUTING` chains of `raw`, `mangle`, `filter` and `security`
+//! as the kernel runs them, and the user chains they jump to. An `INPUT` rule that logs or
+//! rate-limits traffic to the router itself holds nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use crate::flows::per_packet::{PerPacketKind, PerPacketRule, PerPacketRules, RuleOrigin};
+
+/// The nftables hooks whose chains see every packet of an established forwarded connection.
+const FORWARD_PATH_HOOKS: [&str; 4] = ["prerouting", "forward", "postrouting", "ingress"];
+
+/// The per-packet rules in the output of `nft -j list ruleset` (pure; tested on output of nft
+/// 1.0.6 on Linux 6.18). `Err` says why the text is not an nftables JSON listing.
+pub fn parse_nft_json(text: &str) -> Result<Vec<PerPacketRule>, String> {
+    let doc: Value =
+        serde_json::from_str(text).map_err(|e| format!("nft -j list ruleset: not JSON: {e}"))?;
+    let items = doc
+        .get("nftables")
+        .and_then(Value::as_array)
+        .ok_or("nft -j list ruleset: no \"nftables\" array")?;
+    // (family, table) → chains in order, with their rules; verdict maps' jump targets.
+    let mut tables: BTreeMap<(String, String), NftTable> = BTreeMap::new();
+    let key = |o: &Value| {
+        let s = |k: &str| o.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        (s("family"), s("table"))
+    };
+    for item in items {
+        if let Some(c) = item.get("chain") {
+            let name = c.get("name").and_then(Value::as_str).unwrap_or("");
+            let hook = c.get("hook").and_then(Value::as_str);
+            let base = hook.is_some_and(|h| FORWARD_PATH_HOOKS.contains(&h))
+                && c.get("type").and_then(Value::as_str) != Some("nat");
+            let t = tables.entry(key(c)).or_default();
+            if base {
+                t.entry_chains.insert(name.to_string());
+            }
+            t.chains.entry(name.to_string()).or_default();
+        } else if let Some(r) = item.get("rule") {
+            let chain = r.get("chain").and_then(Value::as_str).unwrap_or("");
+            let expr = r.get("expr").cloned().unwrap_or(Value::Null);
+            tables
+                .entry(key(r))
+                .or_default()
+                .chains
+                .entry(chain.to_string())
+                .or_default()
+                .push(expr);
+        } else if let Some(m) = item.get("map") {
+            let name = m.get("name").and_then(Value::as_str).unwrap_or("");
+            let mut targets = BTreeSet::new();
+            if let Some(elem) = m.get("elem") {
+                jump_targets(elem, &mut targets);
+            }
+            tables
+                .entry(key(m))
+                .or_default()
+                .verdict_maps
+                .insert(name.to_string(), targets);
+        }
+    }
+    let mut out = Vec::new();
+    for ((family, table), t) in &tables {
+        let origin = match family.as_str() {
+            "ip" => RuleOrigin::NftIp,
+            "ip6" => RuleOrigin::NftIp6,
+            "inet" => RuleOrigin::NftInet,
+            // bridge and netdev chains are `ingress_hook` / `egress_hook` (sync::hooks); arp
+            // carries no IP.
+            _ => continue,
+        };
+        for chain in t.reachable() {
+            let Some(rules) = t.chains.get(&chain) else {
+                continue;
+            };
+            for (i, expr) in rules.iter().enumerate() {
+                let mut kinds = BTreeSet::new();
+                nft_kinds(expr, &mut kinds);
+                if !kinds.is_empty() {
+                    out.push(PerPacketRule {
+                        origin,
+                        table: table.clone(),
+                        chain: chain.clone(),
+                        position: i as u32 + 1,
+                        kinds: kinds.into_iter().collect(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One nftables table as far as reachability goes.
+#[derive(Default)]
+struct NftTable {
+    /// Base chains at a forward-path hook (not nat).
+    entry_chains: BTreeSet<String>,
+    /// Every chain's rules (their `expr` arrays), in order.
+    chains: BTreeMap<String, Vec<Value>>,
+    /// Named maps → the chains their elements jump or go to.
+    verdict_maps: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl NftTable {
+    /// The entry chains and every chain reachable from them, in name order.
+    fn reachable(&self) -> BTreeSet<String> {
+        let mut seen: BTreeSet<String> = BTreeSet::new();
+        let mut todo: Vec<String> = self.entry_chains.iter().cloned().collect();
+        while let Some(chain) = todo.pop() {
+            if !seen.insert(chain.clone()) {
+                continue;
+            }
+            let mut next = BTreeSet::new();
+            for expr in self.chains.get(&chain).into_iter().flatten() {
+                jump_targets(expr, &mut next);
+                // `vmap @name`: the chains the map's elements name.
+                let mut refs = BTreeSet::new();
+                set_refs(expr, &mut refs);
+                for r in refs {
+                    if let Some(targets) = self.verdict_maps.get(&r) {
+                        next.extend(targets.iter().cloned());
+                    }
+                }
+            }
+            todo.extend(next.into_iter().filter(|c| !seen.contains(c)));
+        }
+        seen
+    }
+}
+
+/// Every `jump`/`goto` target anywhere in `v`.
+fn jump_targets(v: &Value, out: &mut BTreeSet<String>) {
+    match v {
+        Value::Object(o) => {
+            for (k, inner) in o {
+                if (k == "jump" || k == "goto")
+                    && let Some(t) = inner.get("target").and_then(Value::as_str)
+                {
+                    out.insert(t.to_string());
+                }
+                jump_targets(inner, out);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| jump_targets(x, out)),
+        _ => {}
+    }
+}
+
+/// Every named set or map referenced (`"@name"`) anywhere in `v`.
+fn set_refs(v: &Value, out: &mut BTreeSet<String>) {
+    match v {
+        Value::String(s) => {
+            if let Some(name) = s.strip_prefix('@') {
+                out.insert(name.to_string());
+            }
+        }
+        Value::Object(o) => o.values().for_each(|x| set_refs(x, out)),
+        Value::Array(a) => a.iter().for_each(|x| set_refs(x, out)),
+        _ => {}
+    }
+}
+
+/// The per-packet statements and expressions anywhere in a rule's `expr` (libnftables-json(5)
+/// names): `limit`, `quota`, `log`, `queue`, `dup`, `meter`, a `set`/`map` statement (an
+/// object with an `op`: `add @s`, `update @s`), `ct count`, `numgen`, a `ct` expression on
+/// `bytes`/`packets`/`avgpkt`, and iptables-nft's `xt` matches and targets.
+fn nft_kinds(v: &Value, out: &mut BTreeSet<PerPacketKind>) {
+    match v {
+        Value::Object(o) => {
+            for (k, inner) in o {
+                let kind = match k.as_str() {
+                    "limit" => Some(PerPacketKind::Limit),
+                    "quota" => Some(PerPacketKind::Quota),
+                    "log" => Some(PerPacketKind::Log),
+                    "queue" => Some(PerPacketKind::Queue),
+                    "dup" => Some(PerPacketKind::Dup),
+                    "meter" => Some(PerPacketKind::Meter),
+                    "ct count" => Some(PerPacketKind::Connlimit),
+                    "numgen" => Some(PerPacketKind::Statistic),
+                    // `{"set": {"op": "update", …}}`; not an anonymous set (`{"set": [...]}`)
+                    // or a map lookup (`{"map": {"key": …, "data": …}}`).
+                    "set" | "map" if inner.get("op").is_some() => Some(PerPacketKind::SetUpdate),
+                    "ct" => match inner.get("key").and_then(Value::as_str) {
+                        Some("bytes" | "packets" | "avgpkt") => Some(PerPacketKind::Connbytes),
+                        _ => None,
+                    },
+                    "xt" => inner
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .and_then(PerPacketKind::of_xtables),
+                    _ => None,
+                };
+                match kind {
+                    // A meter's or set update's own statement (`limit rate …`) is part of it.
+                    Some(k @ (PerPacketKind::Meter | PerPacketKind::SetUpdate)) => {
+                        out.insert(k);
+                    }
+                    Some(k) => {
+                        out.insert(k);
+                        nft_kinds(inner, out);
+                    }
+                    None => nft_kinds(inner, out),
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| nft_kinds(x, out)),
+        _ => {}
+    }
+}
+
+/// The chains of `table` that established forwarded packets traverse, as the kernel's
+/// iptables hooks run them (legacy tables: `nat` sees first packets only).
+fn legacy_entry_chains(table: &str) -> &'static [&'static str] {
+    match table {
+        "raw" => &["PREROUTING"],
+        "mangle" => &["PREROUTING", "FORWARD", "POSTROUTING"],
+        "filter" | "security" => &["FORWARD"],
+        _ => &[],
+    }
+}
+
+/// Splits an `iptables-save` rule line into words, as the shell would (`"in "` is one word).
+fn save_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let (mut quoted, mut escaped, mut any) = (false, false, false);
+    for c in line.chars() {
+        if escaped {
+            cur.push(c);
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
+        } else if c == '"' {
+            quoted = !quoted;
+            any = true;
+        } else if c.is_whitespace() && !quoted {
+            if any || !cur.is_empty() {
+                words.push(std::mem::take(&mut cur));
+            }
+            any = false;
+        } else {
+            cur.push(c);
+        }
+    }
+    if any || !cur.is_empty() {
+        words.push(cur);
+    }
+    words
+}
+
+/// The per-packet rules in an `iptables-save` / `ip6tables-save` listing (pure; tested on
+/// iptables-legacy-save v1.8.9 output).
+pub fn parse_legacy_save(listing: &str, origin: RuleOrigin) -> Vec<PerPacketRule> {
+    // table → chain → rules (kinds, jump target) in order.
+    type Chains = BTreeMap<String, Vec<(BTreeSet<PerPacketKind>, Option<String>)>>;
+    let mut tables: BTreeMap<String, Chains> = BTreeMap::new();
+    let mut table = String::new();
+    for line in listing.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.trim().to_string();
+            continue;
+        }
+        let Some(rest) = line.strip_prefix("-A ") else {
+            continue;
+        };
+        let words = save_words(rest);
+        let Some(chain) = words.first() else { continue };
+        let mut kinds = BTreeSet::new();
+        let mut target = None;
+        for pair in words.windows(2) {
+            match pair[0].as_str() {
+                "-m" | "--match" => kinds.extend(PerPacketKind::of_xtables(&pair[1])),
+                "-j" | "--jump" | "-g" | "--goto" => {
+                    kinds.extend(PerPacketKind::of_xtables(&pair[1]));
+                    target = Some(pair[1].clone());
+                }
+                _ => {}
+            }
+        }
+        tables
+            .entry(table.clone())
+            .or_default()
+            .entry(chain.clone())
+            .or_default()
+            .push((kinds, target));
+    }
+    let mut out = Vec::new();
+    for (table, chains) in &tables {
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
+        let mut todo: Vec<&str> = legacy_entry_chains(table).to_vec();
+        while let Some(chain) = todo.pop() {
+            if !seen.insert(chain) {
+                continue;
+            }
+            for (i, (kinds, target)) in chains.get(chain).into_iter().flatten().enumerate() {
+                if !kinds.is_empty() {
+                    out.push(PerPacketRule {
+                        origin,
+                        table: table.clone(),
+                        chain: chain.to_string(),
+                        position: i as u32 + 1,
+                        kinds: kinds.iter().copied().collect(),
+                    });
+                }
+                // A user chain (built-in targets such as ACCEPT or LOG have no rules here).
+                if let Some((name, _)) = target.as_deref().and_then(|t| chains.get_key_value(t)) {
+                    todo.push(name);
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| (&a.table, &a.chain, a.position).cmp(&(&b.table, &b.chain, b.position)));
+    out
+}
+
+/// Output of `cmd args…`, or a one-line reason why there is none.
+fn output(cmd: &str, args: &[&str]) -> Result<String, String> {
+    let out = crate::signals::unblocked_in_std_child(&mut std::process::Command::new(cmd))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run `{cmd}`: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "`{cmd} {}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            err.lines().next().unwrap_or("").trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Whether the `/proc/net/*_tables_names` file at `path` lists a table (legacy tables exist).
+fn legacy_tables_in(path: &str) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|s| !s.trim().is_empty())
+}
+
+/// Reads the whole ruleset (blocking: runs `nft` and, while legacy tables exist, the legacy
+/// save tools). What cannot be read is said in [`PerPacketRules::unreadable`], never taken
+/// as "no such rules".
+pub fn read() -> PerPacketRules {
+    let mut found = PerPacketRules::default();
+    match output("nft", &["-j", "list", "ruleset"]).and_then(|t| parse_nft_json(&t)) {
+        Ok(rules) => found.rules.extend(rules),
+        Err(e) => found.unreadable.push(e),
+    }
+    for (names, tool, origin) in [
+        (
+            "/proc/net/ip_tables_names",
+            "iptables-legacy-save",
+            RuleOrigin::LegacyIpv4,
+        ),
+        (
+            "/proc/net/ip6_tables_names",
+            "ip6tables-legacy-save",
+            RuleOrigin::LegacyIpv6,
+        ),
+    ] {
+        if !legacy_tables_in(names) {
+            continue;
+        }
+        match output(tool, &[]) {
+            Ok(text) => found.rules.extend(parse_legacy_save(&text, origin)),
+            Err(e) => found.unreadable.push(e),
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use PerPacketKind::*;
+
+    /// `nft -j list ruleset` (nft 1.0.6, Linux 6.18) after iptables-nft rules: FORWARD has
+    /// hashlimit, limit + LOG, quota, NFQUEUE, NFLOG (native `log group`), connbytes,
+    /// statistic, recent, connlimit, a jump to `sub` (conntrack only); INPUT has limit + LOG;
+    /// nat POSTROUTING MASQUERADE.
+    const IPTABLES_NFT: &str = include_str!("testdata/iptables_nft.json");
+    /// nft 1.0.6, a native inet table: forward has established accept, limit, quota, log,
+    /// meter, `update @seen`, `ct bytes`, `ct packets`, numgen, `vmap @vm` (→ viachain:
+    /// quota), an anonymous vmap (→ other: ct count); `unreached` (limit) is jumped to by
+    /// nobody; a nat postrouting chain (limit, log) and an input chain (log).
+    const NFT_NATIVE: &str = include_str!("testdata/nft_native.json");
+    /// iptables-legacy-save and ip6tables-legacy-save v1.8.9 (separated by `====`).
+    const LEGACY: &str = include_str!("testdata/legacy_save.txt");
+
+    fn summary(rules: &[PerPacketRule]) -> Vec<(String, u32, Vec<PerPacketKind>)> {
+        rules
+            .iter()
+            .map(|r| {
+                (
+                    format!("{} {} {}", r.origin.name(), r.table, r.chain),
+                    r.position,
+                    r.kinds.clone(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn iptables_nft_xt_matches_are_found_in_forward_only() {
+        let rules = parse_nft_json(IPTABLES_NFT).unwrap();
+        let f = |p, k: Vec<PerPacketKind>| ("ip filter FORWARD".to_string(), p, k);
+        assert_eq!(
+            summary(&rules),
+            vec![
+                f(1, vec![Hashlimit]),
+                f(2, vec![Limit, Log]),
+                f(3, vec![Quota]),
+                f(4, vec![Queue]),
+                f(5, vec![Log]),
+                f(6, vec![Connbytes]),
+                f(7, vec![Statistic]),
+                f(8, vec![Recent]),
+                f(9, vec![Connlimit]),
+            ]
+        );
+        assert_eq!(
+            rules[0].to_string(),
+            "ip filter FORWARD rule 1 uses hashlimit"
+        );
+    }
+
+    #[test]
+    fn native_nft_statements_in_reachable_chains_are_found() {
+        let rules = parse_nft_json(NFT_NATIVE).unwrap();
+        let c = |chain: &str, p, k: Vec<PerPacketKind>| (format!("inet fw {chain}"), p, k);
+        assert_eq!(
+            summary(&rules),
+            vec![
+                c("forward", 2, vec![Limit]),
+                c("forward", 3, vec![Quota]),
+                c("forward", 4, vec![Log]),
+                c("forward", 5, vec![Meter]),
+                c("forward", 6, vec![SetUpdate]),
+                c("forward", 7, vec![Connbytes]),
+                c("forward", 8, vec![Connbytes]),
+                c("forward", 9, vec![Statistic]),
+                // Through the anonymous vmap (goto) and the named one (jump).
+                c("other", 1, vec![Connlimit]),
+                c("viachain", 1, vec![Quota]),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_empty_ruleset_has_none_and_garbage_is_an_error() {
+        let empty = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}]}"#;
+        assert_eq!(parse_nft_json(empty), Ok(vec![]));
+        assert!(parse_nft_json("").is_err());
+        assert!(parse_nft_json("{\"other\": 1}").is_err());
+        // The established-accept / MASQUERADE ruleset of a plain home router: nothing.
+        let plain = r#"{"nftables": [
+ {"chain": {"family": "ip", "table": "filter", "name": "FORWARD", "handle": 1, "type": "filter", "hook": "forward", "prio": 0, "policy": "drop"}},
+ {"rule": {"family": "ip", "table": "filter", "chain": "FORWARD", "handle": 4, "expr": [{"xt": {"type": "match", "name": "conntrack"}}, {"counter": {"packets": 10, "bytes": 900}}, {"accept": null}]}},
+ {"chain": {"family": "ip", "table": "nat", "name": "POSTROUTING", "handle": 1, "type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"}},
+ {"rule": {"family": "ip", "table": "nat", "chain": "POSTROUTING", "handle": 2, "expr": [{"counter": {"packets": 1, "bytes": 60}}, {"xt": {"type": "target", "name": "MASQUERADE"}}]}}
+]}"#;
+        assert_eq!(parse_nft_json(plain), Ok(vec![]));
+    }
+
+    /// The forms this kernel cannot load (no `nft_queue`; nft's `dup`), as libnftables-json(5)
+    /// writes them, and an `xt` TEE target.
+    #[test]
+    fn queue_and_dup_statements_are_found() {
+        let text = r#"{"nftables": [
+ {"chain": {"family": "ip6", "table": "t", "name": "post", "type": "filter", "hook": "postrouting", "prio": 0}},
+ {"rule": {"family": "ip6", "table": "t", "chain": "post", "expr": [{"queue": {"num": 3, "flags": "bypass"}}]}},
+ {"rule": {"family": "ip6", "table": "t", "chain": "post", "expr": [{"dup": {"addr": "fd00::1"}}]}},
+ {"rule": {"family": "ip6", "table": "t", "chain": "post", "expr": [{"xt": {"type": "target", "name": "TEE"}}]}},
+ {"rule": {"family": "ip6", "table": "t", "chain": "post", "expr": [{"counter": null}]}}
+]}"#;
+        let rules = parse_nft_json(text).unwrap();
+        let c = |p, k| ("ip6 t post".to_string(), p, vec![k]);
+        assert_eq!(summary(&rules), vec![c(1, Queue), c(2, Dup), c(3, Dup)]);
+    }
+
+    #[test]
+    fn legacy_rules_in_forward_path_chains_and_their_user_chains_are_found() {
+        let (v4, v6) = LEGACY.split_once("====\n").unwrap();
+        let rules = parse_legacy_save(v4, RuleOrigin::LegacyIpv4);
+        let c = |t: &str, p, k: Vec<PerPacketKind>| (format!("iptables-legacy {t}"), p, k);
+        assert_eq!(
+            summary(&rules),
+            vec![
+                c("filter FORWARD", 1, vec![Hashlimit]),
+                c("filter sub", 1, vec![Quota]),
+                c("mangle POSTROUTING", 1, vec![Statistic]),
+                c("raw PREROUTING", 1, vec![Recent]),
+            ],
+            "INPUT, OUTPUT, nat and the unreferenced chain hold nothing"
+        );
+        let rules = parse_legacy_save(v6, RuleOrigin::LegacyIpv6);
+        assert_eq!(
+            summary(&rules),
+            vec![
+                (
+                    "ip6tables-legacy filter FORWARD".to_string(),
+                    1,
+                    vec![Queue]
+                ),
+                (
+                    "ip6tables-legacy filter FORWARD".to_string(),
+                    2,
+                    vec![Connlimit]
+                ),
+            ]
+        );
+    }
+
+    proptest::proptest! {
+        /// Fuzz: the real listings with bytes replaced or cut never panic either parser (the
+        /// JSON one answers an error or rules; the save one, rules).
+        #[test]
+        fn mutated_listings_never_panic(
+            which in 0..3usize,
+            flips in proptest::collection::vec((0usize..5000, 0x20u8..0x7f), 0..8),
+            cut in 0usize..5000,
+        ) {
+            let mut text = [IPTABLES_NFT, NFT_NATIVE, LEGACY][which].as_bytes().to_vec();
+            for (at, v) in flips {
+                let n = text.len();
+                text[at % n] = v;
+            }
+            text.truncate(cut.max(1).min(text.len()));
+            let text = String::from_utf8_lossy(&text);
+            let _ = parse_nft_json(&text);
+            let _ = parse_legacy_save(&text, RuleOrigin::LegacyIpv4);
+        }
+    }
+
+    #[test]
+    fn quoted_words_are_one_word() {
+        assert_eq!(
+            save_words(r#"FORWARD -j LOG --log-prefix "a -m limit \"b\" " -m quota"#),
+            vec![
+                "FORWARD",
+                "-j",
+                "LOG",
+                "--log-prefix",
+                r#"a -m limit "b" "#,
+                "-m",
+                "quota"
+            ]
+        );
+        let rules = parse_legacy_save(
+            "*filter\n-A FORWARD -j ACCEPT -m comment --comment \"-m hashlimit\"\nCOMMIT\n",
+            RuleOrigin::LegacyIpv4,
+        );
+        assert_eq!(rules, vec![]);
+    }
+}
