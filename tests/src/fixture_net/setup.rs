@@ -31,6 +31,9 @@ pub struct Setup {
     pub pppoe: Vec<(PppoeKey, u32)>,
     /// `SETTINGS[0].fastpath_enabled`.
     pub fastpath: bool,
+    /// `SETTINGS_F_HOLD_ALL`: every packet held in the kernel (rules that must see every
+    /// packet).
+    pub hold_all: bool,
     /// `SETTINGS[0].fib_generation` (0 disables the FIB cache).
     pub fib_generation: u32,
     /// `SETTINGS[0].fib_cache_ns` (0 disables the FIB cache).
@@ -86,6 +89,7 @@ impl Setup {
             vlans: Vec::new(),
             pppoe: Vec::new(),
             fastpath: true,
+            hold_all: false,
             // As the daemon runs it: the FIB cache on (here with a long enough age that every
             // repeated packet of a case uses it).
             fib_generation: 1,

@@ -72,6 +72,37 @@ pub struct Status {
     pub fib_cache: FibCacheSummary,
     /// Firewall ruleset tracking.
     pub ruleset: RulesetSummary,
+    /// Rules that must see every packet.
+    #[serde(default)]
+    pub per_packet: PerPacketSummary,
+}
+
+/// The `per_packet` object of `status --json`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PerPacketSummary {
+    /// `per_packet_rules`: `hold` or `ignore`.
+    pub mode: String,
+    /// Every packet goes to the kernel now.
+    pub held: bool,
+    /// A ruleset change has not been read yet.
+    pub reading: bool,
+    /// The rules found, with what they do per packet (`kinds`: `hashlimit`, `quota`, …).
+    pub rules: Vec<PerPacketRuleSummary>,
+    /// Why a part of the ruleset could not be read.
+    pub unreadable: Vec<String>,
+}
+
+/// One rule of [`PerPacketSummary::rules`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct PerPacketRuleSummary {
+    /// Table (`filter`).
+    pub table: String,
+    /// Chain (`FORWARD`).
+    pub chain: String,
+    /// 1-based position in the chain.
+    pub position: u32,
+    /// What it does per packet.
+    pub kinds: Vec<String>,
 }
 
 /// The `ruleset` object of `status --json`.

@@ -1,6 +1,7 @@
 //! Packets refused on arrival, with the flow that would otherwise forward them present: fast
-//! path off, not IP, malformed headers, IPv4 options and fragments, IPv6 extension headers, TTL
-//! 1, not TCP or UDP, and TCP control segments.
+//! path off, held for a rule that must see every packet, not IP, malformed headers, IPv4
+//! options and fragments, IPv6 extension headers, TTL 1, not TCP or UDP, and TCP control
+//! segments.
 
 use std::net::IpAddr;
 
@@ -32,6 +33,24 @@ pub fn cases(b: &Bed, c: &mut Vec<Case>) {
         off,
         Reason::PassDisabled,
     ));
+    // A rule that must see every packet (hashlimit, quota, NFQUEUE, …) holds everything in
+    // the kernel: the flow that would forward it is there and armed, IPv4 and IPv6 alike.
+    for (name, pkt, setup) in [
+        ("held for a per-packet rule, ipv4", &good4, m4()),
+        ("held for a per-packet rule, ipv6", &good6, m6()),
+    ] {
+        c.push(pass(
+            b,
+            name,
+            b.lan,
+            pkt.frame(),
+            Setup {
+                hold_all: true,
+                ..setup
+            },
+            Reason::PassPerPacketRule,
+        ));
+    }
 
     c.push(pass(
         b,

@@ -1,0 +1,403 @@
+//! Rules that must see every packet keep the flows in the kernel: a `hashlimit` rule in FORWARD
+//! still limits an offloaded UDP flow (with `per_packet_rules = "ignore"`, the negative
+//! control, the fast path carries it past the limit), a `quota` rule stops a flow at its quota,
+//! and an `NFQUEUE` rule sees every packet of an established flow (a queue reader in the test
+//! counts them). Each test says from the daemon's counters and the router's wire counters
+//! which path the packets took. Run as root with one test thread (`cargo xtask test`).
+
+use std::{
+    net::{SocketAddr, UdpSocket},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use xdp_router_tests::testbed::{
+    LAN_IF, Snapshot, Status, Testbed, UdpEcho, any_v4, fastpath_fraction, offload_udp, ready,
+    udp_is_fast_pathed, udp_payload, udp_socket, wan_v4,
+};
+
+/// Datagram payload of the streams (IPv4 packets of 228 bytes).
+const PAYLOAD: usize = 200;
+/// IP length of one datagram of [`PAYLOAD`] bytes (what `-m quota` counts).
+const IP_LEN: u64 = 20 + 8 + PAYLOAD as u64;
+
+/// Sends datagrams from `sock` to `server` at `pps` for `dur`, sequence numbers from `*seq`
+/// on; returns how many were sent. Replies are not read (the socket's buffer drops them).
+fn blast(sock: &UdpSocket, server: SocketAddr, seq: &mut u64, pps: u64, dur: Duration) -> u64 {
+    let t0 = Instant::now();
+    let mut sent = 0u64;
+    while t0.elapsed() < dur {
+        let due = (t0.elapsed().as_secs_f64() * pps as f64) as u64;
+        while sent < due {
+            // ENOBUFS and the like only mean fewer datagrams left the host.
+            if sock.send_to(&udp_payload(*seq, PAYLOAD), server).is_ok() {
+                sent += 1;
+            }
+            *seq += 1;
+        }
+        sleep(Duration::from_micros(500));
+    }
+    sent
+}
+
+/// Runs `cmd` in the router; on failure (a match or target this kernel lacks) skips `test`.
+fn rule_or_skip(tb: &Testbed, test: &str, cmd: &str) -> bool {
+    let out = tb.router.exec("sh", &["-c", cmd]);
+    if out.status.success() {
+        return true;
+    }
+    xdp_router_tests::netns::skip(
+        test,
+        &format!(
+            "`{cmd}` failed (kernel without the match or target?): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    )
+}
+
+/// Waits until the daemon lists a per-packet rule of `kind` and (under `hold`) holds every
+/// packet; returns the status.
+fn rule_seen(tb: &Testbed, kind: &str, held: bool) -> Status {
+    let (st, ok) = tb.daemon().wait_status(Duration::from_secs(5), |st| {
+        !st.per_packet.reading
+            && st.per_packet.held == held
+            && st
+                .per_packet
+                .rules
+                .iter()
+                .any(|r| r.kinds.iter().any(|k| k == kind))
+    });
+    assert!(
+        ok,
+        "the daemon does not list the {kind} rule (held = {held}) within 5 s: {:?}\n{}",
+        st.per_packet,
+        tb.daemon().log_tail()
+    );
+    let line = tb.daemon().ctl(&["status"]).unwrap_or_default();
+    let line = line
+        .lines()
+        .find(|l| l.contains(&format!("uses {kind}")))
+        .unwrap_or_else(|| panic!("`status` shows no line with the {kind} rule:\n{line}"));
+    eprintln!("status: {line}");
+    st
+}
+
+/// What [`hashlimit_run`] measured while the stream ran with the rule in place.
+struct Limited {
+    /// Datagrams per second the WAN host received.
+    delivered_pps: f64,
+    /// Datagrams per second sent.
+    sent_pps: f64,
+    /// Share of the LAN wire packets the fast path forwarded.
+    fast_share: f64,
+    /// LAN packets counted `per_packet_rule_in_ruleset`.
+    held: u64,
+    /// LAN wire packets.
+    wire: u64,
+}
+
+/// Limit of the hashlimit rule, in packets per second, and its burst.
+const LIMIT: u64 = 500;
+const BURST: u64 = 5;
+/// Rate and duration of the stream.
+const RATE: u64 = 3000;
+const SECS: u64 = 3;
+
+/// Offloads a UDP flow (fast-pathed both ways first), inserts a hashlimit DROP rule at the top
+/// of FORWARD (before the ESTABLISHED accept), then sends [`RATE`] pkt/s for [`SECS`] s.
+/// `None` when the test cannot run here.
+fn hashlimit_run(test: &str, tag: &str, port: u16, mode: &str) -> Option<Limited> {
+    let mut tb = Testbed::new(tag);
+    tb.start_daemon_with(&format!("per_packet_rules = \"{mode}\"\n"));
+    let server = wan_v4(port);
+    let echo = UdpEcho::start(&tb.wan, server);
+    let sock = udp_socket(&tb.lan, any_v4(), 64);
+    let mut seq = 0u64;
+    offload_udp(&tb, &sock, server, &mut seq);
+    // Without the rule, the fast path carries the flow: the test can tell the paths apart.
+    udp_is_fast_pathed(&tb, &sock, server, &mut seq, LAN_IF, "eth0");
+    let before_rule = seq;
+    if !rule_or_skip(
+        &tb,
+        test,
+        &format!(
+            "iptables -w -I FORWARD 1 -p udp --dport {port} -m hashlimit --hashlimit-above \
+             {LIMIT}/sec --hashlimit-burst {BURST} --hashlimit-mode srcip --hashlimit-name t \
+             -j DROP"
+        ),
+    ) {
+        return None;
+    }
+    rule_seen(&tb, "hashlimit", mode == "hold");
+    let before: Snapshot = tb.snapshot();
+    let t0 = Instant::now();
+    let sent = blast(&sock, server, &mut seq, RATE, Duration::from_secs(SECS));
+    let elapsed = t0.elapsed().as_secs_f64();
+    // Let the last datagrams arrive.
+    sleep(Duration::from_millis(200));
+    let after = tb.snapshot();
+    // Every datagram before the rule came back (offload_udp and udp_is_fast_pathed check it).
+    let delivered = echo.finish().received.saturating_sub(before_rule);
+    let wire = after.rx_lan_since(&before);
+    let fwd = after.packets_since(&before, LAN_IF, "forwarded_original");
+    let r = Limited {
+        delivered_pps: delivered as f64 / elapsed,
+        sent_pps: sent as f64 / elapsed,
+        fast_share: fastpath_fraction(fwd, wire),
+        held: after.packets_since(&before, LAN_IF, "per_packet_rule_in_ruleset"),
+        wire,
+    };
+    eprintln!(
+        "hashlimit {LIMIT}/s (burst {BURST}), per_packet_rules = {mode}: sent {sent} in \
+         {elapsed:.2} s ({:.0} pkt/s), delivered {delivered} ({:.0} pkt/s); LAN wire {wire}, \
+         {fwd} forwarded by XDP ({:.1} %), {} held for the rule",
+        r.sent_pps,
+        r.delivered_pps,
+        r.fast_share * 100.0,
+        r.held
+    );
+    Some(r)
+}
+
+/// `-m hashlimit --hashlimit-above 500/sec … -j DROP` before the ESTABLISHED accept: the
+/// offloaded flow's packets go back to the kernel and get at most the limit (+ burst) through.
+#[test]
+fn hashlimit_in_forward_limits_an_offloaded_flow() {
+    let test = "hashlimit_in_forward_limits_an_offloaded_flow";
+    if !ready(test) {
+        return;
+    }
+    let Some(r) = hashlimit_run(test, "pph", 6101, "hold") else {
+        return;
+    };
+    assert!(
+        r.sent_pps > 2.0 * LIMIT as f64,
+        "the stream must exceed the limit for the test to mean anything"
+    );
+    // hashlimit lets LIMIT per second plus the burst through; 10 % for the timing of a
+    // 3 s measurement on a loaded machine.
+    let allowed = (LIMIT as f64 * SECS as f64 + BURST as f64) * 1.1 / SECS as f64;
+    assert!(
+        r.delivered_pps <= allowed,
+        "{:.0} pkt/s delivered, the limit allows {allowed:.0}",
+        r.delivered_pps
+    );
+    assert_eq!(r.fast_share, 0.0, "no packet may be fast-pathed while held");
+    assert!(
+        r.held >= r.wire * 9 / 10 && r.held > 0,
+        "{} of {} LAN wire packets counted per_packet_rule_in_ruleset",
+        r.held,
+        r.wire
+    );
+}
+
+/// The negative control: the same rule with `per_packet_rules = "ignore"` (flowtable
+/// semantics) lets the fast path carry the flow far past the limit, so the test above can
+/// fail.
+#[test]
+fn hashlimit_is_bypassed_with_per_packet_rules_ignore() {
+    let test = "hashlimit_is_bypassed_with_per_packet_rules_ignore";
+    if !ready(test) {
+        return;
+    }
+    let Some(r) = hashlimit_run(test, "ppi", 6104, "ignore") else {
+        return;
+    };
+    assert!(
+        r.delivered_pps > 2.0 * LIMIT as f64,
+        "with the rule ignored the fast path should carry the stream past the limit: {:.0} pkt/s",
+        r.delivered_pps
+    );
+    assert!(
+        r.fast_share >= 0.8,
+        "{:.1} % fast-pathed",
+        r.fast_share * 100.0
+    );
+    assert_eq!(r.held, 0);
+}
+
+/// `-m quota --quota Q -j ACCEPT`, then DROP, for the flow's port, in place before the daemon
+/// starts (the start-up read): the flow stops at the quota, within one packet.
+#[test]
+fn quota_rule_stops_an_offloaded_flow_at_its_quota() {
+    let test = "quota_rule_stops_an_offloaded_flow_at_its_quota";
+    if !ready(test) {
+        return;
+    }
+    const QUOTA: u64 = 150_000;
+    let port = 6102;
+    let mut tb = Testbed::new("ppq");
+    if !rule_or_skip(
+        &tb,
+        test,
+        &format!(
+            "iptables -w -I FORWARD 1 -p udp --dport {port} -m quota --quota {QUOTA} -j ACCEPT
+             iptables -w -I FORWARD 2 -p udp --dport {port} -j DROP"
+        ),
+    ) {
+        return;
+    }
+    tb.start_daemon();
+    rule_seen(&tb, "quota", true);
+    let server = wan_v4(port);
+    let echo = UdpEcho::start(&tb.wan, server);
+    let sock = udp_socket(&tb.lan, any_v4(), 64);
+    let mut seq = 0u64;
+    // Offloaded (flow entries written; ~2 s of 50 datagrams a second, well inside the quota).
+    offload_udp(&tb, &sock, server, &mut seq);
+    let before = tb.snapshot();
+    // Twice the quota and more.
+    let sent = blast(&sock, server, &mut seq, 2000, Duration::from_secs(1));
+    sleep(Duration::from_millis(200));
+    let after = tb.snapshot();
+    let delivered = echo.finish().received;
+    let bytes = delivered * IP_LEN;
+    let wire = after.rx_lan_since(&before);
+    let fwd = after.packets_since(&before, LAN_IF, "forwarded_original");
+    let held = after.packets_since(&before, LAN_IF, "per_packet_rule_in_ruleset");
+    eprintln!(
+        "quota {QUOTA} B: {seq} datagrams sent in all ({sent} in the burst), {delivered} \
+         delivered = {bytes} B of IP; burst: LAN wire {wire}, {fwd} forwarded by XDP, {held} \
+         held for the rule"
+    );
+    assert!(
+        seq * IP_LEN > QUOTA + 10 * IP_LEN,
+        "the test must send more than the quota"
+    );
+    assert!(
+        bytes <= QUOTA + IP_LEN,
+        "{bytes} B delivered, more than the quota ({QUOTA} B) and one packet"
+    );
+    assert!(
+        bytes + IP_LEN > QUOTA,
+        "{bytes} B delivered: the flow stopped before its quota ({QUOTA} B)"
+    );
+    assert_eq!(fwd, 0, "no packet may be fast-pathed while held");
+    assert!(held >= wire * 9 / 10 && held > 0, "{held} of {wire} held");
+}
+
+/// An NFQUEUE reader in the router: counts the queued IPv4 UDP packets to `port` and accepts
+/// every packet.
+struct QueueReader {
+    counted: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl QueueReader {
+    /// Binds queue `num` in the router's namespace; `Err` when this kernel has no NFQUEUE.
+    fn start(tb: &Testbed, num: u16, port: u16) -> std::io::Result<QueueReader> {
+        let mut queue = tb.router.run(move || -> std::io::Result<nfq::Queue> {
+            let mut q = nfq::Queue::open()?;
+            q.bind(num)?;
+            Ok(q)
+        })?;
+        queue.set_nonblocking(true);
+        let counted = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (c, s) = (counted.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                match queue.recv() {
+                    Ok(mut msg) => {
+                        let p = msg.get_payload();
+                        // IPv4, UDP, destination port (no options: IHL 5).
+                        if p.len() >= 28
+                            && p[0] == 0x45
+                            && p[9] == 17
+                            && u16::from_be_bytes([p[22], p[23]]) == port
+                        {
+                            c.fetch_add(1, Ordering::SeqCst);
+                        }
+                        msg.set_verdict(nfq::Verdict::Accept);
+                        if let Err(e) = queue.verdict(msg) {
+                            eprintln!("NFQUEUE verdict failed: {e}");
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        sleep(Duration::from_millis(1));
+                    }
+                    Err(e) => {
+                        eprintln!("NFQUEUE read failed: {e}");
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(QueueReader {
+            counted,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn counted(&self) -> u64 {
+        self.counted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for QueueReader {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `-j NFQUEUE` (an IDS's rule) added while a UDP flow is fast-pathed: from then on the queue
+/// reader sees every packet of the flow, and every one reaches the WAN host.
+#[test]
+fn nfqueue_rule_sees_every_packet_of_an_established_flow() {
+    let test = "nfqueue_rule_sees_every_packet_of_an_established_flow";
+    if !ready(test) {
+        return;
+    }
+    let port = 6103;
+    let mut tb = Testbed::new("ppn");
+    let reader = match QueueReader::start(&tb, 7, port) {
+        Ok(r) => r,
+        Err(e) => {
+            xdp_router_tests::netns::skip(test, &format!("cannot bind NFQUEUE 7: {e}"));
+            return;
+        }
+    };
+    tb.start_daemon();
+    let server = wan_v4(port);
+    let echo = UdpEcho::start(&tb.wan, server);
+    let sock = udp_socket(&tb.lan, any_v4(), 64);
+    let mut seq = 0u64;
+    offload_udp(&tb, &sock, server, &mut seq);
+    udp_is_fast_pathed(&tb, &sock, server, &mut seq, LAN_IF, "eth0");
+    assert_eq!(reader.counted(), 0, "no rule yet: nothing queued");
+    if !rule_or_skip(
+        &tb,
+        test,
+        &format!("iptables -w -I FORWARD 1 -p udp --dport {port} -j NFQUEUE --queue-num 7"),
+    ) {
+        return;
+    }
+    rule_seen(&tb, "queue", true);
+    let before_rule = seq;
+    let before = tb.snapshot();
+    let sent = blast(&sock, server, &mut seq, 1000, Duration::from_secs(1));
+    sleep(Duration::from_millis(300));
+    let after = tb.snapshot();
+    let queued = reader.counted();
+    let delivered = echo.finish().received.saturating_sub(before_rule);
+    let wire = after.rx_lan_since(&before);
+    let fwd = after.packets_since(&before, LAN_IF, "forwarded_original");
+    let held = after.packets_since(&before, LAN_IF, "per_packet_rule_in_ruleset");
+    eprintln!(
+        "NFQUEUE: {sent} datagrams sent, {queued} seen by the queue reader, {delivered} \
+         delivered; LAN wire {wire}, {fwd} forwarded by XDP, {held} held for the rule"
+    );
+    assert_eq!(queued, sent, "the queue must see every packet of the flow");
+    assert_eq!(delivered, sent, "every accepted packet must arrive");
+    assert_eq!(fwd, 0, "no packet may be fast-pathed while held");
+    assert!(held >= sent, "{held} held, {sent} sent");
+}
