@@ -1,5 +1,5 @@
 //! Reads the firewall ruleset for rules that must see every packet (see
-//! [`crate::flows::per_packet`]): `nft -j list ruleset` (native nftables rules and the `xt`
+//! [`crate::flows::per_packet`]): `nft -t -j list ruleset` (native nftables rules and the `xt`
 //! matches and targets iptables-nft writes) and, while legacy tables exist,
 //! `iptables-legacy-save` / `ip6tables-legacy-save`. Read at start and after every ruleset
 //! change (`tasks::ruleset`); blocking (child processes), so called off the async runtime.
@@ -57,12 +57,16 @@ pub fn parse_nft_json(text: &str) -> Result<Vec<PerPacketRule>, String> {
                 .entry(chain.to_string())
                 .or_default()
                 .push(expr);
-        } else if let Some(m) = item.get("map") {
+        } else if let Some(m) = item.get("map")
+            && m.get("map").and_then(Value::as_str) == Some("verdict")
+        {
             let name = m.get("name").and_then(Value::as_str).unwrap_or("");
-            let mut targets = BTreeSet::new();
-            if let Some(elem) = m.get("elem") {
+            // `nft -t` (terse) lists no elements: where such a map sends packets is unknown.
+            let targets = m.get("elem").map(|elem| {
+                let mut targets = BTreeSet::new();
                 jump_targets(elem, &mut targets);
-            }
+                targets
+            });
             tables
                 .entry(key(m))
                 .or_default()
@@ -109,8 +113,9 @@ struct NftTable {
     entry_chains: BTreeSet<String>,
     /// Every chain's rules (their `expr` arrays), in order.
     chains: BTreeMap<String, Vec<Value>>,
-    /// Named maps → the chains their elements jump or go to.
-    verdict_maps: BTreeMap<String, BTreeSet<String>>,
+    /// Named verdict maps → the chains their elements jump or go to; `None` when the listing
+    /// has no elements (terse): any chain of the table.
+    verdict_maps: BTreeMap<String, Option<BTreeSet<String>>>,
 }
 
 impl NftTable {
@@ -129,8 +134,10 @@ impl NftTable {
                 let mut refs = BTreeSet::new();
                 set_refs(expr, &mut refs);
                 for r in refs {
-                    if let Some(targets) = self.verdict_maps.get(&r) {
-                        next.extend(targets.iter().cloned());
+                    match self.verdict_maps.get(&r) {
+                        Some(Some(targets)) => next.extend(targets.iter().cloned()),
+                        Some(None) => next.extend(self.chains.keys().cloned()),
+                        None => {}
                     }
                 }
             }
@@ -353,8 +360,15 @@ fn legacy_tables_in(path: &str) -> bool {
 /// save tools). What cannot be read is said in [`PerPacketRules::unreadable`], never taken
 /// as "no such rules".
 pub fn read() -> PerPacketRules {
+    read_with("nft")
+}
+
+/// [`read`] with the nftables CLI at `nft`.
+fn read_with(nft: &str) -> PerPacketRules {
     let mut found = PerPacketRules::default();
-    match output("nft", &["-j", "list", "ruleset"]).and_then(|t| parse_nft_json(&t)) {
+    // Terse: set and map elements are not listed (a blocklist of 100,000 addresses would cost
+    // more than the rules; verdict maps are then taken to reach every chain of their table).
+    match output(nft, &["-t", "-j", "list", "ruleset"]).and_then(|t| parse_nft_json(&t)) {
         Ok(rules) => found.rules.extend(rules),
         Err(e) => found.unreadable.push(e),
     }
@@ -396,6 +410,10 @@ mod tests {
     /// quota), an anonymous vmap (→ other: ct count); `unreached` (limit) is jumped to by
     /// nobody; a nat postrouting chain (limit, log) and an input chain (log).
     const NFT_NATIVE: &str = include_str!("testdata/nft_native.json");
+    /// `nft -t -j list ruleset` (terse: no elements) of a table whose forward chain drops a
+    /// set's addresses and dispatches through `vmap @vm` (→ viachain: quota); `other` has a
+    /// counter only.
+    const NFT_TERSE: &str = include_str!("testdata/nft_terse.json");
     /// iptables-legacy-save and ip6tables-legacy-save v1.8.9 (separated by `====`).
     const LEGACY: &str = include_str!("testdata/legacy_save.txt");
 
@@ -456,6 +474,18 @@ mod tests {
                 c("viachain", 1, vec![Quota]),
             ]
         );
+    }
+
+    #[test]
+    fn a_verdict_map_listed_without_elements_reaches_every_chain_of_its_table() {
+        let rules = parse_nft_json(NFT_TERSE).unwrap();
+        assert_eq!(
+            summary(&rules),
+            vec![("inet fw viachain".to_string(), 1, vec![Quota])]
+        );
+        // The same without the vmap rule: viachain is reached by nothing.
+        let without = NFT_TERSE.replace(r#""data": "@vm""#, r#""data": "@nothing""#);
+        assert_eq!(parse_nft_json(&without), Ok(vec![]));
     }
 
     #[test]
@@ -528,11 +558,11 @@ mod tests {
         /// JSON one answers an error or rules; the save one, rules).
         #[test]
         fn mutated_listings_never_panic(
-            which in 0..3usize,
+            which in 0..4usize,
             flips in proptest::collection::vec((0usize..5000, 0x20u8..0x7f), 0..8),
             cut in 0usize..5000,
         ) {
-            let mut text = [IPTABLES_NFT, NFT_NATIVE, LEGACY][which].as_bytes().to_vec();
+            let mut text = [IPTABLES_NFT, NFT_NATIVE, LEGACY, NFT_TERSE][which].as_bytes().to_vec();
             for (at, v) in flips {
                 let n = text.len();
                 text[at % n] = v;
@@ -542,6 +572,23 @@ mod tests {
             let _ = parse_nft_json(&text);
             let _ = parse_legacy_save(&text, RuleOrigin::LegacyIpv4);
         }
+    }
+
+    /// Without `nft` the ruleset is unreadable, which holds (never "no such rules").
+    #[test]
+    fn a_missing_nft_is_unreadable_not_empty() {
+        let found = read_with("/nonexistent/nft");
+        assert!(
+            found
+                .unreadable
+                .first()
+                .is_some_and(|u| u.starts_with("cannot run `/nonexistent/nft`")),
+            "{found:?}"
+        );
+        assert!(crate::flows::per_packet::hold(
+            crate::flows::per_packet::PerPacketMode::Hold,
+            &found
+        ));
     }
 
     #[test]
