@@ -44,8 +44,17 @@ pub async fn run(
         }
         // Rules that must see every packet may have come or gone with it: read off the runtime
         // (child processes), no lock held, then kept or lifted.
+        let reading = std::time::Instant::now();
         match tokio::task::spawn_blocking(per_packet::read).await {
-            Ok(found) => shared.lock().apply_per_packet(found),
+            Ok(found) => {
+                let rules = found.rules.len();
+                shared.lock().apply_per_packet(found);
+                debug!(
+                    rules,
+                    read_ms = reading.elapsed().as_secs_f64() * 1000.0,
+                    "firewall ruleset read for rules that must see every packet"
+                );
+            }
             Err(e) => error!(error = %e, "reading the firewall ruleset failed"),
         }
         // A netdev chain may have come or gone with the commit.
