@@ -191,8 +191,9 @@ pub enum PerPacketMode {
     #[default]
     Hold,
     /// Fast-path flows anyway: such rules see only the packets the kernel still carries (a
-    /// connection's first packets, and one per direction after each ruleset change), as with
-    /// the kernel's own flowtable offload. Listed in `status`, nothing held.
+    /// connection's first packets, and one per direction after each ruleset change and each
+    /// verdict age), as with the kernel's own flowtable offload. Listed in `status`, nothing
+    /// held.
     Ignore,
 }
 
