@@ -16,8 +16,8 @@ use std::{
 };
 
 use xdp_router_tests::testbed::{
-    LAN_IF, Snapshot, Status, Testbed, UdpEcho, any_v4, fastpath_fraction, offload_udp, ready,
-    udp_is_fast_pathed, udp_payload, udp_socket, wan_v4,
+    LAN_IF, PING_DGRAM, PING_TICK, Snapshot, Status, Testbed, UdpEcho, WAN_IF, any_v4,
+    fastpath_fraction, offload_udp, ping_pong, ready, udp_payload, udp_socket, wan_v4,
 };
 
 /// Datagram payload of the streams (IPv4 packets of 228 bytes).
@@ -42,6 +42,28 @@ fn blast(sock: &UdpSocket, server: SocketAddr, seq: &mut u64, pps: u64, dur: Dur
         sleep(Duration::from_micros(500));
     }
     sent
+}
+
+/// Ping-pongs 50 datagrams on the offloaded flow of `sock` and checks the fast path carried
+/// them both ways (at least 90 %: with `verdict_max_age_ms` a direction goes through the
+/// kernel once per age), so the test can tell the paths apart before the rule.
+fn fast_pathed_before_the_rule(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
+    let before = tb.snapshot();
+    let pp = ping_pong(sock, server, *seq, 50, PING_DGRAM, PING_TICK);
+    *seq += pp.sent;
+    let after = tb.snapshot();
+    assert_eq!((pp.good, pp.lost), (pp.sent, 0), "before the rule: {pp:?}");
+    let orig = after.packets_since(&before, LAN_IF, "forwarded_original");
+    let reply = after.packets_since(&before, WAN_IF, "forwarded_reply");
+    eprintln!(
+        "before the rule: {} datagrams each way, {orig} / {reply} forwarded by XDP",
+        pp.sent
+    );
+    assert!(
+        orig * 10 >= pp.sent * 9 && reply * 10 >= pp.sent * 9,
+        "the flow is not fast-pathed before the rule: {orig} original, {reply} reply of {}",
+        pp.sent
+    );
 }
 
 /// Runs `cmd` in the router; on failure (a match or target this kernel lacks) skips `test`.
@@ -118,8 +140,7 @@ fn hashlimit_run(test: &str, tag: &str, port: u16, mode: &str) -> Option<Limited
     let sock = udp_socket(&tb.lan, any_v4(), 64);
     let mut seq = 0u64;
     offload_udp(&tb, &sock, server, &mut seq);
-    // Without the rule, the fast path carries the flow: the test can tell the paths apart.
-    udp_is_fast_pathed(&tb, &sock, server, &mut seq, LAN_IF, "eth0");
+    fast_pathed_before_the_rule(&tb, &sock, server, &mut seq);
     let before_rule = seq;
     if !rule_or_skip(
         &tb,
@@ -140,7 +161,7 @@ fn hashlimit_run(test: &str, tag: &str, port: u16, mode: &str) -> Option<Limited
     // Let the last datagrams arrive.
     sleep(Duration::from_millis(200));
     let after = tb.snapshot();
-    // Every datagram before the rule came back (offload_udp and udp_is_fast_pathed check it).
+    // Every datagram before the rule came back (offload_udp and fast_pathed_before_the_rule check it).
     let delivered = echo.finish().received.saturating_sub(before_rule);
     let wire = after.rx_lan_since(&before);
     let fwd = after.packets_since(&before, LAN_IF, "forwarded_original");
@@ -372,7 +393,7 @@ fn nfqueue_rule_sees_every_packet_of_an_established_flow() {
     let sock = udp_socket(&tb.lan, any_v4(), 64);
     let mut seq = 0u64;
     offload_udp(&tb, &sock, server, &mut seq);
-    udp_is_fast_pathed(&tb, &sock, server, &mut seq, LAN_IF, "eth0");
+    fast_pathed_before_the_rule(&tb, &sock, server, &mut seq);
     assert_eq!(reader.counted(), 0, "no rule yet: nothing queued");
     if !rule_or_skip(
         &tb,
