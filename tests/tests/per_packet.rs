@@ -1,8 +1,8 @@
 //! Rules that must see every packet keep the flows in the kernel: a `hashlimit` rule in FORWARD
-//! still limits an offloaded UDP flow (with `per_packet_rules = "ignore"`, the negative
-//! control, the fast path carries it past the limit), a `quota` rule stops a flow at its quota,
-//! and an `NFQUEUE` rule sees every packet of an established flow (a queue reader in the test
-//! counts them). Each test says from the daemon's counters and the router's wire counters
+//! still limits an offloaded UDP flow, a `quota` rule stops a flow at its quota, and an
+//! `NFQUEUE` rule sees every packet of an established flow (a queue reader in the test counts
+//! them). Each has its negative control: with `per_packet_rules = "ignore"` the fast path
+//! carries the flow past the limit and the quota, and the queue misses it. Each test says from the daemon's counters and the router's wire counters
 //! which path the packets took. Run as root with one test thread (`cargo xtask test`).
 
 use std::{
@@ -241,17 +241,26 @@ fn hashlimit_is_bypassed_with_per_packet_rules_ignore() {
     assert_eq!(r.held, 0);
 }
 
+/// Quota of the quota rule, in bytes of IP (about 650 datagrams).
+const QUOTA: u64 = 150_000;
+
+/// What [`quota_run`] measured.
+struct QuotaRun {
+    /// Bytes of IP the WAN host received (the whole flow).
+    delivered: u64,
+    /// Bytes of IP sent (the whole flow).
+    sent: u64,
+    /// In the burst: LAN wire packets, forwarded by XDP, held for the rule.
+    wire: u64,
+    fwd: u64,
+    held: u64,
+}
+
 /// `-m quota --quota Q -j ACCEPT`, then DROP, for the flow's port, in place before the daemon
-/// starts (the start-up read): the flow stops at the quota, within one packet.
-#[test]
-fn quota_rule_stops_an_offloaded_flow_at_its_quota() {
-    let test = "quota_rule_stops_an_offloaded_flow_at_its_quota";
-    if !ready(test) {
-        return;
-    }
-    const QUOTA: u64 = 150_000;
-    let port = 6102;
-    let mut tb = Testbed::new("ppq");
+/// starts (the start-up read); a UDP flow offloaded, then a burst of more than the quota.
+/// `None` when the test cannot run here.
+fn quota_run(test: &str, tag: &str, port: u16, mode: &str) -> Option<QuotaRun> {
+    let mut tb = Testbed::new(tag);
     if !rule_or_skip(
         &tb,
         test,
@@ -260,10 +269,10 @@ fn quota_rule_stops_an_offloaded_flow_at_its_quota() {
              iptables -w -I FORWARD 2 -p udp --dport {port} -j DROP"
         ),
     ) {
-        return;
+        return None;
     }
-    tb.start_daemon();
-    rule_seen(&tb, "quota", true);
+    tb.start_daemon_with(&format!("per_packet_rules = \"{mode}\"\n"));
+    rule_seen(&tb, "quota", mode == "hold");
     let server = wan_v4(port);
     let echo = UdpEcho::start(&tb.wan, server);
     let sock = udp_socket(&tb.lan, any_v4(), 64);
@@ -272,33 +281,82 @@ fn quota_rule_stops_an_offloaded_flow_at_its_quota() {
     offload_udp(&tb, &sock, server, &mut seq);
     let before = tb.snapshot();
     // Twice the quota and more.
-    let sent = blast(&sock, server, &mut seq, 2000, Duration::from_secs(1));
+    let burst = blast(&sock, server, &mut seq, 2000, Duration::from_secs(1));
     sleep(Duration::from_millis(200));
     let after = tb.snapshot();
     let delivered = echo.finish().received;
-    let bytes = delivered * IP_LEN;
-    let wire = after.rx_lan_since(&before);
-    let fwd = after.packets_since(&before, LAN_IF, "forwarded_original");
-    let held = after.packets_since(&before, LAN_IF, "per_packet_rule_in_ruleset");
+    let r = QuotaRun {
+        delivered: delivered * IP_LEN,
+        sent: seq * IP_LEN,
+        wire: after.rx_lan_since(&before),
+        fwd: after.packets_since(&before, LAN_IF, "forwarded_original"),
+        held: after.packets_since(&before, LAN_IF, "per_packet_rule_in_ruleset"),
+    };
     eprintln!(
-        "quota {QUOTA} B: {seq} datagrams sent in all ({sent} in the burst), {delivered} \
-         delivered = {bytes} B of IP; burst: LAN wire {wire}, {fwd} forwarded by XDP, {held} \
-         held for the rule"
+        "quota {QUOTA} B, per_packet_rules = {mode}: {seq} datagrams sent in all ({burst} in \
+         the burst), {delivered} delivered = {} B of IP; burst: LAN wire {}, {} forwarded by \
+         XDP, {} held for the rule",
+        r.delivered, r.wire, r.fwd, r.held
     );
     assert!(
-        seq * IP_LEN > QUOTA + 10 * IP_LEN,
+        r.sent > QUOTA + 10 * IP_LEN,
         "the test must send more than the quota"
     );
+    Some(r)
+}
+
+/// A quota rule stops an offloaded flow at its quota, within one packet.
+#[test]
+fn quota_rule_stops_an_offloaded_flow_at_its_quota() {
+    let test = "quota_rule_stops_an_offloaded_flow_at_its_quota";
+    if !ready(test) {
+        return;
+    }
+    let Some(r) = quota_run(test, "ppq", 6102, "hold") else {
+        return;
+    };
     assert!(
-        bytes <= QUOTA + IP_LEN,
-        "{bytes} B delivered, more than the quota ({QUOTA} B) and one packet"
+        r.delivered <= QUOTA + IP_LEN,
+        "{} B delivered, more than the quota ({QUOTA} B) and one packet",
+        r.delivered
     );
     assert!(
-        bytes + IP_LEN > QUOTA,
-        "{bytes} B delivered: the flow stopped before its quota ({QUOTA} B)"
+        r.delivered + IP_LEN > QUOTA,
+        "{} B delivered: the flow stopped before its quota ({QUOTA} B)",
+        r.delivered
     );
-    assert_eq!(fwd, 0, "no packet may be fast-pathed while held");
-    assert!(held >= wire * 9 / 10 && held > 0, "{held} of {wire} held");
+    assert_eq!(r.fwd, 0, "no packet may be fast-pathed while held");
+    assert!(
+        r.held >= r.wire * 9 / 10 && r.held > 0,
+        "{} of {} held",
+        r.held,
+        r.wire
+    );
+}
+
+/// The negative control: with `per_packet_rules = "ignore"` the fast path carries the flow
+/// past its quota.
+#[test]
+fn quota_is_exceeded_with_per_packet_rules_ignore() {
+    let test = "quota_is_exceeded_with_per_packet_rules_ignore";
+    if !ready(test) {
+        return;
+    }
+    let Some(r) = quota_run(test, "ppj", 6105, "ignore") else {
+        return;
+    };
+    assert!(
+        r.delivered > 2 * QUOTA,
+        "with the rule ignored the flow should run past its quota: {} B delivered",
+        r.delivered
+    );
+    assert!(
+        r.fwd * 10 >= r.wire * 8,
+        "{} of {} fast-pathed",
+        r.fwd,
+        r.wire
+    );
+    assert_eq!(r.held, 0);
 }
 
 /// An NFQUEUE reader in the router: counts the queued IPv4 UDP packets to `port` and accepts
@@ -370,24 +428,30 @@ impl Drop for QueueReader {
     }
 }
 
-/// `-j NFQUEUE` (an IDS's rule) added while a UDP flow is fast-pathed: from then on the queue
-/// reader sees every packet of the flow, and every one reaches the WAN host.
-#[test]
-fn nfqueue_rule_sees_every_packet_of_an_established_flow() {
-    let test = "nfqueue_rule_sees_every_packet_of_an_established_flow";
-    if !ready(test) {
-        return;
-    }
-    let port = 6103;
-    let mut tb = Testbed::new("ppn");
+/// What [`nfqueue_run`] measured after the rule.
+struct Queued {
+    sent: u64,
+    /// Datagrams of the flow the queue reader saw.
+    queued: u64,
+    /// Datagrams the WAN host received.
+    delivered: u64,
+    /// LAN packets forwarded by XDP, held for the rule.
+    fwd: u64,
+    held: u64,
+}
+
+/// `-j NFQUEUE` (an IDS's rule) added while a UDP flow is fast-pathed, a queue reader
+/// accepting every packet; then 1,000 datagrams. `None` when the test cannot run here.
+fn nfqueue_run(test: &str, tag: &str, port: u16, mode: &str) -> Option<Queued> {
+    let mut tb = Testbed::new(tag);
     let reader = match QueueReader::start(&tb, 7, port) {
         Ok(r) => r,
         Err(e) => {
             xdp_router_tests::netns::skip(test, &format!("cannot bind NFQUEUE 7: {e}"));
-            return;
+            return None;
         }
     };
-    tb.start_daemon();
+    tb.start_daemon_with(&format!("per_packet_rules = \"{mode}\"\n"));
     let server = wan_v4(port);
     let echo = UdpEcho::start(&tb.wan, server);
     let sock = udp_socket(&tb.lan, any_v4(), 64);
@@ -400,25 +464,75 @@ fn nfqueue_rule_sees_every_packet_of_an_established_flow() {
         test,
         &format!("iptables -w -I FORWARD 1 -p udp --dport {port} -j NFQUEUE --queue-num 7"),
     ) {
-        return;
+        return None;
     }
-    rule_seen(&tb, "queue", true);
+    rule_seen(&tb, "queue", mode == "hold");
     let before_rule = seq;
     let before = tb.snapshot();
     let sent = blast(&sock, server, &mut seq, 1000, Duration::from_secs(1));
     sleep(Duration::from_millis(300));
     let after = tb.snapshot();
-    let queued = reader.counted();
-    let delivered = echo.finish().received.saturating_sub(before_rule);
-    let wire = after.rx_lan_since(&before);
-    let fwd = after.packets_since(&before, LAN_IF, "forwarded_original");
-    let held = after.packets_since(&before, LAN_IF, "per_packet_rule_in_ruleset");
+    let r = Queued {
+        sent,
+        queued: reader.counted(),
+        delivered: echo.finish().received.saturating_sub(before_rule),
+        fwd: after.packets_since(&before, LAN_IF, "forwarded_original"),
+        held: after.packets_since(&before, LAN_IF, "per_packet_rule_in_ruleset"),
+    };
     eprintln!(
-        "NFQUEUE: {sent} datagrams sent, {queued} seen by the queue reader, {delivered} \
-         delivered; LAN wire {wire}, {fwd} forwarded by XDP, {held} held for the rule"
+        "NFQUEUE, per_packet_rules = {mode}: {sent} datagrams sent, {} seen by the queue \
+         reader, {} delivered; LAN wire {}, {} forwarded by XDP, {} held for the rule",
+        r.queued,
+        r.delivered,
+        after.rx_lan_since(&before),
+        r.fwd,
+        r.held
     );
-    assert_eq!(queued, sent, "the queue must see every packet of the flow");
-    assert_eq!(delivered, sent, "every accepted packet must arrive");
-    assert_eq!(fwd, 0, "no packet may be fast-pathed while held");
-    assert!(held >= sent, "{held} held, {sent} sent");
+    Some(r)
+}
+
+/// From the rule on, the queue reader sees every packet of the flow, and every one reaches
+/// the WAN host.
+#[test]
+fn nfqueue_rule_sees_every_packet_of_an_established_flow() {
+    let test = "nfqueue_rule_sees_every_packet_of_an_established_flow";
+    if !ready(test) {
+        return;
+    }
+    let Some(r) = nfqueue_run(test, "ppn", 6103, "hold") else {
+        return;
+    };
+    assert_eq!(
+        r.queued, r.sent,
+        "the queue must see every packet of the flow"
+    );
+    assert_eq!(r.delivered, r.sent, "every accepted packet must arrive");
+    assert_eq!(r.fwd, 0, "no packet may be fast-pathed while held");
+    assert!(r.held >= r.sent, "{} held, {} sent", r.held, r.sent);
+}
+
+/// The negative control: with `per_packet_rules = "ignore"` the queue sees (almost) none of
+/// the flow's packets.
+#[test]
+fn nfqueue_misses_the_flow_with_per_packet_rules_ignore() {
+    let test = "nfqueue_misses_the_flow_with_per_packet_rules_ignore";
+    if !ready(test) {
+        return;
+    }
+    let Some(r) = nfqueue_run(test, "ppm", 6106, "ignore") else {
+        return;
+    };
+    assert!(
+        r.queued * 10 < r.sent,
+        "with the rule ignored the queue should miss the fast-pathed flow: {} of {} queued",
+        r.queued,
+        r.sent
+    );
+    assert_eq!(r.delivered, r.sent, "every datagram still arrives");
+    assert!(
+        r.fwd * 10 >= r.sent * 9,
+        "{} of {} fast-pathed",
+        r.fwd,
+        r.sent
+    );
 }
