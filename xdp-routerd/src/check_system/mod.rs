@@ -90,7 +90,7 @@ pub fn gather(config: Option<&Config>) -> Facts {
             ["max", "acct", "events", "checksum"]
                 .map(|k| read_u64(&format!("/proc/sys/net/netfilter/nf_conntrack_{k}")))
         });
-    let features = request_socket(NETLINK_GENERIC as isize)
+    let features = request_socket(NETLINK_GENERIC)
         .ok()
         .and_then(|sock| {
             let family = xdp_xmit::resolve(&sock).ok()??;
