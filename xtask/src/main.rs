@@ -3,6 +3,7 @@
 //! Builds with stable Rust alone: `setup` is what installs the eBPF toolchain.
 
 mod cmd;
+mod cross;
 mod guest;
 mod lab;
 mod setup;
@@ -26,8 +27,14 @@ enum Task {
     /// Install what building and testing needs (apt packages, nightly + rust-src, bpf-linker).
     /// Idempotent and quick when everything is present.
     Setup,
-    /// Build the release daemon (`cargo build --release -p xdp-routerd`).
-    Build,
+    /// Build the release daemon (`cargo build --release -p xdp-routerd`); `--arch arm64`
+    /// cross-builds it for arm64 routers (installing the cross toolchain) and smoke-tests it
+    /// under qemu-user.
+    Build {
+        /// Target architecture.
+        #[arg(long, value_enum, default_value_t = Arch::Native)]
+        arch: Arch,
+    },
     /// Run every test: unit tests, then the privileged tests as root, then the quick benchmark
     /// (when the xdp-router-bench package exists). Exits non-zero on any failure.
     Test(test::TestArgs),
@@ -42,11 +49,23 @@ enum Task {
     },
 }
 
+/// What `build` builds for.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Arch {
+    /// This machine's architecture.
+    Native,
+    /// aarch64-unknown-linux-gnu.
+    Arm64,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.task {
         Task::Setup => setup::run(),
-        Task::Build => build(),
+        Task::Build { arch: Arch::Native } => build(),
+        Task::Build { arch: Arch::Arm64 } => {
+            cross::arm64().map(|bin| println!("xdp-routerd (arm64): {}", bin.display()))
+        }
         Task::Test(args) => test::run(&args),
         Task::Lab(args) => lab::run(&args),
         Task::Bench { args } => bench(&args),

@@ -153,7 +153,7 @@ fn guest() -> anyhow::Result<()> {
 
 /// `apt-get install` of `missing` packages (after `apt-get update`), installing nothing
 /// recommended, upgrading nothing and starting no service.
-fn apt_install(missing: &[&str]) -> anyhow::Result<()> {
+pub fn apt_install(missing: &[&str]) -> anyhow::Result<()> {
     let list = missing.join(" ");
     if cmd::which("apt-get").is_none() {
         bail!("no apt-get on this system: install the packages providing these commands: {list}");

@@ -90,12 +90,10 @@ pub fn gather(config: Option<&Config>) -> Facts {
             ["max", "acct", "events", "checksum"]
                 .map(|k| read_u64(&format!("/proc/sys/net/netfilter/nf_conntrack_{k}")))
         });
-    let features = request_socket(NETLINK_GENERIC)
-        .ok()
-        .and_then(|sock| {
-            let family = xdp_xmit::resolve(&sock).ok()??;
-            xdp_xmit::dump(&sock, family.id).ok()
-        });
+    let features = request_socket(NETLINK_GENERIC).ok().and_then(|sock| {
+        let family = xdp_xmit::resolve(&sock).ok()??;
+        xdp_xmit::dump(&sock, family.id).ok()
+    });
     let mut devices = devices(features.as_ref());
     let mut missing = Vec::new();
     if let Some(c) = config {
