@@ -40,7 +40,7 @@ pub struct Daemon(shared::Daemon);
 
 impl Daemon {
     /// Starts `xdp-routerd run` in `router` with `config`, its control socket at `socket` and its
-    /// log in `dir`, and waits until `status` answers.
+    /// log in `dir`, and waits (up to 60 s) until `status` answers.
     pub fn start(router: &Netns, config: &Path, socket: &Path, dir: &Path) -> Daemon {
         let bin = daemon_binary();
         let log = dir.join("xdp-routerd.log");
@@ -52,7 +52,9 @@ impl Daemon {
             &log,
         )
         .unwrap_or_else(|e| panic!("{e:#}"));
-        if let Err(e) = d.wait_answering(Duration::from_secs(20)) {
+        // The host answers within a second or two; in the guest (qemu without KVM) the
+        // verifier alone can take tens of seconds when the host is busy.
+        if let Err(e) = d.wait_answering(Duration::from_secs(60)) {
             panic!("{e:#}");
         }
         Daemon(d)
