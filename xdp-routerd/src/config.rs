@@ -210,6 +210,18 @@ pub const MAX_HOST_METRICS_LIMIT: usize = 65_536;
 /// longer than that to reach an offloaded flow.
 pub const MAX_VERDICT_AGE_MS: u64 = 60_000;
 
+/// `Err` (one line) unless `ms` is a valid `verdict_max_age_ms`: the config file's check and
+/// the live `verdict-age` command's.
+pub fn check_verdict_max_age(ms: u64) -> Result<(), String> {
+    if ms > MAX_VERDICT_AGE_MS {
+        return Err(format!(
+            "verdict_max_age_ms = {ms} is out of range (0..={MAX_VERDICT_AGE_MS}; 0 keeps a \
+             verdict until the ruleset changes)"
+        ));
+    }
+    Ok(())
+}
+
 /// Largest flow map capacity the automatic sizing picks (per family, in directions): 4 Mi
 /// directions, two million connections. The maps are preallocated (≈ 300 B of kernel memory per
 /// IPv4 direction with its arming index), so a larger table must be asked for explicitly.
@@ -404,13 +416,7 @@ impl Config {
                 self.fib_cache_ms
             ));
         }
-        if self.verdict_max_age_ms > MAX_VERDICT_AGE_MS {
-            return Err(format!(
-                "verdict_max_age_ms = {} is out of range (0..={MAX_VERDICT_AGE_MS}; 0 keeps a \
-                 verdict until the ruleset changes)",
-                self.verdict_max_age_ms
-            ));
-        }
+        check_verdict_max_age(self.verdict_max_age_ms)?;
         if self.host_metrics_limit > MAX_HOST_METRICS_LIMIT {
             return Err(format!(
                 "host_metrics_limit = {} is out of range (0..={MAX_HOST_METRICS_LIMIT}; 0 \

@@ -3,6 +3,8 @@
 
 use std::fmt::{self, Write as _};
 
+use crate::sync::xdp_xmit::NETDEV_XDP_ACT_NDO_XMIT;
+
 /// How a requirement stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
@@ -53,7 +55,6 @@ const XDP_FEATURES: [(u64, &str); 7] = [
     (1 << 6, "ndo-xmit-sg"),
 ];
 const XDP_BASIC: u64 = 1 << 0;
-const XDP_NDO_XMIT: u64 = 1 << 2;
 
 /// A network device as read from sysfs and the `netdev` generic-netlink family.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,9 +93,14 @@ pub struct Facts {
     pub missing: Vec<String>,
 }
 
-const CAP_NET_ADMIN: u32 = 12;
-const CAP_PERFMON: u32 = 38;
-const CAP_BPF: u32 = 39;
+pub const CAP_NET_ADMIN: u32 = 12;
+pub const CAP_PERFMON: u32 = 38;
+pub const CAP_BPF: u32 = 39;
+
+/// Whether the effective capability mask `cap_eff` (unknown: no) has capability `bit`.
+pub fn has_cap(cap_eff: Option<u64>, bit: u32) -> bool {
+    cap_eff.is_some_and(|c| c & (1 << bit) != 0)
+}
 
 /// The requirement lines of `facts`, in a fixed order.
 pub fn requirements(f: &Facts) -> Vec<Line> {
@@ -154,7 +160,7 @@ pub fn requirements(f: &Facts) -> Vec<Line> {
         (CAP_PERFMON, "CAP_PERFMON"),
     ]
     .into_iter()
-    .filter(|(bit, _)| f.cap_eff.is_none_or(|c| c & (1 << bit) == 0))
+    .filter(|(bit, _)| !has_cap(f.cap_eff, *bit))
     .map(|(_, name)| name)
     .collect();
     out.push(if missing.is_empty() {
@@ -266,7 +272,7 @@ pub fn device(d: &Device) -> (Level, String) {
              arriving here is not accelerated"
                 .into(),
         ),
-        Some(bits) if bits & XDP_NDO_XMIT == 0 => (
+        Some(bits) if bits & NETDEV_XDP_ACT_NDO_XMIT == 0 => (
             Level::Ok,
             "native XDP: traffic arriving here is accelerated; it cannot transmit redirected \
              frames, so traffic leaving by it stays in the kernel (egress_no_xdp_xmit)"

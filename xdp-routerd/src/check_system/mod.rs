@@ -10,7 +10,7 @@ use std::{fs, path::Path};
 
 use netlink_sys::protocols::NETLINK_GENERIC;
 
-use self::judge::{Device, Facts, Version};
+use self::judge::{CAP_BPF, CAP_PERFMON, Device, Facts, Version, has_cap};
 use crate::{
     config::Config,
     datapath::Datapath,
@@ -77,8 +77,8 @@ pub fn gather(config: Option<&Config>) -> Facts {
         .ok()
         .and_then(|s| parse_cap_eff(&s));
     let btf = Path::new("/sys/kernel/btf/vmlinux").exists();
-    // CAP_BPF (39) and CAP_PERFMON (38), or nothing loads.
-    let privileged = cap_eff.is_some_and(|c| c & (3 << 38) == 3 << 38);
+    // Nothing loads without these two.
+    let privileged = has_cap(cap_eff, CAP_BPF) && has_cap(cap_eff, CAP_PERFMON);
     let ebpf_load = privileged.then(|| {
         Datapath::load(16)
             .map(drop)

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 
 use super::{State, lock_stats, monotonic_ns};
 use crate::{
-    config::MAX_VERDICT_AGE_MS,
+    config::check_verdict_max_age,
     flows::{
         Offloaded,
         accounting::{HostTotals, KernelCounters},
@@ -183,9 +183,7 @@ impl Shared {
 
     /// Sets `verdict_max_age_ms` live (see [`crate::config::Config::verdict_max_age_ms`]).
     pub fn set_verdict_max_age(&self, ms: u64) -> anyhow::Result<()> {
-        if ms > MAX_VERDICT_AGE_MS {
-            anyhow::bail!("{ms} ms is out of range (0..={MAX_VERDICT_AGE_MS})");
-        }
+        check_verdict_max_age(ms).map_err(anyhow::Error::msg)?;
         let mut s = self.lock();
         s.set_verdict_max_age(Duration::from_millis(ms))?;
         self.build_status(s).map(drop)
