@@ -214,6 +214,25 @@ pub fn fix_ipv4_checksum(frame: &mut [u8]) {
     hdr[10..12].copy_from_slice(&c.to_be_bytes());
 }
 
+/// The frame with its IP header's DSCP/ECN byte (IPv4 TOS, IPv6 traffic class) set to `tos`,
+/// the IPv4 header checksum computed from scratch. Neither is in the transport checksum.
+pub fn with_tos(frame: &[u8], tos: u8) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    match f[ETH_LEN] >> 4 {
+        4 => {
+            f[ETH_LEN + 1] = tos;
+            fix_ipv4_checksum(&mut f);
+        }
+        6 => {
+            // Version (4 bits), traffic class (8), flow label (20).
+            f[ETH_LEN] = 0x60 | tos >> 4;
+            f[ETH_LEN + 1] = (tos << 4) | (f[ETH_LEN + 1] & 0x0f);
+        }
+        v => panic!("with_tos: IP version {v}"),
+    }
+    f
+}
+
 /// Inserts IPv4 options (a multiple of 4 bytes) after the 20-byte header, fixing IHL, total
 /// length and the header checksum. The transport checksum does not cover options.
 pub fn with_ipv4_options(frame: &[u8], options: &[u8]) -> Vec<u8> {

@@ -47,6 +47,11 @@ pub const ARM_PROG_NAME: &str = "xdp_router_arm";
 /// 15 bytes: the kernel keeps no more of a program's name.)
 pub const ARM_L3_PROG_NAME: &str = "xdp_router_arm3";
 
+/// Name of the TC ingress program that stamps each packet the kernel receives with the DSCP
+/// it arrived with (see [`dscp_stamp`]), so the arming program can tell a DSCP the kernel's
+/// rules rewrote.
+pub const STAMP_PROG_NAME: &str = "xdp_router_stamp";
+
 /// Name of the program's load-time global (`u32`, default 0) with extra `bpf_fib_lookup` flags;
 /// only [`FIB_LOOKUP_DIRECT`] is honoured. Set it with `EbpfLoader::override_global` before the
 /// object is loaded (the verifier then prunes on the constant).
@@ -182,10 +187,15 @@ pub struct FlowV4 {
     /// `ip rule fwmark` routing is the kernel's. 0 = no mark.
     pub fib_mark: u32,
     /// The DSCP the kernel sent this direction's arming packet out with, as
-    /// `FLOW_DSCP_KNOWN | dscp` (0 = not recorded), written with `armed_generation`. A rule in
-    /// the forward path that rewrites the DSCP (`dscp set`, `-j DSCP`) shows here as a value
-    /// that differs from what arrives: XDP passes a packet whose DSCP is not this one to the
-    /// kernel (`Reason::PassDscpNotKernels`), so such rules apply to every packet.
+    /// `FLOW_DSCP_KNOWN | dscp` (0 = not recorded), written with `armed_generation`, plus
+    /// [`FLOW_DSCP_REWRITTEN`] when that packet had arrived with another DSCP (stamped at TC
+    /// ingress, see [`dscp_stamp`]). A rule in the forward path that rewrites the DSCP
+    /// (`dscp set`, `-j DSCP`) shows here as a value that differs from what arrives. XDP
+    /// forwards a packet whose DSCP is this one unchanged; another DSCP goes to the kernel
+    /// (`Reason::PassDscpNotKernels`), unless the direction is `FLOW_DSCP_REWRITTEN` and the
+    /// daemon proved from the ruleset that every DSCP rewrite is a constant on flow-constant
+    /// matches ([`SETTINGS_F_DSCP_REWRITE`]): then XDP sets this DSCP itself, as the kernel's
+    /// rule would.
     pub kernel_dscp: u32,
     /// The TTL the kernel sent this direction's last kernel-forwarded packet out with, as
     /// `FLOW_TTL_KNOWN | ttl` (0 = not recorded), written with `armed_generation`. XDP
@@ -226,6 +236,32 @@ const _: () = assert!(core::mem::size_of::<FlowV6>() == 128);
 
 /// `FlowV4::kernel_dscp` / `FlowV6::kernel_dscp`: a DSCP is recorded (its 6 bits are below).
 pub const FLOW_DSCP_KNOWN: u32 = 1 << 8;
+
+/// `FlowV4::kernel_dscp` / `FlowV6::kernel_dscp`: the packet that recorded the DSCP arrived
+/// with another one, so the kernel's rules rewrote it for this direction.
+pub const FLOW_DSCP_REWRITTEN: u32 = 1 << 9;
+
+/// The high bits of a [`dscp_stamp`]: the stamp program's, not another `tc_index` user's.
+const DSCP_STAMP_TAG: u32 = 0xd000;
+
+/// The `skb->tc_index` the TC ingress program `STAMP_PROG_NAME` gives a packet that arrived
+/// with `dscp`: the arming program reads it on egress to see whether the kernel changed the
+/// DSCP on the way ([`FLOW_DSCP_REWRITTEN`]). `tc_index` is otherwise used only by the
+/// removed `dsmark` qdisc and `tcindex` classifier.
+#[inline(always)]
+pub const fn dscp_stamp(dscp: u8) -> u32 {
+    DSCP_STAMP_TAG | (dscp & 0x3f) as u32
+}
+
+/// The arrival DSCP a `tc_index` carries, if the stamp program set it (see [`dscp_stamp`]).
+#[inline(always)]
+pub const fn stamped_dscp(tc_index: u32) -> Option<u8> {
+    if tc_index & !0x3f == DSCP_STAMP_TAG {
+        Some((tc_index & 0x3f) as u8)
+    } else {
+        None
+    }
+}
 
 /// `FlowV4::kernel_ttl` / `FlowV6::kernel_ttl`: a TTL / hop limit is recorded (its 8 bits are
 /// below).
@@ -566,6 +602,13 @@ pub const SETTINGS_F_FIB_MARK: u32 = 1 << 0;
 /// after a change, so no flow re-armed under the new ruleset is fast-pathed before it knows.
 pub const SETTINGS_F_HOLD_ALL: u32 = 1 << 1;
 
+/// `Settings::flags`: the daemon proved from the ruleset that the DSCP the kernel sends an
+/// established flow direction out with is a function of the flow alone (every rule that sets
+/// one sets a constant, and no rule in the forward path matches anything that changes from
+/// packet to packet): XDP applies a recorded rewrite (`FLOW_DSCP_REWRITTEN`) itself instead of
+/// passing the packet to the kernel.
+pub const SETTINGS_F_DSCP_REWRITE: u32 = 1 << 2;
+
 /// `BPF_FIB_LOOKUP_MARK` (Linux 6.10, commit "bpf: Add support for passing mark with
 /// bpf_fib_lookup"): route with `bpf_fib_lookup::mark`, the 4 bytes at offset 52 that share a
 /// union with the output `smac`/`dmac`.
@@ -599,4 +642,22 @@ mod pod {
         PppoeKey,
         BridgeVlanKey,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dscp_stamp_round_trips_and_other_tc_index_values_are_not_stamps() {
+        for dscp in 0..64u8 {
+            assert_eq!(stamped_dscp(dscp_stamp(dscp)), Some(dscp));
+        }
+        // Only the low 6 bits of a DSCP are kept.
+        assert_eq!(stamped_dscp(dscp_stamp(0xff)), Some(0x3f));
+        // Untouched skbs (0) and another user's classes are not stamps.
+        for other in [0, 1, 0x10, 0xc000, 0xd040, 0xffff, 0x1_d000] {
+            assert_eq!(stamped_dscp(other), None, "{other:#x}");
+        }
+    }
 }

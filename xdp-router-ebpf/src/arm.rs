@@ -8,7 +8,9 @@
 //! direction's ingress interface), it stores the current `ruleset_generation`, the time, the
 //! packet's mark, DSCP and TTL in the flow entry: from then on XDP forwards that direction,
 //! until the ruleset changes or the verdict is older than `Settings::verdict_max_age`, and only
-//! packets that would leave the kernel with that DSCP and TTL.
+//! packets that would leave the kernel with that DSCP and TTL. The DSCP the packet arrived with
+//! (stamped by `stamp.rs` at TC ingress) says whether the kernel's rules rewrote it
+//! (`FLOW_DSCP_REWRITTEN`), which XDP may then apply itself (see `flow::check_dscp`).
 //!
 //! A TCP SYN the kernel forwards opens a new connection: if its tuple finds an entry, that
 //! entry is a closed connection's whose removal the daemon has not caught up with yet. The SYN
@@ -30,9 +32,10 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, FLOW_DSCP_KNOWN, FLOW_F_STALE, FLOW_TTL_KNOWN, SETTINGS_F_FIB_MARK,
+    ArmKeyV4, ArmKeyV6, FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN, FLOW_F_STALE, FLOW_TTL_KNOWN,
+    SETTINGS_F_FIB_MARK,
     parse::{ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP},
-    verdict_tick,
+    stamped_dscp, verdict_tick,
 };
 
 use crate::maps::{ARM_V4, ARM_V6, FLOWS_V4, FLOWS_V6, SETTINGS};
@@ -40,12 +43,14 @@ use crate::maps::{ARM_V4, ARM_V6, FLOWS_V4, FLOWS_V6, SETTINGS};
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 
-/// What the kernel forwarded: the packet's mark and ingress interface.
+/// What the kernel forwarded: the packet's mark, ingress interface and arrival DSCP.
 struct Forwarded {
     mark: u32,
     ingress_ifindex: u32,
     generation: u32,
     mark_ok: bool,
+    /// The DSCP the packet arrived with, if the stamp program saw it (`stamp.rs`).
+    arrival_dscp: Option<u8>,
 }
 
 /// What precedes the IP header on the device the arming program runs on.
@@ -62,12 +67,16 @@ pub enum LinkHeader {
 pub fn try_arm(ctx: &TcContext, link: LinkHeader) -> Option<()> {
     let settings = SETTINGS.get(0)?;
     // SAFETY: the context's skb pointer is valid for the program run.
-    let (mark, ingress_ifindex) = unsafe { ((*ctx.skb.skb).mark, (*ctx.skb.skb).ingress_ifindex) };
+    let (mark, ingress_ifindex, tc_index) = unsafe {
+        let skb = ctx.skb.skb;
+        ((*skb).mark, (*skb).ingress_ifindex, (*skb).tc_index)
+    };
     let fwd = Forwarded {
         mark,
         ingress_ifindex,
         generation: settings.ruleset_generation,
         mark_ok: settings.flags & SETTINGS_F_FIB_MARK != 0,
+        arrival_dscp: stamped_dscp(tc_index),
     };
     let (ethertype, l3) = match link {
         LinkHeader::Ethernet => (u16::from_be(ctx.load::<u16>(12).ok()?), ETH_HLEN),
@@ -163,8 +172,13 @@ fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
             write_volatile(fib_generation, 0);
             write_volatile(fib_mark, fwd.mark);
         }
-        // Before the generation, like the mark: XDP compares packets with it once armed.
-        let dscp = FLOW_DSCP_KNOWN | u32::from(dscp & 0x3f);
+        // Before the generation, like the mark: XDP compares packets with it once armed. A
+        // packet that arrived with another DSCP shows a rewrite by the kernel's rules.
+        let rewritten = match fwd.arrival_dscp {
+            Some(arrived) if arrived != dscp & 0x3f => FLOW_DSCP_REWRITTEN,
+            _ => 0,
+        };
+        let dscp = FLOW_DSCP_KNOWN | rewritten | u32::from(dscp & 0x3f);
         if core::ptr::read_volatile(kernel_dscp) != dscp {
             write_volatile(kernel_dscp, dscp);
         }

@@ -96,7 +96,15 @@ pub trait Family: FlowMaps {
     fn l3_csum_diff(flow: *const Self::Flow) -> u32;
 
     /// Rewrites a checked packet for forwarding (see `rewrite.rs`).
-    fn rewrite(eth: *mut EthHdr, ip: *mut Self::Hdr, l4: L4, nat: &Nat<Self::Addr>, hop: &NextHop);
+    /// `dscp`: `FLOW_DSCP_KNOWN | dscp` to set (see `flow::check_dscp`), or 0.
+    fn rewrite(
+        eth: *mut EthHdr,
+        ip: *mut Self::Hdr,
+        l4: L4,
+        nat: &Nat<Self::Addr>,
+        hop: &NextHop,
+        dscp: u32,
+    );
 }
 
 impl Family for V4 {
@@ -176,8 +184,15 @@ impl Family for V4 {
     }
 
     #[inline(always)]
-    fn rewrite(eth: *mut EthHdr, ip: *mut Ipv4Hdr, l4: L4, nat: &Nat<u32>, hop: &NextHop) {
-        rewrite::rewrite_v4(eth, ip, l4, nat, hop);
+    fn rewrite(
+        eth: *mut EthHdr,
+        ip: *mut Ipv4Hdr,
+        l4: L4,
+        nat: &Nat<u32>,
+        hop: &NextHop,
+        dscp: u32,
+    ) {
+        rewrite::rewrite_v4(eth, ip, l4, nat, hop, dscp);
     }
 }
 
@@ -261,8 +276,15 @@ impl Family for V6 {
     }
 
     #[inline(always)]
-    fn rewrite(eth: *mut EthHdr, ip: *mut Ipv6Hdr, l4: L4, nat: &Nat<[u32; 4]>, hop: &NextHop) {
-        rewrite::rewrite_v6(eth, ip, l4, nat, hop);
+    fn rewrite(
+        eth: *mut EthHdr,
+        ip: *mut Ipv6Hdr,
+        l4: L4,
+        nat: &Nat<[u32; 4]>,
+        hop: &NextHop,
+        dscp: u32,
+    ) {
+        rewrite::rewrite_v6(eth, ip, l4, nat, hop, dscp);
     }
 }
 

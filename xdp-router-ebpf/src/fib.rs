@@ -93,6 +93,9 @@ pub struct FibCachePolicy {
     pub verdict_max_age: u32,
     /// `bpf_fib_lookup` takes a mark (`SETTINGS_F_FIB_MARK`).
     pub fib_mark: bool,
+    /// XDP applies a DSCP rewrite the kernel made (`SETTINGS_F_DSCP_REWRITE`; see
+    /// `flow::check_dscp`).
+    pub dscp_rewrite: bool,
     /// `Settings::active_since_ns`: start of the daemon's keep-alive pass (see `flow::first_in_pass`).
     pub active_since_ns: u64,
 }

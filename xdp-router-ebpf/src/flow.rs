@@ -13,9 +13,10 @@ use core::{
 
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use xdp_router_common::{
-    FLOW_DSCP_KNOWN, FLOW_F_REPLY, FLOW_TTL_KNOWN, FlowCounters, IFACE_F_BRIDGE_PORT,
-    IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_PORT_NOT_FORWARDING, IFACE_F_PPPOE_LOWER,
-    IFACE_F_VLAN_PARENT, IfaceInfo, Reason, SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL,
+    FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN, FLOW_F_REPLY, FLOW_TTL_KNOWN, FlowCounters,
+    IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_PORT_NOT_FORWARDING,
+    IFACE_F_PPPOE_LOWER, IFACE_F_VLAN_PARENT, IfaceInfo, Reason, SETTINGS_F_DSCP_REWRITE,
+    SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL,
     parse::{
         ETH_HLEN, ETH_P_PPP_SES, IPPROTO_TCP, IPPROTO_UDP, L3, PPPOE_HLEN, VLAN_HLEN, check_tcp,
         check_udp, check_vlan_tag, classify_ethertype, is_vlan_tpid,
@@ -33,7 +34,7 @@ use crate::{
     packet::{Packet, frame_len, ptr_at_mut},
     parse::{EthHdr, TcpHdr, UdpHdr},
     pppoe,
-    rewrite::L4,
+    rewrite::{L4, kernel_dscp_to_set},
     verify, vlan,
 };
 
@@ -69,6 +70,7 @@ pub fn try_forward<P: Packet>(
         ruleset_generation: settings.ruleset_generation,
         verdict_max_age: settings.verdict_max_age,
         fib_mark: settings.flags & SETTINGS_F_FIB_MARK != 0,
+        dscp_rewrite: settings.flags & SETTINGS_F_DSCP_REWRITE != 0,
         active_since_ns: settings.active_since_ns,
     };
     if settings.fastpath_enabled == 0 {
@@ -303,15 +305,21 @@ fn check_armed(fields: &FlowFields, policy: &FibCachePolicy, now: u32) -> Result
     Ok(mark)
 }
 
-/// `Ok` when the packet's `dscp` is the one the kernel sent this flow direction out with when it
-/// armed it (`kernel_dscp`, see `FlowV4::kernel_dscp`), or none was recorded. A rule in the
-/// forward path that rewrites the DSCP makes them differ; the kernel then carries the packet,
-/// so the rule applies to it.
+/// `Ok` when the packet's `dscp` is the one the kernel sent this flow direction out with when
+/// it armed it (`kernel_dscp`, see `FlowV4::kernel_dscp`), or none was recorded. A rule in the
+/// forward path that rewrites the DSCP makes them differ: the kernel then carries the packet,
+/// so the rule applies to it, unless the kernel was seen rewriting this direction
+/// (`FLOW_DSCP_REWRITTEN`) and the daemon proved the rewrite is the same for every packet of a
+/// flow (`SETTINGS_F_DSCP_REWRITE`): then the rewrite step sets the recorded DSCP itself
+/// (`rewrite::kernel_dscp_to_set`).
 #[inline(always)]
-fn check_dscp(kernel_dscp: *const u32, dscp: u8) -> Result<(), Reason> {
+fn check_dscp(kernel_dscp: *const u32, dscp: u8, policy: &FibCachePolicy) -> Result<(), Reason> {
     // SAFETY: points into a live flow map value; the TC program writes it before arming.
     let recorded = unsafe { core::ptr::read_volatile(kernel_dscp) };
-    if recorded & FLOW_DSCP_KNOWN != 0 && recorded & 0x3f != u32::from(dscp) {
+    if recorded & FLOW_DSCP_KNOWN != 0
+        && recorded & 0x3f != u32::from(dscp)
+        && !(policy.dscp_rewrite && recorded & FLOW_DSCP_REWRITTEN != 0)
+    {
         return Err(Reason::PassDscpNotKernels);
     }
     Ok(())
@@ -414,7 +422,7 @@ fn try_forward_ip<F: Family, P: Packet>(
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     let mark = check_armed(&fields, cache, verdict_tick(now))?;
-    check_dscp(fields.kernel_dscp, F::dscp(&h))?;
+    check_dscp(fields.kernel_dscp, F::dscp(&h), cache)?;
     check_ttl(fields.kernel_ttl, h.ttl)?;
     // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
     if verify_l4 && !ports.no_checksum {
@@ -448,7 +456,8 @@ fn try_forward_ip<F: Family, P: Packet>(
     let out = reframe::<F::Hdr, P>(ctx, l2, h.len as usize, &egress.tag)?;
     let l4 = L4::at(ctx, out.l2 + F::HLEN, h.proto == IPPROTO_UDP)?;
     // Every check passed: from here on the packet is ours.
-    F::rewrite(out.eth, out.ip, l4, &nat, &hop);
+    let dscp = kernel_dscp_to_set(fields.kernel_dscp, cache.dscp_rewrite);
+    F::rewrite(out.eth, out.ip, l4, &nat, &hop, dscp);
     write_l2(&out, &egress.tag, F::L3, h.len as usize);
     let counters = fields.counters;
     if first_in_pass(counters, cache) {

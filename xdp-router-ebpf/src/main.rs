@@ -20,6 +20,7 @@ mod packet;
 mod parse;
 mod pppoe;
 mod rewrite;
+mod stamp;
 mod stats;
 mod verify;
 mod vlan;
@@ -66,6 +67,14 @@ pub fn xdp_router_arm(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn xdp_router_arm3(ctx: TcContext) -> i32 {
     let _ = arm::try_arm(&ctx, arm::LinkHeader::None);
+    TC_ACT_UNSPEC
+}
+
+/// TC ingress program (TCX), attached with the arming program: stamps each packet the kernel
+/// receives with the DSCP it arrived with (see `stamp.rs`). Never changes or drops a packet.
+#[classifier]
+pub fn xdp_router_stamp(ctx: TcContext) -> i32 {
+    let _ = stamp::try_stamp(&ctx);
     TC_ACT_UNSPEC
 }
 

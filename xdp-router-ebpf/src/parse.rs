@@ -104,6 +104,12 @@ impl Ipv4Hdr {
     pub fn ttl_proto_word(&self) -> u16 {
         u16::from_ne_bytes([self.ttl, self.proto])
     }
+
+    /// Version/IHL and TOS as the header checksum's 16-bit word (its first).
+    #[inline(always)]
+    pub fn version_tos_word(&self) -> u16 {
+        u16::from_ne_bytes([self.version_ihl, self.tos])
+    }
 }
 
 /// Fixed IPv6 header.

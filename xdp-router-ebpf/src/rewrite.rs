@@ -3,7 +3,7 @@
 //! addresses from the FIB result. Called only after every check has passed.
 
 use xdp_router_common::{
-    Reason,
+    FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN, Reason,
     checksum::{apply, apply_udp, combine, diff16},
 };
 
@@ -57,6 +57,24 @@ pub struct Nat<A> {
     pub l4_csum_diff: u32,
 }
 
+/// The DSCP to send a packet of a flow direction with, as `FLOW_DSCP_KNOWN | dscp`, or 0 to
+/// keep the packet's: the one recorded in `kernel_dscp` when the kernel was seen rewriting the
+/// direction's DSCP and the fast path may apply such rewrites (`allow`; see
+/// `flow::check_dscp`, which let the packet through). Read again here rather than carried from
+/// the check: a value live across the whole pipeline doubles the verifier's paths. A re-arm in
+/// between only gives the packet the kernel's newest DSCP for the direction.
+#[inline(always)]
+pub fn kernel_dscp_to_set(kernel_dscp: *const u32, allow: bool) -> u32 {
+    // SAFETY: points into a live flow map value.
+    let recorded = unsafe { core::ptr::read_volatile(kernel_dscp) };
+    let both = FLOW_DSCP_KNOWN | FLOW_DSCP_REWRITTEN;
+    if allow && recorded & both == both {
+        FLOW_DSCP_KNOWN | (recorded & 0x3f)
+    } else {
+        0
+    }
+}
+
 /// Source and destination MAC of the next hop.
 #[inline(always)]
 fn rewrite_macs(eth: *mut EthHdr, hop: &NextHop) {
@@ -85,28 +103,54 @@ fn rewrite_l4(l4: L4, sport_be: u16, dport_be: u16, diff: u32) {
     }
 }
 
-/// Rewrites a checked IPv4 packet for forwarding: NAT, TTL - 1, header checksum, MACs.
+/// Rewrites a checked IPv4 packet for forwarding: NAT, TTL - 1, the DSCP when `dscp` is
+/// `FLOW_DSCP_KNOWN | dscp` (the ECN bits stay), header checksum, MACs.
 #[inline(always)]
-pub fn rewrite_v4(eth: *mut EthHdr, ip: *mut Ipv4Hdr, l4: L4, nat: &Nat<u32>, hop: &NextHop) {
+pub fn rewrite_v4(
+    eth: *mut EthHdr,
+    ip: *mut Ipv4Hdr,
+    l4: L4,
+    nat: &Nat<u32>,
+    hop: &NextHop,
+    dscp: u32,
+) {
     // SAFETY: `ip` was bounds checked by the caller's parse; TTL >= 2 was checked.
     unsafe {
         let old_word = (*ip).ttl_proto_word();
         (*ip).ttl -= 1;
-        let ttl_diff = diff16(old_word, (*ip).ttl_proto_word());
+        let mut diff = combine(nat.l3_csum_diff, diff16(old_word, (*ip).ttl_proto_word()));
+        if dscp & FLOW_DSCP_KNOWN != 0 {
+            let old_word = (*ip).version_tos_word();
+            (*ip).tos = (((dscp & 0x3f) as u8) << 2) | ((*ip).tos & 0x3);
+            diff = combine(diff, diff16(old_word, (*ip).version_tos_word()));
+        }
         (*ip).src_be = nat.src_be;
         (*ip).dst_be = nat.dst_be;
-        (*ip).check = apply((*ip).check, combine(nat.l3_csum_diff, ttl_diff));
+        (*ip).check = apply((*ip).check, diff);
     }
     rewrite_l4(l4, nat.sport_be, nat.dport_be, nat.l4_csum_diff);
     rewrite_macs(eth, hop);
 }
 
-/// Rewrites a checked IPv6 packet for forwarding: NAT, hop limit - 1, MACs (IPv6 has no header
-/// checksum; the hop limit is not in the pseudo-header).
+/// Rewrites a checked IPv6 packet for forwarding: NAT, hop limit - 1, the traffic class's DSCP
+/// when `dscp` is `FLOW_DSCP_KNOWN | dscp`, MACs (IPv6 has no header checksum; neither the hop
+/// limit nor the traffic class is in the pseudo-header).
 #[inline(always)]
-pub fn rewrite_v6(eth: *mut EthHdr, ip: *mut Ipv6Hdr, l4: L4, nat: &Nat<[u32; 4]>, hop: &NextHop) {
+pub fn rewrite_v6(
+    eth: *mut EthHdr,
+    ip: *mut Ipv6Hdr,
+    l4: L4,
+    nat: &Nat<[u32; 4]>,
+    hop: &NextHop,
+    dscp: u32,
+) {
     // SAFETY: `ip` was bounds checked by the caller's parse; hop limit >= 2 was checked.
     unsafe {
+        if dscp & FLOW_DSCP_KNOWN != 0 {
+            // Version (4 bits), then the DSCP (6) of the traffic class, ECN (2), flow label.
+            let word = u32::from_be((*ip).vtc_flow_be);
+            (*ip).vtc_flow_be = u32::to_be((word & !(0x3f << 22)) | ((dscp & 0x3f) << 22));
+        }
         (*ip).hop_limit -= 1;
         (*ip).src_be = nat.src_be;
         (*ip).dst_be = nat.dst_be;

@@ -10,7 +10,7 @@ use xdp_router_common::{
     BridgeVlanKey, Counter, FdbKey, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
     GLOBAL_FIB_FLAGS, IfaceInfo, MAP_BRIDGE_FDB, MAP_BRIDGE_VLANS, MAP_FLOWS_V4, MAP_FLOWS_V6,
     MAP_IFACES, MAP_PPPOE, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAP_VLANS, PROG_NAME, PppoeKey,
-    SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL, Settings, VlanKey,
+    SETTINGS_F_DSCP_REWRITE, SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL, Settings, VlanKey,
 };
 
 use super::{
@@ -191,7 +191,12 @@ impl Maps {
             fib_cache_ns: s.fib_cache_ns,
             ruleset_generation: ARMED,
             flags: if s.fib_mark { SETTINGS_F_FIB_MARK } else { 0 }
-                | if s.hold_all { SETTINGS_F_HOLD_ALL } else { 0 },
+                | if s.hold_all { SETTINGS_F_HOLD_ALL } else { 0 }
+                | if s.dscp_rewrite {
+                    SETTINGS_F_DSCP_REWRITE
+                } else {
+                    0
+                },
             verify_l4_checksum: u32::from(s.verify_l4_checksum),
             verdict_max_age: s.verdict_max_age,
             active_since_ns: 0,

@@ -44,6 +44,8 @@ pub struct Setup {
     pub verify_l4_checksum: bool,
     /// `SETTINGS[0].verdict_max_age`, in verdict ticks (0 = verdicts do not expire).
     pub verdict_max_age: u32,
+    /// `SETTINGS_F_DSCP_REWRITE`: XDP applies the DSCP rewrites the kernel was seen making.
+    pub dscp_rewrite: bool,
 }
 
 impl Setup {
@@ -97,6 +99,7 @@ impl Setup {
             fib_mark: true,
             verify_l4_checksum: true,
             verdict_max_age: 0,
+            dscp_rewrite: false,
         }
     }
 

@@ -3,7 +3,9 @@
 //! (and their forwarded neighbours), the age of the kernel's verdict, a mark the lookup cannot
 //! take, an unmanaged ingress.
 
-use xdp_router_common::{FLOW_DSCP_KNOWN, FLOW_TTL_KNOWN, Reason, verdict_tick};
+use xdp_router_common::{
+    FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN, FLOW_TTL_KNOWN, Reason, verdict_tick,
+};
 use xdp_router_tests::{
     fixture_net::{
         ARMED, Bed, GW_MAC, Setup, WAN_MAC, coarse_monotonic_ns, lan_pkt, routed, v4, v6,
@@ -11,10 +13,11 @@ use xdp_router_tests::{
     packet::{
         Transport,
         tcp_flags::{ACK, PSH},
+        with_tos,
     },
 };
 
-use crate::case::{Case, forward, good_packets, pass};
+use crate::case::{Case, Expect, forward, good_packets, pass};
 
 /// Flow lookup and arming.
 pub fn cases(b: &Bed, c: &mut Vec<Case>) {
@@ -125,6 +128,66 @@ pub fn cases(b: &Bed, c: &mut Vec<Case>) {
             .into_iter()
             .map(|f| f.with_kernel_dscp(FLOW_DSCP_KNOWN))
             .collect();
+        c.push(case);
+    }
+    // The kernel was seen rewriting this direction's DSCP (the arming packet arrived with
+    // another one) and the daemon proved the ruleset's rewrites are the same for every packet
+    // of a flow: XDP sets CS3 itself and keeps the ECN bits (ECT(0) here). Without the proof,
+    // or without a rewrite seen, the kernel carries the packet.
+    let rewritten = cs3 | FLOW_DSCP_REWRITTEN;
+    for (family, client, server, new_src) in [
+        ("v4", client4, server4, (router4, 61_000)),
+        ("v6", client6, server6, (client6, 40_000)),
+    ] {
+        let p = lan_pkt(client, server, tcp, 100);
+        let mut case = forward(
+            b,
+            &format!("{family} dscp rewrite applied by the fast path"),
+            b.lan,
+            &p,
+            new_src,
+            (server, 443),
+            false,
+            to_wan,
+        );
+        let ect0 = 0x02;
+        case.frame = with_tos(&case.frame, ect0);
+        if let Expect::Redirect(_, out) = &mut case.expect {
+            *out = with_tos(out, (24 << 2) | ect0);
+        }
+        case.setup.dscp_rewrite = true;
+        case.setup.flows = case
+            .setup
+            .flows
+            .into_iter()
+            .map(|f| f.with_kernel_dscp(rewritten))
+            .collect();
+        let unproven = Setup {
+            dscp_rewrite: false,
+            ..case.setup.clone()
+        };
+        c.push(pass(
+            b,
+            &format!("{family} dscp rewrite seen, not proven per flow"),
+            b.lan,
+            case.frame.clone(),
+            unproven,
+            Reason::PassDscpNotKernels,
+        ));
+        let mut not_seen = case.setup.clone();
+        not_seen.flows = not_seen
+            .flows
+            .into_iter()
+            .map(|f| f.with_kernel_dscp(cs3))
+            .collect();
+        c.push(pass(
+            b,
+            &format!("{family} dscp differs, proven, no rewrite seen"),
+            b.lan,
+            case.frame.clone(),
+            not_seen,
+            Reason::PassDscpNotKernels,
+        ));
         c.push(case);
     }
     // The kernel sent the armed packet out with TTL / hop limit 64 although the packets arrive

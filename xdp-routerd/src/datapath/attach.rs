@@ -1,6 +1,6 @@
 //! Attaching the programs: the XDP program (native, or generic when native is refused or
-//! configured) and the TC egress arming programs, all as bpf_links owned by this process, and
-//! taking them off again.
+//! configured), the TC egress arming programs and, beside each Ethernet one, the TC ingress
+//! DSCP stamp, all as bpf_links owned by this process, and taking them off again.
 
 use std::collections::BTreeMap;
 
@@ -15,7 +15,7 @@ use aya::programs::{
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
     ARM_PROG_NAME, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT, IfaceInfo, MAP_IFACES, MAP_TX_PORTS,
-    MAX_IFACE_SLOTS, PROG_NAME,
+    MAX_IFACE_SLOTS, PROG_NAME, STAMP_PROG_NAME,
 };
 
 use super::{Datapath, Ports as _};
@@ -57,6 +57,9 @@ pub(super) struct Links {
     /// TC egress (TCX) links of the arming programs, with the program's name
     /// ([`ARM_PROG_NAME`], or [`ARM_L3_PROG_NAME`](xdp_router_common::ARM_L3_PROG_NAME) on a PPP device).
     pub(super) armed: BTreeMap<u32, (&'static str, SchedClassifierLinkId)>,
+    /// TC ingress (TCX) links of the DSCP stamp program ([`STAMP_PROG_NAME`]), beside each
+    /// Ethernet arming program.
+    pub(super) stamped: BTreeMap<u32, SchedClassifierLinkId>,
 }
 
 impl Datapath {
@@ -138,22 +141,23 @@ impl Datapath {
     /// device without a link-layer header) to the egress of `name` as a TCX bpf_link (Linux
     /// 6.6), owned by this process like the XDP links. Without it no flow direction is ever
     /// armed: the kernel keeps forwarding every packet of that interface's flows (correct, not
-    /// faster).
+    /// faster). With the Ethernet arming program, the DSCP stamp goes on the ingress (see
+    /// [`STAMP_PROG_NAME`]); without it, the kernel keeps applying its DSCP rewrites itself.
     pub(super) fn attach_arming(&mut self, name: &str, ifindex: u32, prog: &'static str) {
-        let result = self
-            .ebpf
-            .program_mut(prog)
-            .ok_or_else(|| anyhow!("eBPF object has no program {prog}"))
-            .and_then(|p| Ok(<&mut SchedClassifier>::try_from(p)?))
-            .and_then(|p| {
-                // A netlink (clsact) attachment would outlive the daemon: TCX links only.
-                Ok(p.attach_with_options(
-                    name,
-                    TcAttachType::Egress,
-                    TcAttachOptions::TcxOrder(LinkOrder::default()),
-                )?)
-            });
-        match result {
+        if prog == ARM_PROG_NAME && !self.links.stamped.contains_key(&ifindex) {
+            match self.attach_tcx(name, STAMP_PROG_NAME, TcAttachType::Ingress) {
+                Ok(link) => {
+                    self.links.stamped.insert(ifindex, link);
+                }
+                Err(e) => warn!(
+                    interface = name,
+                    error = %format!("{e:#}"),
+                    "{name}: cannot attach the TC ingress DSCP stamp: DSCP rewrites of flows \
+                     entering here stay in the kernel"
+                ),
+            }
+        }
+        match self.attach_tcx(name, prog, TcAttachType::Egress) {
             Ok(link) => {
                 self.links.armed.insert(ifindex, (prog, link));
             }
@@ -164,6 +168,22 @@ impl Datapath {
                  no flow through {name} is fast-pathed, the kernel forwards them all"
             ),
         }
+    }
+
+    /// Attaches the TC program `prog` to `name` at `at` as a TCX bpf_link.
+    fn attach_tcx(
+        &mut self,
+        name: &str,
+        prog: &'static str,
+        at: TcAttachType,
+    ) -> anyhow::Result<SchedClassifierLinkId> {
+        let p = self
+            .ebpf
+            .program_mut(prog)
+            .ok_or_else(|| anyhow!("eBPF object has no program {prog}"))?;
+        let p = <&mut SchedClassifier>::try_from(p)?;
+        // A netlink (clsact) attachment would outlive the daemon: TCX links only.
+        Ok(p.attach_with_options(name, at, TcAttachOptions::TcxOrder(LinkOrder::default()))?)
     }
 
     /// Attaches the XDP program to `ifindex` in `mode` (native falling back to generic, with
@@ -254,8 +274,16 @@ impl Datapath {
         Ok(n)
     }
 
-    /// Detaches the arming program from `ifindex`, if it is attached there.
+    /// Detaches the arming program (and the DSCP stamp) from `ifindex`, if attached there.
     pub(super) fn detach_arming(&mut self, ifindex: u32) {
+        if let Some(link) = self.links.stamped.remove(&ifindex)
+            && let Some(Ok(prog)) = self
+                .ebpf
+                .program_mut(STAMP_PROG_NAME)
+                .map(<&mut SchedClassifier>::try_from)
+        {
+            let _ = prog.detach(link);
+        }
         if let Some((name, link)) = self.links.armed.remove(&ifindex)
             && let Some(Ok(prog)) = self
                 .ebpf

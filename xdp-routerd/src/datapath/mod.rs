@@ -20,7 +20,7 @@ use aya::{
 use xdp_router_common::{
     ARM_L3_PROG_NAME, ARM_PROG_NAME, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP,
     IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN, IFACE_F_VLAN_PARENT,
-    IfaceInfo, MAP_IFACES, MAP_TX_PORTS, PROG_NAME,
+    IfaceInfo, MAP_IFACES, MAP_TX_PORTS, PROG_NAME, STAMP_PROG_NAME,
 };
 
 pub mod attach;
@@ -129,6 +129,13 @@ impl Datapath {
         arm3.load().map_err(|e| {
             anyhow!("the kernel rejected the TC arming program for PPP devices: {e:#}")
         })?;
+        let stamp: &mut SchedClassifier = ebpf
+            .program_mut(STAMP_PROG_NAME)
+            .ok_or_else(|| anyhow!("eBPF object has no program {STAMP_PROG_NAME}"))?
+            .try_into()?;
+        stamp
+            .load()
+            .map_err(|e| anyhow!("the kernel rejected the TC DSCP stamp program: {e:#}"))?;
         let mut dp = Datapath {
             ifaces: take(&mut ebpf, MAP_IFACES)?,
             tx_ports: take(&mut ebpf, MAP_TX_PORTS)?,

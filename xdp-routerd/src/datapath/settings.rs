@@ -11,8 +11,8 @@ use aya::{
     util::KernelVersion,
 };
 use xdp_router_common::{
-    Counter, MAP_SETTINGS, MAP_STATS, Reason, SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL, Settings,
-    stats_index, verdict_tick,
+    Counter, MAP_SETTINGS, MAP_STATS, Reason, SETTINGS_F_DSCP_REWRITE, SETTINGS_F_FIB_MARK,
+    SETTINGS_F_HOLD_ALL, Settings, stats_index, verdict_tick,
 };
 
 use super::{Datapath, take};
@@ -157,6 +157,9 @@ impl Datapath {
     /// packet of each is judged by the kernel's rules as they are now (and re-armed only if the
     /// kernel forwards it). Called for every nftables commit and iptables-legacy change.
     pub fn bump_ruleset_generation(&mut self) -> anyhow::Result<()> {
+        // Until the new ruleset is read, its DSCP rewrites are not known to be per flow
+        // (`set_dscp_rewrite`): the same map write stops XDP applying them.
+        self.settings.current.flags &= !SETTINGS_F_DSCP_REWRITE;
         // 0 is what new flow entries hold: never current.
         self.settings
             .next_generation(|s| &mut s.ruleset_generation)?;
@@ -241,5 +244,26 @@ impl Datapath {
     pub fn bump_ruleset_generation_holding(&mut self) -> anyhow::Result<()> {
         self.settings.current.flags |= SETTINGS_F_HOLD_ALL;
         self.bump_ruleset_generation()
+    }
+
+    /// Lets XDP apply the DSCP rewrites the kernel was seen making (`allow`), or not: one map
+    /// write, none when nothing changes (`SETTINGS_F_DSCP_REWRITE`; see
+    /// [`crate::flows::dscp_rewrite`]).
+    pub fn set_dscp_rewrite(&mut self, allow: bool) -> anyhow::Result<()> {
+        let flags = if allow {
+            self.settings.current.flags | SETTINGS_F_DSCP_REWRITE
+        } else {
+            self.settings.current.flags & !SETTINGS_F_DSCP_REWRITE
+        };
+        if flags == self.settings.current.flags {
+            return Ok(());
+        }
+        self.settings.current.flags = flags;
+        self.settings.write()
+    }
+
+    /// Whether XDP applies DSCP rewrites itself.
+    pub fn dscp_rewrite(&self) -> bool {
+        self.settings.current.flags & SETTINGS_F_DSCP_REWRITE != 0
     }
 }

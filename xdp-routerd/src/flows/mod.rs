@@ -298,6 +298,7 @@ impl FlowManager {
 pub mod accounting;
 mod addresses;
 pub mod conntrack;
+pub mod dscp_rewrite;
 #[cfg(test)]
 pub(crate) mod fake;
 mod keepalive;

@@ -19,6 +19,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::dscp_rewrite::DscpRewrites;
+
 /// What a rule does per packet that XDP cannot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -120,6 +122,10 @@ pub enum RuleOrigin {
     NftIp6,
     /// An nftables table of the `inet` family.
     NftInet,
+    /// An nftables table of the `netdev` family (device ingress/egress chains).
+    NftNetdev,
+    /// An nftables table of the `bridge` family.
+    NftBridge,
     /// `iptables-legacy`.
     LegacyIpv4,
     /// `ip6tables-legacy`.
@@ -133,6 +139,8 @@ impl RuleOrigin {
             RuleOrigin::NftIp => "ip",
             RuleOrigin::NftIp6 => "ip6",
             RuleOrigin::NftInet => "inet",
+            RuleOrigin::NftNetdev => "netdev",
+            RuleOrigin::NftBridge => "bridge",
             RuleOrigin::LegacyIpv4 => "iptables-legacy",
             RuleOrigin::LegacyIpv6 => "ip6tables-legacy",
         }
@@ -180,6 +188,8 @@ pub struct PerPacketRules {
     /// table iptables-legacy-save cannot list, output that does not parse). A ruleset that
     /// cannot be read may hold such rules: it holds flows like one that does.
     pub unreadable: Vec<String>,
+    /// The DSCP rewrites found in the same read (see [`super::dscp_rewrite`]).
+    pub dscp: DscpRewrites,
 }
 
 /// `per_packet_rules` in the config: what the daemon does about such rules.
@@ -242,11 +252,12 @@ mod tests {
         let none = PerPacketRules::default();
         let one = PerPacketRules {
             rules: vec![rule(vec![PerPacketKind::Hashlimit])],
-            unreadable: vec![],
+            ..Default::default()
         };
         let blind = PerPacketRules {
             rules: vec![],
             unreadable: vec!["nft: not found".into()],
+            ..Default::default()
         };
         assert!(!hold(PerPacketMode::Hold, &none));
         assert!(hold(PerPacketMode::Hold, &one));

@@ -35,5 +35,19 @@ pub(super) fn encode(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt:
         None,
         [(vec![], u64::from(p.held))],
     )?;
+    gauges(
+        enc,
+        "ruleset_dscp_rewrite_rules",
+        "Firewall rules that set a DSCP, in chains that forwarded packets traverse.",
+        None,
+        [(vec![], p.dscp_rewrite.setters.len() as u64)],
+    )?;
+    gauges(
+        enc,
+        "dscp_rewrite_fast_path",
+        "1 while the fast path applies the DSCP rewrites the kernel makes (every rewrite is a constant on flow-constant matches); 0: flows whose DSCP the kernel rewrites stay in the kernel.",
+        None,
+        [(vec![], u64::from(p.dscp_rewrite.fast_path))],
+    )?;
     Ok(())
 }

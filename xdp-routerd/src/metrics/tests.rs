@@ -6,10 +6,13 @@ use std::{
 };
 
 use super::*;
-use crate::flows::per_packet::{PerPacketKind, PerPacketMode, PerPacketRule, RuleOrigin};
+use crate::flows::{
+    dscp_rewrite::RulePlace,
+    per_packet::{PerPacketKind, PerPacketMode, PerPacketRule, RuleOrigin},
+};
 use crate::status::{
-    BridgeVlanStatus, BridgeVlansStatus, ConntrackStatus, CounterRow, FibCacheStatus, FlowCounts,
-    IfaceStatus, PerPacketStatus, PppoeStatus, RulesetStatus,
+    BridgeVlanStatus, BridgeVlansStatus, ConntrackStatus, CounterRow, DscpRewriteStatus,
+    FibCacheStatus, FlowCounts, IfaceStatus, PerPacketStatus, PppoeStatus, RulesetStatus,
 };
 
 /// A status with every family populated (also used to list the exported names).
@@ -152,6 +155,16 @@ fn sample_status() -> Status {
                 },
             ],
             unreadable: vec![],
+            dscp_rewrite: DscpRewriteStatus {
+                fast_path: true,
+                setters: vec![RulePlace {
+                    origin: RuleOrigin::NftInet,
+                    table: "mangle".into(),
+                    chain: "forward".into(),
+                    position: 1,
+                }],
+                blocker: None,
+            },
         },
     }
 }
@@ -282,6 +295,8 @@ fn encodes_every_family_with_values_from_the_status() {
     );
     assert_eq!(value(&t, "xdp_router_ruleset_per_packet_hold"), 1.0);
     assert_eq!(value(&t, "xdp_router_ruleset_unreadable"), 0.0);
+    assert_eq!(value(&t, "xdp_router_ruleset_dscp_rewrite_rules"), 1.0);
+    assert_eq!(value(&t, "xdp_router_dscp_rewrite_fast_path"), 1.0);
     assert_eq!(
         value(
             &t,

@@ -12,8 +12,11 @@ use tracing::{debug, info, warn};
 use super::State;
 use crate::{
     datapath::Datapath,
-    flows::per_packet::{self, PerPacketMode, PerPacketRules},
-    status::PerPacketStatus,
+    flows::{
+        dscp_rewrite,
+        per_packet::{self, PerPacketMode, PerPacketRules},
+    },
+    status::{DscpRewriteStatus, PerPacketStatus},
 };
 
 /// What the state keeps about per-packet rules.
@@ -59,6 +62,10 @@ impl State<Datapath> {
         if let Err(e) = self.dp.set_hold_all(hold) {
             tracing::error!(error = %format!("{e:#}"), hold, "cannot write the per-packet hold");
         }
+        let rewrite = dscp_rewrite::fast_path_may_rewrite(&found.dscp, found.unreadable.is_empty());
+        if let Err(e) = self.dp.set_dscp_rewrite(rewrite) {
+            tracing::error!(error = %format!("{e:#}"), rewrite, "cannot write the DSCP rewrite switch");
+        }
         self.per_packet.found = Some(found);
         self.per_packet.reading = false;
     }
@@ -72,6 +79,11 @@ impl State<Datapath> {
             reading: self.per_packet.reading || self.per_packet.found.is_none(),
             rules: found.rules,
             unreadable: found.unreadable,
+            dscp_rewrite: DscpRewriteStatus {
+                fast_path: self.dp.dscp_rewrite(),
+                setters: found.dscp.setters,
+                blocker: found.dscp.blocker,
+            },
         }
     }
 }
@@ -111,5 +123,18 @@ fn log_found(mode: PerPacketMode, found: &PerPacketRules) {
             )
         }
         _ => debug!("the firewall ruleset has no rules that must see every packet"),
+    }
+    match &found.dscp.blocker {
+        Some(b) if !found.dscp.setters.is_empty() => info!(
+            blocker = %b,
+            "the firewall ruleset rewrites DSCPs, and {b}: the kernel applies its DSCP rewrites \
+             to every packet (flows it rewrites stay in the kernel)"
+        ),
+        None if !found.dscp.setters.is_empty() => info!(
+            rules = found.dscp.setters.len(),
+            "the firewall ruleset rewrites DSCPs on flow-constant matches only: the fast path \
+             applies the rewrites the kernel makes"
+        ),
+        _ => {}
     }
 }

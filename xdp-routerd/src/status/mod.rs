@@ -14,6 +14,7 @@ use crate::{
     flows::{
         Skip,
         accounting::Traffic,
+        dscp_rewrite::{DscpBlocker, RulePlace},
         per_packet::{PerPacketMode, PerPacketRule},
     },
 };
@@ -62,6 +63,46 @@ pub struct PerPacketStatus {
     pub rules: Vec<PerPacketRule>,
     /// Why a part of the ruleset could not be read.
     pub unreadable: Vec<String>,
+    /// DSCP rewrites, found in the same read.
+    #[serde(default)]
+    pub dscp_rewrite: DscpRewriteStatus,
+}
+
+/// DSCP rewrites in the ruleset, and whether the fast path applies them (see
+/// [`crate::flows::dscp_rewrite`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DscpRewriteStatus {
+    /// XDP sets the DSCP the kernel was seen setting (`SETTINGS_F_DSCP_REWRITE`).
+    pub fast_path: bool,
+    /// The rules that set a DSCP.
+    pub setters: Vec<RulePlace>,
+    /// Why such a rewrite may differ between packets of one flow, if it may.
+    pub blocker: Option<DscpBlocker>,
+}
+
+impl DscpRewriteStatus {
+    /// `status`'s line: `dscp rewrites: applied by the fast path (inet mangle fwd rule 3)` or
+    /// `… left to the kernel: <why>`; `None` when the ruleset sets no DSCP.
+    pub fn line(&self) -> Option<String> {
+        if self.setters.is_empty() {
+            return None;
+        }
+        let rules: Vec<String> = self.setters.iter().map(ToString::to_string).collect();
+        Some(match (&self.blocker, self.fast_path) {
+            (_, true) => format!(
+                "dscp rewrites: applied by the fast path ({})",
+                rules.join(", ")
+            ),
+            (Some(b), false) => format!(
+                "dscp rewrites: left to the kernel, {b} ({})",
+                rules.join(", ")
+            ),
+            (None, false) => format!(
+                "dscp rewrites: left to the kernel until the ruleset is read ({})",
+                rules.join(", ")
+            ),
+        })
+    }
 }
 
 /// Firewall ruleset tracking: flow directions are forwarded only once the kernel forwarded one

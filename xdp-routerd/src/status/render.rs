@@ -127,6 +127,9 @@ impl Status {
         if let Some(line) = self.per_packet.line() {
             let _ = writeln!(s, "{line}");
         }
+        if let Some(line) = self.per_packet.dscp_rewrite.line() {
+            let _ = writeln!(s, "{line}");
+        }
         let _ = writeln!(
             s,
             "{:<12} {:<22} {:>14} {:>16}",

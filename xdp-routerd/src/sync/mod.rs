@@ -10,6 +10,7 @@ pub mod bridge;
 pub mod conntrack;
 pub mod ctnetlink;
 pub mod datagram;
+pub mod dscp_rewrite;
 pub mod hooks;
 pub mod netdev;
 pub mod nftables;

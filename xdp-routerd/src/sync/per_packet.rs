@@ -24,6 +24,15 @@ const FORWARD_PATH_HOOKS: [&str; 4] = ["prerouting", "forward", "postrouting", "
 /// The per-packet rules in the output of `nft -j list ruleset` (pure; tested on output of nft
 /// 1.0.6 on Linux 6.18). `Err` says why the text is not an nftables JSON listing.
 pub fn parse_nft_json(text: &str) -> Result<Vec<PerPacketRule>, String> {
+    Ok(per_packet_rules(&nft_tables(text)?))
+}
+
+/// The tables of an nftables JSON listing, by (family, table).
+pub(super) type NftTables = BTreeMap<(String, String), NftTable>;
+
+/// The tables of the output of `nft -j list ruleset`; `Err` says why the text is not an
+/// nftables JSON listing.
+pub(super) fn nft_tables(text: &str) -> Result<NftTables, String> {
     let doc: Value =
         serde_json::from_str(text).map_err(|e| format!("nft -j list ruleset: not JSON: {e}"))?;
     let items = doc
@@ -40,11 +49,12 @@ pub fn parse_nft_json(text: &str) -> Result<Vec<PerPacketRule>, String> {
         if let Some(c) = item.get("chain") {
             let name = c.get("name").and_then(Value::as_str).unwrap_or("");
             let hook = c.get("hook").and_then(Value::as_str);
-            let base = hook.is_some_and(|h| FORWARD_PATH_HOOKS.contains(&h))
-                && c.get("type").and_then(Value::as_str) != Some("nat");
+            let nat = c.get("type").and_then(Value::as_str) == Some("nat");
             let t = tables.entry(key(c)).or_default();
-            if base {
+            if hook.is_some_and(|h| FORWARD_PATH_HOOKS.contains(&h)) && !nat {
                 t.entry_chains.insert(name.to_string());
+            } else if hook.is_some() && !nat {
+                t.other_base_chains.insert(name.to_string());
             }
             t.chains.entry(name.to_string()).or_default();
         } else if let Some(r) = item.get("rule") {
@@ -74,8 +84,13 @@ pub fn parse_nft_json(text: &str) -> Result<Vec<PerPacketRule>, String> {
                 .insert(name.to_string(), targets);
         }
     }
+    Ok(tables)
+}
+
+/// The per-packet rules of `tables`, in (table, chain) order.
+fn per_packet_rules(tables: &NftTables) -> Vec<PerPacketRule> {
     let mut out = Vec::new();
-    for ((family, table), t) in &tables {
+    for ((family, table), t) in tables {
         let origin = match family.as_str() {
             "ip" => RuleOrigin::NftIp,
             "ip6" => RuleOrigin::NftIp6,
@@ -84,7 +99,7 @@ pub fn parse_nft_json(text: &str) -> Result<Vec<PerPacketRule>, String> {
             // carries no IP.
             _ => continue,
         };
-        for chain in t.reachable() {
+        for chain in t.reachable(&t.entry_chains) {
             let Some(rules) = t.chains.get(&chain) else {
                 continue;
             };
@@ -103,26 +118,28 @@ pub fn parse_nft_json(text: &str) -> Result<Vec<PerPacketRule>, String> {
             }
         }
     }
-    Ok(out)
+    out
 }
 
 /// One nftables table as far as reachability goes.
 #[derive(Default)]
-struct NftTable {
+pub(super) struct NftTable {
     /// Base chains at a forward-path hook (not nat).
-    entry_chains: BTreeSet<String>,
+    pub(super) entry_chains: BTreeSet<String>,
+    /// Base chains at other hooks (not nat): `input`, `output`, a netdev `egress`, …
+    pub(super) other_base_chains: BTreeSet<String>,
     /// Every chain's rules (their `expr` arrays), in order.
-    chains: BTreeMap<String, Vec<Value>>,
+    pub(super) chains: BTreeMap<String, Vec<Value>>,
     /// Named verdict maps → the chains their elements jump or go to; `None` when the listing
     /// has no elements (terse): any chain of the table.
     verdict_maps: BTreeMap<String, Option<BTreeSet<String>>>,
 }
 
 impl NftTable {
-    /// The entry chains and every chain reachable from them, in name order.
-    fn reachable(&self) -> BTreeSet<String> {
+    /// The chains `from` and every chain reachable from them, in name order.
+    pub(super) fn reachable(&self, from: &BTreeSet<String>) -> BTreeSet<String> {
         let mut seen: BTreeSet<String> = BTreeSet::new();
-        let mut todo: Vec<String> = self.entry_chains.iter().cloned().collect();
+        let mut todo: Vec<String> = from.iter().cloned().collect();
         while let Some(chain) = todo.pop() {
             if !seen.insert(chain.clone()) {
                 continue;
@@ -229,7 +246,7 @@ fn nft_kinds(v: &Value, out: &mut BTreeSet<PerPacketKind>) {
 
 /// The chains of `table` that established forwarded packets traverse, as the kernel's
 /// iptables hooks run them (legacy tables: `nat` sees first packets only).
-fn legacy_entry_chains(table: &str) -> &'static [&'static str] {
+pub(super) fn legacy_entry_chains(table: &str) -> &'static [&'static str] {
     match table {
         "raw" => &["PREROUTING"],
         "mangle" => &["PREROUTING", "FORWARD", "POSTROUTING"],
@@ -239,7 +256,7 @@ fn legacy_entry_chains(table: &str) -> &'static [&'static str] {
 }
 
 /// Splits an `iptables-save` rule line into words, as the shell would (`"in "` is one word).
-fn save_words(line: &str) -> Vec<String> {
+pub(super) fn save_words(line: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut cur = String::new();
     let (mut quoted, mut escaped, mut any) = (false, false, false);
@@ -368,8 +385,11 @@ fn read_with(nft: &str) -> PerPacketRules {
     let mut found = PerPacketRules::default();
     // Terse: set and map elements are not listed (a blocklist of 100,000 addresses would cost
     // more than the rules; verdict maps are then taken to reach every chain of their table).
-    match output(nft, &["-t", "-j", "list", "ruleset"]).and_then(|t| parse_nft_json(&t)) {
-        Ok(rules) => found.rules.extend(rules),
+    match output(nft, &["-t", "-j", "list", "ruleset"]).and_then(|t| nft_tables(&t)) {
+        Ok(tables) => {
+            found.rules.extend(per_packet_rules(&tables));
+            super::dscp_rewrite::from_nft(&tables, &mut found.dscp);
+        }
         Err(e) => found.unreadable.push(e),
     }
     for (names, tool, origin) in [
@@ -388,7 +408,10 @@ fn read_with(nft: &str) -> PerPacketRules {
             continue;
         }
         match output(tool, &[]) {
-            Ok(text) => found.rules.extend(parse_legacy_save(&text, origin)),
+            Ok(text) => {
+                found.rules.extend(parse_legacy_save(&text, origin));
+                super::dscp_rewrite::from_legacy_save(&text, origin, &mut found.dscp);
+            }
             Err(e) => found.unreadable.push(e),
         }
     }
