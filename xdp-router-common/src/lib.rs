@@ -144,8 +144,15 @@ pub struct FlowCounters {
     /// `bpf_ktime_get_coarse_ns()` (CLOCK_MONOTONIC_COARSE: tick resolution, at most a jiffy behind
     /// CLOCK_MONOTONIC) of the last forwarded packet; 0 = never.
     pub last_seen_ns: u64,
+    /// Packets of this direction the kernel forwarded itself (counted by the TC arming program
+    /// on egress: the fast path off or passing them up), segments of a GSO packet each.
+    /// Conntrack counts these too; with `packets` they make what the router forwarded of the
+    /// direction while it was offloaded, which the per-host metrics report.
+    pub kernel_packets: u64,
+    /// IP bytes of `kernel_packets`, as `bytes`.
+    pub kernel_bytes: u64,
 }
-const _: () = assert!(core::mem::size_of::<FlowCounters>() == 24);
+const _: () = assert!(core::mem::size_of::<FlowCounters>() == 40);
 
 /// Value of [`MAP_FLOWS_V4`]: what to do with a packet matching the key.
 ///
@@ -204,7 +211,7 @@ pub struct FlowV4 {
     /// direction in the kernel (`Reason::PassTtlNotKernels`), so it applies to every packet.
     pub kernel_ttl: u32,
 }
-const _: () = assert!(core::mem::size_of::<FlowV4>() == 112);
+const _: () = assert!(core::mem::size_of::<FlowV4>() == 128);
 
 /// Value of [`MAP_FLOWS_V6`]; see [`FlowV4`]. IPv6 has no header checksum.
 #[repr(C)]
@@ -232,7 +239,7 @@ pub struct FlowV6 {
     /// See [`FlowV4::kernel_ttl`] (the hop limit).
     pub kernel_ttl: u32,
 }
-const _: () = assert!(core::mem::size_of::<FlowV6>() == 128);
+const _: () = assert!(core::mem::size_of::<FlowV6>() == 144);
 
 /// `FlowV4::kernel_dscp` / `FlowV6::kernel_dscp`: a DSCP is recorded (its 6 bits are below).
 pub const FLOW_DSCP_KNOWN: u32 = 1 << 8;

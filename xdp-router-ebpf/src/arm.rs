@@ -24,7 +24,10 @@
 //! encrypts leave as ESP and never match a flow direction either: IPsec-protected
 //! connections stay in the kernel.
 
-use core::ptr::{addr_of_mut, write_volatile};
+use core::{
+    intrinsics::{AtomicOrdering, atomic_xadd},
+    ptr::{addr_of_mut, write_volatile},
+};
 
 use aya_ebpf::{
     bindings::bpf_xfrm_state,
@@ -33,7 +36,7 @@ use aya_ebpf::{
 };
 use xdp_router_common::{
     ArmKeyV4, ArmKeyV6, FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN, FLOW_F_STALE, FLOW_TTL_KNOWN,
-    SETTINGS_F_FIB_MARK,
+    FlowCounters, SETTINGS_F_FIB_MARK,
     parse::{ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP},
     stamped_dscp, verdict_tick,
 };
@@ -51,6 +54,9 @@ struct Forwarded {
     mark_ok: bool,
     /// The DSCP the packet arrived with, if the stamp program saw it (`stamp.rs`).
     arrival_dscp: Option<u8>,
+    /// Its IP bytes and (GSO) segments, for the direction's kernel counters.
+    ip_bytes: u64,
+    segments: u64,
 }
 
 /// What precedes the IP header on the device the arming program runs on.
@@ -67,22 +73,33 @@ pub enum LinkHeader {
 pub fn try_arm(ctx: &TcContext, link: LinkHeader) -> Option<()> {
     let settings = SETTINGS.get(0)?;
     // SAFETY: the context's skb pointer is valid for the program run.
-    let (mark, ingress_ifindex, tc_index) = unsafe {
+    let (mark, ingress_ifindex, tc_index, len, gso_segs) = unsafe {
         let skb = ctx.skb.skb;
-        ((*skb).mark, (*skb).ingress_ifindex, (*skb).tc_index)
+        (
+            (*skb).mark,
+            (*skb).ingress_ifindex,
+            (*skb).tc_index,
+            (*skb).len,
+            (*skb).gso_segs,
+        )
     };
-    let fwd = Forwarded {
+    let mut fwd = Forwarded {
         mark,
         ingress_ifindex,
         generation: settings.ruleset_generation,
         mark_ok: settings.flags & SETTINGS_F_FIB_MARK != 0,
         arrival_dscp: stamped_dscp(tc_index),
+        ip_bytes: 0,
+        segments: u64::from(gso_segs.max(1)),
     };
     let (ethertype, l3) = match link {
         LinkHeader::Ethernet => (u16::from_be(ctx.load::<u16>(12).ok()?), ETH_HLEN),
         // SAFETY: the context's skb pointer is valid for the program run.
         LinkHeader::None => (u16::from_be(unsafe { (*ctx.skb.skb).protocol } as u16), 0),
     };
+    // The skb's length from the IP header on (a GSO packet's whole payload; a VLAN tag is
+    // metadata here), as conntrack counts bytes.
+    fwd.ip_bytes = u64::from(len).saturating_sub(l3 as u64);
     match ethertype {
         ETH_P_IP => arm_v4(ctx, l3, &fwd),
         ETH_P_IPV6 => arm_v6(ctx, l3, &fwd),
@@ -133,6 +150,7 @@ struct ArmFields {
     fib_generation: *mut u32,
     kernel_dscp: *mut u32,
     kernel_ttl: *mut u32,
+    counters: *mut FlowCounters,
 }
 
 /// Writes the arming into a flow entry's `armed_generation`, `armed_at` (now), `fib_mark`,
@@ -148,6 +166,7 @@ fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
         fib_generation,
         kernel_dscp,
         kernel_ttl,
+        counters,
     } = f;
     let generation = if fwd.mark != 0 && !fwd.mark_ok {
         0
@@ -168,6 +187,16 @@ fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
         if f & FLOW_F_STALE != 0 {
             return;
         }
+        // What the kernel forwarded of the direction (several CPUs may: atomic adds, as the
+        // fast path's own counters in `flow::finish`).
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
+            addr_of_mut!((*counters).kernel_packets),
+            fwd.segments,
+        );
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
+            addr_of_mut!((*counters).kernel_bytes),
+            fwd.ip_bytes,
+        );
         if core::ptr::read_volatile(fib_mark) != fwd.mark {
             write_volatile(fib_generation, 0);
             write_volatile(fib_mark, fwd.mark);
@@ -241,6 +270,7 @@ fn arm_v4(ctx: &TcContext, l3: usize, fwd: &Forwarded) -> Option<()> {
             fib_generation: addr_of_mut!((*flow).fib.generation),
             kernel_dscp: addr_of_mut!((*flow).kernel_dscp),
             kernel_ttl: addr_of_mut!((*flow).kernel_ttl),
+            counters: addr_of_mut!((*flow).counters),
         }
     };
     let syn = is_tcp_syn(ctx, proto, l3 + 20);
@@ -288,6 +318,7 @@ fn arm_v6(ctx: &TcContext, l3: usize, fwd: &Forwarded) -> Option<()> {
             fib_generation: addr_of_mut!((*flow).fib.generation),
             kernel_dscp: addr_of_mut!((*flow).kernel_dscp),
             kernel_ttl: addr_of_mut!((*flow).kernel_ttl),
+            counters: addr_of_mut!((*flow).counters),
         }
     };
     let syn = is_tcp_syn(ctx, next_header, l3 + 40);

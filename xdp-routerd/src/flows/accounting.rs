@@ -50,8 +50,37 @@ impl From<FlowCounters> for Traffic {
     }
 }
 
+/// Everything the router forwarded of a flow direction while it was offloaded: the fast
+/// path's packets and the ones the kernel forwarded itself (counted by the arming program),
+/// which the per-host metrics report.
+pub fn routed(c: &FlowCounters) -> Traffic {
+    Traffic {
+        packets: c.packets.wrapping_add(c.kernel_packets),
+        bytes: c.bytes.wrapping_add(c.kernel_bytes),
+    }
+}
+
 /// A connection's traffic, `[original, reply]` direction.
 pub type DirTraffic = [Traffic; 2];
+
+/// What a connection's map entries counted: the fast path's share (for `xdp-routerd flows`,
+/// added to conntrack's own counters) and everything routed (for the per-host metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EntryTraffic {
+    pub fastpath: DirTraffic,
+    pub routed: DirTraffic,
+}
+
+impl EntryTraffic {
+    /// What `[original, reply]` map entries count (nothing for a missing one).
+    pub fn of(counters: [Option<FlowCounters>; 2]) -> EntryTraffic {
+        let c = counters.map(Option::unwrap_or_default);
+        EntryTraffic {
+            fastpath: c.map(Traffic::from),
+            routed: [routed(&c[0]), routed(&c[1])],
+        }
+    }
+}
 
 /// Conntrack's own counters (`nf_conntrack_acct`) by original tuple and zone.
 pub type KernelCounters = HashMap<(CtTuple, u16), DirTraffic>;
@@ -135,7 +164,7 @@ pub struct Ledger {
     closed: HostTotals,
     /// Live connections whose map entries were rewritten or taken back: their counters until
     /// then, attributed to the hosts they had then, kept until conntrack destroys them.
-    carried: HashMap<CtTuple, (LanHosts, DirTraffic)>,
+    carried: HashMap<CtTuple, (LanHosts, EntryTraffic)>,
 }
 
 impl Ledger {
@@ -160,24 +189,29 @@ impl Ledger {
 
     /// A live connection's map entries are going (rewritten or taken back): keeps what they
     /// counted.
-    pub fn carry(&mut self, orig: CtTuple, lan: LanHosts, traffic: DirTraffic) {
+    pub fn carry(&mut self, orig: CtTuple, lan: LanHosts, traffic: EntryTraffic) {
         let (_, carried) = self
             .carried
             .entry(orig)
-            .or_insert((lan, DirTraffic::default()));
-        carried[0] += traffic[0];
-        carried[1] += traffic[1];
+            .or_insert((lan, EntryTraffic::default()));
+        for i in 0..2 {
+            carried.fastpath[i] += traffic.fastpath[i];
+            carried.routed[i] += traffic.routed[i];
+        }
     }
 
-    /// What the earlier map entries of the live connection `orig` counted.
+    /// What the fast path forwarded in the earlier map entries of the live connection `orig`.
     pub fn carried(&self, orig: &CtTuple) -> DirTraffic {
-        self.carried.get(orig).map(|(_, t)| *t).unwrap_or_default()
+        self.carried
+            .get(orig)
+            .map(|(_, t)| t.fastpath)
+            .unwrap_or_default()
     }
 
     /// Conntrack destroyed the connection: what it carried goes to its hosts' totals.
     pub fn close(&mut self, orig: &CtTuple) {
         if let Some((lan, traffic)) = self.carried.remove(orig) {
-            self.closed.add(&lan, &traffic);
+            self.closed.add(&lan, &traffic.routed);
         }
     }
 
@@ -199,7 +233,7 @@ impl Ledger {
     pub fn totals(&self) -> HostTotals {
         let mut t = self.closed.clone();
         for (lan, traffic) in self.carried.values() {
-            t.add(lan, traffic);
+            t.add(lan, &traffic.routed);
         }
         t
     }
@@ -227,6 +261,20 @@ mod tests {
             sport: 40000,
             dport: 5201,
         }
+    }
+
+    #[test]
+    fn entries_count_the_fast_path_share_and_everything_routed() {
+        let c = FlowCounters {
+            packets: 7,
+            bytes: 700,
+            kernel_packets: 2,
+            kernel_bytes: 3000,
+            ..Default::default()
+        };
+        let e = EntryTraffic::of([Some(c), None]);
+        assert_eq!(e.fastpath, [t(7, 700), t(0, 0)]);
+        assert_eq!(e.routed, [t(9, 3700), t(0, 0)]);
     }
 
     #[test]
@@ -293,15 +341,28 @@ mod tests {
         l.set_limit(8);
         let lan = [Some(ip(2)), None];
         l.admit(&lan);
-        // The entries were rewritten twice (route changes) while the connection lived.
-        l.carry(tuple(2), lan, [t(10, 1000), t(1, 60)]);
-        l.carry(tuple(2), lan, [t(5, 500), t(1, 60)]);
+        // The entries were rewritten twice (route changes) while the connection lived; the
+        // second time the kernel had forwarded 3 packets of the original direction itself.
+        let fast = |d: DirTraffic| EntryTraffic {
+            fastpath: d,
+            routed: d,
+        };
+        l.carry(tuple(2), lan, fast([t(10, 1000), t(1, 60)]));
+        l.carry(
+            tuple(2),
+            lan,
+            EntryTraffic {
+                fastpath: [t(5, 500), t(1, 60)],
+                routed: [t(8, 800), t(1, 60)],
+            },
+        );
+        // `flows` adds conntrack's own counters to the fast path's share only.
         assert_eq!(l.carried(&tuple(2)), [t(15, 1500), t(2, 120)]);
         let live = [t(1, 100), t(0, 0)];
         let mut before = l.totals();
         before.add(&lan, &live);
         // Then conntrack destroyed it (its last entries were carried when they were removed).
-        l.carry(tuple(2), lan, live);
+        l.carry(tuple(2), lan, fast(live));
         l.close(&tuple(2));
         assert_eq!(l.carried(&tuple(2)), DirTraffic::default());
         let after = l.totals();
@@ -309,7 +370,8 @@ mod tests {
             after, before,
             "closing moves the counts, it neither adds nor drops"
         );
-        assert_eq!(after.hosts[&ip(2)].transmit, t(16, 1600));
+        // The hosts get everything routed: fast path and kernel.
+        assert_eq!(after.hosts[&ip(2)].transmit, t(19, 1900));
         assert_eq!(after.hosts[&ip(2)].receive, t(2, 120));
     }
 }

@@ -10,7 +10,7 @@ use xdp_router_common::{
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
-use super::accounting::DirTraffic;
+use super::accounting::EntryTraffic;
 use super::conntrack::CtTuple;
 use super::{FlowTable, Skip};
 
@@ -45,14 +45,11 @@ pub(super) fn remove_entries(table: &mut impl FlowTable, keys: &[DirKey; 2], arm
 }
 
 /// What a connection's `[original, reply]` flow entries counted (nothing for a missing one).
-pub(super) fn read_traffic(table: &impl FlowTable, keys: &[DirKey; 2]) -> DirTraffic {
-    keys.map(|key| {
-        let counters = match key {
-            DirKey::V4(k) => table.get_v4(&k).map(|v| v.counters),
-            DirKey::V6(k) => table.get_v6(&k).map(|v| v.counters),
-        };
-        counters.unwrap_or_default().into()
-    })
+pub(super) fn read_traffic(table: &impl FlowTable, keys: &[DirKey; 2]) -> EntryTraffic {
+    EntryTraffic::of(keys.map(|key| match key {
+        DirKey::V4(k) => table.get_v4(&k).map(|v| v.counters),
+        DirKey::V6(k) => table.get_v6(&k).map(|v| v.counters),
+    }))
 }
 
 /// The two map entries of a connection, each with its arming index key.

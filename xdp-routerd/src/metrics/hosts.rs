@@ -1,4 +1,5 @@
-//! Per-LAN-host traffic the fast path forwarded:
+//! Per-LAN-host traffic the router forwarded on offloaded connections, by the fast path or by
+//! the kernel (the arming program counts the latter):
 //! `xdp_router_host_{transmit,receive}_{bytes,packets}_total{host}`, for per-host traffic
 //! graphs (what nlbwmon and friends draw from conntrack's counters, which miss the fast path).
 //!
@@ -17,7 +18,7 @@ use super::family::counters;
 use crate::flows::accounting::{HostTotals, HostTraffic, Traffic};
 
 /// What the help texts say the series cover.
-const COVERS: &str = "IP bytes (datagram lengths, conntrack's unit) of the traffic the XDP fast path forwarded for a LAN host (host=\"other\": the hosts beyond host_metrics_limit); what the kernel forwarded itself is in conntrack's counters (nf_conntrack_acct, nlbwmon), and the two add up to the host's traffic.";
+const COVERS: &str = "IP bytes (datagram lengths, conntrack's unit) the router forwarded for a LAN host on its offloaded (established TCP/UDP) connections, by the XDP fast path or by the kernel, the fast path on or off (host=\"other\": the hosts beyond host_metrics_limit); a connection's packets before it was offloaded, and other protocols, are in conntrack's counters only (nf_conntrack_acct).";
 
 /// Reads the per-host totals at each scrape.
 pub(super) struct HostCollector {

@@ -16,7 +16,7 @@ use crate::{
     datapath::{AttachMode, Datapath},
     flows::{
         DirKey, FlowTable, Offloaded,
-        accounting::{DirTraffic, KernelCounters, Traffic, merge},
+        accounting::{DirTraffic, EntryTraffic, KernelCounters, Traffic, merge},
     },
     status::{
         BridgeVlanStatus, BridgeVlansStatus, CounterRow, FlowCounts, FlowRow, IfaceStatus, Status,
@@ -296,8 +296,8 @@ impl State<Datapath> {
         }
     }
 
-    /// What the map entries of `conn` count now (`None` when they are gone: removed since it
-    /// was listed).
+    /// What the map entries of `conn` routed until now, fast path and kernel (`None` when they
+    /// are gone: removed since it was listed).
     pub(super) fn live_traffic(&self, conn: &Offloaded) -> Option<DirTraffic> {
         let counters = conn.keys.map(|key| match key {
             DirKey::V4(k) => self.dp.get_v4(&k).map(|v| v.counters),
@@ -305,7 +305,7 @@ impl State<Datapath> {
         });
         match counters {
             [None, None] => None,
-            [a, b] => Some([a, b].map(|c| c.unwrap_or_default().into())),
+            c => Some(EntryTraffic::of(c).routed),
         }
     }
 
