@@ -212,6 +212,17 @@ pub struct FlowV4 {
     pub kernel_ttl: u32,
 }
 const _: () = assert!(core::mem::size_of::<FlowV4>() == 128);
+// The datapath reads and writes `armed_generation` with `fib_mark`, and `FibCache::generation`
+// with `FibCache::ifindex`, as one ordered 64-bit word each (xdp-router-ebpf's order.rs).
+const _: () = {
+    use core::mem::offset_of;
+    assert!(offset_of!(FlowV4, armed_generation) % 8 == 0);
+    assert!(offset_of!(FlowV4, fib_mark) == offset_of!(FlowV4, armed_generation) + 4);
+    assert!(offset_of!(FlowV6, armed_generation) % 8 == 0);
+    assert!(offset_of!(FlowV6, fib_mark) == offset_of!(FlowV6, armed_generation) + 4);
+    assert!(offset_of!(FlowV4, fib) % 8 == 0 && offset_of!(FlowV6, fib) % 8 == 0);
+    assert!(offset_of!(FibCache, generation) == 0 && offset_of!(FibCache, ifindex) == 4);
+};
 
 /// Value of [`MAP_FLOWS_V6`]; see [`FlowV4`]. IPv6 has no header checksum.
 #[repr(C)]

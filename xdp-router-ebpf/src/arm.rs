@@ -41,7 +41,10 @@ use xdp_router_common::{
     stamped_dscp, verdict_tick,
 };
 
-use crate::maps::{ARM_V4, ARM_V6, FLOWS_V4, FLOWS_V6, SETTINGS};
+use crate::{
+    maps::{ARM_V4, ARM_V6, FLOWS_V4, FLOWS_V6, SETTINGS},
+    order::{halves, store_ordered, word},
+};
 
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
@@ -144,9 +147,9 @@ fn is_tcp_syn(ctx: &TcContext, proto: u8, l4: usize) -> bool {
 /// Where the arming goes in a flow entry.
 struct ArmFields {
     flags: *mut u32,
-    armed: *mut u32,
+    /// `armed_generation` and `fib_mark`: one ordered word (see `order.rs`).
+    arming: *mut u64,
     armed_at: *mut u32,
-    fib_mark: *mut u32,
     fib_generation: *mut u32,
     kernel_dscp: *mut u32,
     kernel_ttl: *mut u32,
@@ -160,9 +163,8 @@ struct ArmFields {
 fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
     let ArmFields {
         flags,
-        armed,
+        arming,
         armed_at,
-        fib_mark,
         fib_generation,
         kernel_dscp,
         kernel_ttl,
@@ -173,14 +175,16 @@ fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
     } else {
         fwd.generation
     };
-    // SAFETY: the pointers point into a live flow map value. The mark goes first: XDP reads
-    // the generation, then the mark. A changed mark drops the cached FIB answer, which was
-    // looked up with the old one.
+    // SAFETY: the pointers point into a live flow map value. The generation and the mark are
+    // published last, together, ordered after the fields they vouch for (`order.rs`); XDP
+    // reads them first. A changed mark drops the cached FIB answer, which was looked up with
+    // the old one.
     unsafe {
         let f = core::ptr::read_volatile(flags);
+        let (_, mark) = halves(core::ptr::read_volatile(arming));
         if syn {
             // A new connection on this tuple: the entry is stale (see the module docs).
-            write_volatile(armed, 0);
+            store_ordered(arming, word(0, mark));
             write_volatile(flags, f | FLOW_F_STALE);
             return;
         }
@@ -197,12 +201,11 @@ fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
             addr_of_mut!((*counters).kernel_bytes),
             fwd.ip_bytes,
         );
-        if core::ptr::read_volatile(fib_mark) != fwd.mark {
+        if mark != fwd.mark {
             write_volatile(fib_generation, 0);
-            write_volatile(fib_mark, fwd.mark);
         }
-        // Before the generation, like the mark: XDP compares packets with it once armed. A
-        // packet that arrived with another DSCP shows a rewrite by the kernel's rules.
+        // Before the generation: XDP compares packets with it once armed. A packet that
+        // arrived with another DSCP shows a rewrite by the kernel's rules.
         let rewritten = match fwd.arrival_dscp {
             Some(arrived) if arrived != dscp & 0x3f => FLOW_DSCP_REWRITTEN,
             _ => 0,
@@ -221,8 +224,10 @@ fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
         if core::ptr::read_volatile(armed_at) != now {
             write_volatile(armed_at, now);
         }
-        if core::ptr::read_volatile(armed) != generation {
-            write_volatile(armed, generation);
+        // Last, ordered after the writes above (`order.rs`): XDP reads it first.
+        let armed = word(generation, fwd.mark);
+        if core::ptr::read_volatile(arming) != armed {
+            store_ordered(arming, armed);
         }
     }
 }
@@ -264,9 +269,10 @@ fn arm_v4(ctx: &TcContext, l3: usize, fwd: &Forwarded) -> Option<()> {
     let fields = unsafe {
         ArmFields {
             flags: addr_of_mut!((*flow).flags),
-            armed: addr_of_mut!((*flow).armed_generation),
+            // `armed_generation` and `fib_mark`, side by side and 8-byte aligned (asserted in
+            // the common crate).
+            arming: addr_of_mut!((*flow).armed_generation) as *mut u64,
             armed_at: addr_of_mut!((*flow).armed_at),
-            fib_mark: addr_of_mut!((*flow).fib_mark),
             fib_generation: addr_of_mut!((*flow).fib.generation),
             kernel_dscp: addr_of_mut!((*flow).kernel_dscp),
             kernel_ttl: addr_of_mut!((*flow).kernel_ttl),
@@ -312,9 +318,10 @@ fn arm_v6(ctx: &TcContext, l3: usize, fwd: &Forwarded) -> Option<()> {
     let fields = unsafe {
         ArmFields {
             flags: addr_of_mut!((*flow).flags),
-            armed: addr_of_mut!((*flow).armed_generation),
+            // `armed_generation` and `fib_mark`, side by side and 8-byte aligned (asserted in
+            // the common crate).
+            arming: addr_of_mut!((*flow).armed_generation) as *mut u64,
             armed_at: addr_of_mut!((*flow).armed_at),
-            fib_mark: addr_of_mut!((*flow).fib_mark),
             fib_generation: addr_of_mut!((*flow).fib.generation),
             kernel_dscp: addr_of_mut!((*flow).kernel_dscp),
             kernel_ttl: addr_of_mut!((*flow).kernel_ttl),

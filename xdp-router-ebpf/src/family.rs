@@ -320,9 +320,9 @@ pub struct FlowFields {
     pub flags: u32,
     /// What the TC arming program records (see `flow::check_armed`, `flow::check_dscp`,
     /// `flow::check_ttl`).
-    pub armed_generation: *mut u32,
+    /// `armed_generation` and `fib_mark`: one ordered word (see `order.rs`).
+    pub arming: *mut u64,
     pub armed_at: *mut u32,
-    pub fib_mark: *mut u32,
     pub kernel_dscp: *mut u32,
     pub kernel_ttl: *mut u32,
     /// The cached FIB answer.
@@ -384,9 +384,9 @@ macro_rules! flow_maps {
                 unsafe {
                     FlowFields {
                         flags: (*flow).flags,
-                        armed_generation: addr_of_mut!((*flow).armed_generation),
+                        // Side by side and 8-byte aligned (asserted in the common crate).
+                        arming: addr_of_mut!((*flow).armed_generation) as *mut u64,
                         armed_at: addr_of_mut!((*flow).armed_at),
-                        fib_mark: addr_of_mut!((*flow).fib_mark),
                         kernel_dscp: addr_of_mut!((*flow).kernel_dscp),
                         kernel_ttl: addr_of_mut!((*flow).kernel_ttl),
                         fib: addr_of_mut!((*flow).fib),

@@ -12,6 +12,7 @@ use xdp_router_common::{
 
 use crate::{
     maps::{IFACES, fib_flags},
+    order::{halves, load_ordered, store_ordered, word},
     packet::Packet,
     words::{opaque_zero, pack16},
 };
@@ -111,21 +112,23 @@ impl FibCachePolicy {
 /// `tos_flowinfo` at `now` (see [`FibCache`] for the rules).
 #[inline(always)]
 fn cached_hop(
-    cache: *const FibCache,
+    cache: *mut FibCache,
     policy: &FibCachePolicy,
     now: u64,
     len: u16,
     tos_flowinfo: u32,
 ) -> Option<NextHop> {
-    use core::ptr::{addr_of, read_volatile};
+    use core::ptr::{addr_of, addr_of_mut, read_volatile};
     if !policy.enabled() {
         return None;
     }
-    // SAFETY: `cache` points into a live flow map value. Volatile reads keep their order: the
-    // generation is read first and again last, and a writer zeroes it before it rewrites the
-    // other fields (see store_hop), so a copy taken while a writer was busy is discarded.
+    // SAFETY: `cache` points into a live flow map value. The generation is read first and
+    // again last, ordered around the copy (`order.rs`), and a writer zeroes it before it
+    // rewrites the other fields (see store_hop), so a copy taken while a writer was busy is
+    // discarded.
     unsafe {
-        let generation = read_volatile(addr_of!((*cache).generation));
+        let head = addr_of_mut!((*cache).generation) as *mut u64;
+        let (generation, ifindex) = halves(load_ordered(head));
         if generation != policy.generation
             || now.wrapping_sub(read_volatile(addr_of!((*cache).filled_ns))) >= policy.max_age_ns
             || len > read_volatile(addr_of!((*cache).max_len))
@@ -134,11 +137,11 @@ fn cached_hop(
             return None;
         }
         let hop = NextHop {
-            ifindex: read_volatile(addr_of!((*cache).ifindex)),
+            ifindex,
             smac: read_volatile(addr_of!((*cache).smac)),
             dmac: read_volatile(addr_of!((*cache).dmac)),
         };
-        (read_volatile(addr_of!((*cache).generation)) == generation).then_some(hop)
+        (halves(load_ordered(head)).0 == generation).then_some(hop)
     }
 }
 
@@ -159,14 +162,15 @@ fn store_hop(
     // SAFETY: `cache` points into a live flow map value; see cached_hop for the protocol.
     // Two CPUs filling the same entry at once write the answers of the same generation.
     unsafe {
-        write_volatile(addr_of_mut!((*cache).generation), 0);
-        write_volatile(addr_of_mut!((*cache).ifindex), hop.ifindex);
+        // The generation and the interface are one ordered word (see `order.rs`).
+        let head = addr_of_mut!((*cache).generation) as *mut u64;
+        store_ordered(head, word(0, hop.ifindex));
         write_volatile(addr_of_mut!((*cache).tos_flowinfo), tos_flowinfo);
         write_volatile(addr_of_mut!((*cache).max_len), len);
         write_volatile(addr_of_mut!((*cache).smac), hop.smac);
         write_volatile(addr_of_mut!((*cache).dmac), hop.dmac);
         write_volatile(addr_of_mut!((*cache).filled_ns), now);
-        write_volatile(addr_of_mut!((*cache).generation), policy.generation);
+        store_ordered(head, word(policy.generation, hop.ifindex));
     }
 }
 

@@ -31,6 +31,7 @@ use crate::{
     family::{Family, FlowFields, V4, V6},
     fib::{FibCachePolicy, fib_params, next_hop},
     maps::SETTINGS,
+    order::{halves, load_ordered},
     packet::{Packet, frame_len, ptr_at_mut},
     parse::{EthHdr, TcpHdr, UdpHdr},
     pppoe,
@@ -281,14 +282,11 @@ fn l4_ports<P: Packet>(
 /// with its next packet, which the kernel forwards (re-arming it) or drops.
 #[inline(always)]
 fn check_armed(fields: &FlowFields, policy: &FibCachePolicy, now: u32) -> Result<u32, Reason> {
-    // SAFETY: all point into a live flow map value; the TC program writes the mark and the
-    // time first.
+    // SAFETY: all point into a live flow map value; the TC program writes the time first, the
+    // generation and the mark last, as one ordered word (see `order.rs`), read here first.
     let (armed, mark, armed_at) = unsafe {
-        (
-            core::ptr::read_volatile(fields.armed_generation),
-            core::ptr::read_volatile(fields.fib_mark),
-            core::ptr::read_volatile(fields.armed_at),
-        )
+        let (armed, mark) = halves(load_ordered(fields.arming));
+        (armed, mark, core::ptr::read_volatile(fields.armed_at))
     };
     if armed != policy.ruleset_generation {
         // The TC program leaves a marked direction unarmed when the lookup cannot take a mark.

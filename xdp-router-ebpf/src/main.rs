@@ -16,6 +16,7 @@ mod family;
 mod fib;
 mod flow;
 mod maps;
+mod order;
 mod packet;
 mod parse;
 mod pppoe;

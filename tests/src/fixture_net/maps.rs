@@ -53,9 +53,21 @@ where
     T::try_from(map).unwrap_or_else(|e| panic!("map {name}: {e}"))
 }
 
-/// Loads the embedded object and the program (the verifier runs here).
+/// The object the fixtures run: the daemon's embedded one, or the file named by
+/// `XDP_ROUTER_EBPF_OBJECT` (another build of it, such as the arm64 flavour, whose ordered
+/// accesses are BPF atomics: the bytecode runs on this kernel as on an arm64 one).
+pub fn object() -> std::borrow::Cow<'static, [u8]> {
+    match std::env::var_os("XDP_ROUTER_EBPF_OBJECT") {
+        Some(path) => std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("XDP_ROUTER_EBPF_OBJECT={}: {e}", path.display()))
+            .into(),
+        None => xdp_routerd::datapath::EBPF_OBJECT.into(),
+    }
+}
+
+/// Loads the object (see [`object`]) and the program (the verifier runs here).
 pub fn load() -> (Ebpf, Maps) {
-    load_object(xdp_routerd::datapath::EBPF_OBJECT, 0)
+    load_object(&object(), 0)
 }
 
 /// Loads an `xdp_router` object (e.g. an older build to compare with) and its program, with

@@ -30,6 +30,10 @@ mod vlan;
 
 use std::collections::BTreeSet;
 
+use crate::{
+    case::{Case, forward, pass},
+    runner::{assert_all_ok, check_case, hex},
+};
 use aya::programs::Xdp;
 use xdp_router_common::{
     FIB_LOOKUP_DIRECT, FibCache, IFACE_F_PPP_CCP, PROG_NAME, Reason, stats_index,
@@ -37,7 +41,7 @@ use xdp_router_common::{
 use xdp_router_tests::{
     fixture_net::{
         Bed, GW_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, Setup, WAN_MAC, XDP_PASS, XDP_REDIRECT,
-        build_topology, flow, lan_pkt, load, load_object, routed, run, v4, v6, wan_pkt,
+        build_topology, flow, lan_pkt, load, load_object, object, routed, run, v4, v6, wan_pkt,
     },
     netns::{Netns, require_root},
     packet::{
@@ -45,12 +49,6 @@ use xdp_router_tests::{
         tcp_flags::{ACK, PSH},
         with_pppoe,
     },
-};
-use xdp_routerd::datapath::EBPF_OBJECT;
-
-use crate::{
-    case::{Case, forward, pass},
-    runner::{assert_all_ok, check_case, hex},
 };
 
 /// Every case of the table.
@@ -157,10 +155,11 @@ fn fib_flags_direct_skips_policy_rules() {
             false,
             (WAN_MAC, GW_MAC),
         );
+        let object = object();
         [(0, full), (FIB_LOOKUP_DIRECT, direct)]
             .iter()
             .map(|(flags, case)| {
-                let (ebpf, mut maps) = load_object(EBPF_OBJECT, *flags);
+                let (ebpf, mut maps) = load_object(&object, *flags);
                 let prog: &Xdp = ebpf
                     .program(PROG_NAME)
                     .expect("program present")
