@@ -1,11 +1,12 @@
 //! The Debian packages of `cargo xtask dist`. The amd64 one is installed into a clean Debian 12
-//! root (mmdebstrap, cached by xtask) with `apt-get install ./xdp-router_…deb` (offline: its
-//! dependencies must already be there), its files and conffile checked, the unit's own
-//! ExecStartPre/ExecStart run in the testbed's router namespace from that root (chroot; nothing
-//! here runs systemd as PID 1) with a config naming the testbed's interfaces, `status` and
-//! `/metrics` checked, then it is purged and the root must be as before. The arm64 one is
-//! inspected: the same files, an aarch64 daemon, arm64 dependencies (installing it in an arm64
-//! guest is a later step).
+//! root (mmdebstrap, cached by xtask) booted with systemd in a container (systemd-nspawn) that
+//! shares the testbed's router namespace: `apt-get install ./xdp-router_…deb` (offline: the root
+//! must already hold its dependencies), its files and conffile checked, not enabled nor started;
+//! then, as an admin would, the config names the testbed's interfaces and
+//! `systemctl enable --now xdp-routerd` starts the installed unit under systemd, sandbox,
+//! dynamic user and capabilities included; `status` and `/metrics` are checked; `apt-get purge`
+//! stops it and must leave the root as it was. The arm64 one is inspected: the same files, an
+//! aarch64 daemon, arm64 dependencies (installing it in an arm64 guest is a later step).
 //!
 //! Run by the packages step of `cargo xtask test` (xtask/src/packages.rs), which builds the
 //! packages and the root and names them in `XDP_ROUTER_DEB`, `XDP_ROUTER_DEB_ARM64` and
@@ -14,7 +15,6 @@
 use std::{
     collections::BTreeSet,
     fs,
-    os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     thread::sleep,
@@ -23,7 +23,7 @@ use std::{
 
 use xdp_router_tests::{
     netns,
-    testbed::{LAN_IF, TempDir, Testbed, WAN_IF, ready},
+    testbed::{LAN_IF, TempDir, Testbed, WAN_IF, on_path, ready},
 };
 use xdp_routerd::status::Status;
 
@@ -36,7 +36,7 @@ const BOOKKEEPING: &[&str] = &[
     "var/lib/apt/",
     "var/log/",
     "var/cache/",
-    "tmp/",
+    "var/tmp/",
 ];
 
 /// `$var` as a path, or a loud skip.
@@ -62,32 +62,166 @@ fn run(prog: &str, args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("spawn {prog}: {e}"))
 }
 
-/// Runs `prog args…` chrooted into `root`, with a plain environment; its output.
-fn in_root(root: &Path, prog: &str, args: &[&str]) -> Output {
-    Command::new("chroot")
-        .arg(root)
-        .arg(prog)
-        .args(args)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("LC_ALL", "C")
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("spawn chroot {prog}: {e}"))
+/// A Debian root booted with systemd by systemd-nspawn in a network namespace; powered off
+/// (SIGKILLed if it must) on drop.
+struct Container {
+    nspawn: Child,
+    /// The container's PID 1 (systemd), as this machine numbers it.
+    init: u32,
+    log: PathBuf,
 }
 
-/// [`in_root`] that must succeed; its stdout.
-fn in_root_ok(root: &Path, prog: &str, args: &[&str]) -> String {
-    let out = in_root(root, prog, args);
-    assert!(
-        out.status.success(),
-        "in the clean root: {prog} {}: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+impl Container {
+    /// Boots `root` in the namespace `netns` (its name under /run/netns) with the capabilities
+    /// the unit asks for (nspawn's default set lacks CAP_BPF and CAP_PERFMON, and CAP_NET_ADMIN
+    /// without a private network of its own), and waits until systemd is up.
+    fn boot(root: &Path, netns: &str, log: &Path) -> Container {
+        let out = fs::File::create(log).expect("create the container log");
+        let err = out.try_clone().expect("dup the log");
+        let nspawn = Command::new("systemd-nspawn")
+            .arg("--directory")
+            .arg(root)
+            .args([
+                "--register=no",
+                "--keep-unit",
+                "--boot",
+                &format!("--network-namespace-path=/run/netns/{netns}"),
+                "--capability=CAP_NET_ADMIN,CAP_BPF,CAP_PERFMON",
+                "--system-call-filter=bpf perf_event_open",
+            ])
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("start systemd-nspawn");
+        let mut c = Container {
+            init: 0,
+            nspawn,
+            log: log.to_owned(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            assert!(
+                c.nspawn.try_wait().expect("wait").is_none(),
+                "systemd-nspawn exited; its log:\n{}",
+                c.log()
+            );
+            if c.init == 0 {
+                c.init = child_of(c.nspawn.id()).unwrap_or(0);
+            }
+            if c.init != 0 {
+                let state = c.exec(&["systemctl", "is-system-running"]);
+                let state = String::from_utf8_lossy(&state.stdout);
+                if ["running", "degraded"].contains(&state.trim()) {
+                    return c;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the container's systemd did not come up within 60 s; its log:\n{}",
+                c.log()
+            );
+            sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Runs `argv` in the container (every namespace and the root of its PID 1), with a plain
+    /// environment; its output.
+    fn exec(&self, argv: &[&str]) -> Output {
+        Command::new("nsenter")
+            .args([
+                "--target",
+                &self.init.to_string(),
+                "--all",
+                "--root",
+                "--wd",
+            ])
+            .args(argv)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("LC_ALL", "C")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("spawn nsenter {}: {e}", argv.join(" ")))
+    }
+
+    /// [`Container::exec`] that must succeed; its stdout.
+    fn exec_ok(&self, argv: &[&str]) -> String {
+        let out = self.exec(argv);
+        assert!(
+            out.status.success(),
+            "in the container: {}: {}{}",
+            argv.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `systemctl ARGS` in the container: its stdout, trimmed (whatever the status).
+    fn systemctl(&self, args: &[&str]) -> String {
+        let mut argv = vec!["systemctl"];
+        argv.extend_from_slice(args);
+        String::from_utf8_lossy(&self.exec(&argv).stdout)
+            .trim()
+            .to_owned()
+    }
+
+    /// The unit's journal, for failure messages.
+    fn journal(&self) -> String {
+        let out = self.exec(&["journalctl", "-u", "xdp-routerd", "--no-pager", "-n", "60"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Powers the container off (SIGTERM to nspawn does that); true when it stopped within 30 s.
+    fn power_off(&mut self) -> bool {
+        // SAFETY: kill(2) on the PID of a child this test started and has not reaped.
+        unsafe { libc::kill(self.nspawn.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if self.nspawn.try_wait().ok().flatten().is_some() {
+                return true;
+            }
+            sleep(Duration::from_millis(100));
+        }
+        false
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        if self.nspawn.try_wait().ok().flatten().is_none() && !self.power_off() {
+            // Killing PID 1 of the container ends its PID namespace, then nspawn exits.
+            if self.init != 0 {
+                // SAFETY: kill(2) on the container's init, a process of this test's container.
+                unsafe { libc::kill(self.init as i32, libc::SIGKILL) };
+            }
+            let _ = self.nspawn.kill();
+            let _ = self.nspawn.wait();
+        }
+    }
+}
+
+/// The PID of a child of process `parent` (from /proc), if it has one.
+fn child_of(parent: u32) -> Option<u32> {
+    fs::read_dir("/proc").ok()?.find_map(|e| {
+        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid …`: comm may hold spaces, so split after its `)`.
+        let ppid: u32 = stat
+            .rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        (ppid == parent).then_some(pid)
+    })
 }
 
 /// Every path under `root` (relative, directories with a trailing `/`), symlinks not followed,
@@ -137,32 +271,18 @@ fn service_values(text: &str, key: &str) -> Vec<String> {
     out
 }
 
-/// The daemon started from the clean root; SIGKILLed on drop if still running.
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn log(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
 #[test]
 #[ignore = "run by the packages step of `cargo xtask test` (the .deb and a clean root)"]
 fn amd64_package_installs_runs_and_purges_in_a_clean_root() {
     const T: &str = "amd64_package_installs_runs_and_purges_in_a_clean_root";
     if !ready(T) {
+        return;
+    }
+    if !on_path("systemd-nspawn") {
+        netns::skip(
+            T,
+            "`systemd-nspawn` not found (cargo xtask setup: systemd-container)",
+        );
         return;
     }
     let (Some(deb), Some(tarball)) = (
@@ -188,20 +308,20 @@ fn amd64_package_installs_runs_and_purges_in_a_clean_root() {
         "unpack {}: {out:?}",
         tarball.display()
     );
+    // /var/tmp: the container mounts a tmpfs on /tmp.
+    fs::copy(&deb, root.join("var/tmp/xdp-router.deb")).expect("copy the package into the root");
+
+    let tb = Testbed::new("pkg");
+    let container = Container::boot(&root, tb.router.name(), &dir.path().join("nspawn.log"));
     let before = tree(&root);
 
     // Install as a user would: apt resolves the dependencies (the root has no package lists,
     // so nothing can be downloaded: the clean root must already satisfy them).
-    fs::copy(&deb, root.join("tmp/xdp-router.deb")).expect("copy the package into the root");
     let t = Instant::now();
-    in_root_ok(&root, "apt-get", &["install", "-y", "/tmp/xdp-router.deb"]);
+    container.exec_ok(&["apt-get", "install", "-y", "/var/tmp/xdp-router.deb"]);
     println!("installed in {:.1} s", t.elapsed().as_secs_f64());
     assert_eq!(
-        in_root_ok(
-            &root,
-            "dpkg-query",
-            &["-W", "-f", "${Status}", "xdp-router"]
-        ),
+        container.exec_ok(&["dpkg-query", "-W", "-f", "${Status}", "xdp-router"]),
         "install ok installed"
     );
     for file in [
@@ -216,11 +336,7 @@ fn amd64_package_installs_runs_and_purges_in_a_clean_root() {
     ] {
         assert!(root.join(file).is_file(), "the package installs /{file}");
     }
-    let conffiles = in_root_ok(
-        &root,
-        "dpkg-query",
-        &["-W", "-f", "${Conffiles}", "xdp-router"],
-    );
+    let conffiles = container.exec_ok(&["dpkg-query", "-W", "-f", "${Conffiles}", "xdp-router"]);
     assert!(
         conffiles.contains("/etc/xdp-router/xdp-routerd.toml "),
         "the config is a conffile: {conffiles:?}"
@@ -232,36 +348,23 @@ fn amd64_package_installs_runs_and_purges_in_a_clean_root() {
         "the installed config is the commented example"
     );
     // Installed neither enabled nor started: the config must name the interfaces first.
-    let wants = root.join("etc/systemd/system/multi-user.target.wants/xdp-routerd.service");
-    assert!(
-        fs::symlink_metadata(&wants).is_err(),
-        "the package must not enable the unit"
-    );
     assert_eq!(
-        String::from_utf8_lossy(
-            &in_root(&root, "systemctl", &["is-enabled", "xdp-routerd"]).stdout
-        )
-        .trim(),
+        container.systemctl(&["is-enabled", "xdp-routerd"]),
         "disabled"
     );
-
-    // The unit as installed: its ExecStartPre passes on the shipped config, as written.
+    assert_eq!(
+        container.systemctl(&["is-active", "xdp-routerd"]),
+        "inactive"
+    );
     let unit = fs::read_to_string(root.join("lib/systemd/system/xdp-routerd.service"))
         .expect("read the installed unit");
-    let argv = |key: &str| -> Vec<String> {
-        let values = service_values(&unit, key);
-        assert_eq!(values.len(), 1, "the unit sets {key} once: {values:?}");
-        values[0].split_whitespace().map(str::to_owned).collect()
-    };
-    let (pre, start) = (argv("ExecStartPre"), argv("ExecStart"));
     assert_eq!(
-        start[0], "/usr/sbin/xdp-routerd",
-        "ExecStart runs the packaged daemon"
+        service_values(&unit, "ExecStart"),
+        ["/usr/sbin/xdp-routerd run --config /etc/xdp-router/xdp-routerd.toml"],
+        "the unit runs the packaged daemon on the packaged config"
     );
-    let pre_args: Vec<&str> = pre[1..].iter().map(String::as_str).collect();
-    in_root_ok(&root, &pre[0], &pre_args);
 
-    // What the admin does: name the interfaces (here the testbed's), enable the unit.
+    // What the admin does: name the interfaces (here the testbed's), enable and start.
     fs::write(
         root.join("etc/xdp-router/xdp-routerd.toml"),
         format!(
@@ -271,61 +374,31 @@ fn amd64_package_installs_runs_and_purges_in_a_clean_root() {
         ),
     )
     .expect("write the config");
-    in_root_ok(&root, &pre[0], &pre_args);
-    in_root_ok(&root, "systemctl", &["enable", "xdp-routerd"]);
+    container.exec_ok(&["systemctl", "enable", "--now", "xdp-routerd"]);
+    let wants = root.join("etc/systemd/system/multi-user.target.wants/xdp-routerd.service");
     assert!(
         fs::symlink_metadata(&wants).is_ok(),
-        "systemctl enable made {}",
+        "enabled: {}",
         wants.display()
     );
-
-    // Start: the unit's ExecStart in the router namespace, chrooted into the clean root, with
-    // what systemd would provide (RuntimeDirectory=xdp-router; /proc and /sys, mounted in the
-    // private mount namespace of `ip netns exec`, so they go when the daemon does).
-    let tb = Testbed::new("pkg");
-    let rundir = root.join("run/xdp-router");
-    fs::create_dir_all(&rundir).expect("mkdir run/xdp-router");
-    fs::set_permissions(&rundir, fs::Permissions::from_mode(0o700)).expect("chmod");
-    let log = dir.path().join("xdp-routerd.log");
-    let out = fs::File::create(&log).expect("create the log");
-    let err = out.try_clone().expect("dup the log");
-    let child = tb
-        .router
-        .command("sh")
-        .args([
-            "-c",
-            r#"root=$1; shift
-               mount -t proc proc "$root/proc" && mount -t sysfs sysfs "$root/sys" &&
-               exec chroot "$root" "$@""#,
-            "sh",
-        ])
-        .arg(&root)
-        .args(&start)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .expect("start the daemon");
-    let mut daemon = Daemon { child, log };
 
     // `status` through the packaged CLI, on the default control socket.
     let deadline = Instant::now() + Duration::from_secs(60);
     let status: Status = loop {
+        let active = container.systemctl(&["is-active", "xdp-routerd"]);
         assert!(
-            daemon.child.try_wait().expect("wait").is_none(),
-            "the packaged daemon exited at start; log:\n{}",
-            daemon.log()
+            ["active", "activating"].contains(&active.as_str()),
+            "xdp-routerd.service is {active}; its journal:\n{}",
+            container.journal()
         );
-        let out = in_root(&root, "/usr/sbin/xdp-routerd", &["status", "--json"]);
+        let out = container.exec(&["xdp-routerd", "status", "--json"]);
         if out.status.success() {
             break serde_json::from_slice(&out.stdout).expect("status --json parses");
         }
         assert!(
             Instant::now() < deadline,
-            "the packaged daemon did not answer `status` within 60 s; log:\n{}",
-            daemon.log()
+            "the unit did not answer `status` within 60 s; its journal:\n{}",
+            container.journal()
         );
         sleep(Duration::from_millis(200));
     };
@@ -353,8 +426,19 @@ fn amd64_package_installs_runs_and_purges_in_a_clean_root() {
         "both interfaces attached: {:?}",
         status.interfaces
     );
-    let table = in_root_ok(&root, "/usr/sbin/xdp-routerd", &["status"]);
-    println!("{table}");
+    println!("{}", container.exec_ok(&["xdp-routerd", "status"]));
+    // The unit's DynamicUser: the daemon is not root.
+    let pid = container.systemctl(&["show", "xdp-routerd", "-p", "MainPID", "--value"]);
+    let proc_status = container.exec_ok(&["cat", &format!("/proc/{pid}/status")]);
+    let uid = proc_status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_default();
+    assert!(
+        !uid.is_empty() && uid != "0",
+        "the daemon runs as a dynamic user, uid {uid:?}"
+    );
     let scrape = tb.router.exec_ok(
         "curl",
         &[
@@ -369,36 +453,12 @@ fn amd64_package_installs_runs_and_purges_in_a_clean_root() {
         "/metrics answers with the daemon's metrics:\n{scrape}"
     );
 
-    // Stop as systemd does (SIGTERM; TimeoutStopSec=10s), then what systemd removes.
-    // SAFETY: kill(2) on the PID of a child this test started and has not reaped.
-    unsafe { libc::kill(daemon.child.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        if let Some(st) = daemon.child.try_wait().expect("wait") {
-            break st;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no exit within 10 s of SIGTERM; log:\n{}",
-            daemon.log()
-        );
-        sleep(Duration::from_millis(50));
-    };
-    assert!(
-        exit.success(),
-        "exit on SIGTERM: {exit}; log:\n{}",
-        daemon.log()
-    );
-    fs::remove_dir_all(&rundir).expect("remove run/xdp-router");
-
-    // Purge: nothing of the package is left, the edited conffile and the enable symlink
-    // included.
-    in_root_ok(&root, "apt-get", &["purge", "-y", "xdp-router"]);
-    let status = in_root(
-        &root,
-        "dpkg-query",
-        &["-W", "-f", "${Status}", "xdp-router"],
-    );
+    // Purge: its prerm stops the running unit; nothing of the package is left, the edited
+    // conffile, the enable symlink and deb-systemd-helper's records included.
+    container.exec_ok(&["apt-get", "purge", "-y", "xdp-router"]);
+    let state = container.systemctl(&["is-active", "xdp-routerd"]);
+    assert_eq!(state, "inactive", "purge stopped the unit");
+    let status = container.exec(&["dpkg-query", "-W", "-f", "${Status}", "xdp-router"]);
     let status = String::from_utf8_lossy(&status.stdout);
     assert!(
         status.is_empty() || status.ends_with("not-installed"),

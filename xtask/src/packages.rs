@@ -1,7 +1,8 @@
 //! The packages step of `cargo xtask test`: both Debian packages built by `cargo xtask dist`,
 //! each packaged a second time from the same binary and compared byte for byte (the packaging
 //! is reproducible), lintian over them, then tests/tests/package.rs: the amd64 package
-//! installed, run and purged in a clean Debian 12 root, the arm64 one inspected.
+//! installed, started as a systemd unit and purged in a clean Debian 12 root booted with
+//! systemd-nspawn, the arm64 one inspected.
 //!
 //! The clean root is a `mmdebstrap --variant=minbase` of bookworm plus what the package
 //! recommends (nftables, iproute2) and systemd (its `systemctl enable` and unit directories),
@@ -25,7 +26,7 @@ use crate::{
 
 /// The suite of the clean root.
 const SUITE: &str = "bookworm";
-/// Packages added to minbase: the package's Recommends and systemd.
+/// Packages added to minbase: the package's Recommends and systemd (the container's init).
 const ROOT_PACKAGES: &str = "systemd,iproute2,nftables";
 /// Lintian tags left: the project has no mail domain for a Maintainer address yet.
 const LINTIAN_SUPPRESSED: &str = "bogus-mail-host,bogus-mail-host-in-debian-changelog,\

@@ -57,6 +57,9 @@ const TOOLS: &[(&str, &str)] = &[
     ("mmdebstrap", "mmdebstrap"),
     ("lintian", "lintian"),
     ("file", "file"),
+    // The clean root boots with systemd in a container that shares the router's namespace.
+    ("systemd-nspawn", "systemd-container"),
+    ("nsenter", "util-linux"),
 ];
 
 /// Runs every setup step.
@@ -519,7 +522,7 @@ mod tests {
     const BASE_SYSTEM: &[&str] = &[
         "sh", "cat", "kill", "ldd", "mount", "apt-get", "rustup", "rustc", "cargo", "date",
         "uname", "sleep", "seq", "head", "tail", "grep", "sed", "awk", "sort", "wc", "tr", "cut",
-        "ls", "rm", "mkdir", "touch", "env", "timeout", "nproc", "tar", "chroot", "dpkg-deb",
+        "ls", "rm", "mkdir", "touch", "env", "timeout", "nproc", "tar", "dpkg-deb",
     ];
 
     /// Shell keywords and builtins: not programs.

@@ -163,7 +163,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         (None, _) => steps.push(not_run("packages", "the daemon did not build")),
         (Some(_), false) => steps.push(Step {
             name: "packages",
-            outcome: Outcome::Failed("not root (the clean root is a chroot)".into()),
+            outcome: Outcome::Failed("not root (the clean root boots in a container)".into()),
             secs: 0.0,
         }),
         (Some(_), true) => steps.push(timed("packages", || crate::packages::run(&skip_log))),
