@@ -147,12 +147,15 @@ impl Release {
 
 /// `0.1.0-1` when `tags` (one per line) hold `v0.1.0`, else `0.1.0~git20261127.53790dd-1` (`~`
 /// sorts before the release, so the release upgrades these snapshots).
+/// A Cargo pre-release (`0.2.0-rc.1`) becomes `0.2.0~rc.1`: `-` separates Debian's revision,
+/// and `~` sorts before the release as Cargo's pre-releases do.
 fn version(crate_version: &str, tags: &str, date: &str, hash: &str) -> String {
     let tag = format!("v{crate_version}");
+    let upstream = crate_version.replace('-', "~");
     if tags.lines().any(|t| t.trim() == tag) {
-        format!("{crate_version}-1")
+        format!("{upstream}-1")
     } else {
-        format!("{crate_version}~git{date}.{hash}-1")
+        format!("{upstream}~git{date}.{hash}-1")
     }
 }
 
@@ -200,19 +203,35 @@ pub fn package(
     release: &Release,
     out_dir: &Path,
 ) -> anyhow::Result<PathBuf> {
-    let src = workspace::root();
     // dpkg-shlibdeps and dpkg-gencontrol want a source tree: `<work>/debian/control`, the
     // package's files in `<work>/debian/xdp-router`.
     let work = out_dir.join(format!("build-{}", arch.name()));
     if work.exists() {
         fs::remove_dir_all(&work).with_context(|| format!("remove {}", work.display()))?;
     }
-    let debian = work.join("debian");
-    let root = debian.join(PACKAGE);
-    let at = |rel: &str| root.join(rel);
+    let root = work.join("debian").join(PACKAGE);
+    stage_files(arch, bin, &root)?;
+    stage_docs(arch, release, &work, &root)?;
+    write_control(arch, &work, &root)?;
+    normalise(&root, release.epoch)?;
+    let deb = out_dir.join(format!("{PACKAGE}_{}_{}.deb", release.version, arch.name()));
+    cmd::output(
+        Command::new("dpkg-deb")
+            .env("SOURCE_DATE_EPOCH", release.epoch.to_string())
+            .args(["--root-owner-group", "-Zxz", "--build"])
+            .arg(&root)
+            .arg(&deb),
+    )
+    .context("dpkg-deb --build")?;
+    Ok(deb)
+}
 
-    mkdir(&at("DEBIAN"))?;
-    let daemon = at(DAEMON_PATH);
+/// The daemon (stripped, as dh_strip does), the unit, the config and its conffile entry, the
+/// dashboard, the copyright file and the maintainer scripts, under `root`.
+fn stage_files(arch: DebArch, bin: &Path, root: &Path) -> anyhow::Result<()> {
+    let src = workspace::root();
+    mkdir(&root.join("DEBIAN"))?;
+    let daemon = root.join(DAEMON_PATH);
     mkdir(parent(&daemon)?)?;
     cmd::output(
         Command::new(arch.strip())
@@ -226,42 +245,56 @@ pub fn package(
             .arg(bin),
     )
     .with_context(|| format!("strip the daemon (`{}`)", arch.strip()))?;
-    install(&src.join("config/xdp-routerd.service"), &at(UNIT_PATH))?;
-    install(&src.join("config/xdp-routerd.toml"), &at(CONFIG_PATH))?;
-    install(
-        &src.join("config/grafana-dashboard.json"),
-        &at(DASHBOARD_PATH),
-    )?;
-    install(
-        &src.join("packaging/debian/copyright"),
-        &at(DOC_DIR).join("copyright"),
-    )?;
-    for script in ["postinst", "prerm", "postrm"] {
-        install(
-            &src.join("packaging/debian").join(script),
-            &at("DEBIAN").join(script),
-        )?;
+    for (from, to) in [
+        ("config/xdp-routerd.service", UNIT_PATH),
+        ("config/xdp-routerd.toml", CONFIG_PATH),
+        ("config/grafana-dashboard.json", DASHBOARD_PATH),
+        (
+            "packaging/debian/copyright",
+            &format!("{DOC_DIR}/copyright"),
+        ),
+        ("packaging/debian/postinst", "DEBIAN/postinst"),
+        ("packaging/debian/prerm", "DEBIAN/prerm"),
+        ("packaging/debian/postrm", "DEBIAN/postrm"),
+    ] {
+        install(&src.join(from), &root.join(to))?;
     }
-    fs::write(at("DEBIAN/conffiles"), format!("/{CONFIG_PATH}\n")).context("write conffiles")?;
+    fs::write(root.join("DEBIAN/conffiles"), format!("/{CONFIG_PATH}\n"))
+        .context("write DEBIAN/conffiles")
+}
 
-    let man = at(MAN_DIR);
+/// The man pages (written by the staged daemon itself) and the changelog, gzipped, under
+/// `root`; the changelog also as `<work>/debian/changelog` for dpkg-gencontrol.
+fn stage_docs(arch: DebArch, release: &Release, work: &Path, root: &Path) -> anyhow::Result<()> {
+    let man = root.join(MAN_DIR);
     mkdir(&man)?;
-    arch.run_daemon(&daemon, &["man-pages", &man.to_string_lossy()])
-        .context("the daemon could not write its man pages")?;
-    let changelog = changelog(&release.version, release.epoch)?;
-    fs::write(debian.join("changelog"), &changelog).context("write debian/changelog")?;
-    fs::write(at(DOC_DIR).join("changelog.Debian"), &changelog).context("write changelog")?;
+    arch.run_daemon(
+        &root.join(DAEMON_PATH),
+        &["man-pages", &man.to_string_lossy()],
+    )
+    .context("the daemon could not write its man pages")?;
     for entry in fs::read_dir(&man).context("read the man directory")? {
         gzip(&entry?.path())?;
     }
-    gzip(&at(DOC_DIR).join("changelog.Debian"))?;
+    let changelog = changelog(&release.version, release.epoch)?;
+    fs::write(work.join("debian/changelog"), &changelog).context("write debian/changelog")?;
+    let doc = root.join(DOC_DIR).join("changelog.Debian");
+    fs::write(&doc, &changelog).with_context(|| format!("write {}", doc.display()))?;
+    gzip(&doc)
+}
 
-    fs::copy(src.join("packaging/debian/control"), debian.join("control"))
-        .context("copy packaging/debian/control")?;
-    // Library dependencies, written as substvars for dpkg-gencontrol.
+/// DEBIAN/md5sums, then DEBIAN/control by dpkg-gencontrol from packaging/debian/control, with
+/// the library dependencies dpkg-shlibdeps finds and the Installed-Size of `root`.
+fn write_control(arch: DebArch, work: &Path, root: &Path) -> anyhow::Result<()> {
+    let debian = work.join("debian");
+    fs::copy(
+        workspace::root().join("packaging/debian/control"),
+        debian.join("control"),
+    )
+    .context("copy packaging/debian/control")?;
     let mut shlibdeps = Command::new("dpkg-shlibdeps");
     shlibdeps
-        .current_dir(&work)
+        .current_dir(work)
         .arg("-O")
         .arg(format!("debian/{PACKAGE}/{DAEMON_PATH}"));
     if arch == DebArch::Arm64 {
@@ -271,10 +304,10 @@ pub fn package(
     let substvars =
         cross_packages_to_native(&cmd::output(&mut shlibdeps).context("dpkg-shlibdeps")?);
     fs::write(debian.join("substvars"), substvars).context("write debian/substvars")?;
-    md5sums(&root)?;
+    md5sums(root)?;
     cmd::output(
         Command::new("dpkg-gencontrol")
-            .current_dir(&work)
+            .current_dir(work)
             .env("DEB_HOST_ARCH", arch.name())
             .args([
                 &format!("-p{PACKAGE}"),
@@ -283,19 +316,8 @@ pub fn package(
                 "-fdebian/files",
             ]),
     )
-    .context("dpkg-gencontrol")?;
-    normalise(&root, release.epoch)?;
-
-    let deb = out_dir.join(format!("{PACKAGE}_{}_{}.deb", release.version, arch.name()));
-    cmd::output(
-        Command::new("dpkg-deb")
-            .env("SOURCE_DATE_EPOCH", release.epoch.to_string())
-            .args(["--root-owner-group", "-Zxz", "--build"])
-            .arg(&root)
-            .arg(&deb),
-    )
-    .context("dpkg-deb --build")?;
-    Ok(deb)
+    .context("dpkg-gencontrol")
+    .map(drop)
 }
 
 /// `fs::create_dir_all` with the path in the error.
@@ -427,6 +449,7 @@ mod tests {
             version("0.1.0", "v0.0.9\nlatest\n", "20261127", "53790dd"),
             "0.1.0~git20261127.53790dd-1"
         );
+        assert_eq!(version("0.2.0-rc.1", "v0.2.0-rc.1", "", ""), "0.2.0~rc.1-1");
         assert_eq!(
             version("0.2.0", "", "20261127", "abc1234"),
             "0.2.0~git20261127.abc1234-1"
