@@ -18,6 +18,16 @@ fn main() -> anyhow::Result<()> {
     // cargo quiet so only its errors (and rustc's diagnostics) come through.
     // SAFETY: a build script is single-threaded here; nothing else reads the environment.
     unsafe { std::env::set_var("CARGO_TERM_QUIET", "true") };
+    // The object's debug info and BTF name its sources: with nightly cargo's trim-paths they
+    // are relative (`src/flow.rs`, `/rustc/<commit>/library/core`), not this checkout's and
+    // rustup's absolute paths, so the daemon that embeds it is the same wherever it is built
+    // (`cargo xtask dist`'s packages are reproducible). aya-build sets the nested cargo's
+    // rustflags itself, so `--remap-path-prefix` cannot be passed; this profile setting can.
+    // SAFETY: as above.
+    unsafe {
+        std::env::set_var("CARGO_UNSTABLE_TRIM_PATHS", "true");
+        std::env::set_var("CARGO_PROFILE_RELEASE_TRIM_PATHS", "all");
+    }
     aya_build::build_ebpf(
         [Package {
             name: "xdp-router-ebpf",

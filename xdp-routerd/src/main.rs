@@ -8,13 +8,15 @@ use std::{
 };
 
 use anyhow::bail;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 use xdp_routerd::{
     config::{Config, DEFAULT_CONTROL_SOCKET},
     control::{self, Request},
     daemon, metrics, signals,
     status::{AddrFilter, FlowFilter, Flows, Status, render_stats},
 };
+
+mod man_pages;
 
 #[derive(Parser)]
 #[command(
@@ -104,6 +106,12 @@ enum Command {
         /// Only the interfaces of this configuration file (default: every device).
         #[arg(long, short)]
         config: Option<PathBuf>,
+    },
+    /// Write the manual pages (section 8, one per command) into DIR (`cargo xtask dist`).
+    #[command(hide = true)]
+    ManPages {
+        /// An existing directory.
+        dir: PathBuf,
     },
 }
 
@@ -228,6 +236,12 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             print!("{text}");
             if worst == xdp_routerd::check_system::judge::Level::Fail {
                 bail!("this system cannot run the fast path: see the FAIL lines above");
+            }
+            Ok(())
+        }
+        Command::ManPages { dir } => {
+            for page in man_pages::write(Cli::command(), &dir)? {
+                println!("{}", page.display());
             }
             Ok(())
         }

@@ -5,7 +5,10 @@
 //! smoke test: `--version` and `check-config` of the example config. Nothing BPF runs there;
 //! the programs themselves are the same bytecode for both architectures.
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{Context as _, bail};
 
@@ -60,26 +63,28 @@ pub fn arm64() -> anyhow::Result<PathBuf> {
     if !cmd::is_executable(&bin) {
         bail!("the build succeeded but {} does not exist", bin.display());
     }
-    // Smoke test under qemu-user, with the cross libc as its root for the dynamic loader.
-    let run = |args: &[&str]| -> anyhow::Result<String> {
-        let out = Command::new(QEMU)
-            .args(["-L", "/usr/aarch64-linux-gnu"])
-            .arg(&bin)
-            .args(args)
-            .output()
-            .with_context(|| format!("cannot run {QEMU}"))?;
-        if !out.status.success() {
-            bail!(
-                "the arm64 binary failed under {QEMU} ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    };
-    let version = run(&["--version"])?;
+    let version = run_under_qemu(&bin, &["--version"])?;
     let example = workspace::root().join("config/xdp-routerd.toml");
-    let check = run(&["check-config", &example.to_string_lossy()])?;
+    let check = run_under_qemu(&bin, &["check-config", &example.to_string_lossy()])?;
     println!("arm64 smoke test under {QEMU}: {version}; {check}");
     Ok(bin)
+}
+
+/// Runs the arm64 binary `bin` with `args` under qemu-user, with the cross libc as its root for
+/// the dynamic loader; its stdout.
+pub fn run_under_qemu(bin: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(QEMU)
+        .args(["-L", "/usr/aarch64-linux-gnu"])
+        .arg(bin)
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run {QEMU}"))?;
+    if !out.status.success() {
+        bail!(
+            "the arm64 binary failed under {QEMU} ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }

@@ -4,8 +4,10 @@
 
 mod cmd;
 mod cross;
+mod dist;
 mod guest;
 mod lab;
+mod packages;
 mod setup;
 mod test;
 mod workspace;
@@ -34,6 +36,13 @@ enum Task {
         /// Target architecture.
         #[arg(long, value_enum, default_value_t = Arch::Native)]
         arch: Arch,
+    },
+    /// Build the Debian packages (target/dist/xdp-router_<version>_<arch>.deb) from the release
+    /// build, without root and reproducibly (see xtask/src/dist.rs).
+    Dist {
+        /// Which architectures.
+        #[arg(long, value_enum, default_value_t = dist::DistArch::Amd64)]
+        arch: dist::DistArch,
     },
     /// Run every test: unit tests, then the privileged tests as root, then the quick benchmark
     /// (when the xdp-router-bench package exists). Exits non-zero on any failure.
@@ -66,6 +75,7 @@ fn main() -> ExitCode {
         Task::Build { arch: Arch::Arm64 } => {
             cross::arm64().map(|bin| println!("xdp-routerd (arm64): {}", bin.display()))
         }
+        Task::Dist { arch } => dist::run(arch).map(drop),
         Task::Test(args) => test::run(&args),
         Task::Lab(args) => lab::run(&args),
         Task::Bench { args } => bench(&args),

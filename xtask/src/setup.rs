@@ -49,6 +49,17 @@ const TOOLS: &[(&str, &str)] = &[
     // bench/src/scale/idle.rs counts an idle daemon's system calls.
     ("strace", "strace"),
     ("ipset", "ipset"),
+    // cargo xtask dist (xtask/src/dist.rs) and the packages step of the tests
+    // (xtask/src/packages.rs, tests/tests/package.rs): Debian's packaging tools, the clean
+    // root's builder, lintian, and `file` for the arm64 daemon.
+    ("dpkg-shlibdeps", "dpkg-dev"),
+    ("dpkg-gencontrol", "dpkg-dev"),
+    ("mmdebstrap", "mmdebstrap"),
+    ("lintian", "lintian"),
+    ("file", "file"),
+    // The clean root boots with systemd in a container that shares the router's namespace.
+    ("systemd-nspawn", "systemd-container"),
+    ("nsenter", "util-linux"),
 ];
 
 /// Runs every setup step.
@@ -325,7 +336,7 @@ fn parse_llvm_major(version: &str) -> anyhow::Result<u32> {
 }
 
 /// `$XDG_CACHE_HOME/xdp-router` or `~/.cache/xdp-router`.
-fn cache_dir() -> anyhow::Result<PathBuf> {
+pub fn cache_dir() -> anyhow::Result<PathBuf> {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(d).join("xdp-router"));
     }
@@ -511,7 +522,7 @@ mod tests {
     const BASE_SYSTEM: &[&str] = &[
         "sh", "cat", "kill", "ldd", "mount", "apt-get", "rustup", "rustc", "cargo", "date",
         "uname", "sleep", "seq", "head", "tail", "grep", "sed", "awk", "sort", "wc", "tr", "cut",
-        "ls", "rm", "mkdir", "touch", "env", "timeout", "nproc",
+        "ls", "rm", "mkdir", "touch", "env", "timeout", "nproc", "tar", "dpkg-deb",
     ];
 
     /// Shell keywords and builtins: not programs.

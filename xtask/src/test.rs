@@ -1,6 +1,6 @@
 //! `cargo xtask test`: unit tests, the release daemon build, the privileged tests (as root, one
 //! thread), the same kind of tests in a Debian-kernel guest (VLAN, PPPoE, IPsec: modules this kernel
-//! lacks), the quick benchmark, a 1-minute soak and the small scale benchmark; then a summary.
+//! lacks), the Debian packages (built twice, installed, run and purged in a clean root), the quick benchmark, a 1-minute soak and the small scale benchmark; then a summary.
 //! Exits non-zero when any step failed.
 
 use std::{fmt::Write as _, fs, path::PathBuf, time::Instant};
@@ -21,9 +21,16 @@ pub struct TestArgs {
     /// Skip the tests that run in the Debian-kernel guest (VLAN, PPPoE, IPsec; see xtask/src/guest.rs).
     #[arg(long)]
     no_guest: bool,
+    /// Skip the packages step (the Debian packages built, installed in a clean root, purged;
+    /// see xtask/src/packages.rs).
+    #[arg(long)]
+    no_packages: bool,
     /// Only the release daemon build and the guest tests (`-- <filter>` narrows them).
     #[arg(long, conflicts_with = "no_guest")]
     guest_only: bool,
+    /// Only the release daemon build and the packages step.
+    #[arg(long, conflicts_with_all = ["no_packages", "guest_only"])]
+    packages_only: bool,
     /// Extra arguments for the privileged test binaries, e.g. a test-name filter.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     privileged_args: Vec<String>,
@@ -63,11 +70,19 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     let ws = workspace::Workspace::load()?;
     let ci = std::env::var_os("CI").is_some();
     let mut steps = Vec::new();
+    // The flag that leaves most steps out, if any.
+    let only = if args.guest_only {
+        Some("--guest-only")
+    } else if args.packages_only {
+        Some("--packages-only")
+    } else {
+        None
+    };
 
     // The lint gate: formatting and clippy with warnings as errors, over every host crate
     // and over the eBPF binaries as the build scripts build them (nightly, bpfel-unknown-none).
-    if args.guest_only {
-        steps.push(not_run("lint gate", "--guest-only"));
+    if let Some(only) = only {
+        steps.push(not_run("lint gate", only));
     } else {
         steps.push(timed("lint gate", || {
             cmd::run(cmd::cargo().args(["fmt", "--all", "--check"]))?;
@@ -83,15 +98,8 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         }));
     }
 
-    if args.no_unit || args.guest_only {
-        steps.push(not_run(
-            "unit tests",
-            if args.guest_only {
-                "--guest-only"
-            } else {
-                "--no-unit"
-            },
-        ));
+    if args.no_unit || only.is_some() {
+        steps.push(not_run("unit tests", only.unwrap_or("--no-unit")));
     } else {
         steps.push(timed("unit tests", || {
             let mut c = cmd::cargo();
@@ -115,7 +123,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     let skip_log = std::env::temp_dir().join(format!("xdp-router-skips-{}", std::process::id()));
     let _ = fs::remove_file(&skip_log);
     match (&daemon, cmd::is_root()) {
-        _ if args.guest_only => steps.push(not_run("privileged tests", "--guest-only")),
+        _ if only.is_some() => steps.push(not_run("privileged tests", only.unwrap_or_default())),
         (None, _) => steps.push(not_run("privileged tests", "the daemon did not build")),
         (Some(_), false) => steps.push(Step {
             name: "privileged tests",
@@ -132,6 +140,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     }
     match (&daemon, cmd::is_root()) {
         _ if args.no_guest => steps.push(not_run("guest tests", "--no-guest")),
+        _ if args.packages_only => steps.push(not_run("guest tests", "--packages-only")),
         (None, _) => steps.push(not_run("guest tests", "the daemon did not build")),
         (Some(_), false) => steps.push(Step {
             name: "guest tests",
@@ -146,6 +155,19 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             Ok(())
         })),
     }
+    // ≈ 1.5 min when only the packaging changed; a changed daemon adds its arm64 cross build
+    // (≈ 3 min); the first run adds the clean root (≈ 1 min).
+    match (&daemon, cmd::is_root()) {
+        _ if args.guest_only => steps.push(not_run("packages", "--guest-only")),
+        _ if args.no_packages => steps.push(not_run("packages", "--no-packages")),
+        (None, _) => steps.push(not_run("packages", "the daemon did not build")),
+        (Some(_), false) => steps.push(Step {
+            name: "packages",
+            outcome: Outcome::Failed("not root (the clean root boots in a container)".into()),
+            secs: 0.0,
+        }),
+        (Some(_), true) => steps.push(timed("packages", || crate::packages::run(&skip_log))),
+    }
     let skips: Vec<String> = fs::read_to_string(&skip_log)
         .map(|s| s.lines().map(str::to_owned).collect())
         .unwrap_or_default();
@@ -156,12 +178,8 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             "quick benchmark",
             "no xdp-router-bench package in the workspace",
         ));
-    } else if args.no_bench || args.guest_only {
-        let why = if args.guest_only {
-            "--guest-only"
-        } else {
-            "--no-bench"
-        };
+    } else if args.no_bench || only.is_some() {
+        let why = only.unwrap_or("--no-bench");
         steps.push(not_run("quick benchmark", why));
         steps.push(not_run("soak (1 min)", why));
         steps.push(not_run("scale benchmark (small)", why));

@@ -18,7 +18,8 @@ pub fn root() -> &'static Path {
 
 /// What `cargo metadata --no-deps` says about the workspace.
 pub struct Workspace {
-    packages: Vec<String>,
+    /// Each member's name and version.
+    packages: Vec<(String, String)>,
     target_dir: PathBuf,
 }
 
@@ -34,7 +35,7 @@ impl Workspace {
             .as_array()
             .context("cargo metadata: no `packages` array")?
             .iter()
-            .filter_map(|p| p["name"].as_str().map(str::to_owned))
+            .filter_map(|p| Some((p["name"].as_str()?.into(), p["version"].as_str()?.into())))
             .collect();
         let target_dir = v["target_directory"]
             .as_str()
@@ -48,7 +49,15 @@ impl Workspace {
 
     /// True when `name` is a workspace member.
     pub fn has_package(&self, name: &str) -> bool {
-        self.packages.iter().any(|p| p == name)
+        self.packages.iter().any(|(p, _)| p == name)
+    }
+
+    /// The version of member `name`.
+    pub fn package_version(&self, name: &str) -> Option<&str> {
+        self.packages
+            .iter()
+            .find(|(p, _)| p == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The target directory.

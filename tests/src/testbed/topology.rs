@@ -46,7 +46,8 @@ pub fn ready(test: &str) -> bool {
     true
 }
 
-fn on_path(tool: &str) -> bool {
+/// True when `tool` is an executable name found on `PATH` or in the sbin directories.
+pub fn on_path(tool: &str) -> bool {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
