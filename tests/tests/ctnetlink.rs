@@ -771,3 +771,66 @@ fn update_many_marks_every_connection_and_reports_absent_ones() {
             .expect("update")
     );
 }
+
+/// The daemon's own marks and refreshes take no room in the event socket's buffer: the kernel
+/// drops their UPDATE events before queuing them (the subscription's socket filter). With the
+/// smallest buffer the kernel allows, 200 marks from an ignored socket cause no overrun (each
+/// event queued would overrun it after a few), while one update from another socket still
+/// arrives.
+#[test]
+fn ignored_sockets_events_never_reach_the_event_buffer() {
+    if !require_root("ignored_sockets_events_never_reach_the_event_buffer") {
+        return;
+    }
+    let topo = Topology::new(&[]);
+    let rt = runtime();
+    let server: SocketAddr = (SERVER_V4, 5601).into();
+    tcp_echo_server(&topo.server, server);
+    let streams: Vec<TcpStream> = (0..200).map(|_| tcp_client(&topo.client, server)).collect();
+    let live: Vec<CtTuple> = streams
+        .iter()
+        .map(|s| orig_tuple(s.local_addr().expect("local addr"), server, IPPROTO_TCP))
+        .collect();
+    // Subscribed after the connections were made: their own events are not in the way.
+    let sub = open_in(&topo.router, &rt, || CtSubscription::with_rcvbuf(1));
+    assert!(
+        sub.rcvbuf() < 16 << 10,
+        "tiny receive buffer: {}",
+        sub.rcvbuf()
+    );
+    let mut events = Events::new(sub);
+    events.drain(&rt);
+    let mut marker = open_in(&topo.router, &rt, CtNetlink::new);
+    events.sub.ignore_events_from(marker.port_id());
+
+    let marks: Vec<CtUpdate> = live
+        .iter()
+        .map(|o| CtUpdate::new(*o, 0).tcp_liberal().timeout(300))
+        .collect();
+    let results = rt
+        .block_on(marker.update_many(&marks))
+        .expect("update_many");
+    assert!(
+        results.iter().all(|r| matches!(r, Ok(true))),
+        "every connection marked: {results:?}"
+    );
+    assert!(
+        !events.drain(&rt),
+        "200 ignored updates into a minimal buffer must not overrun it"
+    );
+
+    let mut loud = open_in(&topo.router, &rt, CtNetlink::new);
+    assert!(
+        rt.block_on(loud.refresh_timeout(&live[7], 0, 400))
+            .expect("refresh")
+    );
+    let seen = events.wait(
+        &rt,
+        "UPDATE from a socket not ignored",
+        |ev| matches!(ev, CtEvent::Update(e) if e.orig == live[7]),
+    );
+    assert!(
+        seen.entry().timeout.is_some_and(|t| t > 300),
+        "the other socket's refresh: {seen:?}"
+    );
+}
