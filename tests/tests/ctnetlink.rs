@@ -354,6 +354,18 @@ impl Events {
     }
 }
 
+/// A subscription in `ns` with the smallest receive buffer the kernel allows (a few events
+/// overrun it).
+fn tiny_subscription(ns: &Netns, rt: &Runtime) -> Events {
+    let sub = open_in(ns, rt, || CtSubscription::with_rcvbuf(1));
+    assert!(
+        sub.rcvbuf() < 16 << 10,
+        "tiny receive buffer: {}",
+        sub.rcvbuf()
+    );
+    Events::new(sub)
+}
+
 #[test]
 fn events_report_new_update_destroy() {
     if !require_root("events_report_new_update_destroy") {
@@ -441,13 +453,7 @@ fn event_overrun_is_reported_and_stream_recovers() {
     let server: SocketAddr = (SERVER_V4, 5201).into();
     udp_echo_server(&topo.server, server);
     // The smallest buffer the kernel allows: a burst of flows cannot fit.
-    let sub = open_in(&topo.router, &rt, || CtSubscription::with_rcvbuf(1));
-    assert!(
-        sub.rcvbuf() < 16 << 10,
-        "tiny receive buffer: {}",
-        sub.rcvbuf()
-    );
-    let mut events = Events::new(sub);
+    let mut events = tiny_subscription(&topo.router, &rt);
     let burst: Vec<UdpSocket> = (0..200).map(|_| udp_client(&topo.client, server)).collect();
     for sock in &burst {
         sock.send(b"x").expect("UDP send");
@@ -788,13 +794,7 @@ fn ignored_sockets_events_never_reach_the_event_buffer() {
     tcp_echo_server(&topo.server, server);
     // Subscribed before the connections are made: with `nf_conntrack_events = 2` (the
     // default) conntrack gives a connection events only if someone listened when it began.
-    let sub = open_in(&topo.router, &rt, || CtSubscription::with_rcvbuf(1));
-    assert!(
-        sub.rcvbuf() < 16 << 10,
-        "tiny receive buffer: {}",
-        sub.rcvbuf()
-    );
-    let mut events = Events::new(sub);
+    let mut events = tiny_subscription(&topo.router, &rt);
     let streams: Vec<TcpStream> = (0..200).map(|_| tcp_client(&topo.client, server)).collect();
     let live: Vec<CtTuple> = streams
         .iter()
