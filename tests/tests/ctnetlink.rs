@@ -354,6 +354,18 @@ impl Events {
     }
 }
 
+/// A subscription in `ns` with the smallest receive buffer the kernel allows (a few events
+/// overrun it).
+fn tiny_subscription(ns: &Netns, rt: &Runtime) -> Events {
+    let sub = open_in(ns, rt, || CtSubscription::with_rcvbuf(1));
+    assert!(
+        sub.rcvbuf() < 16 << 10,
+        "tiny receive buffer: {}",
+        sub.rcvbuf()
+    );
+    Events::new(sub)
+}
+
 #[test]
 fn events_report_new_update_destroy() {
     if !require_root("events_report_new_update_destroy") {
@@ -441,13 +453,7 @@ fn event_overrun_is_reported_and_stream_recovers() {
     let server: SocketAddr = (SERVER_V4, 5201).into();
     udp_echo_server(&topo.server, server);
     // The smallest buffer the kernel allows: a burst of flows cannot fit.
-    let sub = open_in(&topo.router, &rt, || CtSubscription::with_rcvbuf(1));
-    assert!(
-        sub.rcvbuf() < 16 << 10,
-        "tiny receive buffer: {}",
-        sub.rcvbuf()
-    );
-    let mut events = Events::new(sub);
+    let mut events = tiny_subscription(&topo.router, &rt);
     let burst: Vec<UdpSocket> = (0..200).map(|_| udp_client(&topo.client, server)).collect();
     for sock in &burst {
         sock.send(b"x").expect("UDP send");
@@ -769,5 +775,64 @@ fn update_many_marks_every_connection_and_reports_absent_ones() {
     assert!(
         rt.block_on(ct.set_tcp_liberal(&live[0], 0))
             .expect("update")
+    );
+}
+
+/// The daemon's own marks and refreshes take no room in the event socket's buffer: the kernel
+/// drops their UPDATE events before queuing them (the subscription's socket filter). With the
+/// smallest buffer the kernel allows, 200 marks from an ignored socket cause no overrun (each
+/// event queued would overrun it after a few), while one update from another socket still
+/// arrives.
+#[test]
+fn ignored_sockets_events_never_reach_the_event_buffer() {
+    if !require_root("ignored_sockets_events_never_reach_the_event_buffer") {
+        return;
+    }
+    let topo = Topology::new(&[]);
+    let rt = runtime();
+    let server: SocketAddr = (SERVER_V4, 5601).into();
+    tcp_echo_server(&topo.server, server);
+    // Subscribed before the connections are made: with `nf_conntrack_events = 2` (the
+    // default) conntrack gives a connection events only if someone listened when it began.
+    let mut events = tiny_subscription(&topo.router, &rt);
+    let streams: Vec<TcpStream> = (0..200).map(|_| tcp_client(&topo.client, server)).collect();
+    let live: Vec<CtTuple> = streams
+        .iter()
+        .map(|s| orig_tuple(s.local_addr().expect("local addr"), server, IPPROTO_TCP))
+        .collect();
+    // Their own events overran the tiny buffer; once drained, the stream is quiet.
+    events.drain(&rt);
+    let mut marker = open_in(&topo.router, &rt, CtNetlink::new);
+    events.sub.ignore_events_from(marker.port_id());
+
+    let marks: Vec<CtUpdate> = live
+        .iter()
+        .map(|o| CtUpdate::new(*o, 0).tcp_liberal().timeout(300))
+        .collect();
+    let results = rt
+        .block_on(marker.update_many(&marks))
+        .expect("update_many");
+    assert!(
+        results.iter().all(|r| matches!(r, Ok(true))),
+        "every connection marked: {results:?}"
+    );
+    assert!(
+        !events.drain(&rt),
+        "200 ignored updates into a minimal buffer must not overrun it"
+    );
+
+    let mut loud = open_in(&topo.router, &rt, CtNetlink::new);
+    assert!(
+        rt.block_on(loud.refresh_timeout(&live[7], 0, 400))
+            .expect("refresh")
+    );
+    let seen = events.wait(
+        &rt,
+        "UPDATE from a socket not ignored",
+        |ev| matches!(ev, CtEvent::Update(e) if e.orig == live[7]),
+    );
+    assert!(
+        seen.entry().timeout.is_some_and(|t| t > 300),
+        "the other socket's refresh: {seen:?}"
     );
 }

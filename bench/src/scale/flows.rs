@@ -14,6 +14,7 @@ use anyhow::{Context as _, Result, bail};
 use xdp_router_testbed::netns::Netns;
 
 use super::{
+    after_offload::{phase_log, window_after_offload},
     config::config,
     proc::{cpu_over, map_memlock, sample, settle},
     report::Report,
@@ -241,8 +242,12 @@ pub(super) fn flows_part(
         format!("≤ {goal_s} s"),
         offload_s.is_some_and(|d| d.as_secs_f64() <= goal_s),
     );
-    // Let the start-up work (marking every TCP connection liberal, one ctnetlink update each)
-    // finish before measuring the quiet daemon.
+    // The window right after the last offload: what the start-up leaves behind (the marks
+    // after arming) and whatever it costs (an event-socket overrun, a resync) lands in it.
+    let window = Duration::from_secs(if small { 10 } else { 30 });
+    window_after_offload(&daemon, window, 5.0, report)?;
+    phase_log(&daemon, report);
+    // Let any start-up work left finish before measuring the quiet daemon.
     let busy = Instant::now();
     let settle_limit = Duration::from_secs(if small { 60 } else { 600 });
     let settled = settle(pid, settle_limit)?;

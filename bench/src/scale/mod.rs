@@ -8,8 +8,10 @@
 //!   round in one run; the FIB cache is off so that every packet takes a full
 //!   `bpf_fib_lookup`).
 //! - Flows: 1,000,000 established conntrack entries created through ctnetlink before the
-//!   daemon starts: time until every one is offloaded, RSS, the kernel memory of the flow maps
-//!   (`memlock` of the daemon's map fds), the daemon's CPU with no traffic (keep-alive passes);
+//!   daemon starts: time until every one is offloaded, the daemon's CPU and conntrack resyncs
+//!   in the 30 s after the last offload ([`after_offload`]) with its resync phase log, RSS,
+//!   the kernel memory of the flow maps (`memlock` of the daemon's map fds), the daemon's CPU
+//!   with no traffic (keep-alive passes);
 //!   then the table is flushed and every flow must leave the maps (no leaked entries).
 //!
 //! - Churn: new connections per second through the router (short TCP connections and UDP
@@ -28,6 +30,7 @@
 //! check) and [`churn`](mod@churn); [`proc`] samples the daemon's CPU, memory and system
 //! calls; [`report`] collects the figures with their checks and targets.
 
+mod after_offload;
 mod churn;
 mod config;
 mod flows;

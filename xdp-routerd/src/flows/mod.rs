@@ -9,7 +9,8 @@
 //! `upsert` (the offload decision and parking), `map_entries` (the map entries of a
 //! connection), `stored` (what is kept per connection), `resync` (snapshots, revalidation,
 //! dumps), `keepalive` (the active connections), `skip` (why a connection is not offloaded),
-//! `accounting` (what the fast path forwarded, per connection and per LAN host).
+//! `accounting` (what the fast path forwarded, per connection and per LAN host), `armed` (the
+//! connections the kernel forwarded since their entries were written).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -297,6 +298,7 @@ impl FlowManager {
 
 pub mod accounting;
 mod addresses;
+mod armed;
 pub mod conntrack;
 pub mod dscp_rewrite;
 #[cfg(test)]

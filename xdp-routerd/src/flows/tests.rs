@@ -709,3 +709,41 @@ fn upsert_many_into_a_full_table_falls_back_to_one_by_one() {
     assert_eq!(m.stats().skipped.get(&Skip::TableFull), Some(&2));
     assert_eq!(m.stats().offloaded_total, 2);
 }
+
+#[test]
+fn kernel_forwarded_names_the_connections_with_an_armed_direction() {
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    let conns = snat_tcps(4);
+    for e in &conns {
+        assert_eq!(m.upsert(e.clone(), &mut t, &paths()), Upsert::Added);
+    }
+    assert!(
+        m.kernel_forwarded(&conns, &t).is_empty(),
+        "written, no packet forwarded by the kernel yet"
+    );
+    // The kernel forwarded the reply direction of the second and the original of the fourth.
+    for (k, v) in t.v4.iter_mut() {
+        let (sport, dport) = (u16::from_be(k.sport_be), u16::from_be(k.dport_be));
+        if (sport, dport) == (443, 61001) || (sport, dport) == (40003, 443) {
+            v.armed_at = 99;
+        }
+    }
+    let forwarded: Vec<u16> = m
+        .kernel_forwarded(&conns, &t)
+        .iter()
+        .map(|e| e.orig.sport)
+        .collect();
+    assert_eq!(forwarded, vec![40001, 40003]);
+    // A connection not offloaded (never, or no more) is not named.
+    m.forget(&conns[1].orig, &mut t);
+    let other = CtEntry {
+        orig: tuple("10.0.1.9", 1, "198.51.100.7", 443, 6),
+        ..conns[3].clone()
+    };
+    let forwarded: Vec<u16> = m
+        .kernel_forwarded([&conns[1], &conns[3], &other], &t)
+        .iter()
+        .map(|e| e.orig.sport)
+        .collect();
+    assert_eq!(forwarded, vec![40003]);
+}

@@ -6,7 +6,12 @@
 //! Marking comes *before* the flows reach the maps: the kernel's next packet arms a flow and
 //! conntrack sees nothing after that, so a FIN in between would be out of window (see
 //! [`crate::flows::FlowManager::would_add`]). Repeat marks after arming go to a second
-//! task ([`mark_liberal`]) so the event loop never waits for them.
+//! task ([`mark_liberal`]) so the event loop never waits for them, and only for the
+//! connections the kernel forwarded a packet of meanwhile ([`ToMark::AfterArming`]): a
+//! million connections offloaded at start with no traffic cost no second million marks.
+//!
+//! The marks' own UPDATE events never reach the event socket: the kernel drops them
+//! (`sync/ctnetlink/echo_filter.rs`), so marking cannot overrun it.
 //!
 //! The event socket is read by its own task ([`read_events`]), so the kernel's socket buffer
 //! keeps draining while the loop waits on route lookups, marks or a resync: a resync that took
@@ -43,8 +48,21 @@ pub fn ct_err(e: CtNetlinkError) -> anyhow::Error {
     anyhow!("conntrack: {e}")
 }
 
+/// What the marking task ([`mark_liberal`]) is sent.
+#[derive(Debug)]
+pub enum ToMark {
+    /// Connections offloaded without a mark first (not foreseen): every one is marked.
+    Unmarked(Vec<CtEntry>),
+    /// Connections marked before their flows were written, to be marked again after arming
+    /// (see [`remark_after_arming`]): only those the kernel has forwarded a packet of since
+    /// their flows were written ([`crate::flows::FlowManager::kernel_forwarded`]); the others
+    /// had no packet that could set `MAXACK_SET` again (the keep-alive marks them once they
+    /// carry traffic).
+    AfterArming(Vec<CtEntry>),
+}
+
 /// Where connections to mark "be liberal" are sent.
-pub type Marker = UnboundedSender<Vec<CtEntry>>;
+pub type Marker = UnboundedSender<ToMark>;
 
 /// Event batches queued between [`read_events`] and the event loop, at most: when the loop
 /// falls this far behind, the reader waits and the kernel's socket buffer fills instead (and
@@ -164,7 +182,7 @@ pub async fn run(
                 .cloned()
                 .collect();
             if !late.is_empty() {
-                let _ = marker.send(late);
+                let _ = marker.send(ToMark::Unmarked(late));
             }
             remark_after_arming(&marker, newly_tcp);
         }
@@ -174,29 +192,49 @@ pub async fn run(
 /// The kernel forwards the first packets of each direction again before they are armed, and
 /// those set MAXACK_SET again: a stale td_maxack would make conntrack ignore the connection's
 /// RST. So connections just offloaded (and marked) are marked liberal once more after arming
-/// (the keep-alive does it for every active connection later on).
-fn remark_after_arming(marker: &Marker, tcp: Vec<CtEntry>) {
+/// (the keep-alive does it for every active connection later on). Only those the kernel
+/// forwarded a packet of by then are marked again (see [`ToMark::AfterArming`]).
+pub fn remark_after_arming(marker: &Marker, tcp: Vec<CtEntry>) {
     if tcp.is_empty() {
         return;
     }
     let marker = marker.clone();
     tokio::spawn(async move {
         tokio::time::sleep(REMARK_LIBERAL_AFTER).await;
-        let _ = marker.send(tcp);
+        let _ = marker.send(ToMark::AfterArming(tcp));
     });
 }
 
-/// Marks the TCP connections it is sent "be liberal" again (after arming, after a resync),
-/// in order, off the event loop.
+/// Marks the TCP connections it is sent "be liberal" (again after arming, or late), in
+/// order, off the event loop.
 pub async fn mark_liberal(
     shared: Arc<Shared>,
     mut ct: CtNetlink,
-    mut to_mark: UnboundedReceiver<Vec<CtEntry>>,
+    mut to_mark: UnboundedReceiver<ToMark>,
 ) -> anyhow::Result<()> {
     while let Some(batch) = to_mark.recv().await {
-        mark(&shared, &mut ct, &batch).await;
+        let entries = match batch {
+            ToMark::Unmarked(entries) => entries,
+            ToMark::AfterArming(entries) => kernel_forwarded(&shared, &entries).await,
+        };
+        mark(&shared, &mut ct, &entries).await;
     }
     Err(anyhow!("the liberal-marking channel closed"))
+}
+
+/// The connections of `entries` still offloaded that the kernel forwarded a packet of since
+/// their flows were written: two map reads each, in chunks, so the other tasks get the lock
+/// in between.
+async fn kernel_forwarded(shared: &Shared, entries: &[CtEntry]) -> Vec<CtEntry> {
+    let mut out = Vec::new();
+    for chunk in entries.chunks(APPLY_CHUNK) {
+        {
+            let s = shared.lock();
+            out.extend(s.flows().kernel_forwarded(chunk, s.dp()));
+        }
+        tokio::task::yield_now().await;
+    }
+    out
 }
 
 /// Marks `entries` "be liberal" in conntrack (see [`CtUpdate::tcp_liberal`]), pipelined
@@ -293,9 +331,8 @@ pub async fn resync(
     if added == 0 {
         return Ok(Vec::new());
     }
-    // Only the TCP connections this resync wrote: each mark comes back to our event socket as
-    // an UPDATE (ignored, but it fills the buffer), so re-marking every offloaded connection
-    // after each resync would overrun the socket again and again.
+    // Only the TCP connections this resync wrote: the others were marked again after their
+    // own arming, and the keep-alive marks those that carry traffic.
     let s = shared.lock();
     Ok(dump
         .into_iter()

@@ -1,5 +1,6 @@
 //! [`CtSubscription`]: the conntrack NEW/UPDATE/DESTROY event stream, read in bounded batches,
-//! its own requests' echoes ignored, and the queue discarded at an overrun.
+//! its own requests' echoes ignored (in the kernel, see [`super::echo_filter`]), and the queue
+//! discarded at an overrun.
 
 use std::{io, os::fd::AsRawFd};
 
@@ -8,7 +9,7 @@ use tracing::warn;
 
 use super::{
     CtNetlinkError, DEFAULT_EVENT_RCVBUF, NFNLGRP_CONNTRACK_DESTROY, NFNLGRP_CONNTRACK_NEW,
-    NFNLGRP_CONNTRACK_UPDATE, NlSocket, RECV_BUF, open_socket, recv_error,
+    NFNLGRP_CONNTRACK_UPDATE, NlSocket, RECV_BUF, echo_filter, open_socket, recv_error,
 };
 use crate::flows::conntrack::CtEvent;
 use crate::sync::conntrack::{decode_message, event_from_message};
@@ -73,11 +74,23 @@ impl CtSubscription {
     }
 
     /// Drops events caused by requests from the netlink port `port` (see
-    /// [`CtNetlink::port_id`](super::CtNetlink::port_id)): the daemon's own timeout refreshes come back as UPDATE events
-    /// that carry nothing new. Call once per request socket to ignore.
+    /// [`CtNetlink::port_id`](super::CtNetlink::port_id)): the daemon's own timeout refreshes
+    /// and "be liberal" marks come back as UPDATE events that carry nothing new. Call once per
+    /// request socket to ignore.
+    ///
+    /// The kernel drops them before they are queued (the socket filter of [`super::echo_filter`]),
+    /// so they take no room in the receive buffer; they are dropped again when read, in case
+    /// the filter could not be attached (logged).
     pub fn ignore_events_from(&mut self, port: u32) {
-        if !self.ignored_ports.contains(&port) {
-            self.ignored_ports.push(port);
+        if self.ignored_ports.contains(&port) {
+            return;
+        }
+        self.ignored_ports.push(port);
+        let attached = echo_filter::program(&self.ignored_ports)
+            .ok_or_else(|| io::Error::other("too many ports to ignore"))
+            .and_then(|prog| echo_filter::attach(self.sock.socket().as_raw_fd(), &prog));
+        if let Err(e) = attached {
+            warn!(error = %e, port, "cannot filter the daemon's own conntrack events in the kernel: they take room in the event socket's buffer");
         }
     }
 

@@ -16,7 +16,8 @@
 //! Constructors need a tokio runtime with IO enabled (the sockets register with its reactor).
 //!
 //! Here: the error type, the multicast groups and the socket helpers both share; `events`
-//! (the subscription), `requests` (the request socket), `update` (request encoding). The
+//! (the subscription), `echo_filter` (the subscription's kernel-side filter of the daemon's
+//! own requests' events), `requests` (the request socket), `update` (request encoding). The
 //! conntrack sysctls are read in [`super::sysctl`].
 
 use std::{io, path::PathBuf};
@@ -139,6 +140,7 @@ pub(super) fn recv_error(op: &'static str, e: io::Error) -> CtNetlinkError {
     }
 }
 
+mod echo_filter;
 mod events;
 mod requests;
 mod update;
