@@ -536,3 +536,107 @@ fn nfqueue_misses_the_flow_with_per_packet_rules_ignore() {
         r.sent
     );
 }
+
+/// What [`length_run`] saw after the length rule went in.
+#[derive(Debug)]
+struct LengthRun {
+    /// Datagrams of 1,200 bytes (over the rule's 1,000) echoed back, of [`BIG`].
+    big_echoed: u64,
+    /// Datagrams of [`PAYLOAD`] bytes echoed back, of [`BIG`].
+    small_echoed: u64,
+}
+
+/// Datagrams of each size sent after the rule.
+const BIG: u64 = 100;
+
+/// Sends `n` datagrams of `len` bytes one by one, each waiting up to 50 ms for its echo;
+/// returns how many came back.
+fn echoed(sock: &UdpSocket, server: SocketAddr, seq: &mut u64, n: u64, len: usize) -> u64 {
+    let mut buf = [0u8; 2048];
+    let mut back = 0;
+    for _ in 0..n {
+        sock.send_to(&udp_payload(*seq, len), server).expect("send");
+        *seq += 1;
+        if sock.recv_from(&mut buf).is_ok_and(|(got, _)| got == len) {
+            back += 1;
+        }
+    }
+    back
+}
+
+/// Offloads a UDP flow, inserts `-m length --length 1000:65535 -j DROP` for its port at the
+/// top of FORWARD, lets a few small datagrams re-arm the flow, then sends [`BIG`] datagrams
+/// over the limit and [`BIG`] under it. `None` when the test cannot run here.
+fn length_run(test: &str, tag: &str, port: u16, mode: &str) -> Option<LengthRun> {
+    let mut tb = Testbed::new(tag);
+    tb.start_daemon_with(&format!("per_packet_rules = \"{mode}\"\n"));
+    let server = wan_v4(port);
+    let _echo = UdpEcho::start(&tb.wan, server);
+    let sock = udp_socket(&tb.lan, any_v4(), 64);
+    sock.set_read_timeout(Some(Duration::from_millis(50)))
+        .expect("timeout");
+    let mut seq = 0u64;
+    offload_udp(&tb, &sock, server, &mut seq);
+    fast_pathed_before_the_rule(&tb, &sock, server, &mut seq);
+    if !rule_or_skip(
+        &tb,
+        test,
+        &format!(
+            "iptables -w -I FORWARD 1 -p udp --dport {port} -m length --length 1000:65535 -j DROP"
+        ),
+    ) {
+        return None;
+    }
+    rule_seen(&tb, "content_match", mode == "hold");
+    // Small datagrams pass the rule: the kernel re-arms the flow with one of them.
+    echoed(&sock, server, &mut seq, 10, PAYLOAD);
+    let before = tb.snapshot();
+    let r = LengthRun {
+        big_echoed: echoed(&sock, server, &mut seq, BIG, 1200),
+        small_echoed: echoed(&sock, server, &mut seq, BIG, PAYLOAD),
+    };
+    let after = tb.snapshot();
+    eprintln!(
+        "length DROP over 1000 bytes, per_packet_rules = {mode}: {r:?}; {} forwarded by XDP, {} \
+         held for the rule",
+        after.packets_since(&before, LAN_IF, "forwarded_original"),
+        after.packets_since(&before, LAN_IF, "per_packet_rule_in_ruleset"),
+    );
+    Some(r)
+}
+
+/// `-m length --length 1000:65535 -j DROP` before the ESTABLISHED accept gives each packet of
+/// a flow its own verdict: the kernel drops every big datagram and passes every small one,
+/// as without the fast path.
+#[test]
+fn a_length_drop_rule_drops_the_big_packets_of_an_offloaded_flow() {
+    let test = "a_length_drop_rule_drops_the_big_packets_of_an_offloaded_flow";
+    if !ready(test) {
+        return;
+    }
+    let Some(r) = length_run(test, "ppl1", 6301, "hold") else {
+        return;
+    };
+    assert_eq!(
+        r.big_echoed, 0,
+        "datagrams over the length limit got through"
+    );
+    assert_eq!(r.small_echoed, BIG, "datagrams under the limit were lost");
+}
+
+/// The negative control: with `per_packet_rules = "ignore"` the kernel re-arms the flow with a
+/// small datagram and the fast path then carries the big ones past the rule.
+#[test]
+fn a_length_drop_rule_is_bypassed_with_per_packet_rules_ignore() {
+    let test = "a_length_drop_rule_is_bypassed_with_per_packet_rules_ignore";
+    if !ready(test) {
+        return;
+    }
+    let Some(r) = length_run(test, "ppl2", 6302, "ignore") else {
+        return;
+    };
+    assert!(
+        r.big_echoed >= BIG * 9 / 10,
+        "with flowtable semantics the fast path should carry the big datagrams: {r:?}"
+    );
+}

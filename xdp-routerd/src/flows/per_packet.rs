@@ -6,7 +6,8 @@
 //! packets it sees, `connbytes` reads conntrack's counters (which miss what XDP forwards),
 //! `statistic` / `numgen` pick every n-th packet, `recent` and sets updated from the packet
 //! path remember when an address was last seen, `NFQUEUE` / `queue` hand every packet to a
-//! program (an IDS), `LOG` / `NFLOG` / `log` record it, `TEE` / `dup` copy it. In a chain that
+//! program (an IDS), `LOG` / `NFLOG` / `log` record it, `TEE` / `dup` copy it, and a match on
+//! a packet's length, TCP flags, DSCP, TTL or payload gives each packet its own verdict. In a chain that
 //! established forwarded packets traverse (the `prerouting`, `forward` and `postrouting` hooks
 //! of the raw, mangle, filter and security tables; nat chains see only a connection's first
 //! packet), such a rule would see a fast-pathed flow's first packet and nothing after it. The
@@ -50,11 +51,17 @@ pub enum PerPacketKind {
     SetUpdate,
     /// `-j TEE`, nft `dup`: a copy of every packet.
     Dup,
+    /// A match on what can differ between two packets of one flow: a length (`-m length`,
+    /// `meta length`), TCP flags other than a SYN/FIN/RST test, the DSCP, TTL or another
+    /// header field, options, payload bytes (`-m string`, `-m u32`): its verdict can change
+    /// from one packet to the next, which arming (one kernel verdict per direction) cannot
+    /// follow.
+    ContentMatch,
 }
 
 impl PerPacketKind {
     /// Every kind (the metrics export one series each).
-    pub const ALL: [PerPacketKind; 12] = [
+    pub const ALL: [PerPacketKind; 13] = [
         PerPacketKind::Limit,
         PerPacketKind::Hashlimit,
         PerPacketKind::Quota,
@@ -67,6 +74,7 @@ impl PerPacketKind {
         PerPacketKind::Meter,
         PerPacketKind::SetUpdate,
         PerPacketKind::Dup,
+        PerPacketKind::ContentMatch,
     ];
 
     /// Stable name for status, logs and the metrics' `kind` label.
@@ -84,6 +92,7 @@ impl PerPacketKind {
             PerPacketKind::Meter => "meter",
             PerPacketKind::SetUpdate => "set_update",
             PerPacketKind::Dup => "dup",
+            PerPacketKind::ContentMatch => "content_match",
         }
     }
 

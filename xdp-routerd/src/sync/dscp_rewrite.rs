@@ -12,7 +12,10 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use super::per_packet::{NftTables, legacy_entry_chains, save_words};
+use super::ruleset_listing::{
+    NftTable, NftTables, flow_constant_meta, flow_constant_payload, legacy_tcp_test, legacy_walk,
+    syn_fin_rst_only,
+};
 use crate::flows::{
     dscp_rewrite::{DscpBlocker, DscpRewrites, RulePlace},
     per_packet::RuleOrigin,
@@ -77,97 +80,12 @@ pub(super) fn from_nft(tables: &NftTables, out: &mut DscpRewrites) {
     }
 }
 
-fn every_base_chain(t: &super::per_packet::NftTable) -> BTreeSet<String> {
+fn every_base_chain(t: &NftTable) -> BTreeSet<String> {
     t.entry_chains
         .iter()
         .chain(&t.other_base_chains)
         .cloned()
         .collect()
-}
-
-/// `payload` fields that are the same for every packet of a flow (or that a packet the fast
-/// path forwards cannot have: ICMP).
-fn flow_constant_payload(protocol: &str, field: &str) -> bool {
-    match protocol {
-        "ip" => matches!(field, "saddr" | "daddr" | "protocol" | "version"),
-        "ip6" => matches!(field, "saddr" | "daddr" | "nexthdr" | "version"),
-        "tcp" | "udp" | "udplite" | "sctp" | "dccp" | "th" => matches!(field, "sport" | "dport"),
-        // A rule on ICMP headers never matches a TCP or UDP packet.
-        "icmp" | "icmpv6" | "igmp" => true,
-        _ => false,
-    }
-}
-
-/// `meta` keys that are the same for every packet of a flow (`time`, `day`, `hour` change with
-/// the clock, which the verdict age covers).
-fn flow_constant_meta(key: &str) -> bool {
-    matches!(
-        key,
-        "iif"
-            | "oif"
-            | "iifname"
-            | "oifname"
-            | "iiftype"
-            | "oiftype"
-            | "iifkind"
-            | "oifkind"
-            | "iifgroup"
-            | "oifgroup"
-            | "l4proto"
-            | "nfproto"
-            | "protocol"
-            | "mark"
-            | "time"
-            | "day"
-            | "hour"
-            | "ibrname"
-            | "obrname"
-    )
-}
-
-/// Whether a `match` is a TCP flags test that only SYN, FIN or RST segments pass (`tcp flags
-/// syn`, `tcp flags & (syn|rst) == syn`): the fast path forwards none of those, and the arming
-/// program never learns from a SYN.
-fn syn_fin_rst_only(m: &Value) -> bool {
-    let left = m.get("left");
-    let flags = |v: Option<&Value>| {
-        v.and_then(|v| v.get("payload"))
-            .is_some_and(|p| p.get("field").and_then(Value::as_str) == Some("flags"))
-    };
-    let is_flags = flags(left)
-        || left
-            .and_then(|l| l.get("&"))
-            .and_then(Value::as_array)
-            .is_some_and(|a| flags(a.first()));
-    let op_ok = matches!(m.get("op").and_then(Value::as_str), Some("==" | "in"));
-    if !is_flags || !op_ok {
-        return false;
-    }
-    // Every alternative on the right names SYN, FIN or RST.
-    let alternatives: Vec<&Value> = match m.get("right") {
-        Some(Value::Object(o)) if o.contains_key("set") => o["set"]
-            .as_array()
-            .map(|a| a.iter().collect())
-            .unwrap_or_default(),
-        Some(v) => vec![v],
-        None => return false,
-    };
-    !alternatives.is_empty()
-        && alternatives.iter().all(|alt| {
-            let mut words = Vec::new();
-            strings(alt, &mut words);
-            words.iter().any(|w| matches!(*w, "syn" | "fin" | "rst"))
-        })
-}
-
-/// Every string anywhere in `v`.
-fn strings<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
-    match v {
-        Value::String(s) => out.push(s),
-        Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
-        Value::Object(o) => o.values().for_each(|x| strings(x, out)),
-        _ => {}
-    }
 }
 
 /// Walks one nftables rule (its `expr`) for DSCP setters and per-packet expressions.
@@ -272,56 +190,17 @@ fn xt_match(name: &str, facts: &mut RuleFacts) {
     }
 }
 
-/// DSCP rewrites in an `iptables-save` / `ip6tables-save` listing (pure), in the chains of
-/// `legacy_entry_chains` and the user chains they jump to.
+/// DSCP rewrites in an `iptables-save` / `ip6tables-save` listing (pure), in the chains
+/// established forwarded packets traverse (see [`super::per_packet::legacy_walk`]).
 pub(super) fn from_legacy_save(listing: &str, origin: RuleOrigin, out: &mut DscpRewrites) {
-    use std::collections::BTreeMap;
-    // table → chain → (facts, jump target) per rule, in order.
-    type Chains = BTreeMap<String, Vec<(RuleFacts, Option<String>)>>;
-    let mut tables: BTreeMap<String, Chains> = BTreeMap::new();
-    let mut table = String::new();
-    for line in listing.lines() {
-        if let Some(t) = line.strip_prefix('*') {
-            table = t.trim().to_string();
-            continue;
-        }
-        let Some(rest) = line.strip_prefix("-A ") else {
-            continue;
+    for rule in legacy_walk(listing, legacy_rule) {
+        let place = RulePlace {
+            origin,
+            table: rule.table,
+            chain: rule.chain,
+            position: rule.position,
         };
-        let words = save_words(rest);
-        let Some(chain) = words.first() else { continue };
-        let (facts, target) = legacy_rule(&words[1..]);
-        tables
-            .entry(table.clone())
-            .or_default()
-            .entry(chain.clone())
-            .or_default()
-            .push((facts, target));
-    }
-    for (table, mut chains) in tables {
-        let mut seen: BTreeSet<String> = BTreeSet::new();
-        let mut todo: Vec<String> = legacy_entry_chains(&table)
-            .iter()
-            .map(|c| c.to_string())
-            .collect();
-        while let Some(chain) = todo.pop() {
-            if !seen.insert(chain.clone()) {
-                continue;
-            }
-            let rules = chains.remove(&chain).unwrap_or_default();
-            for (i, (facts, target)) in rules.into_iter().enumerate() {
-                if let Some(t) = target {
-                    todo.push(t);
-                }
-                let place = RulePlace {
-                    origin,
-                    table: table.clone(),
-                    chain: chain.clone(),
-                    position: i as u32 + 1,
-                };
-                record(out, place, facts);
-            }
-        }
+        record(out, place, rule.found);
     }
 }
 
@@ -329,11 +208,9 @@ pub(super) fn from_legacy_save(listing: &str, origin: RuleOrigin, out: &mut Dscp
 fn legacy_rule(words: &[String]) -> (RuleFacts, Option<String>) {
     let mut facts = RuleFacts::default();
     let mut target = None;
-    let mut i = 0;
-    while i < words.len() {
-        let w = words[i].as_str();
-        let next = words.get(i + 1).map(String::as_str).unwrap_or("");
-        match w {
+    for pair in words.windows(2) {
+        let next = pair[1].as_str();
+        match pair[0].as_str() {
             // `-m tcp` / `-m udp` come with port matches; their flag options are below.
             "-m" | "--match" if matches!(next, "tcp" | "udp") => {}
             "-m" | "--match" => xt_match(next, &mut facts),
@@ -341,21 +218,11 @@ fn legacy_rule(words: &[String]) -> (RuleFacts, Option<String>) {
                 xt_target(next, &mut facts);
                 target = Some(next.to_string());
             }
-            // `--syn` and `--tcp-flags MASK COMP` with SYN, FIN or RST in COMP pass only
-            // segments the fast path never forwards; negated, they pass the others.
-            "--syn" if i > 0 && words[i - 1] == "!" => facts.block("matches TCP flags"),
-            "--tcp-flags" => {
-                let comp = words.get(i + 2).map(String::as_str).unwrap_or("");
-                let negated = i > 0 && words[i - 1] == "!";
-                let syn_fin_rst = comp.split(',').any(|f| matches!(f, "SYN" | "FIN" | "RST"));
-                if negated || !syn_fin_rst {
-                    facts.block("matches TCP flags");
-                }
-            }
-            "--tcp-option" | "-f" | "--fragment" => facts.block(format!("matches {w}")),
             _ => {}
         }
-        i += 1;
+    }
+    if let Some(test) = legacy_tcp_test(words) {
+        facts.block(format!("matches {test}"));
     }
     (facts, target)
 }

@@ -21,6 +21,7 @@ pub mod pppoe;
 pub mod qdisc;
 pub mod routes;
 pub mod rtnl;
+mod ruleset_listing;
 pub mod sysctl;
 pub mod vlan;
 pub mod xdp_xmit;

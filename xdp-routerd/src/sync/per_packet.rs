@@ -12,79 +12,19 @@
 //! as the kernel runs them, and the user chains they jump to. An `INPUT` rule that logs or
 //! rate-limits traffic to the router itself holds nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use serde_json::Value;
 
+use super::ruleset_listing::{
+    NftTables, legacy_tcp_test, legacy_walk, nft_content_match, nft_tables, xt_content_match,
+};
 use crate::flows::per_packet::{PerPacketKind, PerPacketRule, PerPacketRules, RuleOrigin};
-
-/// The nftables hooks whose chains see every packet of an established forwarded connection.
-const FORWARD_PATH_HOOKS: [&str; 4] = ["prerouting", "forward", "postrouting", "ingress"];
 
 /// The per-packet rules in the output of `nft -j list ruleset` (pure; tested on output of nft
 /// 1.0.6 on Linux 6.18). `Err` says why the text is not an nftables JSON listing.
 pub fn parse_nft_json(text: &str) -> Result<Vec<PerPacketRule>, String> {
     Ok(per_packet_rules(&nft_tables(text)?))
-}
-
-/// The tables of an nftables JSON listing, by (family, table).
-pub(super) type NftTables = BTreeMap<(String, String), NftTable>;
-
-/// The tables of the output of `nft -j list ruleset`; `Err` says why the text is not an
-/// nftables JSON listing.
-pub(super) fn nft_tables(text: &str) -> Result<NftTables, String> {
-    let doc: Value =
-        serde_json::from_str(text).map_err(|e| format!("nft -j list ruleset: not JSON: {e}"))?;
-    let items = doc
-        .get("nftables")
-        .and_then(Value::as_array)
-        .ok_or("nft -j list ruleset: no \"nftables\" array")?;
-    // (family, table) → chains in order, with their rules; verdict maps' jump targets.
-    let mut tables: BTreeMap<(String, String), NftTable> = BTreeMap::new();
-    let key = |o: &Value| {
-        let s = |k: &str| o.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-        (s("family"), s("table"))
-    };
-    for item in items {
-        if let Some(c) = item.get("chain") {
-            let name = c.get("name").and_then(Value::as_str).unwrap_or("");
-            let hook = c.get("hook").and_then(Value::as_str);
-            let nat = c.get("type").and_then(Value::as_str) == Some("nat");
-            let t = tables.entry(key(c)).or_default();
-            if hook.is_some_and(|h| FORWARD_PATH_HOOKS.contains(&h)) && !nat {
-                t.entry_chains.insert(name.to_string());
-            } else if hook.is_some() && !nat {
-                t.other_base_chains.insert(name.to_string());
-            }
-            t.chains.entry(name.to_string()).or_default();
-        } else if let Some(r) = item.get("rule") {
-            let chain = r.get("chain").and_then(Value::as_str).unwrap_or("");
-            let expr = r.get("expr").cloned().unwrap_or(Value::Null);
-            tables
-                .entry(key(r))
-                .or_default()
-                .chains
-                .entry(chain.to_string())
-                .or_default()
-                .push(expr);
-        } else if let Some(m) = item.get("map")
-            && m.get("map").and_then(Value::as_str) == Some("verdict")
-        {
-            let name = m.get("name").and_then(Value::as_str).unwrap_or("");
-            // `nft -t` (terse) lists no elements: where such a map sends packets is unknown.
-            let targets = m.get("elem").map(|elem| {
-                let mut targets = BTreeSet::new();
-                jump_targets(elem, &mut targets);
-                targets
-            });
-            tables
-                .entry(key(m))
-                .or_default()
-                .verdict_maps
-                .insert(name.to_string(), targets);
-        }
-    }
-    Ok(tables)
 }
 
 /// The per-packet rules of `tables`, in (table, chain) order.
@@ -106,6 +46,9 @@ fn per_packet_rules(tables: &NftTables) -> Vec<PerPacketRule> {
             for (i, expr) in rules.iter().enumerate() {
                 let mut kinds = BTreeSet::new();
                 nft_kinds(expr, &mut kinds);
+                if nft_content_match(expr).is_some() {
+                    kinds.insert(PerPacketKind::ContentMatch);
+                }
                 if !kinds.is_empty() {
                     out.push(PerPacketRule {
                         origin,
@@ -119,81 +62,6 @@ fn per_packet_rules(tables: &NftTables) -> Vec<PerPacketRule> {
         }
     }
     out
-}
-
-/// One nftables table as far as reachability goes.
-#[derive(Default)]
-pub(super) struct NftTable {
-    /// Base chains at a forward-path hook (not nat).
-    pub(super) entry_chains: BTreeSet<String>,
-    /// Base chains at other hooks (not nat): `input`, `output`, a netdev `egress`, …
-    pub(super) other_base_chains: BTreeSet<String>,
-    /// Every chain's rules (their `expr` arrays), in order.
-    pub(super) chains: BTreeMap<String, Vec<Value>>,
-    /// Named verdict maps → the chains their elements jump or go to; `None` when the listing
-    /// has no elements (terse): any chain of the table.
-    verdict_maps: BTreeMap<String, Option<BTreeSet<String>>>,
-}
-
-impl NftTable {
-    /// The chains `from` and every chain reachable from them, in name order.
-    pub(super) fn reachable(&self, from: &BTreeSet<String>) -> BTreeSet<String> {
-        let mut seen: BTreeSet<String> = BTreeSet::new();
-        let mut todo: Vec<String> = from.iter().cloned().collect();
-        while let Some(chain) = todo.pop() {
-            if !seen.insert(chain.clone()) {
-                continue;
-            }
-            let mut next = BTreeSet::new();
-            for expr in self.chains.get(&chain).into_iter().flatten() {
-                jump_targets(expr, &mut next);
-                // `vmap @name`: the chains the map's elements name.
-                let mut refs = BTreeSet::new();
-                set_refs(expr, &mut refs);
-                for r in refs {
-                    match self.verdict_maps.get(&r) {
-                        Some(Some(targets)) => next.extend(targets.iter().cloned()),
-                        Some(None) => next.extend(self.chains.keys().cloned()),
-                        None => {}
-                    }
-                }
-            }
-            todo.extend(next.into_iter().filter(|c| !seen.contains(c)));
-        }
-        seen
-    }
-}
-
-/// Every `jump`/`goto` target anywhere in `v`.
-fn jump_targets(v: &Value, out: &mut BTreeSet<String>) {
-    match v {
-        Value::Object(o) => {
-            for (k, inner) in o {
-                if (k == "jump" || k == "goto")
-                    && let Some(t) = inner.get("target").and_then(Value::as_str)
-                {
-                    out.insert(t.to_string());
-                }
-                jump_targets(inner, out);
-            }
-        }
-        Value::Array(a) => a.iter().for_each(|x| jump_targets(x, out)),
-        _ => {}
-    }
-}
-
-/// Every named set or map referenced (`"@name"`) anywhere in `v`.
-fn set_refs(v: &Value, out: &mut BTreeSet<String>) {
-    match v {
-        Value::String(s) => {
-            if let Some(name) = s.strip_prefix('@') {
-                out.insert(name.to_string());
-            }
-        }
-        Value::Object(o) => o.values().for_each(|x| set_refs(x, out)),
-        Value::Array(a) => a.iter().for_each(|x| set_refs(x, out)),
-        _ => {}
-    }
 }
 
 /// The per-packet statements and expressions anywhere in a rule's `expr` (libnftables-json(5)
@@ -220,10 +88,14 @@ fn nft_kinds(v: &Value, out: &mut BTreeSet<PerPacketKind>) {
                         Some("bytes" | "packets" | "avgpkt") => Some(PerPacketKind::Connbytes),
                         _ => None,
                     },
-                    "xt" => inner
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .and_then(PerPacketKind::of_xtables),
+                    "xt" => inner.get("name").and_then(Value::as_str).and_then(|name| {
+                        let is_match = inner.get("type").and_then(Value::as_str) == Some("match");
+                        if is_match && xt_content_match(name) {
+                            Some(PerPacketKind::ContentMatch)
+                        } else {
+                            PerPacketKind::of_xtables(name)
+                        }
+                    }),
                     _ => None,
                 };
                 match kind {
@@ -244,67 +116,20 @@ fn nft_kinds(v: &Value, out: &mut BTreeSet<PerPacketKind>) {
     }
 }
 
-/// The chains of `table` that established forwarded packets traverse, as the kernel's
-/// iptables hooks run them (legacy tables: `nat` sees first packets only).
-pub(super) fn legacy_entry_chains(table: &str) -> &'static [&'static str] {
-    match table {
-        "raw" => &["PREROUTING"],
-        "mangle" => &["PREROUTING", "FORWARD", "POSTROUTING"],
-        "filter" | "security" => &["FORWARD"],
-        _ => &[],
-    }
-}
-
-/// Splits an `iptables-save` rule line into words, as the shell would (`"in "` is one word).
-pub(super) fn save_words(line: &str) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut cur = String::new();
-    let (mut quoted, mut escaped, mut any) = (false, false, false);
-    for c in line.chars() {
-        if escaped {
-            cur.push(c);
-            escaped = false;
-        } else if c == '\\' {
-            escaped = true;
-        } else if c == '"' {
-            quoted = !quoted;
-            any = true;
-        } else if c.is_whitespace() && !quoted {
-            if any || !cur.is_empty() {
-                words.push(std::mem::take(&mut cur));
-            }
-            any = false;
-        } else {
-            cur.push(c);
-        }
-    }
-    if any || !cur.is_empty() {
-        words.push(cur);
-    }
-    words
-}
-
 /// The per-packet rules in an `iptables-save` / `ip6tables-save` listing (pure; tested on
 /// iptables-legacy-save v1.8.9 output).
 pub fn parse_legacy_save(listing: &str, origin: RuleOrigin) -> Vec<PerPacketRule> {
-    // table → chain → rules (kinds, jump target) in order.
-    type Chains = BTreeMap<String, Vec<(BTreeSet<PerPacketKind>, Option<String>)>>;
-    let mut tables: BTreeMap<String, Chains> = BTreeMap::new();
-    let mut table = String::new();
-    for line in listing.lines() {
-        if let Some(t) = line.strip_prefix('*') {
-            table = t.trim().to_string();
-            continue;
-        }
-        let Some(rest) = line.strip_prefix("-A ") else {
-            continue;
-        };
-        let words = save_words(rest);
-        let Some(chain) = words.first() else { continue };
+    let walked = legacy_walk(listing, |words| {
         let mut kinds = BTreeSet::new();
         let mut target = None;
+        if legacy_tcp_test(words).is_some() {
+            kinds.insert(PerPacketKind::ContentMatch);
+        }
         for pair in words.windows(2) {
             match pair[0].as_str() {
+                "-m" | "--match" if xt_content_match(&pair[1]) => {
+                    kinds.insert(PerPacketKind::ContentMatch);
+                }
                 "-m" | "--match" => kinds.extend(PerPacketKind::of_xtables(&pair[1])),
                 "-j" | "--jump" | "-g" | "--goto" => {
                     kinds.extend(PerPacketKind::of_xtables(&pair[1]));
@@ -313,38 +138,19 @@ pub fn parse_legacy_save(listing: &str, origin: RuleOrigin) -> Vec<PerPacketRule
                 _ => {}
             }
         }
-        tables
-            .entry(table.clone())
-            .or_default()
-            .entry(chain.clone())
-            .or_default()
-            .push((kinds, target));
-    }
-    let mut out = Vec::new();
-    for (table, chains) in &tables {
-        let mut seen: BTreeSet<&str> = BTreeSet::new();
-        let mut todo: Vec<&str> = legacy_entry_chains(table).to_vec();
-        while let Some(chain) = todo.pop() {
-            if !seen.insert(chain) {
-                continue;
-            }
-            for (i, (kinds, target)) in chains.get(chain).into_iter().flatten().enumerate() {
-                if !kinds.is_empty() {
-                    out.push(PerPacketRule {
-                        origin,
-                        table: table.clone(),
-                        chain: chain.to_string(),
-                        position: i as u32 + 1,
-                        kinds: kinds.iter().copied().collect(),
-                    });
-                }
-                // A user chain (built-in targets such as ACCEPT or LOG have no rules here).
-                if let Some((name, _)) = target.as_deref().and_then(|t| chains.get_key_value(t)) {
-                    todo.push(name);
-                }
-            }
-        }
-    }
+        (kinds, target)
+    });
+    let mut out: Vec<PerPacketRule> = walked
+        .into_iter()
+        .filter(|r| !r.found.is_empty())
+        .map(|r| PerPacketRule {
+            origin,
+            table: r.table,
+            chain: r.chain,
+            position: r.position,
+            kinds: r.found.into_iter().collect(),
+        })
+        .collect();
     out.sort_by(|a, b| (&a.table, &a.chain, a.position).cmp(&(&b.table, &b.chain, b.position)));
     out
 }
@@ -451,6 +257,58 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    /// nft 1.0.6 listings also used by `sync::dscp_rewrite`'s tests: MSS clamping on SYNs,
+    /// `ct state`, addresses, ports and DSCP sets (no content match); then `meta length 0-128`
+    /// in a forward chain.
+    const NFT_DSCP_CONSTANT: &str = include_str!("testdata/nft_dscp_constant.json");
+    const NFT_DSCP_PER_PACKET: &str = include_str!("testdata/nft_dscp_per_packet.json");
+    /// iptables-legacy-save v1.8.9, two listings split at `====` (see `sync::dscp_rewrite`).
+    const LEGACY_DSCP: &str = include_str!("testdata/legacy_dscp_save.txt");
+
+    #[test]
+    fn matches_on_what_differs_between_packets_hold_but_syn_tests_do_not() {
+        assert_eq!(parse_nft_json(NFT_DSCP_CONSTANT).unwrap(), vec![]);
+        assert_eq!(
+            summary(&parse_nft_json(NFT_DSCP_PER_PACKET).unwrap()),
+            vec![("inet mangle forward_qos".into(), 3, vec![ContentMatch])]
+        );
+        let (first, second) = LEGACY_DSCP.split_once("====").unwrap();
+        // `--tcp-flags SYN,RST SYN` (MSS clamping) and INPUT's length match hold nothing.
+        assert_eq!(parse_legacy_save(first, RuleOrigin::LegacyIpv4), vec![]);
+        assert_eq!(
+            summary(&parse_legacy_save(second, RuleOrigin::LegacyIpv4)),
+            vec![
+                // `! --tcp-flags FIN,SYN,RST,ACK SYN`: every segment but a SYN.
+                (
+                    "iptables-legacy filter FORWARD".into(),
+                    1,
+                    vec![ContentMatch]
+                ),
+                // `-m length` in the chain POSTROUTING jumps to.
+                ("iptables-legacy mangle qos".into(), 2, vec![ContentMatch]),
+            ]
+        );
+        // A MAC filter, a vmap on the packet length, an xt `string` match.
+        let rules = r#"{"nftables": [
+            {"chain": {"family": "inet", "table": "t", "name": "f", "type": "filter",
+                       "hook": "forward", "prio": 0}},
+            {"rule": {"family": "inet", "table": "t", "chain": "f", "expr": [
+                {"match": {"op": "==", "left": {"payload": {"protocol": "ether",
+                           "field": "saddr"}}, "right": "02:00:00:00:00:01"}},
+                {"drop": null}]}},
+            {"rule": {"family": "inet", "table": "t", "chain": "f", "expr": [
+                {"vmap": {"key": {"meta": {"key": "length"}}, "data": {"set": []}}}]}},
+            {"rule": {"family": "inet", "table": "t", "chain": "f", "expr": [
+                {"xt": {"type": "match", "name": "string"}}, {"drop": null}]}}]}"#;
+        assert_eq!(
+            summary(&parse_nft_json(rules).unwrap()),
+            vec![
+                ("inet t f".into(), 2, vec![ContentMatch]),
+                ("inet t f".into(), 3, vec![ContentMatch]),
+            ]
+        );
     }
 
     #[test]
@@ -617,7 +475,9 @@ mod tests {
     #[test]
     fn quoted_words_are_one_word() {
         assert_eq!(
-            save_words(r#"FORWARD -j LOG --log-prefix "a -m limit \"b\" " -m quota"#),
+            crate::sync::ruleset_listing::save_words(
+                r#"FORWARD -j LOG --log-prefix "a -m limit \"b\" " -m quota"#
+            ),
             vec![
                 "FORWARD",
                 "-j",

@@ -1,5 +1,5 @@
 use super::*;
-use crate::sync::per_packet::nft_tables;
+use crate::sync::ruleset_listing::nft_tables;
 
 /// nft 1.0.6, Linux 6.18: an inet forward chain with MSS clamping on SYNs, an established
 /// counter, `oifname "eth0" ip saddr 10.0.0.0/8 udp dport { 53, 5060 } ip dscp set cs3`, a
