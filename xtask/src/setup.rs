@@ -34,7 +34,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("tcpdump", "tcpdump"),
     ("ethtool", "ethtool"),
     ("bpftool", "bpftool"),
-    // tests/tests/ops.rs: a real Prometheus scrapes the daemon; the systemd unit is verified
+    // tests/tests/ops/: a real Prometheus scrapes the daemon; the systemd unit is verified
     // with systemd-analyze and its ExecStart is run under setpriv with the unit's capabilities.
     ("prometheus", "prometheus"),
     ("curl", "curl"),

@@ -1,5 +1,5 @@
 //! Golden bytes: real ctnetlink messages captured from Linux 6.18 in a client ⇄ router
-//! (iptables MASQUERADE) ⇄ server netns topology like `tests/tests/ctnetlink.rs`, read raw
+//! (iptables MASQUERADE) ⇄ server netns topology like `tests/tests/ctnetlink/`, read raw
 //! from a dump and from an event socket in the router namespace (hex of whole netlink
 //! messages, header included).
 

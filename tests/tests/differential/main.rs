@@ -12,6 +12,9 @@
 //!
 //! Run: `cargo xtask test -- differential` (as root).
 
+mod mac_change;
+mod oracle;
+
 use std::{
     collections::BTreeMap,
     io::{Read, Write},
@@ -704,132 +707,4 @@ fn half(tb: &Testbed, macs: &Macs, on: bool) -> BTreeMap<usize, (String, Outcome
     });
     assert!(gone, "flows still offloaded after conntrack -F");
     results
-}
-
-#[test]
-fn fast_path_forwards_exactly_what_the_kernel_forwards() {
-    if !ready("differential::fast_path_forwards_exactly_what_the_kernel_forwards") {
-        return;
-    }
-    let mut tb = Testbed::new("df");
-    tb.start_daemon();
-    let macs = Macs {
-        lan_host: mac_of(&tb.lan, HOST_IF),
-        router_lan: mac_of(&tb.router, LAN_IF),
-        wan_host: mac_of(&tb.wan, HOST_IF),
-        router_wan: mac_of(&tb.router, WAN_IF),
-    };
-    let off = half(&tb, &macs, false);
-    let on = half(&tb, &macs, true);
-
-    let summary = |o: &Outcome| {
-        if o.frames.is_empty() {
-            "-".to_owned()
-        } else {
-            o.frames
-                .iter()
-                .map(|f| format!("{}B", f.len()))
-                .collect::<Vec<_>>()
-                .join("+")
-        }
-    };
-    println!(
-        "{:<52} {:>9} {:>9}  {:<6} reasons (fast path on)",
-        "case", "off", "on", "same"
-    );
-    let mut differ = Vec::new();
-    for (n, (name, o_off, _)) in &off {
-        let (_, o_on, reasons) = &on[n];
-        let same = o_off == o_on;
-        println!(
-            "{name:<52} {:>9} {:>9}  {:<6} {reasons}",
-            summary(o_off),
-            summary(o_on),
-            if same { "yes" } else { "NO" }
-        );
-        if !same {
-            for (i, (a, b)) in o_off.frames.iter().zip(&o_on.frames).enumerate() {
-                if a != b {
-                    let at = a
-                        .iter()
-                        .zip(b)
-                        .position(|(x, y)| x != y)
-                        .unwrap_or(a.len().min(b.len()));
-                    println!(
-                        "    frame {i}: first difference at byte {at} (off {} B, on {} B)",
-                        a.len(),
-                        b.len()
-                    );
-                }
-            }
-            differ.push(name.clone());
-        }
-    }
-    assert!(
-        differ.is_empty(),
-        "{} of {} cases arrived differently with the fast path on: {differ:?}",
-        differ.len(),
-        off.len()
-    );
-}
-
-/// The daemon follows `ip link set dev X address ...`: frames to the interface's new MAC are
-/// forwarded by the fast path, frames to its old one are not (the kernel drops them as
-/// another host's).
-#[test]
-fn mac_address_change_is_followed() {
-    if !ready("differential::mac_address_change_is_followed") {
-        return;
-    }
-    let mut tb = Testbed::new("dm");
-    tb.start_daemon();
-    let mut macs = Macs {
-        lan_host: mac_of(&tb.lan, HOST_IF),
-        router_lan: mac_of(&tb.router, LAN_IF),
-        wan_host: mac_of(&tb.wan, HOST_IF),
-        router_wan: mac_of(&tb.router, WAN_IF),
-    };
-    let _live = establish(&tb);
-    let old = macs.router_lan;
-    let new = [0x02, 0, 0, 0, 0x0e, 0x01];
-    tb.router.sh(&format!(
-        "ip link set dev {LAN_IF} address 02:00:00:00:0e:01"
-    ));
-    let (tx, rx) = (
-        Capture::open(&tb.lan, HOST_IF),
-        Capture::open(&tb.wan, HOST_IF),
-    );
-    let conn = conns()[1];
-    let mut n = 0u16;
-    let mut send = |dst: [u8; 6]| {
-        macs.router_lan = dst;
-        n += 1;
-        let marker = [b"MACC".as_slice(), &n.to_be_bytes()].concat();
-        let f = marked(&spec(&conn, &macs, true, Transport::Udp, 64), &marker);
-        let a = tb.daemon().status();
-        tx.send(&f);
-        let got = arrivals(&rx, &marker, Duration::from_millis(200));
-        let b = tb.daemon().status();
-        (got.len(), moved(&a, &b, LAN_IF))
-    };
-    let mut last = (0, String::new());
-    let followed = wait_until(Duration::from_secs(5), || {
-        last = send(new);
-        last == (1, "forwarded_original+1".to_owned())
-    });
-    println!("to the new MAC: {} arrived, {}", last.0, last.1);
-    assert!(
-        followed,
-        "frames to the new MAC were not fast-pathed: {last:?}"
-    );
-    let to_old = send(old);
-    println!("to the old MAC: {} arrived, {}", to_old.0, to_old.1);
-    // The host's own background frames (IPv6 multicast after the link change) may be counted
-    // under the same reason in the window; nothing may be forwarded and the frame must not arrive.
-    assert!(
-        to_old.0 == 0
-            && to_old.1.starts_with("dst_mac_not_ours+")
-            && !to_old.1.contains("forwarded"),
-        "a frame to the old MAC was not passed to the kernel: {to_old:?}"
-    );
 }

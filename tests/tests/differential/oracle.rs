@@ -1,0 +1,70 @@
+//! The corpus through the router with the fast path off and on: the same frames arrive.
+
+use super::*;
+
+#[test]
+fn fast_path_forwards_exactly_what_the_kernel_forwards() {
+    if !ready("differential::fast_path_forwards_exactly_what_the_kernel_forwards") {
+        return;
+    }
+    let mut tb = Testbed::new("df");
+    tb.start_daemon();
+    let macs = Macs {
+        lan_host: mac_of(&tb.lan, HOST_IF),
+        router_lan: mac_of(&tb.router, LAN_IF),
+        wan_host: mac_of(&tb.wan, HOST_IF),
+        router_wan: mac_of(&tb.router, WAN_IF),
+    };
+    let off = half(&tb, &macs, false);
+    let on = half(&tb, &macs, true);
+
+    let summary = |o: &Outcome| {
+        if o.frames.is_empty() {
+            "-".to_owned()
+        } else {
+            o.frames
+                .iter()
+                .map(|f| format!("{}B", f.len()))
+                .collect::<Vec<_>>()
+                .join("+")
+        }
+    };
+    println!(
+        "{:<52} {:>9} {:>9}  {:<6} reasons (fast path on)",
+        "case", "off", "on", "same"
+    );
+    let mut differ = Vec::new();
+    for (n, (name, o_off, _)) in &off {
+        let (_, o_on, reasons) = &on[n];
+        let same = o_off == o_on;
+        println!(
+            "{name:<52} {:>9} {:>9}  {:<6} {reasons}",
+            summary(o_off),
+            summary(o_on),
+            if same { "yes" } else { "NO" }
+        );
+        if !same {
+            for (i, (a, b)) in o_off.frames.iter().zip(&o_on.frames).enumerate() {
+                if a != b {
+                    let at = a
+                        .iter()
+                        .zip(b)
+                        .position(|(x, y)| x != y)
+                        .unwrap_or(a.len().min(b.len()));
+                    println!(
+                        "    frame {i}: first difference at byte {at} (off {} B, on {} B)",
+                        a.len(),
+                        b.len()
+                    );
+                }
+            }
+            differ.push(name.clone());
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "{} of {} cases arrived differently with the fast path on: {differ:?}",
+        differ.len(),
+        off.len()
+    );
+}
