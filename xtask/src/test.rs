@@ -166,7 +166,9 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             outcome: Outcome::Failed("not root (the clean root boots in a container)".into()),
             secs: 0.0,
         }),
-        (Some(_), true) => steps.push(timed("packages", || crate::packages::run(&skip_log))),
+        (Some(_), true) => steps.push(timed("packages", || {
+            crate::packages::run(&skip_log, args.packages_only)
+        })),
     }
     let skips: Vec<String> = fs::read_to_string(&skip_log)
         .map(|s| s.lines().map(str::to_owned).collect())
