@@ -37,7 +37,7 @@ use aya_ebpf::{
 use xdp_router_common::{
     ArmKeyV4, ArmKeyV6, FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN, FLOW_F_STALE, FLOW_TTL_KNOWN,
     FlowCounters, SETTINGS_F_FIB_MARK,
-    parse::{ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP},
+    parse::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP, IPPROTO_UDP},
     stamped_dscp, verdict_tick,
 };
 
@@ -45,9 +45,6 @@ use crate::{
     maps::{ARM_V4, ARM_V6, FLOWS_V4, FLOWS_V6, SETTINGS},
     order::{halves, store_ordered, word},
 };
-
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86dd;
 
 /// What the kernel forwarded: the packet's mark, ingress interface and arrival DSCP.
 struct Forwarded {
@@ -86,23 +83,22 @@ pub fn try_arm(ctx: &TcContext, link: LinkHeader) -> Option<()> {
             (*skb).gso_segs,
         )
     };
-    let mut fwd = Forwarded {
-        mark,
-        ingress_ifindex,
-        generation: settings.ruleset_generation,
-        mark_ok: settings.flags & SETTINGS_F_FIB_MARK != 0,
-        arrival_dscp: stamped_dscp(tc_index),
-        ip_bytes: 0,
-        segments: u64::from(gso_segs.max(1)),
-    };
     let (ethertype, l3) = match link {
         LinkHeader::Ethernet => (u16::from_be(ctx.load::<u16>(12).ok()?), ETH_HLEN),
         // SAFETY: the context's skb pointer is valid for the program run.
         LinkHeader::None => (u16::from_be(unsafe { (*ctx.skb.skb).protocol } as u16), 0),
     };
-    // The skb's length from the IP header on (a GSO packet's whole payload; a VLAN tag is
-    // metadata here), as conntrack counts bytes.
-    fwd.ip_bytes = u64::from(len).saturating_sub(l3 as u64);
+    let fwd = Forwarded {
+        mark,
+        ingress_ifindex,
+        generation: settings.ruleset_generation,
+        mark_ok: settings.flags & SETTINGS_F_FIB_MARK != 0,
+        arrival_dscp: stamped_dscp(tc_index),
+        // The skb's length from the IP header on (a GSO packet's whole payload; a VLAN tag is
+        // metadata here), as conntrack counts bytes.
+        ip_bytes: u64::from(len).saturating_sub(l3 as u64),
+        segments: u64::from(gso_segs.max(1)),
+    };
     match ethertype {
         ETH_P_IP => arm_v4(ctx, l3, &fwd),
         ETH_P_IPV6 => arm_v6(ctx, l3, &fwd),

@@ -10,10 +10,10 @@
 //! sessions) are not stamped, and their flows' rewrites stay with the kernel.
 
 use aya_ebpf::programs::TcContext;
-use xdp_router_common::{dscp_stamp, parse::ETH_HLEN};
-
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86dd;
+use xdp_router_common::{
+    dscp_stamp,
+    parse::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6},
+};
 
 /// Stamps the skb in `ctx` with its arrival DSCP, if it is an IP packet.
 #[inline(always)]
