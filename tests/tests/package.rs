@@ -6,7 +6,8 @@
 //! `systemctl enable --now xdp-routerd` starts the installed unit under systemd, sandbox,
 //! dynamic user and capabilities included; `status` and `/metrics` are checked; `apt-get purge`
 //! stops it and must leave the root as it was. The arm64 one is inspected: the same files, an
-//! aarch64 daemon, arm64 dependencies (installing it in an arm64 guest is a later step).
+//! aarch64 daemon, arm64 dependencies (the arm64 guest step installs it, runs the core tests
+//! against it and purges it: xtask/src/guest/arm64.rs).
 //!
 //! Run by the packages step of `cargo xtask test` (xtask/src/packages.rs), which builds the
 //! packages and the root and names them in `XDP_ROUTER_DEB`, `XDP_ROUTER_DEB_ARM64` and

@@ -48,8 +48,17 @@ pub fn run(c: &mut Command) -> anyhow::Result<()> {
 /// reported as `test NAME ... FAILED`; an error when it fails without naming a test (a build
 /// error, a crashed test binary).
 pub fn run_collecting_failures(c: &mut Command) -> anyhow::Result<Vec<String>> {
+    run_collecting_failures_into(c, &mut std::io::stdout())
+}
+
+/// [`run_collecting_failures`] with the command's output written to `sink` instead of stdout
+/// (a guest that runs beside another one).
+pub fn run_collecting_failures_into(
+    c: &mut Command,
+    sink: &mut dyn std::io::Write,
+) -> anyhow::Result<Vec<String>> {
     use std::io::BufRead as _;
-    eprintln!("+ {}", display(c));
+    let _ = writeln!(sink, "+ {}", display(c));
     let mut child = c
         .stdout(Stdio::piped())
         .spawn()
@@ -67,7 +76,7 @@ pub fn run_collecting_failures(c: &mut Command) -> anyhow::Result<Vec<String>> {
                     return Err(e).context("reading test output");
                 }
             };
-            println!("{line}");
+            let _ = writeln!(sink, "{line}");
             // A guest's console may pad lines and end them with CR.
             if let Some(name) = line
                 .trim()

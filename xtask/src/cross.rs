@@ -15,9 +15,10 @@ use anyhow::{Context as _, bail};
 use crate::{cmd, setup, workspace};
 
 /// Rust's name of the target.
-const TARGET: &str = "aarch64-unknown-linux-gnu";
-/// Debian's cross linker for it.
-const LINKER: &str = "aarch64-linux-gnu-gcc";
+pub const TARGET: &str = "aarch64-unknown-linux-gnu";
+/// Debian's cross linker for it, and the variable that names it to cargo.
+pub const LINKER: &str = "aarch64-linux-gnu-gcc";
+pub const LINKER_ENV: &str = "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER";
 /// qemu-user for arm64 binaries.
 const QEMU: &str = "qemu-aarch64-static";
 
@@ -53,7 +54,7 @@ pub fn arm64() -> anyhow::Result<PathBuf> {
         "--target",
         TARGET,
     ])
-    .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", LINKER);
+    .env(LINKER_ENV, LINKER);
     cmd::run(&mut c).context("the arm64 build failed (missing toolchain? `cargo xtask setup`)")?;
     let bin = ws
         .target_dir()

@@ -112,13 +112,27 @@ fn packages() -> anyhow::Result<()> {
     apt_install(&missing)
 }
 
-/// What the guest step of the tests needs (xtask/src/guest.rs): qemu and a static busybox for
-/// virtme-ng, virtme-ng itself (PyPI: Debian 12 does not package it), and Debian's kernel with
-/// the modules this one lacks.
+/// What the guest steps of the tests need (xtask/src/guest/): qemu and a static busybox for
+/// virtme-ng, virtme-ng itself (PyPI: Debian 12 does not package it), Debian's amd64 kernel
+/// with the modules this one lacks, and the arm64 guest's emulator and cross tools.
 fn guest() -> anyhow::Result<()> {
     let mut missing = Vec::new();
     if cmd::which("qemu-system-x86_64").is_none() {
         missing.push("qemu-system-x86");
+    }
+    // The arm64 guest (xtask/src/guest/arm64.rs): its emulator, and what makes its root with
+    // mmdebstrap through qemu-user (arch-test, binfmt-support) and cross-builds for it.
+    for (tool, package) in [
+        ("qemu-system-aarch64", "qemu-system-arm"),
+        ("qemu-aarch64-static", "qemu-user-static"),
+        ("update-binfmts", "binfmt-support"),
+        ("arch-test", "arch-test"),
+        ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
+        ("aarch64-linux-gnu-gcc", "libc6-dev-arm64-cross"),
+    ] {
+        if cmd::which(tool).is_none() {
+            missing.push(package);
+        }
     }
     let busybox = Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", "busybox-static"])
@@ -126,9 +140,9 @@ fn guest() -> anyhow::Result<()> {
     if !busybox.is_ok_and(|o| o.stdout.ends_with(b" installed")) {
         missing.push("busybox-static");
     }
-    match crate::guest::kernel() {
+    match crate::guest::amd64::kernel() {
         Some(k) => println!("  guest kernel {}", k.display()),
-        None => missing.push(crate::guest::KERNEL_PACKAGE),
+        None => missing.push(crate::guest::amd64::KERNEL_PACKAGE),
     }
     let pip = || {
         Command::new("python3")
@@ -140,7 +154,7 @@ fn guest() -> anyhow::Result<()> {
         missing.push("python3-pip");
     }
     if missing.is_empty() {
-        println!("  qemu, busybox-static present");
+        println!("  qemu (x86-64, aarch64), busybox-static, cross tools present");
     } else {
         apt_install(&missing)?;
     }

@@ -1,9 +1,11 @@
 //! Loading the `xdp_router` object and its maps, writing a case's [`Setup`] into them and
 //! reading the counters and FIB cache back.
 
+use std::os::fd::{AsFd as _, AsRawFd as _};
+
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, DevMapHash, HashMap, MapData, PerCpuArray},
+    maps::{Array, DevMapHash, HashMap, IterableMap as _, MapData, PerCpuArray},
     programs::Xdp,
 };
 use xdp_router_common::{
@@ -40,6 +42,22 @@ pub struct Maps {
     pub stats: PerCpuArray<MapData, Counter>,
     /// `SETTINGS`.
     pub settings: Array<MapData, Settings>,
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` (enum bpf_cmd).
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// The `batch` member of `union bpf_attr` (the BPF_MAP_*_BATCH commands).
+#[repr(C)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
 }
 
 /// Takes map `name` out of the loaded object as the typed handle `T`.
@@ -218,16 +236,52 @@ impl Maps {
 
     /// Every STATS entry, summed over CPUs.
     pub fn stats(&self) -> Vec<Counter> {
-        self.stats
-            .iter()
+        // One BPF_MAP_LOOKUP_BATCH for the whole array instead of a lookup per entry: the
+        // table reads it twice per case, and thousands of syscalls per case made the table
+        // take minutes in an emulated guest.
+        let ncpus = aya::util::nr_cpus().expect("number of possible CPUs");
+        let len = self.stats.len() as usize;
+        let mut keys = vec![0u32; len];
+        let mut values = vec![Counter::default(); len * ncpus];
+        let mut next = 0u32;
+        let mut attr = BatchAttr {
+            in_batch: 0,
+            out_batch: &raw mut next as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: len as u32,
+            map_fd: self.stats.map().fd().as_fd().as_raw_fd() as u32,
+            elem_flags: 0,
+            flags: 0,
+        };
+        // SAFETY: `attr` is the kernel's batch attribute layout; the buffers it points to hold
+        // `count` keys and `count` per-CPU values (a `Counter` is 16 bytes, already 8-aligned).
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &raw mut attr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        // ENOENT: the end of the array was reached, with `count` entries filled.
+        let err = std::io::Error::last_os_error();
+        assert!(
+            rc == 0 || err.raw_os_error() == Some(libc::ENOENT),
+            "BPF_MAP_LOOKUP_BATCH on STATS: {err}"
+        );
+        assert_eq!(
+            attr.count as usize, len,
+            "STATS batch read {} of {len}",
+            attr.count
+        );
+        values
+            .chunks(ncpus)
             .map(|per_cpu| {
-                per_cpu
-                    .expect("read stats")
-                    .iter()
-                    .fold(Counter::default(), |a, c| Counter {
-                        packets: a.packets + c.packets,
-                        bytes: a.bytes + c.bytes,
-                    })
+                per_cpu.iter().fold(Counter::default(), |a, c| Counter {
+                    packets: a.packets + c.packets,
+                    bytes: a.bytes + c.bytes,
+                })
             })
             .collect()
     }

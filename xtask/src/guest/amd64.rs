@@ -1,0 +1,149 @@
+//! The amd64 guest: privileged tests that need kernel modules this machine's kernel lacks
+//! (802.1Q VLAN, PPPoE, ESP, bridge VLAN filtering) run in a qemu guest that boots Debian's
+//! amd64 kernel with virtme-ng, sharing this root filesystem (binaries, tools, the workspace).
+//! One boot runs them all.
+//!
+//! Such tests are `#[ignore]`d on the host (with a reason naming this step) and run here with
+//! `--ignored`.
+
+use std::{
+    ffi::OsString,
+    fs,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context as _, bail};
+
+use super::{Run, Script, Shared};
+use crate::cmd;
+
+/// Test targets of `xdp-router-tests` whose ignored tests run in the guest.
+pub const TEST_TARGETS: &[&str] = &["vlan", "pppoe", "ipsec", "bridge"];
+
+/// Modules the guest tests use (the guest kernel loads nothing on demand for a netns).
+const MODULES: &[&str] = &[
+    "veth",
+    "bridge",
+    "8021q",
+    "pppoe",
+    "ppp_mppe",
+    "nf_conntrack",
+    "nf_tables",
+    "nft_masq",
+    "nft_ct",
+    "nft_chain_nat",
+    "iptable_nat",
+    "iptable_filter",
+    "ip6table_filter",
+    "xt_conntrack",
+    "xt_MASQUERADE",
+    "nft_compat",
+    "iptable_mangle",
+    "xt_tcpudp",
+    "xt_TCPMSS",
+    "nf_conntrack_netlink",
+    "sch_ingress",
+    "esp4",
+    "xfrm_user",
+    "xt_policy",
+    "gcm",
+    "ghash-generic",
+    "seqiv",
+];
+
+/// The Debian package that provides the guest kernel (`cargo xtask setup` installs it): 6.12
+/// has what the daemon needs (TCX for arming, BPF_FIB_LOOKUP_MARK) and, as modules, 8021q and
+/// pppoe.
+pub const KERNEL_PACKAGE: &str = "linux-image-6.12-amd64";
+
+/// The newest kernel in /boot that is not the running one and has the 8021q module: the guest
+/// kernel.
+pub fn kernel() -> Option<PathBuf> {
+    let running = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut found: Vec<(Vec<u32>, PathBuf)> = fs::read_dir("/boot")
+        .ok()?
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let version = name.strip_prefix("vmlinuz-")?.to_owned();
+            let modules = Path::new("/lib/modules").join(&version);
+            (version != running.trim() && modules.join("kernel/net/8021q").is_dir())
+                .then(|| (version_key(&version), Path::new("/boot").join(&name)))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, p)| p)
+}
+
+/// `6.12.117+deb12-amd64` → [6, 12, 117, 12] for ordering.
+fn version_key(v: &str) -> Vec<u32> {
+    v.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Builds the guest test binaries, boots the guest once and runs their ignored tests (with
+/// `extra` arguments, e.g. a name filter). Returns the names of failed tests; an error when the
+/// guest cannot run or its run did not finish.
+pub fn run(daemon: &Path, skip_log: &Path, extra: &[String]) -> anyhow::Result<Vec<String>> {
+    if cmd::which("qemu-system-x86_64").is_none() {
+        bail!("qemu-system-x86_64 not found: run `cargo xtask setup`");
+    }
+    let kernel = kernel().with_context(|| {
+        format!("no guest kernel with 8021q in /boot: run `cargo xtask setup` ({KERNEL_PACKAGE})")
+    })?;
+    let binaries = super::build_test_binaries(TEST_TARGETS, &[], &[])?;
+    let root = crate::workspace::root();
+    // The guest sees this machine's files read-only and has a /tmp of its own: its result and
+    // skips go to a directory shared writable.
+    let shared = Shared::new("amd64")?;
+    let mut args = vec!["--ignored", "--test-threads=1", "--show-output"];
+    args.extend(extra.iter().map(String::as_str));
+    let script = Script {
+        modules: MODULES,
+        path: std::env::var("PATH").unwrap_or_default(),
+        env: vec![
+            ("XDP_ROUTERD_BIN", daemon.to_string_lossy().into_owned()),
+            (
+                "XDP_ROUTER_SKIP_LOG",
+                shared.skips().to_string_lossy().into_owned(),
+            ),
+        ],
+        cwd: root.join("tests"),
+        setup: Vec::new(),
+        runs: binaries
+            .into_iter()
+            .map(|binary| Run {
+                binary,
+                args: args.iter().map(|&a| a.to_owned()).collect(),
+            })
+            .collect(),
+        teardown: Vec::new(),
+    };
+    println!(
+        "guest: booting {} (qemu, no KVM: ~30 s) to run {}",
+        kernel.display(),
+        TEST_TARGETS.join(", ")
+    );
+    let vng_args: Vec<OsString> = vec![
+        "-r".into(),
+        kernel.into_os_string(),
+        "--disable-kvm".into(),
+        "--cpus".into(),
+        "2".into(),
+        "--memory".into(),
+        "4G".into(),
+    ];
+    let dir = shared.dir.clone();
+    shared.boot(&vng_args, &dir, &script, skip_log, &mut std::io::stdout())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions_order_numerically() {
+        assert!(version_key("6.12.117+deb12-amd64") > version_key("6.1.0-47-amd64"));
+        assert!(version_key("6.12.117+deb12-amd64") > version_key("6.12.9+deb12-amd64"));
+    }
+}

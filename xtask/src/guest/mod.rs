@@ -1,0 +1,273 @@
+//! The guest steps of `cargo xtask test`: privileged tests in a qemu guest that boots a Debian
+//! kernel with virtme-ng. Emulated (no KVM here): a guest's timings mean nothing, its results do.
+//! - [`amd64`]: Debian's amd64 kernel with the modules this machine's kernel lacks (802.1Q
+//!   VLAN, PPPoE, ESP, bridge VLAN filtering), sharing this root filesystem.
+//! - [`arm64`]: Debian's arm64 kernel on an emulated Cortex-A57, with an arm64 root of its own:
+//!   the fixtures and the core end-to-end tests against the arm64 package.
+//!
+//! Both write a shell script into a directory the guest shares writable, boot once, and read
+//! back the script's overall status and the skips the tests logged.
+
+pub mod amd64;
+pub mod arm64;
+
+use std::{
+    ffi::OsString,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::cmd;
+
+/// Longest a guest may run before it is stopped (its tests then count as not finished).
+const TIMEOUT_SECS: &str = "1800";
+
+/// One test binary the guest runs, with its arguments.
+pub struct Run {
+    pub binary: PathBuf,
+    pub args: Vec<String>,
+}
+
+/// What the guest's script does: load modules, set the environment, run `setup` (any failure
+/// ends the run as failed), each test binary one at a time (each one's exit status and the
+/// time so far printed), then `teardown`; it writes the overall status to the result file.
+pub struct Script {
+    pub modules: &'static [&'static str],
+    pub path: String,
+    pub env: Vec<(&'static str, String)>,
+    pub cwd: PathBuf,
+    pub setup: Vec<String>,
+    pub runs: Vec<Run>,
+    pub teardown: Vec<String>,
+}
+
+/// Single-quotes `s` for the shell.
+pub fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+impl Script {
+    /// The script's text; `result` is where it writes its status. Its stderr joins its stdout:
+    /// the guest's two console streams reach the host as two qemu ports writing into one pipe,
+    /// where they could interleave inside a line.
+    fn text(&self, result: &Path) -> String {
+        let result = quote(&result.to_string_lossy());
+        let mut s = format!(
+            "set -u\n\
+             exec 2>&1\n\
+             echo \"guest: $(uname -r) $(uname -m)\"\n\
+             modprobe -a {modules} || {{ echo 'guest: modprobe failed'; echo 1 > {result}; exit 1; }}\n\
+             export PATH={path}\n",
+            modules = self.modules.join(" "),
+            path = quote(&self.path),
+        );
+        for (k, v) in &self.env {
+            s.push_str(&format!("export {k}={}\n", quote(v)));
+        }
+        if std::env::var_os("CI").is_some() {
+            s.push_str("export CI=1\n");
+        }
+        s.push_str(&format!(
+            "cd {}\nrc=0\n",
+            quote(&self.cwd.to_string_lossy())
+        ));
+        for line in &self.setup {
+            s.push_str(&format!(
+                "{line} || {{ echo {}; echo 1 > {result}; exit 1; }}\n",
+                quote(&format!("guest: failed: {line}"))
+            ));
+        }
+        for r in &self.runs {
+            let args: Vec<String> = r.args.iter().map(|a| quote(a)).collect();
+            s.push_str(&format!(
+                "{} {}\n\
+                 s=$?; printf 'guest: %s exited %s after %s s\\n' {} $s $SECONDS; [ $s -eq 0 ] || rc=1\n",
+                quote(&r.binary.to_string_lossy()),
+                args.join(" "),
+                quote(&r.binary.file_name().unwrap_or_default().to_string_lossy()),
+            ));
+        }
+        for line in &self.teardown {
+            s.push_str(&format!(
+                "{line} || {{ echo {}; rc=1; }}\n",
+                quote(&format!("guest: failed: {line}"))
+            ));
+        }
+        s.push_str(&format!("echo $rc > {result}\n"));
+        s
+    }
+}
+
+/// A directory under target/ that the guest shares writable: the script, its result, the skips
+/// the tests log. Removed when the run is read.
+pub struct Shared {
+    pub dir: PathBuf,
+}
+
+impl Shared {
+    /// `target/guest-<name>-<pid>`, created.
+    pub fn new(name: &str) -> anyhow::Result<Shared> {
+        let dir = crate::workspace::root()
+            .join("target")
+            .join(format!("guest-{name}-{}", std::process::id()));
+        fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        Ok(Shared { dir })
+    }
+
+    /// Where the tests in the guest log their skips (appended to the host's skip log).
+    pub fn skips(&self) -> PathBuf {
+        self.dir.join("skips")
+    }
+
+    fn result(&self) -> PathBuf {
+        self.dir.join("result")
+    }
+
+    /// Boots the guest: `vng` with `args` (kernel, architecture, root…) plus the shared
+    /// directory (seen at `guest_dir` in the guest), running `script`; its console goes to
+    /// `sink`. The names of the tests that failed; an error when the guest could not run or
+    /// its run did not finish.
+    pub fn boot(
+        self,
+        args: &[OsString],
+        guest_dir: &Path,
+        script: &Script,
+        skip_log: &Path,
+        sink: &mut dyn std::io::Write,
+    ) -> anyhow::Result<Vec<String>> {
+        let vng =
+            cmd::which("vng").context("virtme-ng (`vng`) not found: run `cargo xtask setup`")?;
+        let guest_result = guest_dir.join("result");
+        let script_file = self.dir.join("run.sh");
+        fs::write(&script_file, script.text(&guest_result))
+            .with_context(|| format!("write {}", script_file.display()))?;
+        // The guest's console goes to stderr, which qemu reopens (truncating a log file that
+        // stderr is redirected to): `sh` sends it into the stdout pipe read below instead.
+        let mut c = Command::new("sh");
+        c.args(["-c", "exec \"$@\" 2>&1", "sh", "timeout", TIMEOUT_SECS])
+            .arg(vng)
+            .args(args)
+            .arg("--rwdir")
+            .arg(if guest_dir == self.dir {
+                self.dir.clone().into_os_string()
+            } else {
+                let mut a = guest_dir.as_os_str().to_owned();
+                a.push("=");
+                a.push(&self.dir);
+                a
+            })
+            .arg("--exec")
+            .arg(format!("bash {}", guest_dir.join("run.sh").display()));
+        let failed = cmd::run_collecting_failures_into(&mut c, sink);
+        let status = fs::read_to_string(self.result());
+        if let Ok(skips) = fs::read_to_string(self.skips()) {
+            use std::io::Write as _;
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(skip_log)
+                .and_then(|mut f| f.write_all(skips.as_bytes()))
+                .with_context(|| format!("append the guest's skips to {}", skip_log.display()))?;
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+        let failed = failed?;
+        match status.as_deref().map(str::trim) {
+            Ok("0") => Ok(failed),
+            Ok(_) if !failed.is_empty() => Ok(failed),
+            Ok(rc) => {
+                bail!("a guest step failed (exit {rc}) without naming a test: see its output")
+            }
+            Err(_) => bail!("the guest did not finish its tests (no result file): see its output"),
+        }
+    }
+}
+
+/// `cargo test -p xdp-router-tests --no-run` of `targets` with `extra` cargo arguments (a
+/// profile, a target); their executables, in the order of `targets`.
+pub fn build_test_binaries(
+    targets: &[&str],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<Vec<PathBuf>> {
+    let mut c = cmd::cargo();
+    c.args([
+        "test",
+        "-p",
+        "xdp-router-tests",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ])
+    .args(extra)
+    .envs(env.iter().copied());
+    for t in targets {
+        c.args(["--test", t]);
+    }
+    let out = cmd::output(&mut c)?;
+    let mut found = Vec::new();
+    for line in out.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["reason"] == "compiler-artifact"
+            && let (Some(name), Some(exe)) =
+                (v["target"]["name"].as_str(), v["executable"].as_str())
+            && targets.contains(&name)
+        {
+            found.push((name.to_owned(), PathBuf::from(exe)));
+        }
+    }
+    targets
+        .iter()
+        .map(|t| {
+            found
+                .iter()
+                .find(|(name, _)| name == t)
+                .map(|(_, exe)| exe.clone())
+                .with_context(|| format!("cargo built no `{t}` test binary (built {found:?})"))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_runs_every_binary_and_records_the_status() {
+        let s = Script {
+            modules: &["veth", "bridge", "8021q"],
+            path: "/usr/bin".into(),
+            env: vec![("XDP_ROUTERD_BIN", "/r/xdp-routerd".into())],
+            cwd: "/w".into(),
+            setup: vec!["dpkg -i /x/p.deb".into()],
+            runs: vec![
+                Run {
+                    binary: "/t/vlan-1".into(),
+                    args: vec!["--ignored".into(), "name's".into()],
+                },
+                Run {
+                    binary: "/t/pppoe-2".into(),
+                    args: vec!["--ignored".into()],
+                },
+            ],
+            teardown: vec!["dpkg --purge p".into()],
+        }
+        .text(Path::new("/tmp/g/result"));
+        assert!(s.starts_with("set -u\nexec 2>&1\n"));
+        assert!(s.contains("modprobe -a veth bridge 8021q ||"));
+        assert!(s.contains(
+            "dpkg -i /x/p.deb || { echo 'guest: failed: dpkg -i /x/p.deb'; echo 1 > '/tmp/g/result'; exit 1; }\n"
+        ));
+        assert!(s.contains(
+            "'/t/vlan-1' '--ignored' 'name'\\''s'\n\
+             s=$?; printf 'guest: %s exited %s after %s s\\n' 'vlan-1' $s $SECONDS; [ $s -eq 0 ] || rc=1\n"
+        ));
+        assert!(s.contains("'/t/pppoe-2' '--ignored'\n"));
+        assert!(s.contains("export XDP_ROUTERD_BIN='/r/xdp-routerd'\n"));
+        assert!(s.contains("dpkg --purge p || { echo 'guest: failed: dpkg --purge p'; rc=1; }\n"));
+        assert!(s.ends_with("echo $rc > '/tmp/g/result'\n"));
+    }
+}
