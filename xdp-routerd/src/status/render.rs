@@ -44,11 +44,24 @@ impl Status {
                 .as_deref()
                 .map(|e| format!(" ({e})"))
                 .unwrap_or_default();
+            // `tc`: the TC fast path runs there instead of XDP.
+            let datapath = if i.attach_mode == "tc" {
+                "tc ingress".to_string()
+            } else {
+                format!("xdp {}", i.attach_mode)
+            };
             let _ = writeln!(
                 s,
-                "  {:<12} ifindex {:<4} role {:<4} xdp {}{qdisc}{shaped}{bridge}{encap}",
-                i.name, i.ifindex, i.role, i.attach_mode,
+                "  {:<12} ifindex {:<4} role {:<4} {datapath}{qdisc}{shaped}{bridge}{encap}",
+                i.name, i.ifindex, i.role,
             );
+            if let Some(why) = i
+                .datapath_because
+                .as_ref()
+                .filter(|_| i.attach_mode == "tc")
+            {
+                let _ = writeln!(s, "    datapath tc because: {why}");
+            }
             if let Some(why) = &i.generic_because {
                 let _ = writeln!(s, "    generic XDP because: {why}");
             }
@@ -288,6 +301,7 @@ mod tests {
             egress_qdisc: None,
             xdp_xmit: pppoe.session_id.is_some(),
             no_xdp_xmit_because: None,
+            datapath_because: None,
             generic_because: None,
             bridge: None,
             fdb_entries: None,
