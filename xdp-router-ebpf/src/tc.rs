@@ -119,6 +119,11 @@ impl Packet for TcContext {
         };
         // SAFETY: bounds checked by ptr_at_mut.
         let old = unsafe { *p };
+        if old == 0xffff {
+            // The round trip below would leave 0x0000 (the same one's-complement value), which
+            // for UDP over IPv4 means "no checksum": such a packet goes to the kernel as is.
+            return false;
+        }
         // SAFETY: a helper on this program's own context; the offset is inside the head.
         if unsafe { bpf_l4_csum_replace(skb, check_off as u32, 0, 1, u64::from(BPF_F_PSEUDO_HDR)) }
             != 0

@@ -147,6 +147,9 @@ impl Datapath {
             // The program already runs there for a VLAN device over it (see
             // `attach_vlan`): the interface is now managed itself too.
             self.attached_mode(ifindex)
+        } else if self.links.tc.contains_key(&ifindex) {
+            // Registered again while the TC program runs there.
+            AttachMode::Tc
         } else if choice == DatapathConfig::Tc {
             match self.attach_tc_program(name, ifindex) {
                 Ok(()) => {
