@@ -357,6 +357,24 @@ fn encodes_every_family_with_values_from_the_status() {
     assert!(t.ends_with("# EOF\n"), "{t}");
 }
 
+/// An interface running the TC fast path (`datapath = "tc"`) is in attach mode `tc`.
+#[test]
+fn a_tc_interface_is_in_attach_mode_tc() {
+    let mut st = sample_status();
+    st.interfaces[0].attach_mode = "tc".into();
+    let t = exposition(st);
+    let mode = |m: &str| {
+        value(
+            &t,
+            &format!(
+                r#"xdp_router_interface_attach_mode{{interface="lan0",role="lan",mode="{m}"}}"#
+            ),
+        )
+    };
+    assert_eq!(mode("tc"), 1.0);
+    assert_eq!(mode("native"), 0.0);
+}
+
 #[test]
 fn names_follow_prometheus_conventions() {
     let t = exposition(sample_status());

@@ -312,6 +312,34 @@ mod tests {
         }
     }
 
+    /// An interface running the TC fast path says so, and why; an XDP one does not say why.
+    #[test]
+    fn a_tc_interface_shows_its_datapath_and_why() {
+        let mut st = status(&[]);
+        let mut eth1 = ppp0(PppoeStatus::default(), None);
+        eth1.name = "eth1".into();
+        eth1.pppoe = None;
+        eth1.attach_mode = "tc".into();
+        eth1.datapath_because = Some("datapath = \"tc\" in the global setting".into());
+        let mut eth0 = eth1.clone();
+        eth0.name = "eth0".into();
+        eth0.attach_mode = "native".into();
+        eth0.datapath_because = Some("datapath = \"auto\" in the global setting".into());
+        st.interfaces = vec![eth1, eth0];
+        let text = st.render();
+        assert!(
+            text.contains("eth1         ifindex 12   role wan  tc ingress\n")
+                && text
+                    .contains("    datapath tc because: datapath = \"tc\" in the global setting\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("eth0         ifindex 12   role wan  xdp native\n")
+                && !text.contains("\"auto\""),
+            "{text}"
+        );
+    }
+
     #[test]
     fn a_ppp_device_shows_its_session_or_why_it_has_none() {
         let mut st = status(&[]);
