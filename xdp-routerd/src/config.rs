@@ -212,8 +212,9 @@ pub enum DatapathConfig {
     Xdp,
     /// The TC ingress program (TCX, Linux 6.6+): the same fast path on socket buffers, after
     /// GRO; for devices without native XDP. Its redirects need no XDP transmit on the egress.
-    /// Stage 1: for plain interfaces (not bridges, bridge ports, VLAN or PPP devices, which
-    /// keep XDP); VLAN tags and PPPoE sessions pushed or popped stay in the kernel.
+    /// For now on interfaces managed for themselves only: a bridge's ports, a VLAN device's
+    /// parent and a PPPoE session's lower device keep XDP, and packets whose VLAN tag or PPPoE
+    /// session changes on the way stay in the kernel (`not_on_tc_yet`).
     Tc,
 }
 

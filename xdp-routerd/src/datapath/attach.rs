@@ -150,7 +150,9 @@ impl Datapath {
         } else if self.links.tc.contains_key(&ifindex) {
             // Registered again while the TC program runs there.
             AttachMode::Tc
-        } else if choice == DatapathConfig::Tc {
+        } else if choice == DatapathConfig::Tc && arm {
+            // `arm`: an interface managed for itself. Bridge ports, VLAN parents and PPPoE
+            // lower devices (registered for the device over them) keep XDP for now.
             match self.attach_tc_program(name, ifindex) {
                 Ok(()) => {
                     self.links
@@ -165,10 +167,20 @@ impl Datapath {
                 }
             }
         } else {
-            self.links.datapath_because.insert(
-                ifindex,
-                format!("datapath = \"{}\" in {from}", choice.as_str()),
-            );
+            let because = if choice == DatapathConfig::Tc {
+                warn!(
+                    interface = name,
+                    "{name}: datapath = \"tc\" is not supported yet on a bridge port, VLAN \
+                     parent or PPPoE lower device: XDP runs there"
+                );
+                format!(
+                    "datapath = \"tc\" in {from}, but a bridge port, VLAN parent or PPPoE \
+                     lower device keeps XDP for now"
+                )
+            } else {
+                format!("datapath = \"{}\" in {from}", choice.as_str())
+            };
+            self.links.datapath_because.insert(ifindex, because);
             match self.attach_program(name, ifindex, mode) {
                 Ok(mode) => mode,
                 Err(e) => {
