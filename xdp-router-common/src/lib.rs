@@ -52,6 +52,10 @@ pub const ARM_L3_PROG_NAME: &str = "xdp_router_arm3";
 /// rules rewrote.
 pub const STAMP_PROG_NAME: &str = "xdp_router_stamp";
 
+/// Name of the TC ingress program that runs the fast path on socket buffers, for interfaces
+/// whose datapath is TC (`datapath = "tc"`): the same pipeline as [`PROG_NAME`].
+pub const TC_PROG_NAME: &str = "xdp_router_tc";
+
 /// Name of the program's load-time global (`u32`, default 0) with extra `bpf_fib_lookup` flags;
 /// only [`FIB_LOOKUP_DIRECT`] is honoured. Set it with `EbpfLoader::override_global` before the
 /// object is loaded (the verifier then prunes on the constant).
@@ -270,6 +274,12 @@ const DSCP_STAMP_TAG: u32 = 0xd000;
 pub const fn dscp_stamp(dscp: u8) -> u32 {
     DSCP_STAMP_TAG | (dscp & 0x3f) as u32
 }
+
+/// The `skb->tc_index` the TC fast path (`TC_PROG_NAME`) gives each packet it redirects: the
+/// arming program, which runs on the egress after the redirect, skips such packets (they were
+/// not forwarded by the kernel, so they must not re-arm or refresh a verdict). Not a
+/// [`dscp_stamp`] value.
+pub const FASTPATH_TC_INDEX: u32 = 0xd100;
 
 /// The arrival DSCP a `tc_index` carries, if the stamp program set it (see [`dscp_stamp`]).
 #[inline(always)]

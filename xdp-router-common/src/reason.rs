@@ -136,11 +136,15 @@ pub enum Reason {
     /// packet path) in a chain that established forwarded packets traverse, and the daemon
     /// holds them in the kernel (`per_packet_rules = "hold"`, `SETTINGS_F_HOLD_ALL`).
     PassPerPacketRule = 44,
+    /// The TC fast path (`datapath = "tc"`) does not handle this packet yet: its VLAN tag is
+    /// skb metadata, or its egress needs another encapsulation than it arrived with (a VLAN
+    /// tag or PPPoE session pushed or popped); the kernel forwards it.
+    PassNotOnTc = 45,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 45;
+    pub const COUNT: u32 = 46;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -189,6 +193,7 @@ impl Reason {
         Reason::PassBridgeVlanFiltered,
         Reason::PassVerdictExpired,
         Reason::PassPerPacketRule,
+        Reason::PassNotOnTc,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -239,6 +244,7 @@ impl Reason {
             Reason::PassBridgeVlanFiltered => "bridge_vlan_filtered",
             Reason::PassVerdictExpired => "kernel_verdict_expired",
             Reason::PassPerPacketRule => "per_packet_rule_in_ruleset",
+            Reason::PassNotOnTc => "not_on_tc_yet",
         }
     }
 

@@ -3,7 +3,9 @@
 //! It runs on every managed interface (on a PPP device as `xdp_router_arm3`, which finds the
 //! IP header at the start of the packet) after the kernel's whole forwarding path (FORWARD,
 //! POSTROUTING, NAT). A packet seen here was accepted by the firewall as it is now; the fast
-//! path's own packets are redirected by XDP and never pass here. For a packet that belongs to an
+//! path's own packets are redirected by XDP and never pass here; those the TC fast path
+//! redirects do (a TC redirect goes through the egress device's transmit path) and are
+//! skipped by their `FASTPATH_TC_INDEX` mark. For a packet that belongs to an
 //! offloaded flow direction (found by its post-NAT tuple in `ARM_V4`/`ARM_V6`, arriving on the
 //! direction's ingress interface), it stores the current `ruleset_generation`, the time, the
 //! packet's mark, DSCP and TTL in the flow entry: from then on XDP forwards that direction,
@@ -35,8 +37,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN, FLOW_F_STALE, FLOW_TTL_KNOWN,
-    FlowCounters, SETTINGS_F_FIB_MARK,
+    ArmKeyV4, ArmKeyV6, FASTPATH_TC_INDEX, FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN, FLOW_F_STALE,
+    FLOW_TTL_KNOWN, FlowCounters, SETTINGS_F_FIB_MARK,
     parse::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP, IPPROTO_UDP},
     stamped_dscp, verdict_tick,
 };
@@ -83,6 +85,11 @@ pub fn try_arm(ctx: &TcContext, link: LinkHeader) -> Option<()> {
             (*skb).gso_segs,
         )
     };
+    if tc_index == FASTPATH_TC_INDEX {
+        // Redirected by the TC fast path, not forwarded by the kernel: arming from it would
+        // refresh the verdict without the firewall having seen the packet.
+        return None;
+    }
     let (ethertype, l3) = match link {
         LinkHeader::Ethernet => (u16::from_be(ctx.load::<u16>(12).ok()?), ETH_HLEN),
         // SAFETY: the context's skb pointer is valid for the program run.

@@ -16,6 +16,7 @@ use xdp_router_common::{
 use crate::{
     encap::{EgressTag, check_egress},
     maps::{BRIDGE_FDB, BRIDGE_VLANS, IFACES},
+    packet::Packet,
     words::pack16,
 };
 
@@ -129,7 +130,7 @@ pub fn fdb_port(bridge: u32, mac: [u8; 6], vid: u16) -> Option<u32> {
 /// the tag of the VLAN device over the bridge it was routed out of (protocol, TCI: raw), if
 /// any. The tag the frame leaves with goes to `tag`.
 #[inline(always)]
-pub fn port(
+pub fn port<P: Packet>(
     bridge: u32,
     info: *const IfaceInfo,
     flags: u32,
@@ -143,7 +144,7 @@ pub fn port(
     }
     // The kernel sends a routed packet through the bridge device first (its qdisc, its
     // egress hooks), then out of the port; the bridge device itself transmits nothing.
-    check_egress(flags & !IFACE_F_NO_XDP_XMIT)?;
+    check_egress::<P>(flags & !IFACE_F_NO_XDP_XMIT)?;
     let filtering = flags & IFACE_F_BRIDGE_VLAN_FILTERING != 0;
     let vid = if filtering {
         // SAFETY: a map value pointer returned by the kernel is valid for reads.
@@ -183,7 +184,7 @@ pub fn port(
     if pflags & IFACE_F_PORT_NOT_FORWARDING != 0 {
         return Err(Reason::PassBridgePortNotForwarding);
     }
-    check_egress(pflags)?;
+    check_egress::<P>(pflags)?;
     if filtering {
         // `br_forward` → `br_allowed_egress`, `br_handle_vlan`: the port must be in the VLAN,
         // and sends it tagged unless its entry is untagged.

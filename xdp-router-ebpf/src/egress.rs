@@ -46,18 +46,18 @@ pub fn redirect_to<P: Packet>(hop: &mut NextHop) -> Result<Egress, Reason> {
         pppoe: false,
     };
     let target = if flags & IFACE_F_PPPOE != 0 {
-        pppoe::lower(info, flags, hop, &mut tag)?
+        pppoe::lower::<P>(info, flags, hop, &mut tag)?
     } else if flags & IFACE_F_VLAN != 0 {
-        vlan::parent(info, flags, hop.dmac, &mut tag)?
+        vlan::parent::<P>(info, flags, hop.dmac, &mut tag)?
     } else if flags & IFACE_F_BRIDGE != 0 {
-        bridge::port(egress, info, flags, hop.dmac, None, &mut tag)?
+        bridge::port::<P>(egress, info, flags, hop.dmac, None, &mut tag)?
     } else if flags & (IFACE_F_BRIDGE_PORT | IFACE_F_VLAN_PARENT | IFACE_F_PPPOE_LOWER) != 0 {
         // The kernel never routes out of a bridge port itself; a VLAN parent or a PPPoE
         // lower device that is not in the config is only managed for its VLANs' tagged frames
         // or its sessions' frames.
         return Err(Reason::PassEgressNotManaged);
     } else {
-        check_egress(flags)?;
+        check_egress::<P>(flags)?;
         egress
     };
     // The redirect is set up now, before the rewrite (it only records the target): an egress

@@ -16,20 +16,26 @@ use crate::{
 };
 
 /// Why the fast path must not send out of an interface with `IFACE_F_*` flags `flags`, if
-/// anything.
+/// anything. A redirect from TC (`P::SKB`) goes through the device's transmit path
+/// (`dev_queue_xmit`): it needs no XDP transmit.
 #[inline(always)]
-pub fn check_egress(flags: u32) -> Result<(), Reason> {
-    if flags & IFACE_F_NO_XDP_XMIT != 0 {
+pub fn check_egress<P: Packet>(flags: u32) -> Result<(), Reason> {
+    if !P::SKB && flags & IFACE_F_NO_XDP_XMIT != 0 {
         // The device would drop a redirected frame (no ndo_xdp_xmit, or a veth whose peer
         // has neither XDP nor GRO): the kernel's own output path can send it.
         return Err(Reason::PassEgressNoXdpXmit);
     }
+    // From TC the qdisc would run, but with the skb's priority and mark as received: a
+    // classification the kernel's forward path would have set (mangle rules, CLASSIFY) is
+    // not applied, so a shaped link stays with the kernel on both paths.
     if flags & IFACE_F_SHAPED != 0 {
         // A redirect skips the egress qdisc; a shaped link must keep its shaping.
         return Err(Reason::PassEgressShaped);
     }
     if flags & IFACE_F_EGRESS_HOOK != 0 {
-        // A redirect skips the netdev egress chain and tc egress filters too.
+        // A redirect skips the netdev egress chain and tc egress filters too. (From TC the
+        // tc egress filters do run, the netdev egress chain does not: `nf_skip_egress` is set
+        // around TC ingress.)
         return Err(Reason::PassEgressHook);
     }
     Ok(())
@@ -83,6 +89,11 @@ pub fn reframe<T, P: Packet>(
     let session = if tag.pppoe { PPPOE_HLEN } else { 0 };
     let l2 = ETH_HLEN + vlan + session;
     if l2 != l2_in {
+        if P::SKB {
+            // Not on skbs yet (bpf_skb_adjust_room / bpf_skb_change_head and their GSO and
+            // checksum rules): the kernel pushes or pops the header.
+            return Err(Reason::PassNotOnTc);
+        }
         // A positive delta pops received headers, a negative one makes room for new ones.
         let delta = l2_in as i32 - l2 as i32;
         // XDP frames have 256 bytes of headroom (XDP_PACKET_HEADROOM) and the frame is longer

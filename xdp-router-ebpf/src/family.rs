@@ -8,8 +8,8 @@ use core::{mem::transmute, ptr::addr_of_mut};
 
 use aya_ebpf::maps::HashMap;
 use xdp_router_common::{
-    FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, Reason,
-    checksum::{pseudo_v4, pseudo_v6},
+    FLOW_DSCP_KNOWN, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, Reason,
+    checksum::{combine, diff16, diff32, pseudo_v4, pseudo_v6},
     parse::{IPV4_HLEN, IPV6_HLEN, Ipv4Fields, Ipv6Fields, L3, check_ipv4, check_ipv6},
 };
 
@@ -95,9 +95,15 @@ pub trait Family: FlowMaps {
     /// has no header checksum).
     fn l3_csum_diff(flow: *const Self::Flow) -> u32;
 
+    /// The checksum diff a `CHECKSUM_COMPLETE` skb's sum needs after the rewrite of a packet
+    /// with header `h` (`pseudo`: the address rewrite's diff, which the pseudo-header checksum
+    /// helper took off the sum; `dscp` as for [`Family::rewrite`]): see
+    /// `packet::L4ChecksumEdit::complete_fix`.
+    fn complete_fix(h: &IpHeader<Self::Addr>, pseudo: u32, dscp: u32) -> u32;
+
     /// Rewrites a checked packet for forwarding (see `rewrite.rs`).
     /// `dscp`: `FLOW_DSCP_KNOWN | dscp` to set (see `flow::check_dscp`), or 0.
-    fn rewrite(
+    fn rewrite<P: Packet>(
         eth: *mut EthHdr,
         ip: *mut Self::Hdr,
         l4: L4,
@@ -184,7 +190,14 @@ impl Family for V4 {
     }
 
     #[inline(always)]
-    fn rewrite(
+    fn complete_fix(_: &IpHeader<u32>, _: u32, _: u32) -> u32 {
+        // The header checksum compensates every header change, and the helper's adjustment
+        // of the sum for the pseudo-header is the IPv4 one.
+        0
+    }
+
+    #[inline(always)]
+    fn rewrite<P: Packet>(
         eth: *mut EthHdr,
         ip: *mut Ipv4Hdr,
         l4: L4,
@@ -192,7 +205,7 @@ impl Family for V4 {
         hop: &NextHop,
         dscp: u32,
     ) {
-        rewrite::rewrite_v4(eth, ip, l4, nat, hop, dscp);
+        rewrite::rewrite_v4::<P>(eth, ip, l4, nat, hop, dscp);
     }
 }
 
@@ -276,7 +289,27 @@ impl Family for V6 {
     }
 
     #[inline(always)]
-    fn rewrite(
+    fn complete_fix(h: &IpHeader<[u32; 4]>, pseudo: u32, dscp: u32) -> u32 {
+        // The addresses changed in the header (the helper took their diff off the sum, as for
+        // IPv4), and the hop limit (with the next header: one 16-bit word)...
+        let mut fix = combine(
+            pseudo,
+            diff16(
+                u16::from_ne_bytes([h.proto, h.ttl]),
+                u16::from_ne_bytes([h.proto, h.ttl.wrapping_sub(1)]),
+            ),
+        );
+        if dscp & FLOW_DSCP_KNOWN != 0 {
+            // ...and the traffic class's DSCP, in the first word (version 6 above it).
+            let old = u32::from_be(h.tos_flowinfo) | 0x6000_0000;
+            let new = (old & !(0x3f << 22)) | ((dscp & 0x3f) << 22);
+            fix = combine(fix, diff32(old.to_be(), new.to_be()));
+        }
+        fix
+    }
+
+    #[inline(always)]
+    fn rewrite<P: Packet>(
         eth: *mut EthHdr,
         ip: *mut Ipv6Hdr,
         l4: L4,
@@ -284,7 +317,7 @@ impl Family for V6 {
         hop: &NextHop,
         dscp: u32,
     ) {
-        rewrite::rewrite_v6(eth, ip, l4, nat, hop, dscp);
+        rewrite::rewrite_v6::<P>(eth, ip, l4, nat, hop, dscp);
     }
 }
 

@@ -17,6 +17,7 @@ use xdp_router_common::{
     IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_PORT_NOT_FORWARDING,
     IFACE_F_PPPOE_LOWER, IFACE_F_VLAN_PARENT, IfaceInfo, Reason, SETTINGS_F_DSCP_REWRITE,
     SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL,
+    checksum::{combine, diff16, fold},
     parse::{
         ETH_HLEN, ETH_P_PPP_SES, IPPROTO_TCP, IPPROTO_UDP, L3, PPPOE_HLEN, VLAN_HLEN, check_tcp,
         check_udp, check_vlan_tag, classify_ethertype, is_vlan_tpid,
@@ -32,7 +33,7 @@ use crate::{
     fib::{FibCachePolicy, fib_params, next_hop},
     maps::SETTINGS,
     order::{halves, load_ordered},
-    packet::{Packet, frame_len, ptr_at_mut},
+    packet::{L4ChecksumEdit, Packet, frame_len, ptr_at_mut},
     parse::{EthHdr, TcpHdr, UdpHdr},
     pppoe,
     rewrite::{L4, kernel_dscp_to_set},
@@ -207,6 +208,12 @@ pub fn try_forward<P: Packet>(
         L3::V4 => try_forward_ip::<V4, P>(ctx, iif, l2, ip_len_max, &cache, verify_l4),
         L3::V6 => try_forward_ip::<V6, P>(ctx, iif, l2, ip_len_max, &cache, verify_l4),
     }
+}
+
+/// Offset of the checksum field in the transport header of protocol `proto` (TCP 16, UDP 6).
+#[inline(always)]
+fn check_offset(proto: u8) -> usize {
+    if proto == IPPROTO_UDP { 6 } else { 16 }
 }
 
 /// What the transport header says about the packet.
@@ -424,15 +431,30 @@ fn try_forward_ip<F: Family, P: Packet>(
     check_ttl(fields.kernel_ttl, h.ttl)?;
     // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
     if verify_l4 && !ports.no_checksum {
-        verify::l4_checksum(ctx, l2 + F::HLEN, h.l4_len, F::pseudo(&h))?;
+        let l4_off = l2 + F::HLEN;
+        // An skb's segment may be partly in pages: pulled into the head to be summed (not a
+        // GSO aggregate, longer than the sum covers anyway, and as a rule CHECKSUM_PARTIAL).
+        // Every packet pointer is re-derived after this.
+        if P::SKB && h.l4_len < verify::MAX_SUMMED && !ctx.pull(l4_off + h.l4_len) {
+            return Err(Reason::PassMalformed);
+        }
+        if let Err(reason) = verify::l4_checksum(ctx, l4_off, h.l4_len, F::pseudo(&h)) {
+            // A checksum the kernel does not verify either (an skb's CHECKSUM_UNNECESSARY or
+            // CHECKSUM_PARTIAL); never for XDP.
+            if !ctx.l4_checksum_offloaded(l4_off + check_offset(h.proto)) {
+                return Err(reason);
+            }
+        }
     }
+    // The length the egress MTU is checked against (a GSO skb's segments; XDP: `h.len`).
+    let mtu_len = ctx.mtu_len(h.len, l2 + F::HLEN, h.proto == IPPROTO_TCP);
 
     let mut params = fib_params(
         F::AF,
         h.proto,
         sport,
         nat.dport_be,
-        h.len,
+        mtu_len,
         ifindex,
         h.tos_flowinfo,
         F::fib_addr(h.src),
@@ -445,18 +467,33 @@ fn try_forward_ip<F: Family, P: Packet>(
         cache,
         now,
         &mut params,
-        h.len,
+        mtu_len,
         h.tos_flowinfo,
         mark,
     )?;
     let egress = redirect_to::<P>(&mut hop)?;
 
     let out = reframe::<F::Hdr, P>(ctx, l2, h.len as usize, &egress.tag)?;
-    let l4 = L4::at(ctx, out.l2 + F::HLEN, h.proto == IPPROTO_UDP)?;
+    let udp = h.proto == IPPROTO_UDP;
+    let l4 = L4::at::<P>(ctx, out.l2 + F::HLEN, udp)?;
     // Every check passed: from here on the packet is ours.
     let dscp = kernel_dscp_to_set(fields.kernel_dscp, cache.dscp_rewrite);
-    F::rewrite(out.eth, out.ip, l4, &nat, &hop, dscp);
+    F::rewrite::<P>(out.eth, out.ip, l4, &nat, &hop, dscp);
     write_l2(&out, &egress.tag, F::L3, h.len as usize);
+    if P::SKB {
+        // The transport checksum, through the skb helpers (after every direct write: they
+        // invalidate packet pointers). The pseudo-header's part of the flow's diff is the
+        // address rewrite; the rest is the ports'.
+        let ports_diff = combine(diff16(sport, nat.sport_be), diff16(dport, nat.dport_be));
+        let pseudo = combine(nat.l4_csum_diff, u32::from(!fold(u64::from(ports_diff))));
+        ctx.update_l4_checksum(&L4ChecksumEdit {
+            offset: out.l2 + F::HLEN + check_offset(h.proto),
+            pseudo,
+            ports: ports_diff,
+            udp,
+            complete_fix: F::complete_fix(&h, pseudo, dscp),
+        });
+    }
     let counters = fields.counters;
     if first_in_pass(counters, cache) {
         // The connection by its original tuple, built in the lookup key's stack slot: the

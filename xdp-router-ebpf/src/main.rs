@@ -23,6 +23,7 @@ mod pppoe;
 mod rewrite;
 mod stamp;
 mod stats;
+mod tc;
 mod verify;
 mod vlan;
 mod words;
@@ -32,6 +33,9 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
+use xdp_router_common::{FASTPATH_TC_INDEX, Reason};
+
+use crate::packet::Packet;
 
 /// Entry point, attached to every managed interface. Counts the packet per ingress interface
 /// and reason; a packet the fast path does not forward goes to the kernel (`XDP_PASS`).
@@ -50,6 +54,44 @@ pub fn xdp_router(ctx: XdpContext) -> u32 {
         Err(reason) => {
             stats::count(slot, reason, bytes);
             xdp_action::XDP_PASS
+        }
+    }
+}
+
+/// The same fast path at TC ingress (TCX), on socket buffers, attached instead of the XDP
+/// program to interfaces whose datapath is TC: counts the packet per ingress interface and
+/// reason in the same stats map; a packet it forwards is redirected to its egress device's
+/// transmit path (`TC_ACT_REDIRECT`), anything else goes on to the kernel (`TC_ACT_UNSPEC`:
+/// the next TCX program, then the stack) untouched.
+#[classifier]
+pub fn xdp_router_tc(ctx: TcContext) -> i32 {
+    // SAFETY: the context's skb pointer is valid for the program run.
+    let (ifindex, vlan_present) = unsafe { ((*ctx.skb.skb).ifindex, (*ctx.skb.skb).vlan_present) };
+    let info = maps::IFACES.get_ptr(ifindex);
+    let mut slot = stats::ingress_slot(info);
+    let bytes = Packet::len(&ctx) as u64;
+    let result = if vlan_present != 0 {
+        // The NIC (or the stack) took the VLAN tag into skb metadata: the pipeline reads tags
+        // from the frame, so the kernel's VLAN code has this one.
+        Err(Reason::PassNotOnTc)
+    } else if !ctx.pull((bytes as usize).min(tc::TC_HEADER_PULL as usize)) {
+        Err(Reason::PassMalformed)
+    } else {
+        flow::try_forward(&ctx, ifindex, info, &mut slot)
+    };
+    match result {
+        Ok(fwd) => {
+            stats::count(slot, fwd.reason, fwd.bytes);
+            // The arming program on the egress must not take this packet for one the kernel
+            // forwarded (see `arm.rs`).
+            // SAFETY: the context's skb pointer is valid for the program run; `tc_index` is
+            // writable for TC programs.
+            unsafe { (*ctx.skb.skb).tc_index = FASTPATH_TC_INDEX };
+            fwd.action as i32
+        }
+        Err(reason) => {
+            stats::count(slot, reason, bytes);
+            TC_ACT_UNSPEC
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Packet access, whatever the program type: [`Packet`] is what the pipeline (flow.rs and the
 //! modules below it) needs from its context: where the packet is, how to resize it, how to
-//! redirect it. The XDP program's context implements it here; a TC (socket buffer) program
-//! can implement it for its own context and run the same pipeline. On top of it: the
-//! bounds-checked pointer into the packet and the packet's length.
+//! redirect it, and how its transport checksum is kept right. The XDP program's context
+//! implements it here, the TC (socket buffer) program's in `tc.rs`; both run the same pipeline.
+//! On top of it: the bounds-checked pointer into the packet and the packet's length.
 
 use core::{ffi::c_void, mem::size_of};
 
@@ -20,6 +20,13 @@ use crate::maps::TX_PORTS;
 /// `#[inline(always)]` in its implementations: the pipeline compiles to what it would be
 /// written against the context itself.
 pub trait Packet: EbpfContext {
+    /// The context is a socket buffer (TC): its checksum state is the kernel's (see
+    /// [`Packet::l4_checksum_offloaded`]), a redirect goes through the egress device's
+    /// qdisc and needs no XDP transmit, and its transport checksum is updated by the skb
+    /// helpers after the rewrite ([`Packet::update_l4_checksum`]). `false` for XDP, where every
+    /// branch on it folds away: the XDP program's code is what it was before TC existed.
+    const SKB: bool;
+
     /// Address of the packet's first byte.
     fn data(&self) -> usize;
 
@@ -45,9 +52,56 @@ pub trait Packet: EbpfContext {
     /// Sets up the redirect of the packet out of `ifindex`, if the daemon lists it as a
     /// target: the action the program then returns. `None`: not a target, nothing set up.
     fn redirect(ifindex: u32) -> Option<u32>;
+
+    /// Length of the whole packet: what the length checks and counters use. For an skb this
+    /// includes paged data beyond [`Packet::data_end`].
+    fn len(&self) -> usize;
+
+    /// Whether the kernel already vouches for the transport checksum, so the pipeline does not
+    /// verify it: a driver that verified it (`CHECKSUM_UNNECESSARY`), or a checksum still to be
+    /// computed on transmit (`CHECKSUM_PARTIAL`: a locally generated or GRO-merged packet,
+    /// whose checksum field holds only the pseudo-header sum); conntrack does not verify
+    /// either (`nf_ip_checksum`). `check_off`: the checksum field's offset. Never for XDP.
+    fn l4_checksum_offloaded(&self, check_off: usize) -> bool;
+
+    /// Makes the first `len` bytes of the packet direct-accessible (an skb's paged data pulled
+    /// into its head); `false` when that failed. Every packet pointer is invalid afterwards.
+    /// XDP frames are one buffer: nothing to do.
+    fn pull(&self, len: usize) -> bool;
+
+    /// The IP length the egress MTU is checked against for a datagram of `ip_len` bytes
+    /// whose transport header (TCP if `tcp`, else UDP) is at `l4_off`: the datagram's own
+    /// length, or for a GSO skb the length of each segment it will be cut into (as
+    /// `ip_forward` checks with `skb_gso_validate_network_len`).
+    fn mtu_len(&self, ip_len: u16, l4_off: usize, tcp: bool) -> u16;
+
+    /// Brings the transport checksum at `edit.offset` up to date after the rewrite, for
+    /// contexts whose checksum the rewrite does not write directly (skbs, [`Packet::SKB`]).
+    /// Called after every direct write: the helpers it uses invalidate packet pointers.
+    fn update_l4_checksum(&self, edit: &L4ChecksumEdit);
+}
+
+/// What the NAT rewrite changed that the transport checksum covers, for
+/// [`Packet::update_l4_checksum`]: the pseudo-header's addresses and the ports, kept apart
+/// because a `CHECKSUM_PARTIAL` checksum field holds the pseudo-header's sum only.
+pub struct L4ChecksumEdit {
+    /// Offset of the checksum field in the packet.
+    pub offset: usize,
+    /// Checksum diff of the address rewrite (the pseudo-header).
+    pub pseudo: u32,
+    /// Checksum diff of the port rewrite.
+    pub ports: u32,
+    /// UDP: a checksum of 0 means none and stays 0, a computed 0 goes out as 0xffff.
+    pub udp: bool,
+    /// Checksum diff of what changed in the IPv6 header (addresses, hop limit, DSCP), which no
+    /// header checksum compensates: a `CHECKSUM_COMPLETE` skb's sum is corrected by it. 0 for
+    /// IPv4, whose header checksum compensates its own changes.
+    pub complete_fix: u32,
 }
 
 impl Packet for XdpContext {
+    const SKB: bool = false;
+
     #[inline(always)]
     fn data(&self) -> usize {
         XdpContext::data(self)
@@ -86,6 +140,37 @@ impl Packet for XdpContext {
             .redirect(ifindex, u64::from(xdp_action::XDP_PASS))
             .ok()
     }
+
+    #[inline(always)]
+    fn len(&self) -> usize {
+        let len = XdpContext::data_end(self) - XdpContext::data(self);
+        // A number from here on, not pointers: LLVM would otherwise fold a later `len - l2`
+        // (with `l2` a variable) into the end pointer, which the verifier rejects (pointer
+        // arithmetic on pkt_end). One stack store and load.
+        // SAFETY: reading a live local.
+        unsafe { core::ptr::read_volatile(&len) }
+    }
+
+    #[inline(always)]
+    fn l4_checksum_offloaded(&self, _check_off: usize) -> bool {
+        // A frame straight from the driver: no checksum state, the pipeline verifies.
+        false
+    }
+
+    #[inline(always)]
+    fn pull(&self, _len: usize) -> bool {
+        true
+    }
+
+    #[inline(always)]
+    fn mtu_len(&self, ip_len: u16, _l4_off: usize, _tcp: bool) -> u16 {
+        ip_len
+    }
+
+    #[inline(always)]
+    fn update_l4_checksum(&self, _edit: &L4ChecksumEdit) {
+        // `rewrite::rewrite_l4` wrote the checksum field directly.
+    }
 }
 
 /// Pointer to a `T` at `offset` bytes into the packet, if the whole `T` is inside it; a packet
@@ -101,13 +186,8 @@ pub fn ptr_at_mut<T, P: Packet>(ctx: &P, offset: usize) -> Result<*mut T, Reason
     Ok((start + offset) as *mut T)
 }
 
-/// Length of the whole packet (what the counters count).
+/// Length of the whole packet (what the counters count; see [`Packet::len`]).
 #[inline(always)]
 pub fn frame_len<P: Packet>(ctx: &P) -> usize {
-    let len = ctx.data_end() - ctx.data();
-    // A number from here on, not pointers: LLVM would otherwise fold a later `len - l2` (with
-    // `l2` a variable) into the end pointer, which the verifier rejects (pointer arithmetic on
-    // pkt_end). One stack store and load.
-    // SAFETY: reading a live local.
-    unsafe { core::ptr::read_volatile(&len) }
+    ctx.len()
 }

@@ -119,7 +119,7 @@ fn ccp_code<P: Packet>(ctx: &P, at: usize) -> Result<u8, Reason> {
 /// device, or the parent of a VLAN lower device (whose tag goes to `tag`). The session's
 /// headers go to `tag` and its MACs (the lower device's, the peer's) to `hop`.
 #[inline(always)]
-pub fn lower(
+pub fn lower<P: Packet>(
     info: *const IfaceInfo,
     flags: u32,
     hop: &mut NextHop,
@@ -127,7 +127,7 @@ pub fn lower(
 ) -> Result<u32, Reason> {
     // The kernel sends a packet routed out of ppp0 through ppp0 (its qdisc, its egress
     // hooks), then encapsulated out of the lower device; ppp0 transmits nothing itself.
-    check_egress(flags & !IFACE_F_NO_XDP_XMIT)?;
+    check_egress::<P>(flags & !IFACE_F_NO_XDP_XMIT)?;
     if flags & IFACE_F_PPP_CCP != 0 {
         // The kernel's compressor or encryption must see what goes into the session.
         return Err(Reason::PassPppoeCcp);
@@ -147,12 +147,12 @@ pub fn lower(
     // SAFETY: map value pointer from the kernel.
     let lflags = unsafe { (*linfo).flags };
     let target = if lflags & IFACE_F_VLAN != 0 {
-        vlan::parent(linfo, lflags, peer, tag)?
+        vlan::parent::<P>(linfo, lflags, peer, tag)?
     } else if lflags & (IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT | IFACE_F_PPPOE) != 0 {
         // PPPoE over a bridge or a bridge port, or over another PPP device: not handled here.
         return Err(Reason::PassEgressNotManaged);
     } else {
-        check_egress(lflags)?;
+        check_egress::<P>(lflags)?;
         lower
     };
     tag.pppoe_sid_be = sid_be;

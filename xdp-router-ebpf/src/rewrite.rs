@@ -27,9 +27,17 @@ pub struct L4 {
 }
 
 impl L4 {
-    /// The transport header at `offset` (TCP if `!udp`), already parsed and checked.
+    /// The transport header at `offset` (TCP if `!udp`), already parsed and checked. For an
+    /// skb (`P::SKB`) only the ports: its checksum is left to `Packet::update_l4_checksum`.
     #[inline(always)]
     pub fn at<P: Packet>(ctx: &P, offset: usize, udp: bool) -> Result<L4, Reason> {
+        if P::SKB {
+            return Ok(L4 {
+                ports: ptr_at_mut(ctx, offset)?,
+                check: core::ptr::null_mut(),
+                udp,
+            });
+        }
         // Offset of the checksum field: TCP 16, UDP 6.
         let check_off = if udp { 6 } else { 16 };
         Ok(L4 {
@@ -89,11 +97,15 @@ fn rewrite_macs(eth: *mut EthHdr, hop: &NextHop) {
 /// without, and a computed UDP 0 goes out as 0xffff (RFC 768), as `apply_udp` does; a TCP
 /// checksum of 0 is an ordinary value.
 #[inline(always)]
-fn rewrite_l4(l4: L4, sport_be: u16, dport_be: u16, diff: u32) {
+fn rewrite_l4<P: Packet>(l4: L4, sport_be: u16, dport_be: u16, diff: u32) {
     // SAFETY: both pointers were bounds checked by L4::at.
     unsafe {
         (*l4.ports).sport_be = sport_be;
         (*l4.ports).dport_be = dport_be;
+        if P::SKB {
+            // `Packet::update_l4_checksum` updates it after the rewrite.
+            return;
+        }
         let old = *l4.check;
         *l4.check = if l4.udp {
             apply_udp(old, diff)
@@ -106,7 +118,7 @@ fn rewrite_l4(l4: L4, sport_be: u16, dport_be: u16, diff: u32) {
 /// Rewrites a checked IPv4 packet for forwarding: NAT, TTL - 1, the DSCP when `dscp` is
 /// `FLOW_DSCP_KNOWN | dscp` (the ECN bits stay), header checksum, MACs.
 #[inline(always)]
-pub fn rewrite_v4(
+pub fn rewrite_v4<P: Packet>(
     eth: *mut EthHdr,
     ip: *mut Ipv4Hdr,
     l4: L4,
@@ -128,7 +140,7 @@ pub fn rewrite_v4(
         (*ip).dst_be = nat.dst_be;
         (*ip).check = apply((*ip).check, diff);
     }
-    rewrite_l4(l4, nat.sport_be, nat.dport_be, nat.l4_csum_diff);
+    rewrite_l4::<P>(l4, nat.sport_be, nat.dport_be, nat.l4_csum_diff);
     rewrite_macs(eth, hop);
 }
 
@@ -136,7 +148,7 @@ pub fn rewrite_v4(
 /// when `dscp` is `FLOW_DSCP_KNOWN | dscp`, MACs (IPv6 has no header checksum; neither the hop
 /// limit nor the traffic class is in the pseudo-header).
 #[inline(always)]
-pub fn rewrite_v6(
+pub fn rewrite_v6<P: Packet>(
     eth: *mut EthHdr,
     ip: *mut Ipv6Hdr,
     l4: L4,
@@ -155,6 +167,6 @@ pub fn rewrite_v6(
         (*ip).src_be = nat.src_be;
         (*ip).dst_be = nat.dst_be;
     }
-    rewrite_l4(l4, nat.sport_be, nat.dport_be, nat.l4_csum_diff);
+    rewrite_l4::<P>(l4, nat.sport_be, nat.dport_be, nat.l4_csum_diff);
     rewrite_macs(eth, hop);
 }

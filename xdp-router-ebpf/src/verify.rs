@@ -69,6 +69,9 @@ const SMALL: usize = 64;
 /// multi-buffer) go to the kernel as `Reason::PassL4ChecksumTooLong`.
 const MAX_BIG: usize = 5;
 
+/// Segments at least this long are not summed (`Reason::PassL4ChecksumTooLong`).
+pub const MAX_SUMMED: usize = (MAX_BIG + 1) * BIG;
+
 /// `v`, through a stack slot the optimiser cannot see through: LLVM would otherwise fold a
 /// comparison of `len >> 9` with a constant back into one of `len`, which the verifier then
 /// narrows (see [`l4_checksum`]).
@@ -149,7 +152,7 @@ fn l4_checksum_call<P: Packet>(ctx: *mut c_void, offset: usize, len: usize, pseu
 #[inline(always)]
 fn l4_sum_checks<P: Packet>(ctx: &P, offset: usize, len: usize, pseudo: u64) -> Result<(), Reason> {
     // Also bounds every offset below for the verifier (a packet offset must stay below 64 KiB).
-    if len >= (MAX_BIG + 1) * BIG {
+    if len >= MAX_SUMMED {
         return Err(Reason::PassL4ChecksumTooLong);
     }
     let big = opaque(len >> 9);

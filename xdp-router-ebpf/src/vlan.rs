@@ -56,7 +56,7 @@ pub fn device_of(parent: u32, vid: u16, tpid_be: u16) -> Result<VlanDevice, Reas
 /// parent, or for a VLAN over a bridge the bridge's port), once the VLAN device's own egress
 /// and the parent's allow a redirect; the tag to push goes to `tag`.
 #[inline(always)]
-pub fn parent(
+pub fn parent<P: Packet>(
     info: *const IfaceInfo,
     flags: u32,
     dmac: [u8; 6],
@@ -65,7 +65,7 @@ pub fn parent(
     // The kernel sends a packet routed out of a VLAN device through the device (its qdisc,
     // its egress hooks), then tagged out of the parent; the VLAN device transmits nothing
     // itself.
-    check_egress(flags & !IFACE_F_NO_XDP_XMIT)?;
+    check_egress::<P>(flags & !IFACE_F_NO_XDP_XMIT)?;
     // SAFETY: map value pointer from the kernel.
     let (parent, tpid_be, tci_be) = unsafe {
         (
@@ -87,9 +87,9 @@ pub fn parent(
         // A VLAN over a bridge: the bridge sends it on, in that VLAN. (A VLAN over a bridge
         // port is not this: the kernel sends its frames out of the port directly, past the
         // bridge and whatever its STP state.)
-        return bridge::port(parent, pinfo, pflags, dmac, Some((tpid_be, tci_be)), tag);
+        return bridge::port::<P>(parent, pinfo, pflags, dmac, Some((tpid_be, tci_be)), tag);
     }
-    check_egress(pflags)?;
+    check_egress::<P>(pflags)?;
     tag.tpid_be = tpid_be;
     tag.tci_be = tci_be;
     Ok(parent)

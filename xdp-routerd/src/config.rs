@@ -30,6 +30,10 @@ pub struct Config {
     /// How the XDP program is attached.
     #[serde(default)]
     pub xdp_mode: XdpModeConfig,
+    /// Which datapath runs the fast path on the interfaces that do not say (`datapath` in an
+    /// `[[interface]]`): see [`DatapathConfig`].
+    #[serde(default, skip_serializing_if = "DatapathConfig::is_auto")]
+    pub datapath: DatapathConfig,
     /// Capacity of each flow map (one per address family), in flow directions (two per
     /// connection). Unset: sized from the kernel's `nf_conntrack_max` (see
     /// [`Config::flow_capacity`]).
@@ -104,6 +108,10 @@ pub struct InterfaceConfig {
     /// [`crate::sync::pppoe::pair`]); ignored, with a warning, on any other device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pppoe_device: Option<String>,
+    /// Which datapath runs the fast path on packets arriving here; unset: the global
+    /// `datapath`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datapath: Option<DatapathConfig>,
 }
 
 /// `shaped = "auto" | true | false`.
@@ -190,6 +198,40 @@ pub enum XdpModeConfig {
     Native,
     /// Generic (skb) mode: works everywhere, much slower.
     Generic,
+}
+
+/// `datapath = "auto" | "xdp" | "tc"`: where the fast path runs on an interface's received
+/// packets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatapathConfig {
+    /// Chosen by the daemon: today always XDP (as `xdp`), as before this option existed.
+    #[default]
+    Auto,
+    /// The XDP program (native, or generic as `xdp_mode` says).
+    Xdp,
+    /// The TC ingress program (TCX, Linux 6.6+): the same fast path on socket buffers, after
+    /// GRO; for devices without native XDP. Its redirects need no XDP transmit on the egress.
+    /// For now on interfaces managed for themselves only: a bridge's ports, a VLAN device's
+    /// parent and a PPPoE session's lower device keep XDP, and packets whose VLAN tag or PPPoE
+    /// session changes on the way stay in the kernel (`not_on_tc_yet`).
+    Tc,
+}
+
+impl DatapathConfig {
+    /// The default, `auto` (left out when the config is written back).
+    pub fn is_auto(&self) -> bool {
+        *self == DatapathConfig::Auto
+    }
+
+    /// Name as in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DatapathConfig::Auto => "auto",
+            DatapathConfig::Xdp => "xdp",
+            DatapathConfig::Tc => "tc",
+        }
+    }
 }
 
 fn default_control_socket() -> PathBuf {
@@ -334,6 +376,15 @@ impl Config {
         }
     }
 
+    /// The datapath configured for interface `name`: its own `datapath`, else the global one.
+    pub fn datapath_of(&self, name: &str) -> DatapathConfig {
+        self.interfaces
+            .iter()
+            .find(|i| i.name == name)
+            .and_then(|i| i.datapath)
+            .unwrap_or(self.datapath)
+    }
+
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
@@ -464,6 +515,41 @@ mod tests {
         assert_eq!(c.interfaces[0].shaped, Shaped::Auto);
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9824".parse().unwrap()));
         assert_eq!(c.conntrack_event_buffer, 16 << 20);
+    }
+
+    /// `datapath`: global and per interface, `auto` by default; a bad value is one line that
+    /// names the file, the line and the values allowed.
+    #[test]
+    fn datapath_is_global_or_per_interface() {
+        let c = Config::parse(
+            "[[interface]]\nname = \"eth0\"\nrole = \"wan\"\n\
+             [[interface]]\nname = \"eth1\"\nrole = \"lan\"\ndatapath = \"tc\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.datapath, DatapathConfig::Auto);
+        assert_eq!(c.datapath_of("eth0"), DatapathConfig::Auto);
+        assert_eq!(c.datapath_of("eth1"), DatapathConfig::Tc);
+        let c = Config::parse(
+            "datapath = \"tc\"\n[[interface]]\nname = \"eth0\"\nrole = \"wan\"\n\
+             [[interface]]\nname = \"eth1\"\nrole = \"lan\"\ndatapath = \"xdp\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.datapath_of("eth0"), DatapathConfig::Tc);
+        assert_eq!(c.datapath_of("eth1"), DatapathConfig::Xdp);
+        // Written back as read: `auto` left out, the others kept.
+        let again = Config::parse(&toml::to_string(&c).unwrap(), "t").unwrap();
+        assert_eq!(again, c);
+        for bad in [
+            "datapath = \"ebpf\"\n[[interface]]\nname = \"eth0\"\nrole = \"wan\"\n",
+            "[[interface]]\nname = \"eth0\"\nrole = \"wan\"\ndatapath = \"TC\"\n",
+        ] {
+            let e = Config::parse(bad, "t.toml").unwrap_err().to_string();
+            assert!(!e.contains('\n'), "{e}");
+            assert!(e.starts_with("t.toml:"), "{e}");
+            assert!(e.contains("`auto`, `xdp`, `tc`"), "{e}");
+        }
     }
 
     #[test]

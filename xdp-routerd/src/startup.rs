@@ -10,7 +10,7 @@ use tokio::{net::UnixListener, sync::mpsc::UnboundedReceiver};
 use crate::{
     config::Config,
     control,
-    datapath::Datapath,
+    datapath::{Datapath, DatapathChoice},
     flows::conntrack::CtEntry,
     state::{Shared, State},
     sync::{
@@ -104,6 +104,15 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     dp.set_verdict_max_age(Duration::from_millis(config.verdict_max_age_ms))?;
     // TCP/UDP checksums are verified in XDP exactly while conntrack verifies them.
     dp.set_verify_l4_checksum(conntrack_checksum())?;
+    // XDP or TC per interface, as configured; before anything is attached.
+    dp.set_datapath_choice(DatapathChoice {
+        default: config.datapath,
+        per_iface: config
+            .interfaces
+            .iter()
+            .filter_map(|i| Some((i.name.clone(), i.datapath?)))
+            .collect(),
+    });
     let mut state = State::new(dp, &config.interfaces, &ifindexes, config.xdp_mode);
     state.set_host_metrics_limit(config.host_metrics_limit);
     // Rules that must see every packet, read before the first packet can be forwarded (the

@@ -1,7 +1,7 @@
 //! Running the program once under BPF_PROG_RUN: the `xdp_md` context, the run, and the clock
 //! of the flows' `last_seen_ns`.
 
-use aya::programs::{TestRun, TestRunOptions, Xdp};
+use aya::programs::{SchedClassifier, TestRun, TestRunOptions, Xdp};
 
 /// CLOCK_MONOTONIC_COARSE now, in ns: the clock of the flows' `last_seen_ns`
 /// (`bpf_ktime_get_coarse_ns`), which advances once per tick.
@@ -38,4 +38,48 @@ pub fn run(prog: &Xdp, frame: &[u8], ingress: u32) -> (u32, Vec<u8>) {
         .unwrap_or_else(|e| panic!("BPF_PROG_RUN: {e}"));
     out.truncate(res.data_size_out as usize);
     (res.return_value, out)
+}
+
+/// The `struct __sk_buff` context of a TC run: up to `ifindex`, the device the skb is on (the
+/// kernel takes it from there: `bpf_prog_test_run_skb`); every other field the kernel lets a
+/// test set is left 0.
+pub fn sk_buff_ctx(ifindex: u32) -> Vec<u8> {
+    // len, pkt_type, mark, queue_mapping, protocol, vlan_present, vlan_tci, vlan_proto,
+    // priority, ingress_ifindex, ifindex.
+    let mut words = [0u32; 11];
+    words[10] = ifindex;
+    words.iter().flat_map(|w| w.to_ne_bytes()).collect()
+}
+
+/// `TC_ACT_UNSPEC` as a run's return value.
+pub const TC_ACT_UNSPEC: u32 = -1i32 as u32;
+/// `TC_ACT_REDIRECT`.
+pub const TC_ACT_REDIRECT: u32 = 7;
+
+/// Runs the TC program once on `frame` as an skb received on `ingress`: (verdict, output
+/// frame). The skb is linear with no checksum state (CHECKSUM_NONE).
+pub fn run_tc(prog: &SchedClassifier, frame: &[u8], ingress: u32) -> (u32, Vec<u8>) {
+    try_run_tc(prog, frame, ingress)
+        .unwrap_or_else(|e| panic!("BPF_PROG_RUN (TC), {} bytes: {e}", frame.len()))
+}
+
+/// [`run_tc`], or the kernel's refusal to build the skb (`EINVAL` for frames shorter than
+/// the headers their EtherType promises, or longer than a page holds).
+pub fn try_run_tc(
+    prog: &SchedClassifier,
+    frame: &[u8],
+    ingress: u32,
+) -> Result<(u32, Vec<u8>), String> {
+    let ctx = sk_buff_ctx(ingress);
+    let mut out = vec![0u8; frame.len() + 512];
+    let res = prog
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..TestRunOptions::default()
+        })
+        .map_err(|e| format!("{e:?}"))?;
+    out.truncate(res.data_size_out as usize);
+    Ok((res.return_value, out))
 }

@@ -31,17 +31,18 @@ mod vlan;
 use std::collections::BTreeSet;
 
 use crate::{
-    case::{Case, forward, pass},
-    runner::{assert_all_ok, check_case, hex},
+    case::{Case, Expect, forward, pass},
+    runner::{Prog, assert_all_ok, check_case, hex},
 };
-use aya::programs::Xdp;
+use aya::programs::{SchedClassifier, Xdp};
 use xdp_router_common::{
-    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_PPP_CCP, PROG_NAME, Reason, stats_index,
+    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_PPP_CCP, PROG_NAME, Reason, TC_PROG_NAME, stats_index,
 };
 use xdp_router_tests::{
     fixture_net::{
         Bed, GW_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, Setup, WAN_MAC, XDP_PASS, XDP_REDIRECT,
-        build_topology, flow, lan_pkt, load, load_object, object, routed, run, v4, v6, wan_pkt,
+        build_topology, flow, lan_pkt, load, load_object, object, routed, run, try_run_tc, v4, v6,
+        wan_pkt,
     },
     netns::{Netns, require_root},
     packet::{
@@ -88,7 +89,7 @@ fn fixture_table() {
                 (
                     case.name.clone(),
                     case.reason(),
-                    check_case(prog, &mut maps, case),
+                    check_case(Prog::Xdp(prog), &mut maps, case),
                 )
             })
             .collect::<Vec<_>>()
@@ -109,6 +110,94 @@ fn fixture_table() {
         failed.len(),
         results.len()
     );
+}
+
+/// What a case of the table becomes on the TC program (`xdp_router_tc`, the same pipeline on
+/// skbs): the same verdict, output frame and counters, except where TC differs by design.
+/// `None`: the case does not apply to TC.
+fn on_tc(case: &Case) -> Option<Case> {
+    // A TC redirect goes through the egress device's transmit path: it needs no XDP transmit,
+    // so TC forwards what XDP leaves to the kernel here (tests/tc.rs checks it with traffic).
+    if case.reason() == Reason::PassEgressNoXdpXmit {
+        return None;
+    }
+    // The `TX_PORTS` devmap is XDP's redirect table; TC redirects to any managed egress
+    // device (`egress::redirect_to` checks it in `IFACES`), so the cases about a device left
+    // out of it do not apply.
+    if case.reason() == Reason::PassEgressNotManaged
+        && (case.name.contains("TX_PORTS") || case.name.contains("not a redirect target"))
+    {
+        return None;
+    }
+    // Pushing or popping a VLAN tag or PPPoE header is not done on skbs yet.
+    if let Expect::Redirect(_, want) = &case.expect
+        && l2_len(&case.frame) != l2_len(want)
+    {
+        return Some(Case {
+            expect: Expect::Pass(Reason::PassNotOnTc),
+            ..case.clone()
+        });
+    }
+    Some(case.clone())
+}
+
+/// Length of a frame's Ethernet header with its VLAN tags and PPPoE session header.
+fn l2_len(frame: &[u8]) -> usize {
+    let mut at = 12;
+    while let Some(&[a, b]) = frame.get(at..at + 2) {
+        match u16::from_be_bytes([a, b]) {
+            0x8100 | 0x88a8 => at += 4,
+            0x8864 => return at + 2 + 8,
+            _ => break,
+        }
+    }
+    at + 2
+}
+
+/// The whole fixture table on the TC program (see [`on_tc`] for where TC differs): one
+/// pipeline for both contexts, so the same packets get the same answers. The skbs are linear
+/// and without checksum state (CHECKSUM_NONE), so the checksum helpers compute what the XDP
+/// path's direct update does; `tests/tc.rs` covers CHECKSUM_PARTIAL and GSO with traffic.
+#[test]
+fn fixture_table_on_tc() {
+    if !require_root("prog_run::fixture_table_on_tc") {
+        return;
+    }
+    let router = Netns::new("dpt");
+    let hosts = Netns::new("dpth");
+    build_topology(&router, &hosts);
+    let (results, skipped) = router.run(|| {
+        let bed = Bed::here();
+        let (mut ebpf, mut maps) = load();
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(TC_PROG_NAME)
+            .expect("TC program present")
+            .try_into()
+            .expect("SchedClassifier program");
+        prog.load()
+            .unwrap_or_else(|e| panic!("verifier rejected {TC_PROG_NAME}: {e}\n{e:?}"));
+        let all = cases(&bed);
+        // BPF_PROG_RUN builds no skb from some malformed frames (shorter than the headers
+        // their EtherType promises) nor from frames longer than a page holds: those cases
+        // are the XDP table's only.
+        let tc: Vec<Case> = all
+            .iter()
+            .filter_map(on_tc)
+            .filter(|c| try_run_tc(prog, &c.frame, c.ingress).is_ok())
+            .collect();
+        let results = tc
+            .iter()
+            .map(|case| {
+                (
+                    format!("{} ({})", case.name, case.reason().name()),
+                    check_case(Prog::Tc(prog), &mut maps, case),
+                )
+            })
+            .collect::<Vec<_>>();
+        (results, all.len() - tc.len())
+    });
+    println!("{} cases on TC, {skipped} not applicable", results.len());
+    assert_all_ok(&results);
 }
 
 /// `GLOBAL_FIB_FLAGS`: by default the FIB lookup honours policy rules (`ip rule`); loaded with
@@ -165,7 +254,10 @@ fn fib_flags_direct_skips_policy_rules() {
                     .expect("program present")
                     .try_into()
                     .expect("XDP program");
-                (case.name.clone(), check_case(prog, &mut maps, case))
+                (
+                    case.name.clone(),
+                    check_case(Prog::Xdp(prog), &mut maps, case),
+                )
             })
             .collect::<Vec<_>>()
     });
@@ -254,7 +346,11 @@ fn ccp_seen_on_a_session_stops_its_fast_path() {
     assert_all_ok(&results);
 }
 
-/// The table names every reason at least once (checked without running anything).
+/// The table names every reason at least once (checked without running anything), except
+/// those only the TC program gives (see [`TC_ONLY`]).
+/// Reasons the XDP program never gives: the TC program's (`tests/tc.rs` runs it).
+const TC_ONLY: [Reason; 1] = [Reason::PassNotOnTc];
+
 #[test]
 fn table_covers_every_reason() {
     let bed = Bed {
@@ -266,7 +362,7 @@ fn table_covers_every_reason() {
     let covered: BTreeSet<u32> = cases(&bed).iter().map(|c| c.reason() as u32).collect();
     let missing: Vec<_> = Reason::ALL
         .iter()
-        .filter(|r| !covered.contains(&(**r as u32)))
+        .filter(|r| !covered.contains(&(**r as u32)) && !TC_ONLY.contains(r))
         .collect();
     assert!(missing.is_empty(), "reasons without a case: {missing:?}");
 }

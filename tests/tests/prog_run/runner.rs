@@ -1,10 +1,13 @@
 //! Runs a case against the loaded program and checks everything it promises: the verdict, the
 //! output frame and its checksums, exactly one `STATS` entry moved, the flow counters.
 
-use aya::programs::Xdp;
+use aya::programs::{SchedClassifier, Xdp};
 use xdp_router_common::{Reason, stats_index};
 use xdp_router_tests::{
-    fixture_net::{Maps, XDP_PASS, XDP_REDIRECT, coarse_monotonic_ns, run},
+    fixture_net::{
+        Maps, TC_ACT_REDIRECT, TC_ACT_UNSPEC, XDP_PASS, XDP_REDIRECT, coarse_monotonic_ns, run,
+        run_tc,
+    },
     packet::{ip_len, verify_checksums},
 };
 
@@ -22,20 +25,46 @@ pub fn hex(b: &[u8]) -> String {
         .join("\n      ")
 }
 
+/// The program a case runs on: the XDP program, or the same pipeline at TC ingress.
+#[derive(Clone, Copy)]
+pub enum Prog<'a> {
+    Xdp(&'a Xdp),
+    Tc(&'a SchedClassifier),
+}
+
+impl Prog<'_> {
+    /// One run: (verdict, output frame).
+    fn run(self, frame: &[u8], ingress: u32) -> (u32, Vec<u8>) {
+        match self {
+            Prog::Xdp(p) => run(p, frame, ingress),
+            Prog::Tc(p) => run_tc(p, frame, ingress),
+        }
+    }
+
+    /// The verdicts of "to the kernel" and "redirected".
+    fn verdicts(self) -> (u32, u32) {
+        match self {
+            Prog::Xdp(_) => (XDP_PASS, XDP_REDIRECT),
+            Prog::Tc(_) => (TC_ACT_UNSPEC, TC_ACT_REDIRECT),
+        }
+    }
+}
+
 /// Runs one case; returns what went wrong, if anything.
-pub fn check_case(prog: &Xdp, maps: &mut Maps, case: &Case) -> Result<(), String> {
+pub fn check_case(prog: Prog, maps: &mut Maps, case: &Case) -> Result<(), String> {
+    let (pass_verdict, redirect_verdict) = prog.verdicts();
     maps.apply(&case.setup);
     let before = maps.stats();
     let flows_before: Vec<_> = case.setup.flows.iter().map(|f| maps.counters(f)).collect();
     let t0 = coarse_monotonic_ns();
-    let (verdict, out) = run(prog, &case.frame, case.ingress);
+    let (verdict, out) = prog.run(&case.frame, case.ingress);
     let t1 = coarse_monotonic_ns();
 
     let mut errs = Vec::new();
     match &case.expect {
         Expect::Pass(_) => {
-            if verdict != XDP_PASS {
-                errs.push(format!("verdict {verdict}, want XDP_PASS"));
+            if verdict != pass_verdict {
+                errs.push(format!("verdict {verdict}, want {pass_verdict} (pass)"));
             }
             if out != case.frame {
                 errs.push(format!(
@@ -46,8 +75,10 @@ pub fn check_case(prog: &Xdp, maps: &mut Maps, case: &Case) -> Result<(), String
             }
         }
         Expect::Redirect(_, want) => {
-            if verdict != XDP_REDIRECT {
-                errs.push(format!("verdict {verdict}, want XDP_REDIRECT"));
+            if verdict != redirect_verdict {
+                errs.push(format!(
+                    "verdict {verdict}, want {redirect_verdict} (redirect)"
+                ));
             }
             if &out != want {
                 errs.push(format!(
@@ -118,9 +149,9 @@ pub fn check_case(prog: &Xdp, maps: &mut Maps, case: &Case) -> Result<(), String
     // A second packet of a forwarded flow advances the counters again.
     if let (Expect::Redirect(_, want), Some(f)) = (&case.expect, case.setup.flows.first()) {
         let first = maps.counters(f);
-        let (verdict, out) = run(prog, &case.frame, case.ingress);
+        let (verdict, out) = prog.run(&case.frame, case.ingress);
         let second = maps.counters(f);
-        if verdict != XDP_REDIRECT || &out != want {
+        if verdict != redirect_verdict || &out != want {
             errs.push("second run differs from the first".to_owned());
         }
         if second.packets != first.packets + 1

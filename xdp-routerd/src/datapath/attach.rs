@@ -1,5 +1,6 @@
 //! Attaching the programs: the XDP program (native, or generic when native is refused or
-//! configured), the TC egress arming programs and, beside each Ethernet one, the TC ingress
+//! configured) or, where the config asks for it (`datapath = "tc"`), the same fast path at TC
+//! ingress; the TC egress arming programs and, beside each Ethernet one, the TC ingress
 //! DSCP stamp, all as bpf_links owned by this process, and taking them off again.
 
 use std::collections::BTreeMap;
@@ -15,11 +16,11 @@ use aya::programs::{
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
     ARM_PROG_NAME, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT, IfaceInfo, MAP_IFACES, MAP_TX_PORTS,
-    MAX_IFACE_SLOTS, PROG_NAME, STAMP_PROG_NAME,
+    MAX_IFACE_SLOTS, PROG_NAME, STAMP_PROG_NAME, TC_PROG_NAME,
 };
 
 use super::{Datapath, Ports as _};
-use crate::config::XdpModeConfig;
+use crate::config::{DatapathConfig, XdpModeConfig};
 
 /// How the program ended up attached to an interface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +32,8 @@ pub enum AttachMode {
     /// A PPP device: never on it; the program runs on its PPPoE session's lower device (see
     /// [`Ports::attach_ppp`](super::Ports::attach_ppp)).
     Lower,
+    /// The TC ingress program ([`TC_PROG_NAME`]) instead of XDP (`datapath = "tc"`).
+    Tc,
 }
 
 impl AttachMode {
@@ -41,6 +44,26 @@ impl AttachMode {
             AttachMode::Generic => "generic",
             AttachMode::Ports => "ports",
             AttachMode::Lower => "lower",
+            AttachMode::Tc => "tc",
+        }
+    }
+}
+
+/// Which datapath each interface is to get, from the config (see [`DatapathConfig`]).
+#[derive(Debug, Default, Clone)]
+pub struct DatapathChoice {
+    /// The global `datapath`.
+    pub default: DatapathConfig,
+    /// Interfaces that set their own.
+    pub per_iface: BTreeMap<String, DatapathConfig>,
+}
+
+impl DatapathChoice {
+    /// The choice for `name` and where it comes from (for `status`).
+    pub fn of(&self, name: &str) -> (DatapathConfig, &'static str) {
+        match self.per_iface.get(name) {
+            Some(c) => (*c, "its [[interface]] section"),
+            None => (self.default, "the global setting"),
         }
     }
 }
@@ -60,6 +83,11 @@ pub(super) struct Links {
     /// TC ingress (TCX) links of the DSCP stamp program ([`STAMP_PROG_NAME`]), beside each
     /// Ethernet arming program.
     pub(super) stamped: BTreeMap<u32, SchedClassifierLinkId>,
+    /// TC ingress (TCX) links of the TC fast path ([`TC_PROG_NAME`]), on interfaces whose
+    /// datapath is TC (their mode in `modes` is [`AttachMode::Tc`]).
+    pub(super) tc: BTreeMap<u32, SchedClassifierLinkId>,
+    /// Why each attached interface runs the datapath it runs (for `status`).
+    pub(super) datapath_because: BTreeMap<u32, String>,
 }
 
 impl Datapath {
@@ -114,11 +142,45 @@ impl Datapath {
                 .insert(ifindex, ifindex, None, 0)
                 .with_context(|| format!("{name}: cannot add to {MAP_TX_PORTS}"))?;
         }
+        let (choice, from) = self.datapath_choice.of(name);
         let mode = if self.links.xdp.contains_key(&ifindex) {
             // The program already runs there for a VLAN device over it (see
             // `attach_vlan`): the interface is now managed itself too.
             self.attached_mode(ifindex)
+        } else if self.links.tc.contains_key(&ifindex) {
+            // Registered again while the TC program runs there.
+            AttachMode::Tc
+        } else if choice == DatapathConfig::Tc && arm {
+            // `arm`: an interface managed for itself. Bridge ports, VLAN parents and PPPoE
+            // lower devices (registered for the device over them) keep XDP for now.
+            match self.attach_tc_program(name, ifindex) {
+                Ok(()) => {
+                    self.links
+                        .datapath_because
+                        .insert(ifindex, format!("datapath = \"tc\" in {from}"));
+                    AttachMode::Tc
+                }
+                Err(e) => {
+                    let _ = self.ifaces.remove(&ifindex);
+                    let _ = self.tx_ports.remove(ifindex);
+                    return Err(e);
+                }
+            }
         } else {
+            let because = if choice == DatapathConfig::Tc {
+                warn!(
+                    interface = name,
+                    "{name}: datapath = \"tc\" is not supported yet on a bridge port, VLAN \
+                     parent or PPPoE lower device: XDP runs there"
+                );
+                format!(
+                    "datapath = \"tc\" in {from}, but a bridge port, VLAN parent or PPPoE \
+                     lower device keeps XDP for now"
+                )
+            } else {
+                format!("datapath = \"{}\" in {from}", choice.as_str())
+            };
+            self.links.datapath_because.insert(ifindex, because);
             match self.attach_program(name, ifindex, mode) {
                 Ok(mode) => mode,
                 Err(e) => {
@@ -128,7 +190,9 @@ impl Datapath {
                 }
             }
         };
-        if mode == AttachMode::Native {
+        if matches!(mode, AttachMode::Native | AttachMode::Tc) {
+            // The TC program runs on skbs with their checksum state (see the eBPF `tc.rs`):
+            // what generic XDP cannot rewrite, it can.
             self.update_iface(ifindex, IfaceInfo { flags, ..info })?;
         }
         if arm && !self.links.armed.contains_key(&ifindex) {
@@ -184,6 +248,41 @@ impl Datapath {
         let p = <&mut SchedClassifier>::try_from(p)?;
         // A netlink (clsact) attachment would outlive the daemon: TCX links only.
         Ok(p.attach_with_options(name, at, TcAttachOptions::TcxOrder(LinkOrder::default()))?)
+    }
+
+    /// Attaches the TC fast path ([`TC_PROG_NAME`]) to the ingress of `name` as a TCX
+    /// bpf_link, first among the TCX ingress programs (before the DSCP stamp: a packet it
+    /// forwards needs no stamp).
+    fn attach_tc_program(&mut self, name: &str, ifindex: u32) -> anyhow::Result<()> {
+        if let Some(why) = &self.tc_unavailable {
+            bail!("{name}: datapath \"tc\": the TC fast path did not load: {why}");
+        }
+        let p = self
+            .ebpf
+            .program_mut(TC_PROG_NAME)
+            .ok_or_else(|| anyhow!("eBPF object has no program {TC_PROG_NAME}"))?;
+        let p = <&mut SchedClassifier>::try_from(p)?;
+        let link = p
+            .attach_with_options(
+                name,
+                TcAttachType::Ingress,
+                TcAttachOptions::TcxOrder(LinkOrder::first()),
+            )
+            .map_err(|e| {
+                anyhow!(
+                    "{name}: cannot attach the TC fast path at TC ingress (TCX, Linux >= 6.6 \
+                     needed): {e}"
+                )
+            })?;
+        self.links.tc.insert(ifindex, link);
+        self.links.modes.insert(ifindex, AttachMode::Tc);
+        info!(
+            interface = name,
+            ifindex,
+            mode = "tc",
+            "TC fast path attached (TCX ingress)"
+        );
+        Ok(())
     }
 
     /// Attaches the XDP program to `ifindex` in `mode` (native falling back to generic, with
@@ -302,6 +401,15 @@ impl Datapath {
         {
             let _ = prog.detach(link);
         }
+        if let Some(link) = self.links.tc.remove(&ifindex)
+            && let Some(Ok(prog)) = self
+                .ebpf
+                .program_mut(TC_PROG_NAME)
+                .map(<&mut SchedClassifier>::try_from)
+        {
+            let _ = prog.detach(link);
+        }
+        self.links.datapath_because.remove(&ifindex);
         self.links.generic_because.remove(&ifindex);
         self.links.modes.remove(&ifindex);
     }
@@ -315,12 +423,26 @@ impl Datapath {
             .devices
             .keys()
             .chain(self.links.xdp.keys())
+            .chain(self.links.tc.keys())
             .chain(self.links.armed.keys())
             .copied()
             .collect();
         for ifindex in ifindexes {
             self.detach(ifindex);
         }
+    }
+
+    /// Sets which datapath each interface gets when it is attached (before the first).
+    pub fn set_datapath_choice(&mut self, choice: DatapathChoice) {
+        self.datapath_choice = choice;
+    }
+
+    /// Which datapath `ifindex` runs (`xdp`, `tc`) and why; `None` when not attached itself.
+    pub fn datapath_because(&self, ifindex: u32) -> Option<&str> {
+        self.links
+            .datapath_because
+            .get(&ifindex)
+            .map(String::as_str)
     }
 
     /// Why `ifindex` runs generic XDP although native was asked for (see

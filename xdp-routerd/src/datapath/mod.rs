@@ -17,10 +17,11 @@ use aya::{
     programs::{SchedClassifier, Xdp},
     util::KernelVersion,
 };
+use tracing::warn;
 use xdp_router_common::{
     ARM_L3_PROG_NAME, ARM_PROG_NAME, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP,
     IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN, IFACE_F_VLAN_PARENT,
-    IfaceInfo, MAP_IFACES, MAP_TX_PORTS, PROG_NAME, STAMP_PROG_NAME,
+    IfaceInfo, MAP_IFACES, MAP_TX_PORTS, PROG_NAME, STAMP_PROG_NAME, TC_PROG_NAME,
 };
 
 pub mod attach;
@@ -31,7 +32,7 @@ pub mod pppoe;
 pub mod settings;
 pub mod vlan;
 
-pub use attach::{AttachMode, native_attach_failure};
+pub use attach::{AttachMode, DatapathChoice, native_attach_failure};
 pub use ports::Ports;
 pub use pppoe::PppoeBinding;
 pub use settings::{FibCache, Ruleset};
@@ -60,6 +61,10 @@ pub struct Datapath {
     vlans: vlan::VlanMaps,
     /// The managed PPPoE sessions and PPP devices.
     pppoe: pppoe::PppoeMaps,
+    /// Which datapath each interface is to get (config).
+    datapath_choice: attach::DatapathChoice,
+    /// Why the TC fast path cannot be attached anywhere (the kernel rejected it), if so.
+    tc_unavailable: Option<String>,
 }
 
 /// The `IFACE_F_*` bits the datapath owns, kept when the state rewrites an interface's flags:
@@ -136,6 +141,20 @@ impl Datapath {
         stamp
             .load()
             .map_err(|e| anyhow!("the kernel rejected the TC DSCP stamp program: {e:#}"))?;
+        // The TC fast path: only interfaces configured for it need it, so a kernel that rejects
+        // it stops only those (with this reason), not the daemon.
+        let tc_unavailable = match ebpf
+            .program_mut(TC_PROG_NAME)
+            .ok_or_else(|| anyhow!("eBPF object has no program {TC_PROG_NAME}"))
+            .and_then(|p| Ok(<&mut SchedClassifier>::try_from(p)?))
+            .and_then(|p| Ok(p.load()?))
+        {
+            Ok(()) => None,
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "the kernel rejected the TC fast path program: interfaces with datapath = \"tc\" cannot be managed");
+                Some(format!("{e:#}"))
+            }
+        };
         let mut dp = Datapath {
             ifaces: take(&mut ebpf, MAP_IFACES)?,
             tx_ports: take(&mut ebpf, MAP_TX_PORTS)?,
@@ -145,6 +164,8 @@ impl Datapath {
             bridges: bridge::BridgeMaps::take(&mut ebpf)?,
             vlans: vlan::VlanMaps::take(&mut ebpf)?,
             pppoe: pppoe::PppoeMaps::take(&mut ebpf)?,
+            datapath_choice: attach::DatapathChoice::default(),
+            tc_unavailable,
             ebpf,
         };
         dp.settings.write()?;

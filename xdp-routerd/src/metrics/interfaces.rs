@@ -10,14 +10,14 @@ use crate::status::Status;
 
 /// The attach modes an interface can be in (`xdp_router_interface_attach_mode{mode}`); one
 /// series per mode, 1 for the current one, so a change shows as a 0 → 1 flip.
-const ATTACH_MODES: [&str; 5] = ["native", "generic", "ports", "lower", "detached"];
+const ATTACH_MODES: [&str; 6] = ["native", "generic", "ports", "lower", "tc", "detached"];
 
 /// Encodes this subsystem's families of one status snapshot.
 pub(super) fn encode(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
     gauges(
         enc,
         "interface_attach_mode",
-        "1 for the XDP attach mode each managed interface is in (native, generic, ports for a bridge, lower for a PPP device, or detached when it is missing), 0 for the others.",
+        "1 for the attach mode each managed interface is in (XDP native or generic, tc for the TC ingress fast path, ports for a bridge, lower for a PPP device, or detached when it is missing), 0 for the others.",
         None,
         s.interfaces.iter().flat_map(|i| {
             ATTACH_MODES.iter().map(move |m| {

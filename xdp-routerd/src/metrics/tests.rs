@@ -43,6 +43,7 @@ fn sample_status() -> Status {
                 egress_qdisc: Some("noqueue".into()),
                 xdp_xmit: true,
                 no_xdp_xmit_because: None,
+                datapath_because: None,
                 generic_because: None,
                 bridge: None,
                 fdb_entries: None,
@@ -77,6 +78,7 @@ fn sample_status() -> Status {
                 egress_qdisc: Some("htb".into()),
                 xdp_xmit: false,
                 no_xdp_xmit_because: Some("test".into()),
+                datapath_because: None,
                 generic_because: Some("test".into()),
                 bridge: None,
                 fdb_entries: None,
@@ -353,6 +355,24 @@ fn encodes_every_family_with_values_from_the_status() {
     );
     assert!(t.contains("# UNIT xdp_router_fastpath_bytes bytes"), "{t}");
     assert!(t.ends_with("# EOF\n"), "{t}");
+}
+
+/// An interface running the TC fast path (`datapath = "tc"`) is in attach mode `tc`.
+#[test]
+fn a_tc_interface_is_in_attach_mode_tc() {
+    let mut st = sample_status();
+    st.interfaces[0].attach_mode = "tc".into();
+    let t = exposition(st);
+    let mode = |m: &str| {
+        value(
+            &t,
+            &format!(
+                r#"xdp_router_interface_attach_mode{{interface="lan0",role="lan",mode="{m}"}}"#
+            ),
+        )
+    };
+    assert_eq!(mode("tc"), 1.0);
+    assert_eq!(mode("native"), 0.0);
 }
 
 #[test]

@@ -112,6 +112,10 @@ impl State<Datapath> {
                     }),
                     (None, Some(_), None) => m.xmit.why_not(),
                 },
+                datapath_because: m
+                    .ifindex
+                    .and_then(|i| self.dp.datapath_because(i))
+                    .map(str::to_string),
                 generic_because: m
                     .ifindex
                     .and_then(|i| self.dp.generic_because(i))
@@ -154,6 +158,7 @@ impl State<Datapath> {
                         }
                         .into(),
                     ),
+                    datapath_because: None,
                     generic_because: self.dp.generic_because(v.link.parent).map(str::to_string),
                     bridge: None,
                     fdb_entries: pb.map(|_| self.dp.fdb_len(v.link.parent) as u64),
@@ -227,6 +232,7 @@ impl State<Datapath> {
                         Some(_) => Some("a VLAN device: its parent sends its frames".into()),
                         None => judged.why_not(),
                     },
+                    datapath_because: None,
                     generic_because: self.dp.generic_because(runs_on).map(str::to_string),
                     bridge: None,
                     fdb_entries: None,
@@ -286,6 +292,7 @@ impl State<Datapath> {
             egress_qdisc: p.egress.as_ref().and_then(|e| e.root.clone()),
             xdp_xmit: p.xmit.allowed(),
             no_xdp_xmit_because: p.xmit.why_not(),
+            datapath_because: None,
             generic_because: self.dp.generic_because(ifindex).map(str::to_string),
             bridge: Some(bridge.to_string()),
             fdb_entries: None,

@@ -218,6 +218,11 @@ pub struct IfaceStatus {
     /// Why `xdp_xmit` is false (null when true or the interface is missing).
     #[serde(default)]
     pub no_xdp_xmit_because: Option<String>,
+    /// Why the interface runs the datapath it runs (`attach_mode` `tc`, or an XDP mode): the
+    /// config setting that chose it. Null when not attached itself (a bridge's ports, a PPP
+    /// device's lower device carry the program).
+    #[serde(default)]
+    pub datapath_because: Option<String>,
     /// Why the attach mode is generic although native was asked for: the kernel's refusal,
     /// explained (e.g. a veth peer's MTU too large for native XDP).
     #[serde(default)]

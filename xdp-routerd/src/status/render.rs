@@ -44,11 +44,24 @@ impl Status {
                 .as_deref()
                 .map(|e| format!(" ({e})"))
                 .unwrap_or_default();
+            // `tc`: the TC fast path runs there instead of XDP.
+            let datapath = if i.attach_mode == "tc" {
+                "tc ingress".to_string()
+            } else {
+                format!("xdp {}", i.attach_mode)
+            };
             let _ = writeln!(
                 s,
-                "  {:<12} ifindex {:<4} role {:<4} xdp {}{qdisc}{shaped}{bridge}{encap}",
-                i.name, i.ifindex, i.role, i.attach_mode,
+                "  {:<12} ifindex {:<4} role {:<4} {datapath}{qdisc}{shaped}{bridge}{encap}",
+                i.name, i.ifindex, i.role,
             );
+            if let Some(why) = i
+                .datapath_because
+                .as_ref()
+                .filter(|_| i.attach_mode == "tc")
+            {
+                let _ = writeln!(s, "    datapath tc because: {why}");
+            }
             if let Some(why) = &i.generic_because {
                 let _ = writeln!(s, "    generic XDP because: {why}");
             }
@@ -288,6 +301,7 @@ mod tests {
             egress_qdisc: None,
             xdp_xmit: pppoe.session_id.is_some(),
             no_xdp_xmit_because: None,
+            datapath_because: None,
             generic_because: None,
             bridge: None,
             fdb_entries: None,
@@ -296,6 +310,34 @@ mod tests {
             bridge_vlans: None,
             not_accelerated_because: None,
         }
+    }
+
+    /// An interface running the TC fast path says so, and why; an XDP one does not say why.
+    #[test]
+    fn a_tc_interface_shows_its_datapath_and_why() {
+        let mut st = status(&[]);
+        let mut eth1 = ppp0(PppoeStatus::default(), None);
+        eth1.name = "eth1".into();
+        eth1.pppoe = None;
+        eth1.attach_mode = "tc".into();
+        eth1.datapath_because = Some("datapath = \"tc\" in the global setting".into());
+        let mut eth0 = eth1.clone();
+        eth0.name = "eth0".into();
+        eth0.attach_mode = "native".into();
+        eth0.datapath_because = Some("datapath = \"auto\" in the global setting".into());
+        st.interfaces = vec![eth1, eth0];
+        let text = st.render();
+        assert!(
+            text.contains("eth1         ifindex 12   role wan  tc ingress\n")
+                && text
+                    .contains("    datapath tc because: datapath = \"tc\" in the global setting\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("eth0         ifindex 12   role wan  xdp native\n")
+                && !text.contains("\"auto\""),
+            "{text}"
+        );
     }
 
     #[test]

@@ -339,6 +339,7 @@ fn iface(name: &str, role: Role, shaped: Shaped) -> InterfaceConfig {
         shaped,
         bypass_hooks: false,
         pppoe_device: None,
+        datapath: None,
     }
 }
 

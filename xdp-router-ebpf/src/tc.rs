@@ -1,0 +1,236 @@
+//! The pipeline on socket buffers: [`Packet`] for the TC program's context, so the TC ingress
+//! program (`xdp_router_tc`) runs the same `flow::try_forward` as the XDP program, on devices
+//! without native XDP or where the config asks for TC (`datapath = "tc"`).
+//!
+//! What differs from an XDP frame:
+//! - The skb may be non-linear (GRO, page-fragment drivers): the entry point pulls the headers
+//!   into the head ([`TC_HEADER_PULL`]); lengths are the skb's (`skb->len`), not the head's.
+//! - Its checksum state is the kernel's. A `CHECKSUM_PARTIAL` skb (locally generated, or merged
+//!   by GRO) has only the pseudo-header's sum in its checksum field, so a direct incremental
+//!   update of that field (the XDP path's) is wrong for ports and right only with the
+//!   pseudo-header's rule for addresses; a `CHECKSUM_COMPLETE` skb carries a sum over the
+//!   packet that every uncompensated change must update. The rewrite therefore leaves the
+//!   transport checksum to `bpf_l4_csum_replace` (`BPF_F_PSEUDO_HDR` for the addresses,
+//!   `BPF_F_MARK_MANGLED_0` for UDP), which handles each state as `nf_nat`'s
+//!   `inet_proto_csum_replace4` does (see [`Packet::update_l4_checksum`]).
+//! - A redirect is `bpf_redirect` to the egress device's transmit path (`dev_queue_xmit`): its
+//!   qdisc and TC egress programs run, and it needs no XDP transmit support.
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{
+        __sk_buff, BPF_CSUM_LEVEL_QUERY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_REDIRECT,
+    },
+    helpers::{
+        bpf_csum_level, bpf_csum_update, bpf_l4_csum_replace, bpf_redirect, bpf_skb_change_tail,
+        bpf_skb_pull_data,
+    },
+    programs::TcContext,
+};
+use core::ffi::c_void;
+use xdp_router_common::{checksum::fold, parse::ETH_HLEN};
+
+use crate::packet::{L4ChecksumEdit, Packet, ptr_at_mut};
+
+/// Bytes the TC entry point pulls into the skb's head before the pipeline reads headers
+/// directly: Ethernet (14), VLAN tag (4), PPPoE (8), IPv6 (40), the TCP header up to its
+/// checksum and beyond (20), rounded up. Shorter packets are pulled whole.
+pub const TC_HEADER_PULL: u32 = 96;
+
+/// A diff that changes nothing (0, or one's-complement -0): no helper call.
+#[inline(always)]
+fn is_noop(diff: u32) -> bool {
+    diff == 0 || fold(diff as u64) == 0xffff
+}
+
+impl Packet for TcContext {
+    const SKB: bool = true;
+
+    #[inline(always)]
+    fn data(&self) -> usize {
+        TcContext::data(self)
+    }
+
+    #[inline(always)]
+    fn data_end(&self) -> usize {
+        TcContext::data_end(self)
+    }
+
+    #[inline(always)]
+    unsafe fn from_ptr(ptr: *mut c_void) -> Self {
+        TcContext::new(ptr.cast::<__sk_buff>())
+    }
+
+    #[inline(always)]
+    fn adjust_head(&self, _delta: i32) -> bool {
+        // Pushing or popping a VLAN tag or PPPoE header on an skb (bpf_skb_adjust_room with
+        // its offload and GSO rules) is not done yet: `encap::reframe` hands such packets to
+        // the kernel as `Reason::PassNotOnTc` before it gets here.
+        false
+    }
+
+    #[inline(always)]
+    fn adjust_tail(&self, delta: i32) -> bool {
+        let new_len = self.skb.len() as i32 + delta;
+        if new_len <= 0 {
+            return false;
+        }
+        // SAFETY: a helper on this program's own context.
+        unsafe { bpf_skb_change_tail(self.as_ptr().cast(), new_len as u32, 0) == 0 }
+    }
+
+    #[inline(always)]
+    fn redirect(ifindex: u32) -> Option<u32> {
+        // Only records the target (per-CPU redirect info, used once the program returns
+        // TC_ACT_REDIRECT); flags 0: out of the device's egress (dev_queue_xmit), so its
+        // qdisc, TC egress programs and the stack's GSO segmentation apply. The egress is a
+        // device the daemon manages (checked in `egress::redirect_to`).
+        // SAFETY: a helper without pointers.
+        let action = unsafe { bpf_redirect(ifindex, 0) };
+        if action == i64::from(TC_ACT_REDIRECT) {
+            Some(TC_ACT_REDIRECT as u32)
+        } else {
+            None
+        }
+    }
+
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.skb.len() as usize
+    }
+
+    #[inline(always)]
+    fn l4_checksum_offloaded(&self, check_off: usize) -> bool {
+        let skb: *mut __sk_buff = self.as_ptr().cast();
+        // CHECKSUM_UNNECESSARY: the driver verified it (the query answers its level, else
+        // -EACCES).
+        // SAFETY: a helper on this program's own context.
+        if unsafe { bpf_csum_level(skb, u64::from(BPF_CSUM_LEVEL_QUERY)) } >= 0 {
+            return true;
+        }
+        // CHECKSUM_PARTIAL cannot be queried; it is told by how the pseudo-header rule acts
+        // on the field: adding a diff of 1 with BPF_F_PSEUDO_HDR gives `old + 1` for a partial
+        // checksum (the field holds the pseudo-header's sum) and `old - 1` otherwise (a full
+        // checksum, `~(~old + 1)`). The diff is taken back at once (-1, the same rule; a
+        // CHECKSUM_COMPLETE sum moves and returns too). Only reached when the software check
+        // failed, so packets with a correct full checksum never pay for it.
+        let Ok(p) = ptr_at_mut::<u16, _>(self, check_off) else {
+            return false;
+        };
+        // SAFETY: bounds checked by ptr_at_mut.
+        let old = unsafe { *p };
+        if old == 0xffff {
+            // The round trip below would leave 0x0000 (the same one's-complement value), which
+            // for UDP over IPv4 means "no checksum": such a packet goes to the kernel as is.
+            return false;
+        }
+        // SAFETY: a helper on this program's own context; the offset is inside the head.
+        if unsafe { bpf_l4_csum_replace(skb, check_off as u32, 0, 1, u64::from(BPF_F_PSEUDO_HDR)) }
+            != 0
+        {
+            return false;
+        }
+        let Ok(p) = ptr_at_mut::<u16, _>(self, check_off) else {
+            return false;
+        };
+        // SAFETY: bounds checked by ptr_at_mut (again: the helper invalidated the pointer).
+        let new = unsafe { *p };
+        // SAFETY: as above; the one's-complement -1 undoes the +1.
+        unsafe {
+            bpf_l4_csum_replace(
+                skb,
+                check_off as u32,
+                0,
+                u64::from(!1u32),
+                u64::from(BPF_F_PSEUDO_HDR),
+            )
+        };
+        new == fold(u64::from(old) + 1)
+    }
+
+    #[inline(always)]
+    fn pull(&self, len: usize) -> bool {
+        if self.data_end() - self.data() >= len {
+            return true;
+        }
+        // SAFETY: a helper on this program's own context.
+        unsafe { bpf_skb_pull_data(self.as_ptr().cast(), len as u32) == 0 }
+    }
+
+    #[inline(always)]
+    fn mtu_len(&self, ip_len: u16, l4_off: usize, tcp: bool) -> u16 {
+        let gso_size = self.skb.gso_size();
+        if gso_size == 0 {
+            return ip_len;
+        }
+        // A GSO skb leaves as segments of `gso_size` payload bytes each: those must fit the
+        // egress MTU (ip_forward's `skb_gso_validate_network_len`), not the aggregate. Each
+        // segment has the IP header (from the Ethernet header's end, 14 bytes, to `l4_off`)
+        // and the transport header.
+        let l4_hlen = if tcp {
+            let Ok(doff) = ptr_at_mut::<u8, _>(self, l4_off + 12) else {
+                return ip_len;
+            };
+            // SAFETY: bounds checked by ptr_at_mut.
+            u32::from(unsafe { *doff } >> 4) * 4
+        } else {
+            8
+        };
+        let seg = (l4_off - ETH_HLEN) as u32 + l4_hlen + gso_size;
+        if seg < u32::from(ip_len) {
+            seg as u16
+        } else {
+            ip_len
+        }
+    }
+
+    #[inline(always)]
+    fn update_l4_checksum(&self, edit: &L4ChecksumEdit) {
+        let skb: *mut __sk_buff = self.as_ptr().cast();
+        let udp = if edit.udp {
+            u64::from(BPF_F_MARK_MANGLED_0)
+        } else {
+            0
+        };
+        let offset = edit.offset as u32;
+        // Size 0 in the flags: `to` is a diff (inet_proto_csum_replace_by_diff). Failures
+        // cannot happen here (the offset was bounds checked, the diffs are diffs); nothing to
+        // undo if they did, the packet would leave with a wrong checksum and be dropped.
+        // SAFETY: helpers on this program's own context.
+        unsafe {
+            if !is_noop(edit.pseudo) {
+                bpf_l4_csum_replace(
+                    skb,
+                    offset,
+                    0,
+                    u64::from(edit.pseudo),
+                    u64::from(BPF_F_PSEUDO_HDR) | udp,
+                );
+            }
+            if !is_noop(edit.ports) {
+                bpf_l4_csum_replace(skb, offset, 0, u64::from(edit.ports), udp);
+            }
+            if !is_noop(edit.complete_fix) {
+                // Only a CHECKSUM_COMPLETE skb has a sum to fix (the helper does nothing
+                // otherwise). The pseudo-header call above took the address diff off it as
+                // for IPv4, whose header checksum compensates the addresses (kernels before
+                // BPF_F_IPV6 always do); for IPv6 the changed header words come back here.
+                bpf_csum_update(skb, edit.complete_fix);
+            }
+        }
+    }
+}
+
+/// Loads an skb field the aya context has no accessor for.
+trait SkbFields {
+    /// `skb->gso_size`: the payload bytes per segment of a GSO skb, 0 otherwise.
+    fn gso_size(&self) -> u32;
+}
+
+impl SkbFields for aya_ebpf::programs::sk_buff::SkBuff {
+    #[inline(always)]
+    fn gso_size(&self) -> u32 {
+        // SAFETY: the context's skb pointer is valid for the program run.
+        unsafe { (*self.skb).gso_size }
+    }
+}
