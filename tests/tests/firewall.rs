@@ -18,8 +18,8 @@ use std::{
 };
 
 use xdp_router_tests::testbed::{
-    Capture, HOST_IF, LAN_IF, Testbed, UdpEcho, WAN_IF, any_v4, lan_fast_share, ready, udp_payload,
-    udp_socket, wait_until, wan_v4,
+    Capture, HOST_IF, LAN_IF, Testbed, UdpEcho, WAN_IF, any_v4, lan_fast_share, ready, time_scale,
+    udp_payload, udp_socket, wait_until, wan_v4,
 };
 
 /// A LAN→WAN TCP stream at a fixed rate whose receiver counts bytes live.
@@ -159,18 +159,20 @@ fn fast_stream(tb: &mut Testbed, port: u16) -> Stream {
     stream
 }
 
-/// Runs `change` in the router and checks the stream stops within 1 s.
+/// Runs `change` in the router and checks the stream stops within 1 s (times
+/// [`time_scale`] on an emulated CPU).
 fn stops_within_a_second(tb: &Testbed, stream: &Stream, what: &str, change: &str) {
     let changes = tb.daemon().status().ruleset.changes;
+    let limit = Duration::from_secs(time_scale().into());
     let t0 = Instant::now();
     tb.router.sh(change);
-    let stopped = stream.time_to_stop(t0, Duration::from_secs(1));
+    let stopped = stream.time_to_stop(t0, limit);
     eprintln!("{what}: the stream stopped after {stopped:?}");
     let after = tb.daemon().status();
     assert!(
-        stopped.is_some_and(|t| t <= Duration::from_secs(1)),
-        "{what}: the stream still flows 1 s after the change ({} bytes in the last 500 ms); \
-         ruleset changes {} -> {}",
+        stopped.is_some_and(|t| t <= limit),
+        "{what}: the stream still flows {limit:?} after the change ({} bytes in the last \
+         500 ms); ruleset changes {} -> {}",
         stream.grows_over(Duration::from_millis(500)),
         changes,
         after.ruleset.changes

@@ -451,3 +451,15 @@ pub fn traffic_is_fast_pathed(tb: &Testbed, port: u16, lan: &str, wan: &str, wha
         "TCP not fast-pathed both ways {what}: {orig} original, {reply} reply"
     );
 }
+
+/// How many times longer than on this machine a prompt reaction may take where the tests run:
+/// `XDP_ROUTER_TIME_SCALE` (the arm64 guest, an emulated CPU, sets 5), else 1. Limits that
+/// stand for "promptly" (a ruleset change stopping a stream within 1 s) are multiplied by it;
+/// they check that something happens, not how fast.
+pub fn time_scale() -> u32 {
+    std::env::var("XDP_ROUTER_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(1)
+}

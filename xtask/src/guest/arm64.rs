@@ -174,6 +174,8 @@ pub fn prepare() -> anyhow::Result<Prepared> {
                 "XDP_ROUTER_SKIP_LOG",
                 guest.join("skips").to_string_lossy().into_owned(),
             ),
+            // An emulated CPU: "promptly" may take five times longer (testbed `time_scale`).
+            ("XDP_ROUTER_TIME_SCALE", "5".into()),
         ],
         cwd: guest.to_owned(),
         setup: vec![
