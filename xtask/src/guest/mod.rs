@@ -150,6 +150,10 @@ impl Shared {
         c.args(["-c", "exec \"$@\" 2>&1", "sh", "timeout", TIMEOUT_SECS])
             .arg(vng)
             .args(args)
+            // The kernel's console reaches this output (`--verbose`), with messages of error
+            // level and worse only: a guest kernel that panics (it reboots at once,
+            // `panic=-1`, ending qemu) says why instead of going silent mid-test.
+            .args(["--verbose", "--append", "loglevel=4"])
             .arg("--rwdir")
             .arg(if guest_dir == self.dir {
                 self.dir.clone().into_os_string()
