@@ -15,6 +15,8 @@ use xdp_router_common::{
     SETTINGS_F_DSCP_REWRITE, SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL, Settings, VlanKey,
 };
 
+use xdp_routerd::datapath::flows::BatchAttr;
+
 use super::{
     flow::{ARMED, FlowEntry},
     setup::Setup,
@@ -46,19 +48,6 @@ pub struct Maps {
 
 /// `BPF_MAP_LOOKUP_BATCH` (enum bpf_cmd).
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-
-/// The `batch` member of `union bpf_attr` (the BPF_MAP_*_BATCH commands).
-#[repr(C)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
-}
 
 /// Takes map `name` out of the loaded object as the typed handle `T`.
 pub fn take<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &str) -> T

@@ -63,6 +63,20 @@ impl Datapath {
     }
 }
 
+/// The batch member of `union bpf_attr` (include/uapi/linux/bpf.h): the BPF_MAP_*_BATCH
+/// commands (aya 0.14 wraps none; the fixtures read STATS with it too).
+#[repr(C)]
+pub struct BatchAttr {
+    pub in_batch: u64,
+    pub out_batch: u64,
+    pub keys: u64,
+    pub values: u64,
+    pub count: u32,
+    pub map_fd: u32,
+    pub elem_flags: u64,
+    pub flags: u64,
+}
+
 /// `BPF_MAP_UPDATE_BATCH` (Linux 5.6) on the map `fd`: `keys[i]` → `values[i]` in one system
 /// call (the kernel stops at the first failing entry). aya 0.14 has no wrapper.
 fn update_batch<K: aya::Pod, V: aya::Pod>(
@@ -71,18 +85,6 @@ fn update_batch<K: aya::Pod, V: aya::Pod>(
     values: &[V],
 ) -> std::io::Result<()> {
     use std::os::fd::AsRawFd as _;
-    /// The batch member of `union bpf_attr` (include/uapi/linux/bpf.h).
-    #[repr(C)]
-    struct BatchAttr {
-        in_batch: u64,
-        out_batch: u64,
-        keys: u64,
-        values: u64,
-        count: u32,
-        map_fd: u32,
-        elem_flags: u64,
-        flags: u64,
-    }
     const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
     if keys.len() != values.len() {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
