@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use super::{Run, Script, Shared};
+use super::{Prepared, Run, Script, Shared};
 use crate::cmd;
 
 /// Test targets of `xdp-router-tests` whose ignored tests run in the guest.
@@ -81,10 +81,9 @@ fn version_key(v: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Builds the guest test binaries, boots the guest once and runs their ignored tests (with
-/// `extra` arguments, e.g. a name filter). Returns the names of failed tests; an error when the
-/// guest cannot run or its run did not finish.
-pub fn run(daemon: &Path, skip_log: &Path, extra: &[String]) -> anyhow::Result<Vec<String>> {
+/// Builds the guest test binaries (with `extra` arguments for them, e.g. a name filter) and
+/// sets up the boot that runs their ignored tests against `daemon`.
+pub fn prepare(daemon: &Path, extra: &[String]) -> anyhow::Result<Prepared> {
     if cmd::which("qemu-system-x86_64").is_none() {
         bail!("qemu-system-x86_64 not found: run `cargo xtask setup`");
     }
@@ -133,8 +132,13 @@ pub fn run(daemon: &Path, skip_log: &Path, extra: &[String]) -> anyhow::Result<V
         "--memory".into(),
         "4G".into(),
     ];
-    let dir = shared.dir.clone();
-    shared.boot(&vng_args, &dir, &script, skip_log, &mut std::io::stdout())
+    let guest_dir = shared.dir.clone();
+    Ok(Prepared {
+        shared,
+        script,
+        args: vng_args,
+        guest_dir,
+    })
 }
 
 #[cfg(test)]

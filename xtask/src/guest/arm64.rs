@@ -21,7 +21,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use super::{Run, Script, Shared};
+use super::{Prepared, Run, Script, Shared};
 use crate::{cmd, cross, dist, setup};
 
 /// The suite of the root.
@@ -96,31 +96,6 @@ const E2E: &[(&str, &[&str])] = &[
         &["hundred_megabytes_fast_pathed_are_counted_per_flow_and_per_host"],
     ),
 ];
-
-/// The arm64 guest, ready to boot: built, its root made, its script written.
-pub struct Prepared {
-    shared: Shared,
-    script: Script,
-    args: Vec<OsString>,
-}
-
-impl Prepared {
-    /// Boots the guest once and runs everything, its console going to `sink`; the names of
-    /// failed tests.
-    pub fn boot(
-        self,
-        skip_log: &Path,
-        sink: &mut dyn std::io::Write,
-    ) -> anyhow::Result<Vec<String>> {
-        self.shared.boot(
-            &self.args,
-            Path::new(GUEST_DIR),
-            &self.script,
-            skip_log,
-            sink,
-        )
-    }
-}
 
 /// Builds the arm64 package and tests, makes the root when missing and writes the guest's
 /// script.
@@ -221,6 +196,7 @@ pub fn prepare() -> anyhow::Result<Prepared> {
         shared,
         script,
         args,
+        guest_dir: PathBuf::from(GUEST_DIR),
     })
 }
 

@@ -6,7 +6,10 @@
 //!   the fixtures and the core end-to-end tests against the arm64 package.
 //!
 //! Both write a shell script into a directory the guest shares writable, boot once, and read
-//! back the script's overall status and the skips the tests logged.
+//! back the script's overall status and the skips the tests logged. The amd64 guest can boot
+//! in the background ([`Prepared::boot_beside`]) while the host's privileged tests run: those
+//! leave the CPUs idle nine tenths of the time, and the emulator, at the idle scheduling
+//! class, takes only what they leave.
 
 pub mod amd64;
 pub mod arm64;
@@ -16,6 +19,8 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
+    thread,
+    time::Instant,
 };
 
 use anyhow::{Context as _, bail};
@@ -127,14 +132,15 @@ impl Shared {
     }
 
     /// Boots the guest: `vng` with `args` (kernel, architecture, root…) plus the shared
-    /// directory (seen at `guest_dir` in the guest), running `script`; its console goes to
-    /// `sink`. The names of the tests that failed; an error when the guest could not run or
+    /// directory (seen at `guest_dir` in the guest), running `script`, at `priority`; its
+    /// console goes to `sink`. The names of the tests that failed; an error when the guest could not run or
     /// its run did not finish.
-    pub fn boot(
+    fn boot(
         self,
         args: &[OsString],
         guest_dir: &Path,
         script: &Script,
+        priority: Priority,
         skip_log: &Path,
         sink: &mut dyn std::io::Write,
     ) -> anyhow::Result<Vec<String>> {
@@ -147,7 +153,12 @@ impl Shared {
         // The guest's console goes to stderr, which qemu reopens (truncating a log file that
         // stderr is redirected to): `sh` sends it into the stdout pipe read below instead.
         let mut c = Command::new("sh");
-        c.args(["-c", "exec \"$@\" 2>&1", "sh", "timeout", TIMEOUT_SECS])
+        c.args(["-c", "exec \"$@\" 2>&1", "sh"]);
+        if priority == Priority::Idle {
+            // Inherited by everything vng starts, qemu's vCPU threads included.
+            c.args(["chrt", "--idle", "0"]);
+        }
+        c.args(["timeout", TIMEOUT_SECS])
             .arg(vng)
             .args(args)
             // The kernel's console reaches this output (`--verbose`), with messages of error
@@ -187,6 +198,100 @@ impl Shared {
             Err(_) => bail!("the guest did not finish its tests (no result file): see its output"),
         }
     }
+}
+
+/// A guest ready to boot: its binaries built, its script's parts set, its `vng` arguments
+/// (kernel, architecture, root) chosen.
+pub struct Prepared {
+    pub shared: Shared,
+    pub script: Script,
+    pub args: Vec<OsString>,
+    /// Where the guest sees the shared directory.
+    pub guest_dir: PathBuf,
+}
+
+/// A guest booted in the background: [`Beside::wait`] gives its outcome.
+pub struct Beside {
+    /// The outcome and when the guest ended.
+    handle: thread::JoinHandle<(anyhow::Result<Vec<String>>, Instant)>,
+    log: PathBuf,
+    started: Instant,
+}
+
+impl Prepared {
+    /// Boots the guest once and runs everything, its console going to `sink`; the names of
+    /// failed tests.
+    pub fn boot(
+        self,
+        skip_log: &Path,
+        sink: &mut dyn std::io::Write,
+    ) -> anyhow::Result<Vec<String>> {
+        self.shared.boot(
+            &self.args,
+            &self.guest_dir,
+            &self.script,
+            Priority::Normal,
+            skip_log,
+            sink,
+        )
+    }
+
+    /// Boots the guest on a thread of its own, its emulator in the idle scheduling class (it
+    /// runs only on CPU time nothing else wants, so tests running beside it keep theirs), its
+    /// console going to `log` (printed by [`Beside::wait`], so two runs' lines do not mix).
+    pub fn boot_beside(self, skip_log: &Path, log: PathBuf) -> anyhow::Result<Beside> {
+        let mut file =
+            fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
+        let skip_log = skip_log.to_owned();
+        let handle = thread::spawn(move || {
+            let outcome = self.shared.boot(
+                &self.args,
+                &self.guest_dir,
+                &self.script,
+                Priority::Idle,
+                &skip_log,
+                &mut file,
+            );
+            (outcome, Instant::now())
+        });
+        Ok(Beside {
+            handle,
+            log,
+            started: Instant::now(),
+        })
+    }
+}
+
+impl Beside {
+    /// Waits for the guest, prints its console and returns its outcome (as
+    /// [`Prepared::boot`]) and how long it ran, in seconds.
+    pub fn wait(self) -> (anyhow::Result<Vec<String>>, f64) {
+        let (outcome, ended) = self.handle.join().unwrap_or_else(|_| {
+            (
+                Err(anyhow::anyhow!("the guest's thread panicked")),
+                Instant::now(),
+            )
+        });
+        let secs = ended.duration_since(self.started).as_secs_f64();
+        match fs::read(&self.log) {
+            Ok(text) => print!("{}", String::from_utf8_lossy(&text)),
+            Err(e) => println!(
+                "guest: cannot read its console log {}: {e}",
+                self.log.display()
+            ),
+        }
+        (outcome, secs)
+    }
+}
+
+/// The scheduling class a guest's emulator runs in.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Priority {
+    /// The step has the machine to itself.
+    Normal,
+    /// Beside timing-sensitive tests: `SCHED_IDLE` (`chrt --idle 0`), which any runnable
+    /// normal task preempts.
+    Idle,
 }
 
 /// `cargo test -p xdp-router-tests --no-run` of `targets` with `extra` cargo arguments (a
