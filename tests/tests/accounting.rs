@@ -160,9 +160,11 @@ fn transfer_is_counted(tag: &str, on: bool, port: u16) {
         tb.daemon().set_fastpath(false);
     }
     let host_before = host_transmit_bytes(&tb);
+    let kernel_fwd_before = tb.daemon().kernel_forwarded_packets();
     let before = tb.snapshot();
     let transfer = OpenTransfer::run(&tb, wan_v4(port));
     let after = tb.snapshot();
+    let kernel_fwd = tb.daemon().kernel_forwarded_packets() - kernel_fwd_before;
     let row = flow_row(&tb, port);
     eprintln!("{}", tb.daemon().ctl(&["flows"]).unwrap_or_else(|e| e));
     let host_tx = host_transmit_bytes(&tb) - host_before;
@@ -177,7 +179,8 @@ fn transfer_is_counted(tag: &str, on: bool, port: u16) {
     eprintln!(
         "fast path {}: wire {wire} packets, {expected} IP bytes ({:.2} % over the payload); \
          flows: fast path {fast} + conntrack {kernel} = {total}; conntrack -L {tool}; host \
-         transmit {host_tx}; XDP forwarded {fwd} packets ({:.1} %)",
+         transmit {host_tx}; XDP forwarded {fwd} packets ({:.1} %); the kernel forwarded \
+         {kernel_fwd} packets of offloaded directions (both ways, GSO segments)",
         if on { "on" } else { "off" },
         (expected as f64 / PAYLOAD as f64 - 1.0) * 100.0,
         fastpath_fraction(fwd, wire) * 100.0
@@ -209,6 +212,14 @@ fn transfer_is_counted(tag: &str, on: bool, port: u16) {
             "only {fwd} of {wire} packets were fast-pathed"
         );
         within("host transmit counter", host_tx);
+        // The datapath's count of what the kernel forwarded of offloaded directions (the
+        // daemon reads whether it moved before it reads any flow entry's arming) saw the few
+        // packets before arming, not the transfer.
+        assert!(
+            (1..wire / 5).contains(&kernel_fwd),
+            "the kernel forwarded {kernel_fwd} packets of offloaded directions, want 1..{}",
+            wire / 5
+        );
         // Negative control: conntrack's counter alone (what nlbwmon reads) misses it.
         assert!(
             kernel < expected / 10,
@@ -221,6 +232,13 @@ fn transfer_is_counted(tag: &str, on: bool, port: u16) {
         // The per-host series count what the kernel forwarded of offloaded connections too
         // (the arming program's kernel counters).
         within("host transmit counter (fast path off)", host_tx);
+        // Every packet the LAN port received was forwarded by the kernel and armed its
+        // direction, counted per segment (GRO may have merged several wire packets into one).
+        assert!(
+            kernel_fwd >= wire * 9 / 10,
+            "the kernel forwarded {kernel_fwd} packets of offloaded directions, the LAN port \
+             received {wire}"
+        );
     }
 }
 

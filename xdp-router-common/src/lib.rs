@@ -29,6 +29,11 @@ pub const MAP_BRIDGE_FDB: &str = "BRIDGE_FDB";
 pub const MAP_VLANS: &str = "VLANS";
 pub const MAP_PPPOE: &str = "PPPOE";
 pub const MAP_BRIDGE_VLANS: &str = "BRIDGE_VLANS";
+/// Per-CPU count (one `u64`, index 0) of the packets (GSO segments) of offloaded flow
+/// directions the kernel forwarded, each of which the arming program armed: summed over the
+/// CPUs, unchanged between two reads means the kernel forwarded none of them in between, so
+/// no `armed_at` was written.
+pub const MAP_KERNEL_FORWARDED: &str = "KERNEL_FWD";
 
 /// Capacity of [`MAP_BRIDGE_FDB`] (MAC addresses behind all managed bridges).
 pub const FDB_CAPACITY: u32 = 8192;

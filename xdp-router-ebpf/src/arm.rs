@@ -44,7 +44,7 @@ use xdp_router_common::{
 };
 
 use crate::{
-    maps::{ARM_V4, ARM_V6, FLOWS_V4, FLOWS_V6, SETTINGS},
+    maps::{ARM_V4, ARM_V6, FLOWS_V4, FLOWS_V6, KERNEL_FWD, SETTINGS},
     order::{halves, store_ordered, word},
 };
 
@@ -193,6 +193,12 @@ fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
         }
         if f & FLOW_F_STALE != 0 {
             return;
+        }
+        // Packets (GSO segments) of an offloaded direction the kernel forwarded, for the
+        // daemon (`MAP_KERNEL_FORWARDED`): per CPU, and TC egress runs with bottom halves
+        // disabled, so a plain read-modify-write is race free.
+        if let Some(n) = KERNEL_FWD.get_ptr_mut(0) {
+            *n += fwd.segments;
         }
         // What the kernel forwarded of the direction (several CPUs may: atomic adds, as the
         // fast path's own counters in `flow::finish`).

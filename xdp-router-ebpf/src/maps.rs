@@ -96,6 +96,12 @@ pub static PPPOE: HashMap<PppoeKey, u32> = HashMap::with_max_entries(PPPOE_CAPAC
 #[map]
 pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(STATS_ENTRIES, 0);
 
+/// Packets of offloaded flow directions the kernel forwarded, per CPU (`arm.rs`), at index 0:
+/// the daemon reads whether any direction was armed since it wrote a batch of flows
+/// (`MAP_KERNEL_FORWARDED`).
+#[map]
+pub static KERNEL_FWD: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 /// Runtime settings, one entry (index 0), written by the daemon.
 #[map]
 pub static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);

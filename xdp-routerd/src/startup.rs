@@ -11,7 +11,6 @@ use crate::{
     config::Config,
     control,
     datapath::{Datapath, DatapathChoice},
-    flows::conntrack::CtEntry,
     state::{Shared, State},
     sync::{
         bridge,
@@ -44,7 +43,7 @@ pub struct Started {
     /// Marks parked TCP connections "be liberal" before revalidation offloads them.
     pub revalidate_marker: CtNetlink,
     /// TCP connections the initial resync offloaded (marked already), to be marked again.
-    pub to_mark: Vec<CtEntry>,
+    pub to_mark: tasks::conntrack::JustOffloaded,
     pub keepalive: CtNetlink,
     /// The kernel's XDP feature changes; `None` without the `netdev` family (Linux < 6.3).
     pub xmit_events: Option<UnboundedReceiver<XmitEvent>>,

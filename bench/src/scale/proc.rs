@@ -78,22 +78,43 @@ pub(super) fn map_memlock(pid: u32) -> Result<u64> {
 
 /// Waits until `pid` used less than 1 % of a core over 3 s in a row (a process starved by a
 /// loaded machine can look quiet for a second); returns the time until that quiet stretch
-/// began.
+/// began. Sampled every 0.5 s, judged on the last six samples together: CPU time comes in
+/// 10 ms clock ticks, so a 0.5 s sample with one tick reads 2 %, and a daemon with a 10 ms
+/// chore every 2 s (0.5 % of a core) would never have six quiet samples in a row.
 pub(super) fn settle(pid: u32, limit: Duration) -> Result<Option<Duration>> {
     let started = Instant::now();
     let window = Duration::from_millis(500);
-    let mut quiet = 0u32;
+    let mut last = Rolling::default();
     while started.elapsed() < limit {
-        if cpu_over(pid, window)? < 1.0 {
-            quiet += 1;
-            if quiet == 6 {
-                return Ok(Some(started.elapsed().saturating_sub(window * 6)));
-            }
-        } else {
-            quiet = 0;
+        if last.push(cpu_over(pid, window)?) < 1.0 {
+            return Ok(Some(
+                started
+                    .elapsed()
+                    .saturating_sub(window * QUIET_SAMPLES as u32),
+            ));
         }
     }
     Ok(None)
+}
+
+/// Samples that make the 3 s of [`settle`].
+const QUIET_SAMPLES: usize = 6;
+
+/// The mean of the last [`QUIET_SAMPLES`] CPU shares (infinite until there are that many).
+#[derive(Default)]
+struct Rolling(std::collections::VecDeque<f64>);
+
+impl Rolling {
+    fn push(&mut self, share: f64) -> f64 {
+        if self.0.len() == QUIET_SAMPLES {
+            self.0.pop_front();
+        }
+        self.0.push_back(share);
+        if self.0.len() < QUIET_SAMPLES {
+            return f64::INFINITY;
+        }
+        self.0.iter().sum::<f64>() / QUIET_SAMPLES as f64
+    }
 }
 
 /// System calls of `pid` and all its threads over `dur`, by name, most frequent first
@@ -153,6 +174,22 @@ fn parse_strace_summary(text: &str) -> Result<Vec<(String, u64)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quiet_is_judged_over_the_last_three_seconds_together() {
+        let mut r = Rolling::default();
+        // One 10 ms tick every 1.5 s (0.67 % of a core): each tick's sample reads 2 %.
+        let ticks = [2.0, 0.0, 0.0, 2.0, 0.0, 0.0];
+        let means: Vec<f64> = ticks.iter().map(|&t| r.push(t)).collect();
+        assert!(means[..5].iter().all(|m| m.is_infinite()), "{means:?}");
+        assert!((means[5] - 4.0 / 6.0).abs() < 1e-9, "{means:?}");
+        // A busy sample keeps the mean up for the next six.
+        assert!(r.push(10.0) >= 1.0);
+        for _ in 0..5 {
+            assert!(r.push(0.0) >= 1.0);
+        }
+        assert!(r.push(0.0) < 1.0);
+    }
 
     #[test]
     fn strace_summary_rows_are_read_most_frequent_first() {

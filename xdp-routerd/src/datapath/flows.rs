@@ -1,15 +1,16 @@
 //! The flow maps: one entry per offloaded flow direction, the arming index the TC program
 //! looks flows up by, and the record of the connections forwarded in the current keep-alive
-//! pass; written one entry at a time or in batches (`BPF_MAP_UPDATE_BATCH`).
+//! pass; written one entry at a time or in batches (`BPF_MAP_UPDATE_BATCH`); and the count of
+//! packets of offloaded directions the kernel forwarded.
 
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, MapError},
+    maps::{HashMap, MapData, MapError, PerCpuArray},
 };
 use tracing::warn;
 use xdp_router_common::{
     ArmKeyV4, ArmKeyV6, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, MAP_ACTIVE_V4, MAP_ACTIVE_V6,
-    MAP_ARM_V4, MAP_ARM_V6, MAP_FLOWS_V4, MAP_FLOWS_V6,
+    MAP_ARM_V4, MAP_ARM_V6, MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_KERNEL_FORWARDED,
 };
 
 use super::{Datapath, take};
@@ -34,6 +35,8 @@ pub(super) struct FlowMaps {
     /// Connections the datapath forwarded packets of in the current keep-alive pass.
     active_v4: HashMap<MapData, FlowKeyV4, u8>,
     active_v6: HashMap<MapData, FlowKeyV6, u8>,
+    /// Packets of offloaded directions the kernel forwarded, per CPU (the arming program).
+    kernel_forwarded: PerCpuArray<MapData, u64>,
     /// Entries of each flow map ([`SIZED_MAPS`]).
     capacity: u32,
     /// The kernel refused `BPF_MAP_UPDATE_BATCH` (before 5.6): one update per entry.
@@ -50,6 +53,7 @@ impl FlowMaps {
             arm_v6: take(ebpf, MAP_ARM_V6)?,
             active_v4: take(ebpf, MAP_ACTIVE_V4)?,
             active_v6: take(ebpf, MAP_ACTIVE_V6)?,
+            kernel_forwarded: take(ebpf, MAP_KERNEL_FORWARDED)?,
             capacity,
             no_batch: false,
         })
@@ -219,6 +223,10 @@ impl FlowTable for Datapath {
     }
     fn remove_arm_v6(&mut self, arm: &ArmKeyV6) {
         let _ = self.flows.arm_v6.remove(arm);
+    }
+    fn kernel_forwarded_packets(&self) -> Option<u64> {
+        let per_cpu = self.flows.kernel_forwarded.get(&0, 0).ok()?;
+        Some(per_cpu.iter().fold(0u64, |sum, n| sum.wrapping_add(*n)))
     }
     fn take_active(&mut self, now_ns: u64) -> (Vec<FlowKeyV4>, Vec<FlowKeyV6>) {
         // The new pass starts before the record is read: a packet forwarded in between is

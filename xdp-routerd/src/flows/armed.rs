@@ -11,11 +11,19 @@ use super::{FlowManager, FlowTable};
 impl FlowManager {
     /// The connections of `entries` that are offloaded and have a direction the kernel
     /// forwarded since its map entry was written (`armed_at` set; two map reads each).
+    /// `forwarded_before` is [`FlowTable::kernel_forwarded_packets`] read before their entries
+    /// were written: when the count has not moved since, the kernel forwarded no packet of any
+    /// offloaded direction and nothing is read (a million idle connections after a start-up
+    /// cost one read, not two million).
     pub fn kernel_forwarded<'a>(
         &self,
         entries: impl IntoIterator<Item = &'a CtEntry>,
         table: &impl FlowTable,
+        forwarded_before: Option<u64>,
     ) -> Vec<CtEntry> {
+        if forwarded_before.is_some() && table.kernel_forwarded_packets() == forwarded_before {
+            return Vec::new();
+        }
         entries
             .into_iter()
             .filter(|e| {

@@ -1,6 +1,9 @@
 //! An in-memory [`FlowTable`] for unit tests (the flow maps without the kernel).
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    cell::Cell,
+    collections::{HashMap, HashSet},
+};
 
 use aya::maps::MapError;
 use xdp_router_common::{ArmKeyV4, ArmKeyV6, FLOW_F_REPLY, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6};
@@ -21,9 +24,20 @@ pub struct FakeTable {
     /// Connections (original tuple, ifindex 0) the datapath recorded as active in this pass.
     pub active_v4: HashSet<FlowKeyV4>,
     pub active_v6: HashSet<FlowKeyV6>,
+    /// Packets of offloaded directions the kernel forwarded ([`FakeTable::kernel_forwards_v4`]).
+    pub kernel_forwarded: u64,
+    /// Flow entries read ([`FlowTable::get_v4`], [`FlowTable::get_v6`]).
+    pub reads: Cell<u64>,
 }
 
 impl FakeTable {
+    /// What the arming program does when the kernel forwards a packet of the IPv4 direction
+    /// `key` (xdp-router-ebpf `arm.rs`): `armed_at` written, the kernel-forwarded count up.
+    pub fn kernel_forwards_v4(&mut self, key: &FlowKeyV4, tick: u32) {
+        self.v4.get_mut(key).expect("offloaded direction").armed_at = tick;
+        self.kernel_forwarded += 1;
+    }
+
     /// What the datapath does with the counters and the active record when it forwards a
     /// packet of the IPv4 direction `key` at `now` (xdp-router-ebpf `first_in_pass`).
     pub fn forward_v4(&mut self, key: &FlowKeyV4, now: u64) {
@@ -83,9 +97,11 @@ impl FlowTable for FakeTable {
         self.v6.remove(key);
     }
     fn get_v4(&self, key: &FlowKeyV4) -> Option<FlowV4> {
+        self.reads.set(self.reads.get() + 1);
         self.v4.get(key).copied()
     }
     fn get_v6(&self, key: &FlowKeyV6) -> Option<FlowV6> {
+        self.reads.set(self.reads.get() + 1);
         self.v6.get(key).copied()
     }
     fn insert_arm_v4(&mut self, arm: &ArmKeyV4, flow: &FlowKeyV4) -> Result<(), MapError> {
@@ -101,6 +117,9 @@ impl FlowTable for FakeTable {
     }
     fn remove_arm_v6(&mut self, arm: &ArmKeyV6) {
         self.arm_v6.remove(arm);
+    }
+    fn kernel_forwarded_packets(&self) -> Option<u64> {
+        Some(self.kernel_forwarded)
     }
     fn take_active(&mut self, now_ns: u64) -> (Vec<FlowKeyV4>, Vec<FlowKeyV6>) {
         self.active_since_ns = now_ns;

@@ -70,6 +70,10 @@ pub trait FlowTable {
     /// connections the datapath recorded as active since the previous pass started (see
     /// [`xdp_router_common::Settings::active_since_ns`]), emptying the record.
     fn take_active(&mut self, now_ns: u64) -> (Vec<FlowKeyV4>, Vec<FlowKeyV6>);
+    /// How many packets of offloaded directions the kernel has forwarded (each one arms or
+    /// re-arms its direction, writing `armed_at`), summed over the CPUs; `None` when it cannot
+    /// be read. Only its changes mean something.
+    fn kernel_forwarded_packets(&self) -> Option<u64>;
 }
 
 /// What the manager needs to know about the kernel's routing (implemented over rtnetlink).

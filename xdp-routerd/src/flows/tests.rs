@@ -714,26 +714,46 @@ fn upsert_many_into_a_full_table_falls_back_to_one_by_one() {
 fn kernel_forwarded_names_the_connections_with_an_armed_direction() {
     let (mut m, mut t) = (manager(), FakeTable::default());
     let conns = snat_tcps(4);
+    let before = t.kernel_forwarded_packets();
     for e in &conns {
         assert_eq!(m.upsert(e.clone(), &mut t, &paths()), Upsert::Added);
     }
+    let reads = t.reads.get();
     assert!(
-        m.kernel_forwarded(&conns, &t).is_empty(),
+        m.kernel_forwarded(&conns, &t, before).is_empty(),
         "written, no packet forwarded by the kernel yet"
     );
+    assert_eq!(
+        t.reads.get(),
+        reads,
+        "the kernel forwarded nothing since the write: no entry is read"
+    );
+    assert!(
+        m.kernel_forwarded(&conns, &t, None).is_empty(),
+        "the same answer from the entries when the count could not be read"
+    );
+    assert!(t.reads.get() > reads);
     // The kernel forwarded the reply direction of the second and the original of the fourth.
-    for (k, v) in t.v4.iter_mut() {
-        let (sport, dport) = (u16::from_be(k.sport_be), u16::from_be(k.dport_be));
-        if (sport, dport) == (443, 61001) || (sport, dport) == (40003, 443) {
-            v.armed_at = 99;
-        }
+    let armed: Vec<FlowKeyV4> =
+        t.v4.keys()
+            .filter(|k| {
+                let (sport, dport) = (u16::from_be(k.sport_be), u16::from_be(k.dport_be));
+                (sport, dport) == (443, 61001) || (sport, dport) == (40003, 443)
+            })
+            .copied()
+            .collect();
+    assert_eq!(armed.len(), 2);
+    for k in &armed {
+        t.kernel_forwards_v4(k, 99);
     }
-    let forwarded: Vec<u16> = m
-        .kernel_forwarded(&conns, &t)
-        .iter()
-        .map(|e| e.orig.sport)
-        .collect();
-    assert_eq!(forwarded, vec![40001, 40003]);
+    for since in [before, None] {
+        let forwarded: Vec<u16> = m
+            .kernel_forwarded(&conns, &t, since)
+            .iter()
+            .map(|e| e.orig.sport)
+            .collect();
+        assert_eq!(forwarded, vec![40001, 40003]);
+    }
     // A connection not offloaded (never, or no more) is not named.
     m.forget(&conns[1].orig, &mut t);
     let other = CtEntry {
@@ -741,7 +761,7 @@ fn kernel_forwarded_names_the_connections_with_an_armed_direction() {
         ..conns[3].clone()
     };
     let forwarded: Vec<u16> = m
-        .kernel_forwarded([&conns[1], &conns[3], &other], &t)
+        .kernel_forwarded([&conns[1], &conns[3], &other], &t, before)
         .iter()
         .map(|e| e.orig.sport)
         .collect();

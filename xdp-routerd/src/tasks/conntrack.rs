@@ -30,6 +30,7 @@ use tracing::{debug, error, info, warn};
 use super::{apply_stale_check, resolve_fresh};
 use crate::{
     flows::{
+        FlowTable,
         conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
         release_freed_memory,
     },
@@ -58,7 +59,15 @@ pub enum ToMark {
     /// their flows were written ([`crate::flows::FlowManager::kernel_forwarded`]); the others
     /// had no packet that could set `MAXACK_SET` again (the keep-alive marks them once they
     /// carry traffic).
-    AfterArming(Vec<CtEntry>),
+    AfterArming(JustOffloaded),
+}
+
+/// TCP connections whose flows were just written, to be marked again after arming.
+#[derive(Debug, Default)]
+pub struct JustOffloaded {
+    pub tcp: Vec<CtEntry>,
+    /// [`FlowTable::kernel_forwarded_packets`] read before their flows were written.
+    pub forwarded_before: Option<u64>,
 }
 
 /// Where connections to mark "be liberal" are sent.
@@ -156,6 +165,7 @@ pub async fn run(
         let marked = shared.lock().batch_tcp_to_offload(&batch, &paths);
         mark(&shared, &mut requests, &marked).await;
         let upserted: Vec<CtTuple> = upserts.iter().map(|e| e.orig).collect();
+        let forwarded_before = shared.lock().dp().kernel_forwarded_packets();
         // In order, in chunks: status, metrics and the other tasks get the lock in between.
         let mut newly_tcp = Vec::new();
         let mut rest = batch;
@@ -184,7 +194,13 @@ pub async fn run(
             if !late.is_empty() {
                 let _ = marker.send(ToMark::Unmarked(late));
             }
-            remark_after_arming(&marker, newly_tcp);
+            remark_after_arming(
+                &marker,
+                JustOffloaded {
+                    tcp: newly_tcp,
+                    forwarded_before,
+                },
+            );
         }
     }
 }
@@ -194,14 +210,14 @@ pub async fn run(
 /// RST. So connections just offloaded (and marked) are marked liberal once more after arming
 /// (the keep-alive does it for every active connection later on). Only those the kernel
 /// forwarded a packet of by then are marked again (see [`ToMark::AfterArming`]).
-pub fn remark_after_arming(marker: &Marker, tcp: Vec<CtEntry>) {
-    if tcp.is_empty() {
+pub fn remark_after_arming(marker: &Marker, just: JustOffloaded) {
+    if just.tcp.is_empty() {
         return;
     }
     let marker = marker.clone();
     tokio::spawn(async move {
         tokio::time::sleep(REMARK_LIBERAL_AFTER).await;
-        let _ = marker.send(ToMark::AfterArming(tcp));
+        let _ = marker.send(ToMark::AfterArming(just));
     });
 }
 
@@ -215,22 +231,26 @@ pub async fn mark_liberal(
     while let Some(batch) = to_mark.recv().await {
         let entries = match batch {
             ToMark::Unmarked(entries) => entries,
-            ToMark::AfterArming(entries) => kernel_forwarded(&shared, &entries).await,
+            ToMark::AfterArming(just) => kernel_forwarded(&shared, &just).await,
         };
         mark(&shared, &mut ct, &entries).await;
     }
     Err(anyhow!("the liberal-marking channel closed"))
 }
 
-/// The connections of `entries` still offloaded that the kernel forwarded a packet of since
-/// their flows were written: two map reads each, in chunks, so the other tasks get the lock
-/// in between.
-async fn kernel_forwarded(shared: &Shared, entries: &[CtEntry]) -> Vec<CtEntry> {
+/// The connections of `just` still offloaded that the kernel forwarded a packet of since
+/// their flows were written: none without a read when the kernel forwarded no packet of an
+/// offloaded direction since, else two map reads each, in chunks, so the other tasks get the
+/// lock in between.
+async fn kernel_forwarded(shared: &Shared, just: &JustOffloaded) -> Vec<CtEntry> {
     let mut out = Vec::new();
-    for chunk in entries.chunks(APPLY_CHUNK) {
+    for chunk in just.tcp.chunks(APPLY_CHUNK) {
         {
             let s = shared.lock();
-            out.extend(s.flows().kernel_forwarded(chunk, s.dp()));
+            out.extend(
+                s.flows()
+                    .kernel_forwarded(chunk, s.dp(), just.forwarded_before),
+            );
         }
         tokio::task::yield_now().await;
     }
@@ -270,8 +290,9 @@ pub async fn resync(
     shared: &Shared,
     lookup: &mut RouteLookup,
     ct: &mut CtNetlink,
-) -> anyhow::Result<Vec<CtEntry>> {
+) -> anyhow::Result<JustOffloaded> {
     let started = Instant::now();
+    let forwarded_before = shared.lock().dp().kernel_forwarded_packets();
     let mut dump = ct.dump().await.map_err(ct_err)?;
     let dumped_ms = started.elapsed().as_millis() as u64;
     let n = dump.len();
@@ -329,13 +350,16 @@ pub async fn resync(
     drop(paths);
     release_freed_memory();
     if added == 0 {
-        return Ok(Vec::new());
+        return Ok(JustOffloaded::default());
     }
     // Only the TCP connections this resync wrote: the others were marked again after their
     // own arming, and the keep-alive marks those that carry traffic.
     let s = shared.lock();
-    Ok(dump
-        .into_iter()
-        .filter(|e| e.orig.proto == IPPROTO_TCP && s.flows().is_offloaded(&e.orig))
-        .collect())
+    Ok(JustOffloaded {
+        tcp: dump
+            .into_iter()
+            .filter(|e| e.orig.proto == IPPROTO_TCP && s.flows().is_offloaded(&e.orig))
+            .collect(),
+        forwarded_before,
+    })
 }

@@ -115,6 +115,9 @@ impl FlowTable for FakeDp {
     fn remove_arm_v6(&mut self, arm: &ArmKeyV6) {
         self.table.remove_arm_v6(arm)
     }
+    fn kernel_forwarded_packets(&self) -> Option<u64> {
+        self.table.kernel_forwarded_packets()
+    }
     fn take_active(&mut self, now_ns: u64) -> (Vec<FlowKeyV4>, Vec<FlowKeyV6>) {
         self.table.take_active(now_ns)
     }
