@@ -239,6 +239,7 @@ fn tc_datapath_accelerates_a_macvlan_lan_port() {
          ip addr add {ROUTER_LAN_V4}/24 dev {MV}
          ip addr add {ROUTER_LAN_V6}/64 dev {MV} nodad
          ip link set {MV} up
+         sysctl -qw net.ipv4.conf.{LAN_IF}.arp_ignore=1
          ethtool -K {MV} tx off rx off gro off gso off tso off >/dev/null 2>&1 || true
          for t in iptables ip6tables; do $t -w -A FORWARD -i {MV} -o {WAN_IF} -j ACCEPT; done"
     ));
@@ -249,6 +250,20 @@ fn tc_datapath_accelerates_a_macvlan_lan_port() {
          echo 'no IPv6 path to the macvlan' >&2; exit 1",
         h = testbed::HOST_IF
     ));
+    // The LAN host must reach the router through the macvlan: with the kernel's default
+    // `arp_ignore = 0` the lower veth answers ARP for the macvlan's address too, with its own
+    // MAC, and when its answer came last the host's IPv4 packets entered by the unmanaged
+    // veth (set to 1 above; IPv6 neighbour discovery answers per interface already).
+    let mv_mac = tb.router.sh(&format!("cat /sys/class/net/{MV}/address"));
+    let neigh = tb.lan.sh(&format!(
+        "ip neigh show {ROUTER_LAN_V4} dev {}",
+        testbed::HOST_IF
+    ));
+    assert!(
+        neigh.contains(mv_mac.trim()),
+        "the LAN host should resolve {ROUTER_LAN_V4} to {MV}'s MAC {}: {neigh}",
+        mv_mac.trim()
+    );
     tb.start_daemon_config(&format!(
         "datapath = \"tc\"\n\
          [[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\

@@ -326,6 +326,8 @@ pub struct Measured {
     pub wire_wan: u64,
     /// FORWARD ESTABLISHED rule increase.
     pub established: u64,
+    /// Every daemon counter that grew, `interface/reason +N` (where the packets went).
+    pub counted: String,
 }
 
 /// 50 datagrams each way on the connection of `sock` (armed first), every one answered intact;
@@ -358,6 +360,7 @@ pub fn measure_udp(
         wire_lan: after.rx_lan_since(&before),
         wire_wan: after.rx_wan_since(&before),
         established: after.established_since(&before, server.is_ipv6()),
+        counted: after.grown_since(&before),
     }
 }
 
@@ -393,7 +396,8 @@ pub fn traffic_is_fast_pathed(tb: &Testbed, port: u16, lan: &str, wan: &str, wha
         assert_eq!(
             (m.orig, m.reply),
             (m.sent, m.sent),
-            "every datagram fast-pathed both ways"
+            "every datagram fast-pathed both ways; counted: {}",
+            m.counted
         );
         assert!(
             m.wire_wan >= m.sent && m.wire_lan >= m.sent,

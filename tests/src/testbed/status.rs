@@ -261,6 +261,27 @@ impl Snapshot {
             .sum()
     }
 
+    /// Every daemon counter that grew since `earlier`, as `interface/reason +N` (for failure
+    /// messages: where the packets went).
+    pub fn grown_since(&self, earlier: &Snapshot) -> String {
+        let grown: Vec<String> = self
+            .status
+            .counters
+            .iter()
+            .filter_map(|r| {
+                let before = earlier
+                    .status
+                    .counters
+                    .iter()
+                    .find(|e| e.interface == r.interface && e.reason == r.reason)
+                    .map_or(0, |e| e.packets);
+                let n = r.packets.saturating_sub(before);
+                (n > 0).then(|| format!("{}/{} +{n}", r.interface, r.reason))
+            })
+            .collect();
+        grown.join(", ")
+    }
+
     /// Increase of the router's LAN rx_packets.
     pub fn rx_lan_since(&self, earlier: &Snapshot) -> u64 {
         self.rx_lan.saturating_sub(earlier.rx_lan)
