@@ -450,6 +450,11 @@ impl Daemon {
             .expect("the daemon runs until stop() or drop ends it")
     }
 
+    /// The ids of the BPF maps the daemon holds open.
+    pub fn map_ids(&self) -> Result<Vec<u32>> {
+        self.0.map_ids()
+    }
+
     /// The last line of the daemon's log.
     fn log_tail(&self) -> String {
         fs::read_to_string(self.0.log())

@@ -111,6 +111,28 @@ impl Daemon {
         self.child.as_ref().map(Child::id)
     }
 
+    /// The ids of the BPF maps it holds open (`map_id:` of its file descriptors' fdinfo),
+    /// sorted, each once: how the tests and the benchmark find its maps (by name, with
+    /// `MapInfo::from_id`).
+    pub fn map_ids(&self) -> Result<Vec<u32>> {
+        let pid = self.pid().context("the daemon is not running")?;
+        let dir = format!("/proc/{pid}/fdinfo");
+        let mut ids = Vec::new();
+        for fd in fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
+            let text = fs::read_to_string(fd?.path()).unwrap_or_default();
+            if let Some(id) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("map_id:"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+            {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
+    }
+
     /// The file its stdout and stderr go to.
     pub fn log(&self) -> &Path {
         &self.log

@@ -142,51 +142,35 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     // The amd64 guest boots before the privileged tests and runs beside them (xtask/src/guest/
     // mod.rs): they leave the CPUs idle most of the time, which the emulator, in the idle
     // scheduling class, takes (2026-11-27, AMD EPYC host: one after the other 971 s + 811 s,
-    // side by side 924 s, the guest done after 869 s of it).
+    // side by side 924 s, the guest done after 869 s of it). Alone with `--guest-only`.
     // Its binaries are built first: cargo holds the build directory while `cargo test` runs.
-    let guest_step: Option<Step> = match (&daemon, cmd::is_root()) {
-        _ if args.no_guest => Some(not_run("guest tests", "--no-guest")),
+    let guest = match (&daemon, cmd::is_root()) {
+        _ if args.no_guest => Guest::NotRun(not_run("guest tests", "--no-guest")),
         _ if args.packages_only || args.arm64_only => {
-            Some(not_run("guest tests", only.unwrap_or_default()))
+            Guest::NotRun(not_run("guest tests", only.unwrap_or_default()))
         }
-        (None, _) => Some(not_run("guest tests", "the daemon did not build")),
-        (Some(_), false) => Some(Step {
+        (None, _) => Guest::NotRun(not_run("guest tests", "the daemon did not build")),
+        (Some(_), false) => Guest::NotRun(Step {
             name: "guest tests",
             outcome: Outcome::Failed("not root".into()),
             secs: 0.0,
         }),
-        (Some(_), true) => None,
-    };
-    let privileged_runs = only.is_none() && daemon.is_some() && cmd::is_root();
-    let mut beside = None;
-    let mut guest_step = guest_step;
-    let mut guest_prepare_secs = 0.0;
-    if let (None, Some(bin)) = (&guest_step, &daemon)
-        && privileged_runs
-    {
-        let t = Instant::now();
-        let log = ws.target_dir().join("guest-amd64-console.log");
-        match crate::guest::amd64::prepare(bin, &args.privileged_args)
-            .and_then(|p| p.boot_beside(&skip_log, log.clone()))
-        {
-            Ok(b) => {
-                guest_prepare_secs = t.elapsed().as_secs_f64();
+        (Some(bin), true) if only.is_none() => {
+            let t = Instant::now();
+            let log = ws.target_dir().join("guest-amd64-console.log");
+            let booted = crate::guest::amd64::prepare(bin, &args.privileged_args)
+                .and_then(|p| p.boot_beside(&skip_log, log.clone()));
+            if booted.is_ok() {
                 println!(
                     "guest: running beside the privileged tests; its console goes to {} and is \
                      printed when it ends",
                     log.display()
                 );
-                beside = Some(b);
             }
-            Err(e) => {
-                guest_step = Some(Step {
-                    name: "guest tests",
-                    outcome: Outcome::Failed(format!("{e:#}")),
-                    secs: t.elapsed().as_secs_f64(),
-                })
-            }
+            Guest::Beside(booted, t.elapsed().as_secs_f64())
         }
-    }
+        (Some(bin), true) => Guest::Alone(bin),
+    };
     match (&daemon, cmd::is_root()) {
         _ if only.is_some() => steps.push(not_run("privileged tests", only.unwrap_or_default())),
         (None, _) => steps.push(not_run("privileged tests", "the daemon did not build")),
@@ -203,29 +187,35 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             privileged(bin, &skip_log, &args.privileged_args)
         })),
     }
-    if let Some(b) = beside {
-        println!("\n==== guest tests (beside the privileged tests)");
-        let (outcome, secs) = b.wait();
-        steps.push(Step {
-            name: "guest tests (beside)",
-            outcome: guest_outcome(outcome),
-            // Its build, then its boot: the part after the privileged tests ended is what it
-            // added to the whole.
-            secs: guest_prepare_secs + secs,
-        });
-    } else if let Some(step) = guest_step {
-        steps.push(step);
-    } else if let Some(bin) = &daemon {
-        // `--guest-only`: the guest alone.
-        steps.push(timed("guest tests", || {
-            let failed = crate::guest::amd64::prepare(bin, &args.privileged_args)?
-                .boot(&skip_log, &mut std::io::stdout())?;
-            if !failed.is_empty() {
-                bail!("failed in the guest: {}", failed.join(", "));
+    let guest_step = match guest {
+        Guest::NotRun(step) => step,
+        Guest::Beside(booted, prepare_secs) => {
+            println!("\n==== guest tests (beside the privileged tests)");
+            let (outcome, secs) = match booted {
+                Ok(b) => b.wait(),
+                Err(e) => (Err(e), 0.0),
+            };
+            Step {
+                name: "guest tests (beside)",
+                outcome: guest_outcome(outcome),
+                // Its build, then its boot: the part after the privileged tests ended is
+                // what it added to the whole.
+                secs: prepare_secs + secs,
             }
-            Ok(())
-        }));
-    }
+        }
+        Guest::Alone(bin) => {
+            println!("\n==== guest tests");
+            let t = Instant::now();
+            let outcome = crate::guest::amd64::prepare(bin, &args.privileged_args)
+                .and_then(|p| p.boot(&skip_log, &mut std::io::stdout()));
+            Step {
+                name: "guest tests",
+                outcome: guest_outcome(outcome),
+                secs: t.elapsed().as_secs_f64(),
+            }
+        }
+    };
+    steps.push(guest_step);
     // The arm64 guest: its package and tests cross-built (≈ 4 min from a fresh target
     // directory; the first run also makes its root, ≈ 5 min), then booted. After the amd64
     // guest, not beside it: both emulators keep two cores busy (side by side, each took twice
@@ -376,6 +366,17 @@ fn run_bench(args: &[&str]) -> anyhow::Result<()> {
     c.args(["run", "--release", "-p", workspace::BENCH_PACKAGE, "--"])
         .args(args);
     cmd::run(&mut c)
+}
+
+/// How the amd64 guest step runs.
+enum Guest<'a> {
+    /// It does not (the step says why).
+    NotRun(Step),
+    /// Booted in the background before the privileged tests (or failed to), after the given
+    /// seconds of building.
+    Beside(anyhow::Result<crate::guest::Beside>, f64),
+    /// On its own (`--guest-only`), with this daemon.
+    Alone(&'a PathBuf),
 }
 
 /// A guest's outcome as a step's: failed tests named.

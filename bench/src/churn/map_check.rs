@@ -78,25 +78,13 @@ fn v6(addr: [u32; 4], port: u16) -> String {
     SocketAddr::new(IpAddr::V6(Ipv6Addr::from(b)), u16::from_be(port)).to_string()
 }
 
-fn read_maps(pid: u32) -> Result<Maps> {
+fn read_maps(daemon: &Daemon) -> Result<Maps> {
     use aya::maps::{HashMap, Map, MapData, MapInfo};
     use xdp_router_common::{
         ArmKeyV4, ArmKeyV6, FlowKeyV4, FlowKeyV6, MAP_ARM_V4, MAP_ARM_V6, MAP_FLOWS_V4,
         MAP_FLOWS_V6,
     };
-    let mut ids = Vec::new();
-    for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
-        let text = std::fs::read_to_string(fd?.path()).unwrap_or_default();
-        if let Some(id) = text
-            .lines()
-            .find_map(|l| l.strip_prefix("map_id:"))
-            .and_then(|v| v.trim().parse::<u32>().ok())
-        {
-            ids.push(id);
-        }
-    }
-    ids.sort_unstable();
-    ids.dedup();
+    let ids = daemon.map_ids()?;
     let mut maps = Maps {
         flows: Vec::new(),
         armed: Vec::new(),
@@ -155,7 +143,10 @@ fn read_maps(pid: u32) -> Result<Maps> {
         }
     }
     if seen != [true; 4] {
-        bail!("xdp-routerd (pid {pid}) holds no flow or arming maps");
+        bail!(
+            "xdp-routerd (pid {}) holds no flow or arming maps",
+            daemon.pid()
+        );
     }
     Ok(maps)
 }
@@ -166,7 +157,7 @@ fn read_maps(pid: u32) -> Result<Maps> {
 pub(super) fn in_step(rtr: &Netns, daemon: &Daemon, out: &Path) -> Result<(u64, u64)> {
     let deadline = Instant::now() + CATCH_UP;
     loop {
-        let maps = read_maps(daemon.pid())?;
+        let maps = read_maps(daemon)?;
         let ct = carriable(rtr)?;
         let tuples: HashSet<&Tuple> = ct.iter().flat_map(|(o, r)| [o, r]).collect();
         let flows: HashSet<&Tuple> = maps.flows.iter().collect();

@@ -135,18 +135,8 @@ impl Daemon {
     pub fn kernel_forwarded_packets(&self) -> u64 {
         use aya::maps::{Map, MapData, MapInfo, PerCpuArray};
         use xdp_router_common::MAP_KERNEL_FORWARDED;
-        let pid = self.0.pid().expect("the daemon is running");
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
-            .unwrap_or_else(|e| panic!("/proc/{pid}/fdinfo: {e}"));
-        for fd in fds.filter_map(Result::ok) {
-            let text = std::fs::read_to_string(fd.path()).unwrap_or_default();
-            let Some(id) = text
-                .lines()
-                .find_map(|l| l.strip_prefix("map_id:"))
-                .and_then(|v| v.trim().parse::<u32>().ok())
-            else {
-                continue;
-            };
+        let ids = self.0.map_ids().unwrap_or_else(|e| panic!("{e:#}"));
+        for id in ids {
             let named = MapInfo::from_id(id)
                 .is_ok_and(|info| info.name_as_str() == Some(MAP_KERNEL_FORWARDED));
             if !named {
@@ -162,7 +152,7 @@ impl Daemon {
                 .unwrap_or_else(|e| panic!("map {id}, index 0: {e}"));
             return per_cpu.iter().sum();
         }
-        panic!("the daemon (pid {pid}) holds no {MAP_KERNEL_FORWARDED} map")
+        panic!("the daemon holds no {MAP_KERNEL_FORWARDED} map")
     }
 
     /// The last 6000 bytes of the daemon's log.

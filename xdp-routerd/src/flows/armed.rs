@@ -8,22 +8,24 @@ use super::conntrack::CtEntry;
 use super::map_entries::{DirKey, Plan};
 use super::{FlowManager, FlowTable};
 
+/// Whether the kernel may have forwarded a packet of an offloaded direction since `before`
+/// ([`FlowTable::kernel_forwarded_packets`] read earlier, e.g. before a batch's entries were
+/// written): not when the count has not moved, so no `armed_at` was written and no entry
+/// needs reading (a million idle connections after a start-up cost one read, not two
+/// million); yes when either read failed.
+pub fn kernel_forwarded_since(table: &impl FlowTable, before: Option<u64>) -> bool {
+    before.is_none() || table.kernel_forwarded_packets() != before
+}
+
 impl FlowManager {
     /// The connections of `entries` that are offloaded and have a direction the kernel
-    /// forwarded since its map entry was written (`armed_at` set; two map reads each).
-    /// `forwarded_before` is [`FlowTable::kernel_forwarded_packets`] read before their entries
-    /// were written: when the count has not moved since, the kernel forwarded no packet of any
-    /// offloaded direction and nothing is read (a million idle connections after a start-up
-    /// cost one read, not two million).
+    /// forwarded since its map entry was written (`armed_at` set; two map reads each; ask
+    /// [`kernel_forwarded_since`] first).
     pub fn kernel_forwarded<'a>(
         &self,
         entries: impl IntoIterator<Item = &'a CtEntry>,
         table: &impl FlowTable,
-        forwarded_before: Option<u64>,
     ) -> Vec<CtEntry> {
-        if forwarded_before.is_some() && table.kernel_forwarded_packets() == forwarded_before {
-            return Vec::new();
-        }
         entries
             .into_iter()
             .filter(|e| {

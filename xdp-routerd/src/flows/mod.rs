@@ -302,7 +302,7 @@ impl FlowManager {
 
 pub mod accounting;
 mod addresses;
-mod armed;
+pub mod armed;
 pub mod conntrack;
 pub mod dscp_rewrite;
 #[cfg(test)]

@@ -31,6 +31,7 @@ use super::{apply_stale_check, resolve_fresh};
 use crate::{
     flows::{
         FlowTable,
+        armed::kernel_forwarded_since,
         conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
         release_freed_memory,
     },
@@ -243,14 +244,14 @@ pub async fn mark_liberal(
 /// offloaded direction since, else two map reads each, in chunks, so the other tasks get the
 /// lock in between.
 async fn kernel_forwarded(shared: &Shared, just: &JustOffloaded) -> Vec<CtEntry> {
+    if !kernel_forwarded_since(shared.lock().dp(), just.forwarded_before) {
+        return Vec::new();
+    }
     let mut out = Vec::new();
     for chunk in just.tcp.chunks(APPLY_CHUNK) {
         {
             let s = shared.lock();
-            out.extend(
-                s.flows()
-                    .kernel_forwarded(chunk, s.dp(), just.forwarded_before),
-            );
+            out.extend(s.flows().kernel_forwarded(chunk, s.dp()));
         }
         tokio::task::yield_now().await;
     }

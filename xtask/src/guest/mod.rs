@@ -133,8 +133,8 @@ impl Shared {
 
     /// Boots the guest: `vng` with `args` (kernel, architecture, root…) plus the shared
     /// directory (seen at `guest_dir` in the guest), running `script`, at `priority`; its
-    /// console goes to `sink`. The names of the tests that failed; an error when the guest could not run or
-    /// its run did not finish.
+    /// console goes to `sink`. The names of the tests that failed; an error when the guest
+    /// could not run or its run did not finish.
     fn boot(
         self,
         args: &[OsString],
@@ -203,11 +203,11 @@ impl Shared {
 /// A guest ready to boot: its binaries built, its script's parts set, its `vng` arguments
 /// (kernel, architecture, root) chosen.
 pub struct Prepared {
-    pub shared: Shared,
-    pub script: Script,
-    pub args: Vec<OsString>,
+    shared: Shared,
+    script: Script,
+    args: Vec<OsString>,
     /// Where the guest sees the shared directory.
-    pub guest_dir: PathBuf,
+    guest_dir: PathBuf,
 }
 
 /// A guest booted in the background: [`Beside::wait`] gives its outcome.
