@@ -3,9 +3,12 @@
 //!
 //! The benchmark's testbed with the router's interfaces named like the example config (`eth1`
 //! LAN, `eth0` WAN), a home router's firewall, and `xdp-routerd run --config
-//! config/xdp-routerd.toml` (the example config, unchanged). Then, fast path off and on: 64-byte
-//! UDP from the live-frames generator over a few primed, offloaded flows at full offered rate,
-//! and an iperf3 TCP transfer. Everything is removed at the end, on error and on Ctrl-C.
+//! config/xdp-routerd.toml` (the example config, unchanged). Then, fast path off, on (XDP on the
+//! lab's veths), and on with the daemon restarted with `datapath = "tc"` (the path of ports
+//! without native XDP; `--no-tc` leaves it out): 64-byte UDP from the live-frames generator over
+//! a few primed, offloaded flows at full offered rate, and an iperf3 TCP transfer, each run's
+//! rates also as a ratio to the kernel's. Everything is removed at the end, on error and on
+//! Ctrl-C.
 
 use std::{
     fmt::Write as _,
@@ -29,13 +32,18 @@ use crate::{
 /// Options of `xdp-router-bench lab`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct LabArgs {
-    /// Seconds of each measurement (UDP and TCP, fast path off and on: 4 runs).
+    /// Seconds of each measurement (UDP and TCP; the kernel, the fast path as configured, and
+    /// TC unless `--no-tc`).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=60))]
     seconds: u32,
     /// The daemon's config (default: the workspace's config/xdp-routerd.toml). Its interfaces
     /// must be `eth1` (LAN) and `eth0` (WAN), the names the lab gives the router's veths.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Leave out the third run, the fast path at TC ingress (the daemon restarted with
+    /// `datapath = "tc"`, the path of ports without native XDP).
+    #[arg(long)]
+    no_tc: bool,
 }
 
 /// Flows of the UDP stream when `--flows` is not given.
@@ -48,8 +56,10 @@ const UDP_FRAME: usize = 64;
 /// host's softirq still runs there, after the router's NAPI poll).
 const TCP_CPU: Option<usize> = Some(crate::testbed::GEN_CPU);
 
-/// One side of the A/B.
+/// One run of the lab: the kernel alone, or the fast path on one datapath.
 struct Side {
+    /// Its row label.
+    label: String,
     udp: Trial,
     udp_xdp: u64,
     tcp_mbps: f64,
@@ -111,36 +121,86 @@ fn lab(args: &LabArgs, bin: &FsPath, config: &FsPath, dir: &FsPath, flows: u32) 
 
     let mut sides = Vec::new();
     for on in [false, true] {
-        check_stop()?;
-        daemon.set_fastpath(on)?;
-        eprintln!(
-            "fast path {}: {UDP_FRAME}-byte UDP flat out, then iperf3",
-            if on { "on" } else { "off" }
-        );
-        let side = measure(&mut tb, &daemon, secs, flows, on).map_err(|e| {
-            e.context(format!(
-                "fast path {}; datapath counters: {}",
-                if on { "on" } else { "off" },
-                daemon
-                    .status()
-                    .map(|st| st.summary())
-                    .unwrap_or_else(|e| format!("(status failed: {e:#})"))
-            ))
-        })?;
-        sides.push(side);
+        sides.push(side(&mut tb, &daemon, secs, flows, on)?);
     }
-    let status = daemon.status_text()?;
-    drop((iperf, echo));
+    let mut status = daemon.status_text()?;
     daemon.stop()?;
-    drop(tb);
-    if let [off, on] = &sides[..] {
-        print!("{}", table(off, on, flows, args.seconds));
+    if !args.no_tc {
+        // The same router with the TC fast path: a fresh daemon over the same conntrack
+        // entries (its start-up resync offloads them; priming arms them again).
+        let tc_config = dir.join("xdp-routerd-tc.toml");
+        let text =
+            fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
+        fs::write(&tc_config, force_tc(&text))
+            .with_context(|| format!("writing {}", tc_config.display()))?;
+        eprintln!("restarting the daemon with datapath = \"tc\"");
+        let daemon = Daemon::start_with_config(bin, &tb.rtr, &tc_config, dir)?;
+        prime(&mut tb, Some(&daemon), Family::Ipv4, flows, true)?;
+        sides.push(side(&mut tb, &daemon, secs, flows, true)?);
+        status = daemon.status_text()?;
+        daemon.stop()?;
     }
+    drop((iperf, echo));
+    drop(tb);
+    print!("{}", table(&sides, flows, args.seconds));
     println!(
-        "\n=== xdp-routerd status (after both runs)\n{}",
+        "\n=== xdp-routerd status (after the last run)\n{}",
         status.trim_end()
     );
     Ok(())
+}
+
+/// The config `text` with `datapath = "tc"` as its global setting (a global `datapath` line of
+/// its own is dropped; an interface's own setting still wins, and the row's label says what
+/// the LAN port ran).
+fn force_tc(text: &str) -> String {
+    let mut out = String::from("datapath = \"tc\"\n");
+    let mut global = true;
+    for line in text.lines() {
+        let t = line.trim_start();
+        global &= !t.starts_with('[');
+        if global && t.starts_with("datapath") && t[8..].trim_start().starts_with('=') {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// One run with the fast path `on` or off, labelled with the datapath the LAN port runs.
+fn side(tb: &mut Testbed, daemon: &Daemon, secs: Duration, flows: u32, on: bool) -> Result<Side> {
+    check_stop()?;
+    daemon.set_fastpath(on)?;
+    let label = if on {
+        let st = daemon.status_json()?;
+        let mode = st["interfaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|i| i["name"].as_str() == Some(tb.names.rl.as_str()))
+            .and_then(|i| i["attach_mode"].as_str())
+            .unwrap_or("?");
+        match mode {
+            "tc" => "fast path on  (TC)".to_string(),
+            "native" => "fast path on  (XDP)".to_string(),
+            m => format!("fast path on  ({m})"),
+        }
+    } else {
+        "fast path off (kernel)".to_string()
+    };
+    eprintln!("{label}: {UDP_FRAME}-byte UDP flat out, then iperf3");
+    let mut side = measure(tb, daemon, secs, flows, on).map_err(|e| {
+        e.context(format!(
+            "{label}; datapath counters: {}",
+            daemon
+                .status()
+                .map(|st| st.summary())
+                .unwrap_or_else(|e| format!("(status failed: {e:#})"))
+        ))
+    })?;
+    side.label = label;
+    Ok(side)
 }
 
 /// The UDP trial and the TCP transfer with the fast path as it is now; fails when nothing
@@ -183,6 +243,7 @@ fn measure(
         bail!("the fast path is on but forwarded none of the TCP transfer");
     }
     Ok(Side {
+        label: String::new(),
         udp,
         udp_xdp,
         tcp_mbps: run.upload_mbps,
@@ -208,26 +269,23 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
-/// The two small tables.
-fn table(off: &Side, on: &Side, flows: u32, secs: u32) -> String {
+/// The two small tables: the kernel's run first, then each fast-path run with its ratio to the
+/// kernel's.
+fn table(sides: &[Side], flows: u32, secs: u32) -> String {
     let mut s = String::new();
-    let label = |fp: bool| {
-        if fp {
-            "fast path on  (XDP)"
-        } else {
-            "fast path off (kernel)"
-        }
+    let Some(off) = sides.first() else {
+        return s;
     };
     let _ = writeln!(
         s,
         "\n=== {UDP_FRAME}-byte UDP LAN → WAN through the router: {flows} flows, generator flat \
          out ({:.1} Mpps offered), {secs} s each",
-        (off.udp.offered_pps + on.udp.offered_pps) / 2e6
+        sides.iter().map(|d| d.udp.offered_pps).sum::<f64>() / sides.len() as f64 / 1e6
     );
     let _ = writeln!(
         s,
-        "{:<24}{:>14}{:>14}{:>16}{:>24}",
-        "", "delivered", "router CPU1", "router ns/pkt", "forwarded by kernel/XDP"
+        "{:<24}{:>14}{:>14}{:>16}{:>26}{:>10}",
+        "", "delivered", "router CPU1", "router ns/pkt", "forwarded by kernel/fast", "vs kernel"
     );
     // The router's own CPU time per packet: CPU1's system share (the router's NAPI thread) over
     // the delivered rate; the sink's softirq and idle time are left out.
@@ -237,59 +295,70 @@ fn table(off: &Side, on: &Side, flows: u32, secs: u32) -> String {
             .system_ns_per_packet(side.udp.delivered_pps)
             .unwrap_or(0.0)
     };
-    for (fp, side) in [(false, off), (true, on)] {
-        let _ = writeln!(
-            s,
-            "{:<24}{:>9.0} Kpps{:>12.0} %{:>13.0} ns{:>15.0} % /{:>4.0} %",
-            label(fp),
+    for side in sides {
+        let vs = if std::ptr::eq(side, off) {
+            String::new()
+        } else {
+            ratio(side.udp.delivered_pps, off.udp.delivered_pps)
+        };
+        let row = format!(
+            "{:<24}{:>9.0} Kpps{:>12.0} %{:>13.0} ns{:>17.0} % /{:>4.0} %{:>10}",
+            side.label,
             side.udp.delivered_pps / 1e3,
             side.udp.router_cpu.busy,
             router_ns(side),
             pct(side.udp.kernel_forwarded, side.udp.delivered),
             pct(side.udp_xdp, side.udp.delivered),
+            vs,
         );
+        let _ = writeln!(s, "{}", row.trim_end());
     }
-    let (ns_off, ns_on) = (router_ns(off), router_ns(on));
-    let _ = writeln!(
-        s,
-        "{:<24}{:>14}{:>30}",
-        "on / off",
-        ratio(on.udp.delivered_pps, off.udp.delivered_pps),
-        if ns_on > 0.0 {
-            format!("÷{:.2}", ns_off / ns_on)
-        } else {
-            "—".into()
-        }
-    );
     let _ = writeln!(
         s,
         "\n=== TCP LAN → WAN through the router: iperf3, 1 stream, {secs} s each"
     );
     let _ = writeln!(
         s,
-        "{:<24}{:>14}{:>38}",
-        "", "throughput", "forwarded by kernel/XDP (packets)"
+        "{:<24}{:>14}{:>38}{:>10}",
+        "", "throughput", "forwarded by kernel/fast (packets)", "vs kernel"
     );
-    for (fp, side) in [(false, off), (true, on)] {
+    for side in sides {
         let total = side.tcp_kernel + side.tcp_xdp;
-        let _ = writeln!(
-            s,
-            "{:<24}{:>7.2} Gbit/s{:>29.0} % /{:>4.0} %",
-            label(fp),
+        let vs = if std::ptr::eq(side, off) {
+            String::new()
+        } else {
+            ratio(side.tcp_mbps, off.tcp_mbps)
+        };
+        let row = format!(
+            "{:<24}{:>7.2} Gbit/s{:>29.0} % /{:>4.0} %{:>10}",
+            side.label,
             side.tcp_mbps / 1e3,
             pct(side.tcp_kernel, total),
             pct(side.tcp_xdp, total),
+            vs,
         );
+        let _ = writeln!(s, "{}", row.trim_end());
     }
-    let _ = writeln!(
-        s,
-        "{:<24}{:>14}",
-        "on / off",
-        ratio(on.tcp_mbps, off.tcp_mbps)
-    );
     s.push_str(
         "(a TCP stream between namespaces of one machine is usually bound by the endpoints' own \
          TCP stacks rather than by the router; the UDP table measures the router)\n",
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::force_tc;
+
+    #[test]
+    fn force_tc_replaces_the_global_datapath_only() {
+        let text = "xdp_mode = \"native\"\n  datapath= \"xdp\" # mine\ndatapath_x = 1\n\
+                    [[interface]]\nname = \"eth0\"\ndatapath = \"xdp\"\n";
+        assert_eq!(
+            force_tc(text),
+            "datapath = \"tc\"\nxdp_mode = \"native\"\ndatapath_x = 1\n[[interface]]\n\
+             name = \"eth0\"\ndatapath = \"xdp\"\n"
+        );
+        assert_eq!(force_tc(""), "datapath = \"tc\"\n");
+    }
 }

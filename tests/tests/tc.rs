@@ -222,17 +222,12 @@ fn tc_datapath_handles_partial_checksums_and_gso() {
 }
 
 /// The router's LAN port as a macvlan over the LAN veth, a device without native XDP (the
-/// issue's stand-in for Realtek, Wi-Fi and USB NICs: with `auto` it gets generic XDP, which only
-/// counts) and without XDP transmit. With `datapath = "tc"` on both ports, the TC program
-/// forwards UDP (v4 with MASQUERADE, v6) and TCP both ways, into the macvlan too (a TC redirect
-/// needs no XDP transmit), with the negative control.
-#[test]
-fn tc_datapath_accelerates_a_macvlan_lan_port() {
-    if !ready("tc_datapath_accelerates_a_macvlan_lan_port") {
-        return;
-    }
-    const MV: &str = "mv1";
-    let mut tb = Testbed::new("tc3");
+/// issue's stand-in for Realtek, Wi-Fi and USB NICs) and without XDP transmit: the test bed's
+/// LAN addresses and FORWARD rule moved onto it, and the LAN host's neighbour entries for the
+/// router made (and checked) to point at it.
+const MV: &str = "mv1";
+
+fn macvlan_lan_port(tb: &Testbed) {
     tb.router.sh(&format!(
         "ip addr flush dev {LAN_IF}
          ip link add {MV} link {LAN_IF} type macvlan mode bridge
@@ -264,22 +259,132 @@ fn tc_datapath_accelerates_a_macvlan_lan_port() {
         "the LAN host should resolve {ROUTER_LAN_V4} to {MV}'s MAC {}: {neigh}",
         mv_mac.trim()
     );
+}
+
+/// [`macvlan_lan_port`] with `datapath = "tc"` on both ports: the TC program forwards UDP (v4
+/// with MASQUERADE, v6) and TCP both ways, into the macvlan too (a TC redirect needs no XDP
+/// transmit), with the negative control.
+#[test]
+fn tc_datapath_accelerates_a_macvlan_lan_port() {
+    if !ready("tc_datapath_accelerates_a_macvlan_lan_port") {
+        return;
+    }
+    let mut tb = Testbed::new("tc3");
+    macvlan_lan_port(&tb);
     tb.start_daemon_config(&format!(
         "datapath = \"tc\"\n\
          [[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
          [[interface]]\nname = \"{MV}\"\nrole = \"lan\"\n"
     ));
-    let st = tb.daemon().status();
-    let mv = st
-        .interfaces
-        .iter()
-        .find(|i| i.name == MV)
-        .unwrap_or_else(|| panic!("status lists no {MV}: {st:?}"));
+    let mv = tb.daemon().status().iface(MV).clone();
     assert_eq!(mv.attach_mode, "tc", "log:\n{}", tb.daemon().log_tail());
     // The replies are redirected into it although it cannot transmit XDP frames.
     assert!(!mv.xdp_xmit, "a macvlan has no XDP transmit: {mv:?}");
     let errors = host_csum_errors(&tb);
     traffic_is_fast_pathed(&tb, 7300, MV, WAN_IF, "over a macvlan LAN port on TC");
+    assert_eq!(
+        host_csum_errors(&tb) - errors,
+        0,
+        "the hosts dropped packets with bad checksums"
+    );
+}
+
+/// [`macvlan_lan_port`] with the default `datapath = "auto"`: the macvlan refuses native XDP,
+/// so it gets the TC fast path (not generic XDP, which forwards nothing), and the WAN veth
+/// keeps native XDP with the TC program behind it. LAN → WAN: TC on the macvlan redirects to
+/// the WAN. WAN → LAN: XDP cannot redirect into the macvlan (no XDP transmit), so it hands
+/// the packet to the TC program on the same port (XDP metadata), which redirects it through the
+/// macvlan's transmit path; every reply is counted `forwarded_reply` on the WAN although XDP
+/// alone could forward none of them (it would count `egress_no_xdp_xmit`). With the fast path
+/// off, all of it goes through netfilter (the negative control in `traffic_is_fast_pathed`).
+#[test]
+fn auto_datapath_puts_a_macvlan_lan_port_on_tc_behind_native_xdp() {
+    if !ready("auto_datapath_puts_a_macvlan_lan_port_on_tc_behind_native_xdp") {
+        return;
+    }
+    let mut tb = Testbed::new("tc4");
+    macvlan_lan_port(&tb);
+    tb.start_daemon_config(&format!(
+        "[[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
+         [[interface]]\nname = \"{MV}\"\nrole = \"lan\"\n"
+    ));
+    let st = tb.daemon().status();
+    let (mv, wan) = (st.iface(MV), st.iface(WAN_IF));
+    println!(
+        "{MV}: {} ({:?}); {WAN_IF}: {}, TC hand-over {}",
+        mv.attach_mode, mv.datapath_because, wan.attach_mode, wan.tc_handoff
+    );
+    assert_eq!(mv.attach_mode, "tc", "log:\n{}", tb.daemon().log_tail());
+    assert!(
+        mv.datapath_because
+            .as_deref()
+            .is_some_and(|w| w.contains("auto") && w.contains("native XDP was refused")),
+        "status should say why: {:?}",
+        mv.datapath_because
+    );
+    assert_eq!(
+        (wan.attach_mode.as_str(), wan.tc_handoff),
+        ("native", true),
+        "the WAN keeps native XDP with the TC program behind it: {wan:?}"
+    );
+    let text = tb.daemon().ctl(&["status"]).expect("status");
+    assert!(
+        text.contains("xdp native + tc hand-over"),
+        "status should show the hand-over:\n{text}"
+    );
+    let before = tb.snapshot();
+    let errors = host_csum_errors(&tb);
+    traffic_is_fast_pathed(
+        &tb,
+        7400,
+        MV,
+        WAN_IF,
+        "over a macvlan LAN port on TC, WAN native XDP",
+    );
+    assert_eq!(
+        host_csum_errors(&tb) - errors,
+        0,
+        "the hosts dropped packets with bad checksums"
+    );
+    let after = tb.snapshot();
+    let no_xmit = after.packets_since(&before, WAN_IF, "egress_no_xdp_xmit");
+    println!("{WAN_IF}: egress_no_xdp_xmit +{no_xmit} (handed to TC instead)");
+    assert_eq!(no_xmit, 0, "XDP handed every such packet to TC");
+}
+
+/// A LAN veth whose peer has a 9000-byte MTU refuses native XDP (the jumbo-frame case of the
+/// kernel's flowtable selftest): with `datapath = "auto"` it gets the TC fast path, which
+/// takes skbs of any size, and UDP and TCP through it are fast-pathed both ways (the WAN on
+/// native XDP redirects into the LAN veth directly: it can transmit XDP frames).
+#[test]
+fn auto_datapath_takes_tc_where_native_xdp_is_refused() {
+    if !ready("auto_datapath_takes_tc_where_native_xdp_is_refused") {
+        return;
+    }
+    let mut tb = Testbed::new("tc5");
+    tb.lan
+        .sh(&format!("ip link set {} mtu 9000", testbed::HOST_IF));
+    tb.start_daemon_config(&format!(
+        "[[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
+         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
+    ));
+    let st = tb.daemon().status();
+    let (lan, wan) = (st.iface(LAN_IF), st.iface(WAN_IF));
+    println!(
+        "{LAN_IF}: {} ({:?}); {WAN_IF}: {}",
+        lan.attach_mode, lan.datapath_because, wan.attach_mode
+    );
+    assert_eq!(lan.attach_mode, "tc", "log:\n{}", tb.daemon().log_tail());
+    assert!(
+        lan.datapath_because
+            .as_deref()
+            .is_some_and(|w| w.contains("MTU is too large")),
+        "status should say the MTU is why: {:?}",
+        lan.datapath_because
+    );
+    assert_eq!(wan.attach_mode, "native");
+    let errors = host_csum_errors(&tb);
+    traffic_is_fast_pathed(&tb, 7500, LAN_IF, WAN_IF, "with a jumbo-MTU LAN veth on TC");
     assert_eq!(
         host_csum_errors(&tb) - errors,
         0,

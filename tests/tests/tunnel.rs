@@ -12,7 +12,8 @@ use xdp_router_tests::{
     netns::Netns,
     testbed::{
         HOST_IF, LAN_IF, ROUTER_WAN_V4, ROUTER_WAN_V6, Testbed, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
-        ready, route_wan_through, udp_and_tcp_are_intact, wan_lan_interfaces,
+        ready, route_wan_through, traffic_is_fast_pathed, udp_and_tcp_are_intact,
+        wan_lan_interfaces,
     },
 };
 
@@ -94,8 +95,9 @@ fn wan_under_a_tunnel_is_left_to_the_kernel() {
     );
 }
 
-/// The WAN named as the tunnel device (`name = "vxlan0"`): a VXLAN device has no native XDP,
-/// so the program runs in generic (skb) mode there, and it cannot transmit XDP frames. LAN →
+/// The WAN named as the tunnel device (`name = "vxlan0"`) with `datapath = "xdp"`: a VXLAN
+/// device has no native XDP, so the program runs in generic (skb) mode there, and it cannot
+/// transmit XDP frames. LAN →
 /// WAN packets go to the kernel (`egress_no_xdp_xmit`), and so do replies received on vxlan0
 /// (`generic_xdp`): the kernel validated their checksum in software while decapsulating, a
 /// rewrite in generic XDP would leave that state stale, and the LAN host's stack would drop
@@ -107,7 +109,10 @@ fn wan_as_a_tunnel_device_is_left_to_the_kernel() {
         return;
     }
     let mut tb = tunnel_testbed("tv");
-    tb.start_daemon_config(&wan_lan_interfaces(TUNNEL));
+    tb.start_daemon_config(&format!(
+        "datapath = \"xdp\"\n{}",
+        wan_lan_interfaces(TUNNEL)
+    ));
     let (before, after) = udp_and_tcp_are_intact(&tb, 6303, "a VXLAN tunnel");
     let d =
         |iface: &str, reason: &str| after.packets(iface, reason) - before.packets(iface, reason);
@@ -140,4 +145,32 @@ fn wan_as_a_tunnel_device_is_left_to_the_kernel() {
         "LAN packets should be counted egress_no_xdp_xmit and WAN packets generic_xdp: \
          {after:?}"
     );
+}
+
+/// The WAN named as the tunnel device with the default `datapath = "auto"`: vxlan0 refuses
+/// native XDP, so the TC fast path runs on it (on the decapsulated skbs, with the kernel's
+/// checksum state, which generic XDP could not keep right), and behind native XDP on the LAN
+/// veth for the packets routed into vxlan0 (no XDP transmit there). UDP both ways and TCP are
+/// fast-pathed through the tunnel, intact, with the fast path off left to netfilter (the
+/// negative control in `traffic_is_fast_pathed`).
+#[test]
+fn wan_as_a_tunnel_device_runs_the_tc_fast_path() {
+    if !ready("tunnel::wan_as_a_tunnel_device_runs_the_tc_fast_path") {
+        return;
+    }
+    let mut tb = tunnel_testbed("tw");
+    tb.start_daemon_config(&wan_lan_interfaces(TUNNEL));
+    let st = tb.daemon().status();
+    let mode = |name: &str| {
+        let i = st.iface(name);
+        (i.attach_mode.clone(), i.tc_handoff)
+    };
+    println!(
+        "{TUNNEL}: {:?}; {LAN_IF}: {:?} (mode, TC hand-over)",
+        mode(TUNNEL),
+        mode(LAN_IF)
+    );
+    assert_eq!(mode(TUNNEL), ("tc".into(), false), "{st:?}");
+    assert_eq!(mode(LAN_IF), ("native".into(), true), "{st:?}");
+    traffic_is_fast_pathed(&tb, 6305, LAN_IF, TUNNEL, "through a VXLAN WAN on TC");
 }

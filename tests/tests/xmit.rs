@@ -97,8 +97,9 @@ fn veth_peer_without_xdp_or_gro_is_no_redirect_target() {
 }
 
 /// A LAN port whose veth peer has a 9000-byte MTU: the kernel refuses native XDP (ERANGE, its
-/// message only reaches a tracepoint) and the daemon falls back to generic XDP saying why, in
-/// the log and in `status`.
+/// message only reaches a tracepoint) and, with `datapath = "xdp"`, the daemon falls back to
+/// generic XDP saying why, in the log and in `status` (with the default `auto` it takes the TC
+/// fast path instead: `tc::auto_datapath_takes_tc_where_native_xdp_is_refused`).
 #[test]
 fn native_attach_refusal_is_explained() {
     if !ready("xmit::native_attach_refusal_is_explained") {
@@ -107,7 +108,8 @@ fn native_attach_refusal_is_explained() {
     let mut tb = Testbed::new("mt");
     tb.lan.sh("ip link set eth0 mtu 9000");
     let daemon = tb.start_daemon_config(&format!(
-        "xdp_mode = \"native\"\n\
+        "datapath = \"xdp\"\n\
+         xdp_mode = \"native\"\n\
          [[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
          [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
     ));

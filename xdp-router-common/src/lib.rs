@@ -463,6 +463,20 @@ pub const IFACE_F_PPP_CCP: u32 = 1 << 14;
 /// Anything else the bridge would drop or flood (`Reason::PassBridgeVlanFiltered`, ...).
 pub const IFACE_F_BRIDGE_VLAN_FILTERING: u32 = 1 << 15;
 
+/// The TC fast path ([`TC_PROG_NAME`]) also runs at TC ingress of this native-XDP interface,
+/// behind the XDP program, for the packets XDP hands it: those of offloaded flows routed out of
+/// a device that cannot transmit XDP frames ([`IFACE_F_NO_XDP_XMIT`]: a port on the TC datapath,
+/// a macvlan, a Wi-Fi port). The XDP program leaves such a packet untouched, puts
+/// [`XDP_TC_HANDOFF`] in its metadata and passes it without counting it; the TC program
+/// forwards it through the egress device's transmit path (or passes it, counted under its
+/// reason). Packets without the metadata were counted by XDP and are not looked at again. Set
+/// by the daemon after the TC program is attached, cleared before it is detached.
+pub const IFACE_F_TC_HANDOFF: u32 = 1 << 16;
+
+/// The XDP metadata (four bytes before the frame, `bpf_xdp_adjust_meta`) that hands a packet
+/// to the TC fast path on an [`IFACE_F_TC_HANDOFF`] interface.
+pub const XDP_TC_HANDOFF: u32 = 0x7c68_0ff0;
+
 /// Value of [`MAP_IFACES`], keyed by ifindex (host order): a managed interface.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -15,6 +15,7 @@ mod encap;
 mod family;
 mod fib;
 mod flow;
+mod handoff;
 mod maps;
 mod order;
 mod packet;
@@ -51,6 +52,10 @@ pub fn xdp_router(ctx: XdpContext) -> u32 {
             stats::count(slot, fwd.reason, fwd.bytes);
             fwd.action
         }
+        Err(Reason::PassEgressNoXdpXmit) if handoff::to_tc(&ctx, info) => {
+            // Counted by the TC fast path behind this program (see `handoff.rs`).
+            xdp_action::XDP_PASS
+        }
         Err(reason) => {
             stats::count(slot, reason, bytes);
             xdp_action::XDP_PASS
@@ -59,7 +64,8 @@ pub fn xdp_router(ctx: XdpContext) -> u32 {
 }
 
 /// The same fast path at TC ingress (TCX), on socket buffers, attached instead of the XDP
-/// program to interfaces whose datapath is TC: counts the packet per ingress interface and
+/// program to interfaces whose datapath is TC, and behind it on native-XDP interfaces for the
+/// packets it hands over (see `handoff.rs`): counts the packet per ingress interface and
 /// reason in the same stats map; a packet it forwards is redirected to its egress device's
 /// transmit path (`TC_ACT_REDIRECT`), anything else goes on to the kernel (`TC_ACT_UNSPEC`:
 /// the next TCX program, then the stack) untouched.
@@ -68,6 +74,10 @@ pub fn xdp_router_tc(ctx: TcContext) -> i32 {
     // SAFETY: the context's skb pointer is valid for the program run.
     let (ifindex, vlan_present) = unsafe { ((*ctx.skb.skb).ifindex, (*ctx.skb.skb).vlan_present) };
     let info = maps::IFACES.get_ptr(ifindex);
+    if !handoff::for_tc(&ctx, info) {
+        // Behind the XDP program, which counted this packet already.
+        return TC_ACT_UNSPEC;
+    }
     let mut slot = stats::ingress_slot(info);
     let bytes = Packet::len(&ctx) as u64;
     let result = if vlan_present != 0 {

@@ -13,12 +13,15 @@ use crate::{cmd, workspace};
 /// Options of `cargo xtask lab`.
 #[derive(clap::Args)]
 pub struct LabArgs {
-    /// Seconds of each measurement (UDP and TCP, fast path off and on).
+    /// Seconds of each measurement (UDP and TCP; the kernel, XDP and TC).
     #[arg(long, default_value_t = 3)]
     seconds: u32,
     /// Use the already built target/release binaries instead of building them first.
     #[arg(long)]
     no_build: bool,
+    /// Leave out the TC fast path's run (the daemon restarted with `datapath = "tc"`).
+    #[arg(long)]
+    no_tc: bool,
 }
 
 /// Runs the lab.
@@ -71,5 +74,8 @@ pub fn run(args: &LabArgs) -> anyhow::Result<()> {
         .arg(&config)
         .arg("--daemon")
         .arg(&daemon);
+    if args.no_tc {
+        c.arg("--no-tc");
+    }
     cmd::run(&mut c)
 }

@@ -317,9 +317,9 @@ pub fn offload_udp_family(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, se
 /// What one measured exchange did.
 pub struct Measured {
     pub sent: u64,
-    /// XDP forwarded, original direction (counted on the LAN ingress).
+    /// Fast-path forwarded, original direction (counted on the LAN ingress).
     pub orig: u64,
-    /// XDP forwarded, reply direction (counted on the WAN device the flow enters by).
+    /// Fast-path forwarded, reply direction (counted on the WAN device the flow enters by).
     pub reply: u64,
     /// Packets on the router's LAN and WAN wires (rx_packets; GRO is off on them).
     pub wire_lan: u64,
@@ -381,13 +381,14 @@ pub fn traffic_is_fast_pathed(tb: &Testbed, port: u16, lan: &str, wan: &str, wha
         offload_udp_family(tb, &sock, server, &mut seq);
         let m = measure_udp(tb, &sock, server, &mut seq, lan, wan);
         println!(
-            "{server} {what}: {} datagrams each way; XDP forwarded {} original (on {lan}), {} \
-             reply (on {wan}); wire packets {} on {LAN_IF}, {} on {WAN_IF}: fast-path share \
+            "{server} {what}: {} datagrams each way; fast path forwarded {} original (on {lan}), \
+             {} reply (on {wan}); wire packets {} on {}, {} on {WAN_IF}: fast-path share \
              {:.0} % / {:.0} %; FORWARD ESTABLISHED +{}",
             m.sent,
             m.orig,
             m.reply,
             m.wire_lan,
+            tb.lan_wire,
             m.wire_wan,
             100.0 * m.orig as f64 / m.wire_lan.max(1) as f64,
             100.0 * m.reply as f64 / m.wire_wan.max(1) as f64,
@@ -414,7 +415,7 @@ pub fn traffic_is_fast_pathed(tb: &Testbed, port: u16, lan: &str, wan: &str, wha
         let off = measure_udp(tb, &sock, server, &mut seq, lan, wan);
         tb.daemon().set_fastpath(true);
         println!(
-            "{server} {what}, fast path off: XDP forwarded {} original, {} reply; FORWARD \
+            "{server} {what}, fast path off: fast path forwarded {} original, {} reply; FORWARD \
              ESTABLISHED +{} for {} datagrams each way",
             off.orig, off.reply, off.established, off.sent
         );
@@ -445,7 +446,7 @@ pub fn traffic_is_fast_pathed(tb: &Testbed, port: u16, lan: &str, wan: &str, wha
     let reply = after.packets_since(&before, wan, "forwarded_reply");
     let wire = after.rx_lan_since(&before) + after.rx_wan_since(&before);
     println!(
-        "TCP 2 MiB {what}: XDP forwarded {orig} original + {reply} reply of {wire} \
+        "TCP 2 MiB {what}: fast path forwarded {orig} original + {reply} reply of {wire} \
          wire packets ({:.0} %), FORWARD ESTABLISHED +{}",
         100.0 * (orig + reply) as f64 / wire.max(1) as f64,
         after.established_since(&before, false)

@@ -163,6 +163,12 @@ pub struct IfaceStatus {
     /// Why it runs generic XDP although native was asked for.
     #[serde(default)]
     pub generic_because: Option<String>,
+    /// Why it runs the datapath it runs (the config setting, and for `auto` what decided).
+    #[serde(default)]
+    pub datapath_because: Option<String>,
+    /// The TC fast path runs behind native XDP here (hand-over to ports without XDP transmit).
+    #[serde(default)]
+    pub tc_handoff: bool,
     /// For a bridge port: its bridge.
     #[serde(default)]
     pub bridge: Option<String>,
@@ -210,6 +216,15 @@ pub struct CounterRow {
 }
 
 impl Status {
+    /// The row of the managed interface `name`; panics (naming the rows there are) when
+    /// `status` lists none.
+    pub fn iface(&self, name: &str) -> &IfaceStatus {
+        self.interfaces
+            .iter()
+            .find(|i| i.name == name)
+            .unwrap_or_else(|| panic!("status lists no interface {name}: {:?}", self.interfaces))
+    }
+
     /// Packets counted under `reason` on ingress interface `iface`; panics when the row is
     /// missing (a renamed reason must not read as zero).
     pub fn packets(&self, iface: &str, reason: &str) -> u64 {
@@ -231,7 +246,7 @@ impl Status {
 pub struct Snapshot {
     /// The daemon's status.
     pub status: Status,
-    /// rx_packets of the router's LAN interface.
+    /// rx_packets of the router's LAN wire device ([`Testbed::lan_wire`]).
     pub rx_lan: u64,
     /// rx_packets of the router's WAN interface.
     pub rx_wan: u64,

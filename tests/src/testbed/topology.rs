@@ -109,6 +109,9 @@ pub struct Testbed {
     /// timing. Expiry only ever sends more packets to the kernel; `tests/verdicts.rs` runs
     /// with the shipped default.
     pub verdict_max_age_ms: u64,
+    /// The router's device whose received packets are the LAN's wire packets in a
+    /// [`Snapshot`]: the LAN veth, unless a test moved the LAN onto another device (a NIC).
+    pub lan_wire: String,
 }
 
 impl Testbed {
@@ -122,6 +125,7 @@ impl Testbed {
             wan: Netns::new(&format!("{tag}w")),
             dir: TempDir::new(),
             verdict_max_age_ms: 0,
+            lan_wire: LAN_IF.to_string(),
         };
         tb.router.sh(&format!(
             "ip link add {LAN_IF} type veth peer name {HOST_IF} netns {lan}
@@ -260,7 +264,7 @@ impl Testbed {
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             status: self.daemon().status(),
-            rx_lan: self.rx_packets(LAN_IF),
+            rx_lan: self.rx_packets(&self.lan_wire),
             rx_wan: self.rx_packets(WAN_IF),
             established_v4: established_packets(&self.router, "iptables"),
             established_v6: established_packets(&self.router, "ip6tables"),

@@ -35,7 +35,7 @@ use xdp_router_tests::{
     },
     testbed::{
         Capture, HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, ROUTER_WAN_V4, Status, Testbed,
-        WAN_HOST_V4, WAN_HOST_V6, WAN_IF, ready, wait_until,
+        WAN_HOST_V4, WAN_HOST_V6, WAN_IF, ready, wait_until, wan_lan_interfaces,
     },
 };
 

@@ -9,14 +9,39 @@ fn fast_path_forwards_exactly_what_the_kernel_forwards() {
     }
     let mut tb = Testbed::new("df");
     tb.start_daemon();
+    same_with_the_fast_path_off_and_on(&tb);
+}
+
+/// The same corpus with the TC fast path on both ports (`datapath = "tc"`, the path `auto`
+/// gives ports without native XDP): the skb path must hold to the kernel exactly as XDP does.
+#[test]
+fn tc_fast_path_forwards_exactly_what_the_kernel_forwards() {
+    if !ready("differential::tc_fast_path_forwards_exactly_what_the_kernel_forwards") {
+        return;
+    }
+    let mut tb = Testbed::new("dt");
+    tb.start_daemon_config(&format!(
+        "datapath = \"tc\"\n{}",
+        wan_lan_interfaces(WAN_IF)
+    ));
+    for ifname in [LAN_IF, WAN_IF] {
+        let st = tb.daemon().status();
+        assert_eq!(st.iface(ifname).attach_mode, "tc", "{ifname}: {st:?}");
+    }
+    same_with_the_fast_path_off_and_on(&tb);
+}
+
+/// The corpus with the fast path off, then on, on the running daemon: every case must arrive
+/// the same (frames and bytes).
+fn same_with_the_fast_path_off_and_on(tb: &Testbed) {
     let macs = Macs {
         lan_host: mac_of(&tb.lan, HOST_IF),
         router_lan: mac_of(&tb.router, LAN_IF),
         wan_host: mac_of(&tb.wan, HOST_IF),
         router_wan: mac_of(&tb.router, WAN_IF),
     };
-    let off = half(&tb, &macs, false);
-    let on = half(&tb, &macs, true);
+    let off = half(tb, &macs, false);
+    let on = half(tb, &macs, true);
 
     let summary = |o: &Outcome| {
         if o.frames.is_empty() {

@@ -13,7 +13,7 @@ fn lan_interface_gone_and_back_is_reattached() {
     let mut tb = Testbed::new("pa3");
     tb.start_daemon();
     let old_ifindex = sysfs_ifindex(&tb.router, LAN_IF);
-    assert_eq!(iface(&tb.daemon().status(), LAN_IF).ifindex, old_ifindex);
+    assert_eq!(tb.daemon().status().iface(LAN_IF).ifindex, old_ifindex);
 
     // An offloaded TCP connection through the LAN interface.
     let server = wan_v4(5103);
@@ -37,14 +37,14 @@ fn lan_interface_gone_and_back_is_reattached() {
     let t0 = Instant::now();
     tb.router.exec_ok("ip", &["link", "del", LAN_IF]);
     let (st, ok) = tb.daemon().wait_status(WITHDRAW_WITHIN, |s| {
-        let i = iface(s, LAN_IF);
+        let i = s.iface(LAN_IF);
         i.attach_mode == "detached" && i.ifindex == 0 && s.conntrack.offloaded == 0
     });
     assert!(
         ok,
         "{LAN_IF} deleted, but after {:?}: {:?}, {:?}\nlog:\n{}",
         t0.elapsed(),
-        iface(&st, LAN_IF),
+        st.iface(LAN_IF),
         st.conntrack,
         tb.daemon().log_tail()
     );
@@ -53,7 +53,7 @@ fn lan_interface_gone_and_back_is_reattached() {
         t0.elapsed()
     );
     assert_eq!(
-        iface(&st, WAN_IF).attach_mode,
+        st.iface(WAN_IF).attach_mode,
         "native",
         "{WAN_IF} lost its attachment"
     );
@@ -93,14 +93,14 @@ fn lan_interface_gone_and_back_is_reattached() {
     let new_ifindex = sysfs_ifindex(&tb.router, LAN_IF);
     assert_ne!(new_ifindex, old_ifindex, "the kernel reused the ifindex");
     let (st, ok) = tb.daemon().wait_status(WITHDRAW_WITHIN, |s| {
-        let i = iface(s, LAN_IF);
+        let i = s.iface(LAN_IF);
         i.attach_mode == "native" && i.ifindex == new_ifindex
     });
     assert!(
         ok,
         "{LAN_IF} recreated as ifindex {new_ifindex}, but after {:?}: {:?}\nlog:\n{}",
         t0.elapsed(),
-        iface(&st, LAN_IF),
+        st.iface(LAN_IF),
         tb.daemon().log_tail()
     );
     eprintln!(
@@ -228,13 +228,13 @@ fn interface_missing_at_start_is_attached_when_it_appears() {
     ));
     let st = tb.daemon().status();
     assert_eq!(
-        iface(&st, LAN_IF).attach_mode,
+        st.iface(LAN_IF).attach_mode,
         "detached",
         "{:?}",
         st.interfaces
     );
     assert_eq!(
-        iface(&st, WAN_IF).attach_mode,
+        st.iface(WAN_IF).attach_mode,
         "native",
         "{:?}",
         st.interfaces
@@ -244,7 +244,7 @@ fn interface_missing_at_start_is_attached_when_it_appears() {
          ip link set {LAN_IF} up"
     ));
     let (st, ok) = tb.daemon().wait_status(Duration::from_secs(5), |s| {
-        iface(s, LAN_IF).attach_mode == "native"
+        s.iface(LAN_IF).attach_mode == "native"
     });
     assert!(
         ok,

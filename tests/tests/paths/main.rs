@@ -26,9 +26,9 @@ use std::{
 use xdp_router_tests::{
     netns::Netns,
     testbed::{
-        self, Capture, HOST_IF, IfaceStatus, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, ROUTER_LAN_V4,
-        ROUTER_LAN_V6, ROUTER_WAN_V4, Snapshot, Status, Testbed, UdpEcho, WAN_HOST_V4, WAN_HOST_V6,
-        WAN_IF, any_v4, any_v6, daemon_binary, offload_udp, parse_udp_frame, ping_pong, ready,
+        self, Capture, HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, ROUTER_LAN_V4, ROUTER_LAN_V6,
+        ROUTER_WAN_V4, Snapshot, Status, Testbed, UdpEcho, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
+        any_v4, any_v6, daemon_binary, offload_udp, parse_udp_frame, ping_pong, ready,
         udp_is_fast_pathed, udp_socket, wait_until, wan_v4, wan_v6,
     },
 };
@@ -58,14 +58,6 @@ fn sysfs_ifindex(ns: &Netns, ifname: &str) -> u32 {
     s.trim()
         .parse()
         .unwrap_or_else(|e| panic!("{path} in {}: {s:?}: {e}", ns.name()))
-}
-
-/// The `status` row of a managed interface.
-fn iface<'a>(st: &'a Status, name: &str) -> &'a IfaceStatus {
-    st.interfaces
-        .iter()
-        .find(|i| i.name == name)
-        .unwrap_or_else(|| panic!("status lists no interface {name}: {:?}", st.interfaces))
 }
 
 /// A skip/withdrawal counter of `status` (0 while the reason never happened).

@@ -36,13 +36,14 @@ use crate::{
 };
 use aya::programs::{SchedClassifier, Xdp};
 use xdp_router_common::{
-    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_PPP_CCP, PROG_NAME, Reason, TC_PROG_NAME, stats_index,
+    Counter, FIB_LOOKUP_DIRECT, FibCache, IFACE_F_NO_XDP_XMIT, IFACE_F_PPP_CCP, IFACE_F_TC_HANDOFF,
+    PROG_NAME, Reason, TC_PROG_NAME, XDP_TC_HANDOFF, stats_index,
 };
 use xdp_router_tests::{
     fixture_net::{
-        Bed, GW_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, Setup, WAN_MAC, XDP_PASS, XDP_REDIRECT,
-        build_topology, flow, lan_pkt, load, load_object, object, routed, run, try_run_tc, v4, v6,
-        wan_pkt,
+        Bed, GW_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, Maps, Setup, TC_ACT_UNSPEC, WAN_MAC,
+        XDP_PASS, XDP_REDIRECT, build_topology, flow, lan_pkt, load, load_object, object, routed,
+        run, run_tc, try_run_tc, v4, v6, wan_pkt,
     },
     netns::{Netns, require_root},
     packet::{
@@ -51,6 +52,18 @@ use xdp_router_tests::{
         with_pppoe,
     },
 };
+
+/// The fixture's router namespace (`xr-<tag>-…`, with its FIB) and the hosts' one behind it,
+/// for `test`; `None` (the test skipped, saying why) without root.
+fn fixture_namespaces(test: &str, tag: &str) -> Option<(Netns, Netns)> {
+    if !require_root(test) {
+        return None;
+    }
+    let router = Netns::new(tag);
+    let hosts = Netns::new(&format!("{tag}h"));
+    build_topology(&router, &hosts);
+    Some((router, hosts))
+}
 
 /// Every case of the table.
 fn cases(b: &Bed) -> Vec<Case> {
@@ -69,12 +82,9 @@ fn cases(b: &Bed) -> Vec<Case> {
 
 #[test]
 fn fixture_table() {
-    if !require_root("prog_run::fixture_table") {
+    let Some((router, _hosts)) = fixture_namespaces("prog_run::fixture_table", "dp") else {
         return;
-    }
-    let router = Netns::new("dp");
-    let hosts = Netns::new("dph");
-    build_topology(&router, &hosts);
+    };
     let results = router.run(|| {
         let bed = Bed::here();
         let (ebpf, mut maps) = load();
@@ -160,12 +170,9 @@ fn l2_len(frame: &[u8]) -> usize {
 /// path's direct update does; `tests/tc.rs` covers CHECKSUM_PARTIAL and GSO with traffic.
 #[test]
 fn fixture_table_on_tc() {
-    if !require_root("prog_run::fixture_table_on_tc") {
+    let Some((router, _hosts)) = fixture_namespaces("prog_run::fixture_table_on_tc", "dpt") else {
         return;
-    }
-    let router = Netns::new("dpt");
-    let hosts = Netns::new("dpth");
-    build_topology(&router, &hosts);
+    };
     let (results, skipped) = router.run(|| {
         let bed = Bed::here();
         let (mut ebpf, mut maps) = load();
@@ -207,12 +214,11 @@ fn fixture_table_on_tc() {
 /// 198.51.100.77.
 #[test]
 fn fib_flags_direct_skips_policy_rules() {
-    if !require_root("prog_run::fib_flags_direct_skips_policy_rules") {
+    let Some((router, _hosts)) =
+        fixture_namespaces("prog_run::fib_flags_direct_skips_policy_rules", "dpr")
+    else {
         return;
-    }
-    let router = Netns::new("dpr");
-    let hosts = Netns::new("dprh");
-    build_topology(&router, &hosts);
+    };
     router.sh("set -e
         ip rule add from 192.0.2.10 lookup 100 pref 100
         ip route add default via 198.51.100.253 dev wan0 table 100");
@@ -270,12 +276,11 @@ fn fib_flags_direct_skips_policy_rules() {
 /// same IP datagram after a frame that is not CCP (LCP) is still forwarded.
 #[test]
 fn ccp_seen_on_a_session_stops_its_fast_path() {
-    if !require_root("prog_run::ccp_seen_on_a_session_stops_its_fast_path") {
+    let Some((router, _hosts)) =
+        fixture_namespaces("prog_run::ccp_seen_on_a_session_stops_its_fast_path", "dpc")
+    else {
         return;
-    }
-    let router = Netns::new("dpc");
-    let hosts = Netns::new("dpch");
-    build_topology(&router, &hosts);
+    };
     let results = router.run(|| {
         let b = Bed::here();
         let (server4, router4, client4) = (v4("198.18.0.7"), v4("198.51.100.1"), v4("192.0.2.10"));
@@ -374,12 +379,11 @@ fn table_covers_every_reason() {
 /// that used the cache leaves with it, one that looked up the FIB leaves with the real one.
 #[test]
 fn fib_cache_is_used_only_while_valid() {
-    if !require_root("prog_run::fib_cache_is_used_only_while_valid") {
+    let Some((router, _hosts)) =
+        fixture_namespaces("prog_run::fib_cache_is_used_only_while_valid", "dpc")
+    else {
         return;
-    }
-    let router = Netns::new("dpc");
-    let hosts = Netns::new("dpch");
-    build_topology(&router, &hosts);
+    };
     const POISON: [u8; 6] = [0x02, 0xba, 0xd0, 0x00, 0x00, 0x01];
     type Tweak = fn(&mut Setup, &mut FibCache);
     let tweaks: [(&str, bool, Tweak); 8] = [
@@ -507,4 +511,99 @@ fn fib_cache_is_used_only_while_valid() {
         results
     });
     assert_all_ok(&results);
+}
+
+/// The hand-over to the TC program behind XDP (`IFACE_F_TC_HANDOFF`, `handoff.rs`): a packet of
+/// an armed flow whose egress cannot transmit XDP frames leaves XDP untouched, with
+/// `XDP_TC_HANDOFF` in front of it as metadata (BPF_PROG_RUN returns the metadata with the
+/// frame) and nothing counted; the TC program counts it when it takes it. Without the flag on
+/// the ingress, the same packet is counted `egress_no_xdp_xmit` and gets no metadata (the
+/// control). The TC program on a hand-over port leaves a packet without the metadata alone,
+/// uncounted (XDP counted it): each packet counted once.
+#[test]
+fn xdp_hands_packets_for_ports_without_xdp_transmit_to_tc() {
+    let Some((router, _hosts)) = fixture_namespaces(
+        "prog_run::xdp_hands_packets_for_ports_without_xdp_transmit_to_tc",
+        "dpo",
+    ) else {
+        return;
+    };
+    let errs = router.run(|| {
+        let b = Bed::here();
+        let (mut ebpf, mut maps) = load();
+        let (good4, _) = case::good_packets();
+        let frame = good4.frame();
+        let no_xmit = Setup::managed(&b, vec![routed(b.lan, &good4, false)])
+            .with_iface_flags(b.wan, IFACE_F_NO_XDP_XMIT);
+        let mut errs = Vec::new();
+        let counted = |maps: &Maps, before: &[Counter]| -> Vec<String> {
+            maps.stats()
+                .iter()
+                .zip(before)
+                .enumerate()
+                .filter(|(_, (a, b))| a != b)
+                .map(|(i, _)| {
+                    let r = Reason::from_u32(i as u32 % Reason::COUNT);
+                    format!(
+                        "slot {} {}",
+                        i as u32 / Reason::COUNT,
+                        r.map_or("?", Reason::name)
+                    )
+                })
+                .collect()
+        };
+        {
+            let xdp: &Xdp = ebpf
+                .program(PROG_NAME)
+                .expect("program present")
+                .try_into()
+                .expect("XDP program");
+            // The control: no TC program behind.
+            maps.apply(&no_xmit);
+            let before = maps.stats();
+            let (verdict, out) = run(xdp, &frame, b.lan);
+            let moved = counted(&maps, &before);
+            let want = vec![format!("slot {LAN_SLOT} egress_no_xdp_xmit")];
+            if verdict != XDP_PASS || out != frame || moved != want {
+                errs.push(format!(
+                    "without the hand-over: verdict {verdict}, frame {}, counted {moved:?}; want \
+                     XDP_PASS, unchanged, {want:?}",
+                    if out == frame { "unchanged" } else { "changed" }
+                ));
+            }
+            // With the TC program behind.
+            maps.apply(&no_xmit.clone().with_iface_flags(b.lan, IFACE_F_TC_HANDOFF));
+            let before = maps.stats();
+            let (verdict, out) = run(xdp, &frame, b.lan);
+            let moved = counted(&maps, &before);
+            let mut want_out = XDP_TC_HANDOFF.to_ne_bytes().to_vec();
+            want_out.extend_from_slice(&frame);
+            if verdict != XDP_PASS || out != want_out || !moved.is_empty() {
+                errs.push(format!(
+                    "hand-over: verdict {verdict}, counted {moved:?}, out {}; want XDP_PASS, \
+                     nothing counted, the mark then the frame unchanged: {}",
+                    hex(&out),
+                    hex(&want_out)
+                ));
+            }
+        }
+        let tc: &mut SchedClassifier = ebpf
+            .program_mut(TC_PROG_NAME)
+            .expect("TC program present")
+            .try_into()
+            .expect("SchedClassifier program");
+        tc.load()
+            .unwrap_or_else(|e| panic!("verifier rejected {TC_PROG_NAME}: {e}\n{e:?}"));
+        let before = maps.stats();
+        let (verdict, out) = run_tc(tc, &frame, b.lan);
+        let moved = counted(&maps, &before);
+        if verdict != TC_ACT_UNSPEC || out != frame || !moved.is_empty() {
+            errs.push(format!(
+                "TC behind XDP, no mark: verdict {verdict}, counted {moved:?}; want \
+                 TC_ACT_UNSPEC, nothing counted, frame unchanged"
+            ));
+        }
+        errs
+    });
+    assert!(errs.is_empty(), "{errs:#?}");
 }

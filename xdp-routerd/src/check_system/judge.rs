@@ -268,14 +268,16 @@ pub fn device(d: &Device) -> (Level, String) {
         ),
         Some(bits) if bits & XDP_BASIC == 0 => (
             Level::Warn,
-            "no native XDP in its driver: generic XDP only counts (generic_xdp), traffic \
-             arriving here is not accelerated"
+            "no native XDP in its driver: with datapath = \"auto\" (the default) the TC fast \
+             path runs here instead (TCX, Linux >= 6.6; slower than native XDP), with \
+             datapath = \"xdp\" generic XDP only counts (generic_xdp)"
                 .into(),
         ),
         Some(bits) if bits & NETDEV_XDP_ACT_NDO_XMIT == 0 => (
             Level::Ok,
             "native XDP: traffic arriving here is accelerated; it cannot transmit redirected \
-             frames, so traffic leaving by it stays in the kernel (egress_no_xdp_xmit)"
+             frames, so traffic leaving by it stays in the kernel (egress_no_xdp_xmit) unless \
+             the TC fast path runs behind XDP on its ingress port (once a port runs TC)"
                 .into(),
         ),
         Some(_) => (

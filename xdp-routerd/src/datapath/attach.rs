@@ -15,8 +15,8 @@ use aya::programs::{
 };
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
-    ARM_PROG_NAME, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT, IfaceInfo, MAP_IFACES, MAP_TX_PORTS,
-    MAX_IFACE_SLOTS, PROG_NAME, STAMP_PROG_NAME, TC_PROG_NAME,
+    ARM_PROG_NAME, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT, IFACE_F_TC_HANDOFF, IfaceInfo,
+    MAP_IFACES, MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME, STAMP_PROG_NAME, TC_PROG_NAME,
 };
 
 use super::{Datapath, Ports as _};
@@ -88,6 +88,9 @@ pub(super) struct Links {
     pub(super) tc: BTreeMap<u32, SchedClassifierLinkId>,
     /// Why each attached interface runs the datapath it runs (for `status`).
     pub(super) datapath_because: BTreeMap<u32, String>,
+    /// The name each registered interface had when it was registered (TCX attachments are by
+    /// name).
+    pub(super) names: BTreeMap<u32, String>,
 }
 
 impl Datapath {
@@ -124,9 +127,15 @@ impl Datapath {
         mode: XdpModeConfig,
         arm: bool,
     ) -> anyhow::Result<AttachMode> {
-        let (slot, flags) = (info.slot, info.flags);
+        let (slot, mut flags) = (info.slot, info.flags);
         if slot == 0 || slot >= MAX_IFACE_SLOTS {
             bail!("interface slot {slot} out of range");
+        }
+        if self.tc_handoff(ifindex) {
+            // Registered again (for a device over it) with the TC program behind XDP: the
+            // flag stays with the link, or the TC program would take every packet XDP passed
+            // for its own.
+            flags |= IFACE_F_TC_HANDOFF;
         }
         // Generic until the attachment is known to be native (see IFACE_F_GENERIC_XDP).
         let info = IfaceInfo {
@@ -142,6 +151,7 @@ impl Datapath {
                 .insert(ifindex, ifindex, None, 0)
                 .with_context(|| format!("{name}: cannot add to {MAP_TX_PORTS}"))?;
         }
+        self.links.names.insert(ifindex, name.to_string());
         let (choice, from) = self.datapath_choice.of(name);
         let mode = if self.links.xdp.contains_key(&ifindex) {
             // The program already runs there for a VLAN device over it (see
@@ -160,6 +170,19 @@ impl Datapath {
                         .insert(ifindex, format!("datapath = \"tc\" in {from}"));
                     AttachMode::Tc
                 }
+                Err(e) => {
+                    let _ = self.ifaces.remove(&ifindex);
+                    let _ = self.tx_ports.remove(ifindex);
+                    return Err(e);
+                }
+            }
+        } else if choice == DatapathConfig::Auto
+            && arm
+            && mode == XdpModeConfig::Native
+            && self.tc_unavailable.is_none()
+        {
+            match self.attach_auto(name, ifindex, from) {
+                Ok(mode) => mode,
                 Err(e) => {
                     let _ = self.ifaces.remove(&ifindex);
                     let _ = self.tx_ports.remove(ifindex);
@@ -198,7 +221,118 @@ impl Datapath {
         if arm && !self.links.armed.contains_key(&ifindex) {
             self.attach_arming(name, ifindex, ARM_PROG_NAME);
         }
+        self.update_handoffs();
         Ok(mode)
+    }
+
+    /// `datapath = "auto"` on an interface managed for itself: native XDP where the driver
+    /// takes it, else the TC fast path (not generic XDP, which forwards nothing), else, if the
+    /// TC program cannot be attached either, generic XDP as before.
+    fn attach_auto(&mut self, name: &str, ifindex: u32, from: &str) -> anyhow::Result<AttachMode> {
+        let refused = match self.attach_native(name, ifindex)? {
+            Ok(()) => {
+                self.links.datapath_because.insert(
+                    ifindex,
+                    format!("datapath = \"auto\" in {from}: native XDP"),
+                );
+                return Ok(AttachMode::Native);
+            }
+            Err(refused) => refused,
+        };
+        let why = native_attach_failure(&refused);
+        match self.attach_tc_program(name, ifindex) {
+            Ok(()) => {
+                info!(
+                    interface = name,
+                    error = %refused,
+                    "{name}: native XDP refused ({why}): the TC fast path runs there instead"
+                );
+                self.links.datapath_because.insert(
+                    ifindex,
+                    format!("datapath = \"auto\" in {from}, and native XDP was refused: {why}"),
+                );
+                Ok(AttachMode::Tc)
+            }
+            Err(tc_err) => {
+                warn!(
+                    interface = name,
+                    error = %format!("{tc_err:#}"),
+                    "{name}: native XDP refused ({why}) and the TC fast path cannot be                      attached: generic XDP (nothing is forwarded there)"
+                );
+                self.links
+                    .datapath_because
+                    .insert(ifindex, format!("datapath = \"auto\" in {from}"));
+                self.attach_program(name, ifindex, XdpModeConfig::Generic)
+                    .inspect(|_| {
+                        self.links.generic_because.insert(ifindex, why);
+                    })
+            }
+        }
+    }
+
+    /// Puts the TC fast path behind the XDP program ([`IFACE_F_TC_HANDOFF`]) on every
+    /// interface managed for itself that runs native XDP, once some interface runs the TC
+    /// datapath: XDP cannot redirect into such a port (no XDP transmit), so packets of
+    /// offloaded flows routed there are handed to the TC program at the same ingress instead of
+    /// the kernel. Left in place when the last TC port goes (the XDP program then has nothing
+    /// to hand over but to ports without XDP transmit, which TC serves as well).
+    fn update_handoffs(&mut self) {
+        if self.tc_unavailable.is_some() || !self.links.modes.values().any(|m| *m == AttachMode::Tc)
+        {
+            return;
+        }
+        let natives: Vec<u32> = self
+            .links
+            .modes
+            .iter()
+            .filter(|(i, m)| {
+                **m == AttachMode::Native
+                    && self.links.armed.contains_key(i)
+                    && !self.links.tc.contains_key(i)
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        for ifindex in natives {
+            if let Err(e) = self.attach_handoff(ifindex) {
+                warn!(
+                    ifindex,
+                    error = %format!("{e:#}"),
+                    "cannot put the TC fast path behind XDP: packets routed from there to a \
+                     port without XDP transmit stay in the kernel"
+                );
+            }
+        }
+    }
+
+    /// [`Datapath::update_handoffs`] for one interface: the TC program first, then the flag.
+    fn attach_handoff(&mut self, ifindex: u32) -> anyhow::Result<()> {
+        let name = self
+            .links
+            .names
+            .get(&ifindex)
+            .cloned()
+            .unwrap_or_else(|| ifindex.to_string());
+        let link = self.attach_tc_link(&name)?;
+        self.links.tc.insert(ifindex, link);
+        let info = self.iface(ifindex)?;
+        self.update_iface(
+            ifindex,
+            IfaceInfo {
+                flags: info.flags | IFACE_F_TC_HANDOFF,
+                ..info
+            },
+        )?;
+        info!(
+            interface = name,
+            ifindex, "TC fast path attached behind XDP (hand-over to ports without XDP transmit)"
+        );
+        Ok(())
+    }
+
+    /// Whether the TC fast path runs behind XDP on `ifindex` (see
+    /// [`Datapath::update_handoffs`]).
+    pub fn tc_handoff(&self, ifindex: u32) -> bool {
+        self.mode_of(ifindex) == Some(AttachMode::Native) && self.links.tc.contains_key(&ifindex)
     }
 
     /// Attaches the arming program `prog` ([`ARM_PROG_NAME`], or [`ARM_L3_PROG_NAME`](xdp_router_common::ARM_L3_PROG_NAME) for a
@@ -254,26 +388,7 @@ impl Datapath {
     /// bpf_link, first among the TCX ingress programs (before the DSCP stamp: a packet it
     /// forwards needs no stamp).
     fn attach_tc_program(&mut self, name: &str, ifindex: u32) -> anyhow::Result<()> {
-        if let Some(why) = &self.tc_unavailable {
-            bail!("{name}: datapath \"tc\": the TC fast path did not load: {why}");
-        }
-        let p = self
-            .ebpf
-            .program_mut(TC_PROG_NAME)
-            .ok_or_else(|| anyhow!("eBPF object has no program {TC_PROG_NAME}"))?;
-        let p = <&mut SchedClassifier>::try_from(p)?;
-        let link = p
-            .attach_with_options(
-                name,
-                TcAttachType::Ingress,
-                TcAttachOptions::TcxOrder(LinkOrder::first()),
-            )
-            .map_err(|e| {
-                anyhow!(
-                    "{name}: cannot attach the TC fast path at TC ingress (TCX, Linux >= 6.6 \
-                     needed): {e}"
-                )
-            })?;
+        let link = self.attach_tc_link(name)?;
         self.links.tc.insert(ifindex, link);
         self.links.modes.insert(ifindex, AttachMode::Tc);
         info!(
@@ -285,6 +400,30 @@ impl Datapath {
         Ok(())
     }
 
+    /// The TCX ingress link of the TC fast path on `ifindex` (`name` for messages), first
+    /// among the TCX ingress programs.
+    fn attach_tc_link(&mut self, name: &str) -> anyhow::Result<SchedClassifierLinkId> {
+        if let Some(why) = &self.tc_unavailable {
+            bail!("{name}: datapath \"tc\": the TC fast path did not load: {why}");
+        }
+        let p = self
+            .ebpf
+            .program_mut(TC_PROG_NAME)
+            .ok_or_else(|| anyhow!("eBPF object has no program {TC_PROG_NAME}"))?;
+        let p = <&mut SchedClassifier>::try_from(p)?;
+        p.attach_with_options(
+            name,
+            TcAttachType::Ingress,
+            TcAttachOptions::TcxOrder(LinkOrder::first()),
+        )
+        .map_err(|e| {
+            anyhow!(
+                "{name}: cannot attach the TC fast path at TC ingress (TCX, Linux >= 6.6 \
+                 needed): {e}"
+            )
+        })
+    }
+
     /// Attaches the XDP program to `ifindex` in `mode` (native falling back to generic, with
     /// the reason kept for `status`), and makes sure the kernel made it a bpf_link.
     fn attach_program(
@@ -293,39 +432,63 @@ impl Datapath {
         ifindex: u32,
         mode: XdpModeConfig,
     ) -> anyhow::Result<AttachMode> {
-        let mut fallback = None;
-        let prog = self.program()?;
-        let (link, got) = match mode {
-            XdpModeConfig::Generic => (
-                prog.attach_to_if_index(ifindex, XdpMode::Skb)
-                    .map_err(|e| anyhow!("{name}: cannot attach XDP (generic mode): {e}"))?,
-                AttachMode::Generic,
-            ),
-            XdpModeConfig::Native => match prog.attach_to_if_index(ifindex, XdpMode::Driver) {
-                Ok(link) => (link, AttachMode::Native),
-                Err(native_err) => {
-                    let why = native_attach_failure(&native_err);
-                    warn!(
-                        interface = name,
-                        error = %native_err,
-                        "{name}: native XDP attach failed: {why}; falling back to generic XDP \
-                         (much slower)"
-                    );
-                    fallback = Some(why);
-                    let link = prog
-                        .attach_to_if_index(ifindex, XdpMode::Skb)
-                        .map_err(|e| {
-                            anyhow!("{name}: cannot attach XDP: native: {native_err}; generic: {e}")
-                        })?;
-                    (link, AttachMode::Generic)
-                }
-            },
-        };
+        if mode == XdpModeConfig::Native {
+            let native_err = match self.attach_native(name, ifindex)? {
+                Ok(()) => return Ok(AttachMode::Native),
+                Err(e) => e,
+            };
+            let why = native_attach_failure(&native_err);
+            warn!(
+                interface = name,
+                error = %native_err,
+                "{name}: native XDP attach failed: {why}; falling back to generic XDP \
+                 (much slower)"
+            );
+            let link = self
+                .program()?
+                .attach_to_if_index(ifindex, XdpMode::Skb)
+                .map_err(|e| {
+                    anyhow!("{name}: cannot attach XDP: native: {native_err}; generic: {e}")
+                })?;
+            self.links.generic_because.insert(ifindex, why);
+            self.keep_xdp_link(name, ifindex, link, AttachMode::Generic)?;
+            return Ok(AttachMode::Generic);
+        }
+        let link = self
+            .program()?
+            .attach_to_if_index(ifindex, XdpMode::Skb)
+            .map_err(|e| anyhow!("{name}: cannot attach XDP (generic mode): {e}"))?;
+        self.keep_xdp_link(name, ifindex, link, AttachMode::Generic)?;
+        Ok(AttachMode::Generic)
+    }
+
+    /// Attaches the XDP program natively to `ifindex`; `Ok(Err(_))` with the kernel's error
+    /// when the driver refuses (see [`native_attach_failure`]).
+    fn attach_native(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+    ) -> anyhow::Result<Result<(), aya::programs::ProgramError>> {
+        match self.program()?.attach_to_if_index(ifindex, XdpMode::Driver) {
+            Ok(link) => {
+                self.keep_xdp_link(name, ifindex, link, AttachMode::Native)?;
+                Ok(Ok(()))
+            }
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    /// Records the XDP `link` on `ifindex`, attached in mode `got`, after making sure the
+    /// kernel made it a bpf_link.
+    fn keep_xdp_link(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        link: XdpLinkId,
+        got: AttachMode,
+    ) -> anyhow::Result<()> {
         self.links.xdp.insert(ifindex, link);
         self.links.modes.insert(ifindex, got);
-        if let Some(why) = fallback {
-            self.links.generic_because.insert(ifindex, why);
-        }
         // Fail-open relies on every attachment being a bpf_link owned by this process, which the
         // kernel removes when the process goes away. aya falls back to a netlink attach when
         // bpf_link_create() answers EINVAL (kernels before 5.9); such an attachment would
@@ -352,7 +515,7 @@ impl Datapath {
             mode = got.as_str(),
             "XDP program attached"
         );
-        Ok(got)
+        Ok(())
     }
 
     /// Number of XDP bpf_links that point at our program (one per attached interface).
@@ -412,6 +575,7 @@ impl Datapath {
         self.links.datapath_because.remove(&ifindex);
         self.links.generic_because.remove(&ifindex);
         self.links.modes.remove(&ifindex);
+        self.links.names.remove(&ifindex);
     }
 
     /// Detaches from every interface (shutdown): the kernel carries everything again, whoever

@@ -20,8 +20,9 @@ use aya::{
 use tracing::warn;
 use xdp_router_common::{
     ARM_L3_PROG_NAME, ARM_PROG_NAME, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP,
-    IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN, IFACE_F_VLAN_PARENT,
-    IfaceInfo, MAP_IFACES, MAP_TX_PORTS, PROG_NAME, STAMP_PROG_NAME, TC_PROG_NAME,
+    IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_TC_HANDOFF, IFACE_F_VLAN,
+    IFACE_F_VLAN_PARENT, IfaceInfo, MAP_IFACES, MAP_TX_PORTS, PROG_NAME, STAMP_PROG_NAME,
+    TC_PROG_NAME,
 };
 
 pub mod attach;
@@ -68,8 +69,8 @@ pub struct Datapath {
 }
 
 /// The `IFACE_F_*` bits the datapath owns, kept when the state rewrites an interface's flags:
-/// what the interface is, whether the program runs on it in generic mode, and whether the XDP
-/// program saw CCP run on its PPPoE session.
+/// what the interface is, whether the program runs on it in generic mode or with the TC fast
+/// path behind it, and whether the XDP program saw CCP run on its PPPoE session.
 const DATAPATH_FLAGS: u32 = IFACE_F_BRIDGE
     | IFACE_F_BRIDGE_PORT
     | IFACE_F_VLAN
@@ -77,7 +78,8 @@ const DATAPATH_FLAGS: u32 = IFACE_F_BRIDGE
     | IFACE_F_PPPOE
     | IFACE_F_PPPOE_LOWER
     | IFACE_F_PPP_CCP
-    | IFACE_F_GENERIC_XDP;
+    | IFACE_F_GENERIC_XDP
+    | IFACE_F_TC_HANDOFF;
 
 /// Takes the map `name` out of `ebpf` as the typed handle `T` (once: the map is gone after).
 fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(

@@ -1,4 +1,4 @@
-//! Per-interface metrics: attach mode, egress shaping, XDP transmit, PPPoE session and
+//! Per-interface metrics: attach mode, TC hand-over, egress shaping, XDP transmit, PPPoE session and
 //! bridge VLAN membership of each managed interface.
 
 use std::fmt;
@@ -30,6 +30,18 @@ pub(super) fn encode(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt:
                     u64::from(i.attach_mode == *m),
                 )
             })
+        }),
+    )?;
+    gauges(
+        enc,
+        "interface_tc_handoff",
+        "1 while the TC fast path runs behind native XDP on a managed interface, for the packets XDP cannot redirect (routed out of a port without XDP transmit, such as one on the TC datapath).",
+        None,
+        s.interfaces.iter().map(|i| {
+            (
+                vec![("interface", i.name.clone()), ("role", i.role.clone())],
+                u64::from(i.tc_handoff),
+            )
         }),
     )?;
     gauges(

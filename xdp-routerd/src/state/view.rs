@@ -116,6 +116,7 @@ impl State<Datapath> {
                     .ifindex
                     .and_then(|i| self.dp.datapath_because(i))
                     .map(str::to_string),
+                tc_handoff: m.ifindex.is_some_and(|i| self.dp.tc_handoff(i)),
                 generic_because: m
                     .ifindex
                     .and_then(|i| self.dp.generic_because(i))
@@ -159,6 +160,7 @@ impl State<Datapath> {
                         .into(),
                     ),
                     datapath_because: None,
+                    tc_handoff: false,
                     generic_because: self.dp.generic_because(v.link.parent).map(str::to_string),
                     bridge: None,
                     fdb_entries: pb.map(|_| self.dp.fdb_len(v.link.parent) as u64),
@@ -233,6 +235,7 @@ impl State<Datapath> {
                         None => judged.why_not(),
                     },
                     datapath_because: None,
+                    tc_handoff: false,
                     generic_because: self.dp.generic_because(runs_on).map(str::to_string),
                     bridge: None,
                     fdb_entries: None,
@@ -293,6 +296,7 @@ impl State<Datapath> {
             xdp_xmit: p.xmit.allowed(),
             no_xdp_xmit_because: p.xmit.why_not(),
             datapath_because: None,
+            tc_handoff: false,
             generic_because: self.dp.generic_because(ifindex).map(str::to_string),
             bridge: Some(bridge.to_string()),
             fdb_entries: None,

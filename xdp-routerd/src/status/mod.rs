@@ -194,7 +194,8 @@ pub struct IfaceStatus {
     /// 0 while the interface does not exist.
     pub ifindex: u32,
     pub role: String,
-    /// `native`, `generic`, or `detached` (interface missing).
+    /// `native`, `generic` (XDP), `tc` (the TC fast path instead of XDP), `ports` (a bridge),
+    /// `lower` (a PPP device), or `detached` (interface missing).
     pub attach_mode: String,
     /// Egress is shaped: the fast path does not send packets out of this interface.
     pub shaped: bool,
@@ -212,7 +213,8 @@ pub struct IfaceStatus {
     pub egress_qdisc: Option<String>,
     /// The fast path may redirect packets into it: the kernel reports that it transmits XDP
     /// frames (`NETDEV_XDP_ACT_NDO_XMIT`). False for a bridge, or a veth whose peer has
-    /// neither XDP nor GRO; packets routed out of it are counted `egress_no_xdp_xmit`.
+    /// neither XDP nor GRO; packets routed out of it are counted `egress_no_xdp_xmit`, or handed
+    /// to the TC fast path where it runs behind XDP (`tc_handoff`).
     #[serde(default)]
     pub xdp_xmit: bool,
     /// Why `xdp_xmit` is false (null when true or the interface is missing).
@@ -223,6 +225,10 @@ pub struct IfaceStatus {
     /// device's lower device carry the program).
     #[serde(default)]
     pub datapath_because: Option<String>,
+    /// The TC fast path also runs behind native XDP here, for the packets XDP cannot redirect
+    /// (routed out of a port without XDP transmit, e.g. one on the TC datapath).
+    #[serde(default)]
+    pub tc_handoff: bool,
     /// Why the attach mode is generic although native was asked for: the kernel's refusal,
     /// explained (e.g. a veth peer's MTU too large for native XDP).
     #[serde(default)]

@@ -47,6 +47,8 @@ impl Status {
             // `tc`: the TC fast path runs there instead of XDP.
             let datapath = if i.attach_mode == "tc" {
                 "tc ingress".to_string()
+            } else if i.tc_handoff {
+                format!("xdp {} + tc hand-over", i.attach_mode)
             } else {
                 format!("xdp {}", i.attach_mode)
             };
@@ -66,7 +68,7 @@ impl Status {
                 let _ = writeln!(s, "    generic XDP because: {why}");
             }
             if let Some(why) = &i.no_xdp_xmit_because {
-                let _ = writeln!(s, "    not sent out of by the fast path: {why}");
+                let _ = writeln!(s, "    no XDP redirect into it: {why}");
             }
             if let Some(why) = i
                 .pppoe
@@ -302,6 +304,7 @@ mod tests {
             xdp_xmit: pppoe.session_id.is_some(),
             no_xdp_xmit_because: None,
             datapath_because: None,
+            tc_handoff: false,
             generic_because: None,
             bridge: None,
             fdb_entries: None,
@@ -312,7 +315,8 @@ mod tests {
         }
     }
 
-    /// An interface running the TC fast path says so, and why; an XDP one does not say why.
+    /// An interface running the TC fast path says so, and why; an XDP one does not say why, but
+    /// says when the TC program runs behind it.
     #[test]
     fn a_tc_interface_shows_its_datapath_and_why() {
         let mut st = status(&[]);
@@ -325,8 +329,15 @@ mod tests {
         eth0.name = "eth0".into();
         eth0.attach_mode = "native".into();
         eth0.datapath_because = Some("datapath = \"auto\" in the global setting".into());
-        st.interfaces = vec![eth1, eth0];
+        let mut eth2 = eth0.clone();
+        eth2.name = "eth2".into();
+        eth2.tc_handoff = true;
+        st.interfaces = vec![eth1, eth0, eth2];
         let text = st.render();
+        assert!(
+            text.contains("eth2         ifindex 12   role wan  xdp native + tc hand-over\n"),
+            "{text}"
+        );
         assert!(
             text.contains("eth1         ifindex 12   role wan  tc ingress\n")
                 && text

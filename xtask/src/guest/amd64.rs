@@ -1,7 +1,7 @@
 //! The amd64 guest: privileged tests that need kernel modules this machine's kernel lacks
-//! (802.1Q VLAN, PPPoE, ESP, bridge VLAN filtering) run in a qemu guest that boots Debian's
-//! amd64 kernel with virtme-ng, sharing this root filesystem (binaries, tools, the workspace).
-//! One boot runs them all.
+//! (802.1Q VLAN, PPPoE, ESP, bridge VLAN filtering, a NIC driver: two emulated e1000e NICs
+//! wired to each other) run in a qemu guest that boots Debian's amd64 kernel with virtme-ng,
+//! sharing this root filesystem (binaries, tools, the workspace). One boot runs them all.
 //!
 //! Such tests are `#[ignore]`d on the host (with a reason naming this step) and run here with
 //! `--ignored`.
@@ -18,7 +18,11 @@ use super::{Prepared, Run, Script, Shared};
 use crate::cmd;
 
 /// Test targets of `xdp-router-tests` whose ignored tests run in the guest.
-pub const TEST_TARGETS: &[&str] = &["vlan", "pppoe", "ipsec", "bridge"];
+pub const TEST_TARGETS: &[&str] = &["vlan", "pppoe", "ipsec", "bridge", "nic"];
+
+/// The MACs of the guest's two emulated e1000e NICs, wired to each other (`tests/nic.rs` finds
+/// them by these).
+const NIC_MACS: [&str; 2] = ["52:54:00:e1:00:01", "52:54:00:e1:00:02"];
 
 /// Modules the guest tests use (the guest kernel loads nothing on demand for a netns).
 const MODULES: &[&str] = &[
@@ -49,6 +53,7 @@ const MODULES: &[&str] = &[
     "gcm",
     "ghash-generic",
     "seqiv",
+    "e1000e",
 ];
 
 /// The Debian package that provides the guest kernel (`cargo xtask setup` installs it): 6.12
@@ -72,6 +77,34 @@ pub fn kernel() -> Option<PathBuf> {
         .collect();
     found.sort();
     found.pop().map(|(_, p)| p)
+}
+
+/// qemu options for two e1000e NICs ([`NIC_MACS`]) wired to each other: each one's frames go
+/// to the other's UDP socket on this machine's loopback (two ports free when asked; nothing
+/// else reaches them).
+fn wired_nics() -> anyhow::Result<String> {
+    // Both bound at once, so they differ; released just before qemu binds them.
+    let bind = || {
+        std::net::UdpSocket::bind("127.0.0.1:0")
+            .context("finding a free UDP port for the guest's NICs")
+    };
+    let sockets = [bind()?, bind()?];
+    let mut ports = [0u16; 2];
+    for (port, s) in ports.iter_mut().zip(&sockets) {
+        *port = s.local_addr()?.port();
+    }
+    Ok((0..2)
+        .map(|i| {
+            format!(
+                "-netdev socket,id=xrnic{i},localaddr=127.0.0.1:{},udp=127.0.0.1:{} \
+                 -device e1000e,netdev=xrnic{i},mac={}",
+                ports[i],
+                ports[1 - i],
+                NIC_MACS[i]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" "))
 }
 
 /// `6.12.117+deb12-amd64` → [6, 12, 117, 12] for ordering.
@@ -131,6 +164,8 @@ pub fn prepare(daemon: &Path, extra: &[String]) -> anyhow::Result<Prepared> {
         "2".into(),
         "--memory".into(),
         "4G".into(),
+        // One argument: vng's parser takes a separate value starting with `-` for an option.
+        format!("--qemu-opts={}", wired_nics()?).into(),
     ];
     let guest_dir = shared.dir.clone();
     Ok(Prepared {
