@@ -806,3 +806,56 @@ fn openwrt_dsa_vlans_over_a_bridge_are_fast_pathed() {
     on_and_off(&bed, server, &cases, &mut seqs);
     assert_eq!(echo.finish().corrupt, 0);
 }
+
+/// A bridge port that refuses native XDP (its host's veth has a 9000-byte MTU, as a port whose
+/// NIC has no XDP would): with the default `datapath = "auto"` the TC fast path runs on it and
+/// XDP on the other port. Both hosts' connections are fast-pathed both ways with netfilter
+/// seeing none of it (h2's by TC from p2 to the WAN and by XDP from the WAN into p2, which can
+/// take XDP frames), and with the fast path off the kernel carries them all.
+#[test]
+fn a_bridge_port_without_native_xdp_gets_the_tc_fast_path() {
+    if !ready("bridge::a_bridge_port_without_native_xdp_gets_the_tc_fast_path") {
+        return;
+    }
+    let mut bed = Bed::new("bt");
+    bed.h2.sh("ip link set eth0 mtu 9000");
+    bed.start_daemon();
+    bed.wait_port("p1");
+    let st = bed.daemon().status();
+    let p2 = st.iface("p2");
+    println!(
+        "p2: {} ({:?}), bridge {:?}",
+        p2.attach_mode, p2.datapath_because, p2.bridge
+    );
+    assert_eq!(
+        (p2.attach_mode.as_str(), p2.bridge.as_deref()),
+        ("tc", Some("br-lan")),
+        "{:?}\n{}",
+        st.interfaces,
+        bed.daemon().log_tail()
+    );
+    assert!(
+        p2.datapath_because
+            .as_deref()
+            .is_some_and(|w| w.contains("MTU is too large")),
+        "status should say why: {p2:?}"
+    );
+
+    let server = SocketAddr::new(WAN_HOST.into(), 9998);
+    let echo = UdpEcho::start(&bed.wan, server);
+    let s1 = udp_socket(&bed.h1, any_v4(), 64);
+    let s2 = udp_socket(&bed.h2, any_v4(), 64);
+    let mut seqs = [0, 1_000_000];
+    bed.offload(&s1, server, &mut seqs[0], 1);
+    bed.offload(&s2, server, &mut seqs[1], 2);
+    on_and_off(
+        &bed,
+        server,
+        &[
+            (&s1, "p1", "p1", "h1 behind p1 (native XDP)"),
+            (&s2, "p2", "p2", "h2 behind p2 (TC)"),
+        ],
+        &mut seqs,
+    );
+    assert_eq!(echo.finish().corrupt, 0);
+}

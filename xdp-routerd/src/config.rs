@@ -205,7 +205,7 @@ pub enum XdpModeConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DatapathConfig {
-    /// Chosen by the daemon, per interface managed for itself: native XDP where the driver
+    /// Chosen by the daemon, per interface managed for itself or bridge port: native XDP where the driver
     /// takes it, else the TC fast path (a macvlan, a Wi-Fi or DSA port, a jumbo-MTU veth), else
     /// generic XDP. With `xdp_mode = "generic"`, generic XDP as asked. Once some interface runs
     /// TC, the TC fast path also runs behind native XDP on the others, for packets routed into
@@ -216,8 +216,8 @@ pub enum DatapathConfig {
     Xdp,
     /// The TC ingress program (TCX, Linux 6.6+): the same fast path on socket buffers, after
     /// GRO; for devices without native XDP. Its redirects need no XDP transmit on the egress.
-    /// For now on interfaces managed for themselves only: a bridge's ports, a VLAN device's
-    /// parent and a PPPoE session's lower device keep XDP, and packets whose VLAN tag or PPPoE
+    /// On interfaces managed for themselves and bridge ports: a VLAN device's parent and a
+    /// PPPoE session's lower device keep XDP for now, and packets whose VLAN tag or PPPoE
     /// session changes on the way stay in the kernel (`not_on_tc_yet`).
     Tc,
 }

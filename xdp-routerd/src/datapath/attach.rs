@@ -15,8 +15,9 @@ use aya::programs::{
 };
 use tracing::{debug, error, info, warn};
 use xdp_router_common::{
-    ARM_PROG_NAME, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT, IFACE_F_TC_HANDOFF, IfaceInfo,
-    MAP_IFACES, MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME, STAMP_PROG_NAME, TC_PROG_NAME,
+    ARM_PROG_NAME, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT,
+    IFACE_F_TC_HANDOFF, IfaceInfo, MAP_IFACES, MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME,
+    STAMP_PROG_NAME, TC_PROG_NAME,
 };
 
 use super::{Datapath, Ports as _};
@@ -153,6 +154,10 @@ impl Datapath {
         }
         self.links.names.insert(ifindex, name.to_string());
         let (choice, from) = self.datapath_choice.of(name);
+        // Where the TC fast path may run instead of XDP: an interface managed for itself
+        // (`arm`) or a bridge's port. VLAN parents and PPPoE lower devices (registered for the
+        // device over them) keep XDP for now.
+        let tc_capable = arm || flags & IFACE_F_BRIDGE_PORT != 0;
         let mode = if self.links.xdp.contains_key(&ifindex) {
             // The program already runs there for a VLAN device over it (see
             // `attach_vlan`): the interface is now managed itself too.
@@ -160,9 +165,7 @@ impl Datapath {
         } else if self.links.tc.contains_key(&ifindex) {
             // Registered again while the TC program runs there.
             AttachMode::Tc
-        } else if choice == DatapathConfig::Tc && arm {
-            // `arm`: an interface managed for itself. Bridge ports, VLAN parents and PPPoE
-            // lower devices (registered for the device over them) keep XDP for now.
+        } else if choice == DatapathConfig::Tc && tc_capable {
             match self.attach_tc_program(name, ifindex) {
                 Ok(()) => {
                     self.links
@@ -177,7 +180,7 @@ impl Datapath {
                 }
             }
         } else if choice == DatapathConfig::Auto
-            && arm
+            && tc_capable
             && mode == XdpModeConfig::Native
             && self.tc_unavailable.is_none()
         {
@@ -193,12 +196,12 @@ impl Datapath {
             let because = if choice == DatapathConfig::Tc {
                 warn!(
                     interface = name,
-                    "{name}: datapath = \"tc\" is not supported yet on a bridge port, VLAN \
-                     parent or PPPoE lower device: XDP runs there"
+                    "{name}: datapath = \"tc\" is not supported yet on a VLAN parent or PPPoE \
+                     lower device: XDP runs there"
                 );
                 format!(
-                    "datapath = \"tc\" in {from}, but a bridge port, VLAN parent or PPPoE \
-                     lower device keeps XDP for now"
+                    "datapath = \"tc\" in {from}, but a VLAN parent or PPPoE lower device \
+                     keeps XDP for now"
                 )
             } else {
                 format!("datapath = \"{}\" in {from}", choice.as_str())
@@ -225,7 +228,7 @@ impl Datapath {
         Ok(mode)
     }
 
-    /// `datapath = "auto"` on an interface managed for itself: native XDP where the driver
+    /// `datapath = "auto"` on an interface managed for itself or a bridge port: native XDP where the driver
     /// takes it, else the TC fast path (not generic XDP, which forwards nothing), else, if the
     /// TC program cannot be attached either, generic XDP as before.
     fn attach_auto(&mut self, name: &str, ifindex: u32, from: &str) -> anyhow::Result<AttachMode> {

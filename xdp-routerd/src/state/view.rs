@@ -295,7 +295,7 @@ impl State<Datapath> {
             egress_qdisc: p.egress.as_ref().and_then(|e| e.root.clone()),
             xdp_xmit: p.xmit.allowed(),
             no_xdp_xmit_because: p.xmit.why_not(),
-            datapath_because: None,
+            datapath_because: self.dp.datapath_because(ifindex).map(str::to_string),
             tc_handoff: false,
             generic_because: self.dp.generic_because(ifindex).map(str::to_string),
             bridge: Some(bridge.to_string()),
