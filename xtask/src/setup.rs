@@ -44,6 +44,11 @@ const TOOLS: &[(&str, &str)] = &[
     ("pppoe-server", "pppoe"),
     ("pppd", "ppp"),
     ("pppstats", "ppp"),
+    // tests/tests/nic.rs (in the guest): a Wi-Fi access point on a mac80211_hwsim radio in
+    // the router's LAN bridge, and a station on the other radio.
+    ("hostapd", "hostapd"),
+    ("wpa_supplicant", "wpasupplicant"),
+    ("iw", "iw"),
     // bench/src/router.rs pins the router's threads.
     ("taskset", "util-linux"),
     // bench/src/scale/idle.rs counts an idle daemon's system calls.

@@ -1,6 +1,6 @@
 //! The amd64 guest: privileged tests that need kernel modules this machine's kernel lacks
-//! (802.1Q VLAN, PPPoE, ESP, bridge VLAN filtering, a NIC driver: two emulated e1000e NICs
-//! wired to each other) run in a qemu guest that boots Debian's amd64 kernel with virtme-ng,
+//! (802.1Q VLAN, PPPoE, ESP, bridge VLAN filtering, NIC drivers: two emulated e1000e NICs
+//! wired to each other, two `mac80211_hwsim` Wi-Fi radios) run in a qemu guest that boots Debian's amd64 kernel with virtme-ng,
 //! sharing this root filesystem (binaries, tools, the workspace). One boot runs them all.
 //!
 //! Such tests are `#[ignore]`d on the host (with a reason naming this step) and run here with
@@ -54,6 +54,7 @@ const MODULES: &[&str] = &[
     "ghash-generic",
     "seqiv",
     "e1000e",
+    "mac80211_hwsim",
 ];
 
 /// The Debian package that provides the guest kernel (`cargo xtask setup` installs it): 6.12
