@@ -185,6 +185,24 @@ impl Bed {
             );
         }
     }
+
+    /// A UDP echo server on the WAN host at `port`, and one connection to it from each LAN
+    /// host (h2's bound to `h2_src`), offloaded: the server, the echo, the sockets and their
+    /// next sequence numbers (apart, so the two never collide).
+    fn two_offloaded(
+        &self,
+        port: u16,
+        h2_src: SocketAddr,
+    ) -> (SocketAddr, UdpEcho, [UdpSocket; 2], [u64; 2]) {
+        let server = SocketAddr::new(WAN_HOST.into(), port);
+        let echo = UdpEcho::start(&self.wan, server);
+        let s1 = udp_socket(&self.h1, any_v4(), 64);
+        let s2 = udp_socket(&self.h2, h2_src, 64);
+        let mut seqs = [0, 1_000_000];
+        self.offload(&s1, server, &mut seqs[0], 1);
+        self.offload(&s2, server, &mut seqs[1], 2);
+        (server, echo, [s1, s2], seqs)
+    }
 }
 
 /// A LAN host on `ifname` with address `addr`, default route via the bridge, GRO on (so the
@@ -304,13 +322,7 @@ fn bridged_lan_is_fast_pathed() {
     let br = st.interfaces.iter().find(|i| i.name == "br-lan").unwrap();
     assert_eq!(br.attach_mode, "ports", "{:?}", st.interfaces);
 
-    let server = SocketAddr::new(WAN_HOST.into(), 9999);
-    let echo = UdpEcho::start(&bed.wan, server);
-    let s1 = udp_socket(&bed.h1, any_v4(), 64);
-    let s2 = udp_socket(&bed.h2, any_v4(), 64);
-    let (mut q1, mut q2) = (0, 1_000_000);
-    bed.offload(&s1, server, &mut q1, 1);
-    bed.offload(&s2, server, &mut q2, 2);
+    let (server, echo, [s1, s2], [mut q1, mut q2]) = bed.two_offloaded(9999, any_v4());
     for (sock, seq, port) in [(&s1, &mut q1, "p1"), (&s2, &mut q2, "p2")] {
         let [sent, orig, reply, wire, est] = measure(&bed, sock, server, seq, port);
         println!(
@@ -606,13 +618,8 @@ fn vlan_filtering_bridge_is_fast_pathed() {
     let br = st.interfaces.iter().find(|i| i.name == "br-lan").unwrap();
     assert_eq!(br.attach_mode, "ports", "{:?}", st.interfaces);
 
-    let server = SocketAddr::new(WAN_HOST.into(), 9999);
-    let echo = UdpEcho::start(&bed.wan, server);
-    let s1 = udp_socket(&bed.h1, any_v4(), 64);
-    let s2 = udp_socket(&bed.h2, SocketAddr::new(H2_GUEST.into(), 0), 64);
-    let mut seqs = [0, 1_000_000];
-    bed.offload(&s1, server, &mut seqs[0], 1);
-    bed.offload(&s2, server, &mut seqs[1], 2);
+    let (server, echo, [s1, s2], mut seqs) =
+        bed.two_offloaded(9999, SocketAddr::new(H2_GUEST.into(), 0));
     let cases = [
         (&s1, "p1", "p1", "VLAN 1 untagged on p1"),
         (&s2, "p2", "br-lan.20", "VLAN 20 tagged on p2"),
@@ -792,13 +799,7 @@ fn openwrt_dsa_vlans_over_a_bridge_are_fast_pathed() {
         bed.router.exec_ok("bridge", &["vlan", "show"]).trim_end()
     );
 
-    let server = SocketAddr::new(WAN_HOST.into(), 9999);
-    let echo = UdpEcho::start(&bed.wan, server);
-    let s1 = udp_socket(&bed.h1, any_v4(), 64);
-    let s2 = udp_socket(&bed.h2, any_v4(), 64);
-    let mut seqs = [0, 1_000_000];
-    bed.offload(&s1, server, &mut seqs[0], 1);
-    bed.offload(&s2, server, &mut seqs[1], 2);
+    let (server, echo, [s1, s2], mut seqs) = bed.two_offloaded(9999, any_v4());
     let cases = [
         (&s1, "p1", "br-lan.1", "VLAN 1 on access port p1"),
         (&s2, "p2", "br-lan.3", "VLAN 3 on access port p2"),
@@ -841,13 +842,7 @@ fn a_bridge_port_without_native_xdp_gets_the_tc_fast_path() {
         "status should say why: {p2:?}"
     );
 
-    let server = SocketAddr::new(WAN_HOST.into(), 9998);
-    let echo = UdpEcho::start(&bed.wan, server);
-    let s1 = udp_socket(&bed.h1, any_v4(), 64);
-    let s2 = udp_socket(&bed.h2, any_v4(), 64);
-    let mut seqs = [0, 1_000_000];
-    bed.offload(&s1, server, &mut seqs[0], 1);
-    bed.offload(&s2, server, &mut seqs[1], 2);
+    let (server, echo, [s1, s2], mut seqs) = bed.two_offloaded(9998, any_v4());
     on_and_off(
         &bed,
         server,

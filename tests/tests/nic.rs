@@ -55,6 +55,20 @@ fn device_with_mac(mac: &str) -> String {
     name.to_string()
 }
 
+/// `v4` / `v6` on the LAN host `ns`'s `dev`, default routes via the router, and both of the
+/// router's LAN addresses answering from there (20 tries).
+fn lan_host_on(ns: &Netns, dev: &str, v4: Ipv4Addr, v6: Ipv6Addr) {
+    ns.sh(&format!(
+        "ip addr add {v4}/24 dev {dev}
+         ip addr add {v6}/64 dev {dev} nodad
+         ip route add default via {ROUTER_LAN_V4}
+         ip -6 route add default via {ROUTER_LAN_V6}
+         for i in $(seq 20); do ping -c1 -W1 {ROUTER_LAN_V4} >/dev/null && \
+           ping -6 -c1 -W1 {ROUTER_LAN_V6} >/dev/null && exit 0; done
+         echo 'the router is not reachable from {dev}' >&2; exit 1"
+    ));
+}
+
 /// The router's LAN bridge when the NIC is its port.
 const BRIDGE: &str = "br-lan";
 
@@ -105,15 +119,9 @@ fn nic_testbed(tag: &str, bridged: bool) -> Testbed {
         "ip addr flush dev {HOST_IF}
          ip link set {HOST_IF} down
          ip link set {host_nic} name nic0
-         ip link set nic0 up
-         ip addr add {LAN_HOST_V4}/24 dev nic0
-         ip addr add {LAN_HOST_V6}/64 dev nic0 nodad
-         ip route add default via {ROUTER_LAN_V4}
-         ip -6 route add default via {ROUTER_LAN_V6}
-         for i in $(seq 20); do ping -c1 -W1 {ROUTER_LAN_V4} >/dev/null && \
-           ping -6 -c1 -W1 {ROUTER_LAN_V6} >/dev/null && exit 0; done
-         echo 'the router is not reachable over the e1000e NICs' >&2; exit 1"
+         ip link set nic0 up"
     ));
+    lan_host_on(&tb.lan, "nic0", LAN_HOST_V4, LAN_HOST_V6);
     tb.lan_wire = NIC.to_string();
     tb
 }
@@ -224,17 +232,11 @@ impl WifiLan {
             s = sta_if.trim()
         ));
         wifi.pids.push(sta_pid);
-        sta.sh(&format!(
+        sta.sh(
             "for i in $(seq 60); do iw dev wlan0 link | grep -q Connected && break; sleep 0.5; done
-             iw dev wlan0 link | grep -q Connected || {{ echo 'the station did not associate' >&2; exit 1; }}
-             ip addr add {STA_V4}/24 dev wlan0
-             ip addr add {STA_V6}/64 dev wlan0 nodad
-             ip route add default via {ROUTER_LAN_V4}
-             ip -6 route add default via {ROUTER_LAN_V6}
-             for i in $(seq 20); do ping -c1 -W1 {ROUTER_LAN_V4} >/dev/null && \
-               ping -6 -c1 -W1 {ROUTER_LAN_V6} >/dev/null && exit 0; done
-             echo 'the router is not reachable over Wi-Fi' >&2; exit 1"
-        ));
+             iw dev wlan0 link | grep -q Connected || { echo 'the station did not associate' >&2; exit 1; }",
+        );
+        lan_host_on(sta, "wlan0", STA_V4, STA_V6);
         wifi
     }
 }
