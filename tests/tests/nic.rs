@@ -75,8 +75,9 @@ const BRIDGE: &str = "br-lan";
 /// The test bed with the LAN moved from the veth pair onto the two e1000e NICs: the router's
 /// one renamed [`NIC`] (with `bridged`, the port of a bridge [`BRIDGE`] that has the LAN
 /// addresses and a MAC of its own, as on OpenWrt: else the bridge would take the lowest port
-/// MAC, and change it when the Wi-Fi port joins), the LAN host's `nic0`, the addresses, routes and FORWARD rule
-/// with them. The NICs go back to the guest's root namespace when the namespaces are deleted.
+/// MAC, and change it when the Wi-Fi port joins), the LAN host's `nic0`, the addresses, routes
+/// and FORWARD rule with them. The NICs go back to the guest's root namespace when the
+/// namespaces are deleted.
 fn nic_testbed(tag: &str, bridged: bool) -> Testbed {
     let (router_nic, host_nic) = (
         device_with_mac(ROUTER_NIC_MAC),

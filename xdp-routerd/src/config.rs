@@ -205,11 +205,11 @@ pub enum XdpModeConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DatapathConfig {
-    /// Chosen by the daemon, per interface managed for itself or bridge port: native XDP where the driver
-    /// takes it, else the TC fast path (a macvlan, a Wi-Fi or DSA port, a jumbo-MTU veth), else
-    /// generic XDP. With `xdp_mode = "generic"`, generic XDP as asked. Once some interface runs
-    /// TC, the TC fast path also runs behind native XDP on the others, for packets routed into
-    /// ports XDP cannot transmit to.
+    /// Chosen by the daemon, per interface managed for itself or bridge port: native XDP
+    /// where the driver takes it, else the TC fast path (a macvlan, a Wi-Fi or DSA port, a
+    /// jumbo-MTU veth), else generic XDP. With `xdp_mode = "generic"`, generic XDP as asked.
+    /// Once some interface runs TC, the TC fast path also runs behind native XDP on the others,
+    /// for packets routed into ports XDP cannot transmit to.
     #[default]
     Auto,
     /// The XDP program (native, or generic as `xdp_mode` says).

@@ -228,9 +228,9 @@ impl Datapath {
         Ok(mode)
     }
 
-    /// `datapath = "auto"` on an interface managed for itself or a bridge port: native XDP where the driver
-    /// takes it, else the TC fast path (not generic XDP, which forwards nothing), else, if the
-    /// TC program cannot be attached either, generic XDP as before.
+    /// `datapath = "auto"` on an interface managed for itself or a bridge port: native XDP
+    /// where the driver takes it, else the TC fast path (not generic XDP, which forwards
+    /// nothing), else, if the TC program cannot be attached either, generic XDP as before.
     fn attach_auto(&mut self, name: &str, ifindex: u32, from: &str) -> anyhow::Result<AttachMode> {
         let refused = match self.attach_native(name, ifindex)? {
             Ok(()) => {
@@ -260,7 +260,8 @@ impl Datapath {
                 warn!(
                     interface = name,
                     error = %format!("{tc_err:#}"),
-                    "{name}: native XDP refused ({why}) and the TC fast path cannot be                      attached: generic XDP (nothing is forwarded there)"
+                    "{name}: native XDP refused ({why}) and the TC fast path cannot be \
+                     attached: generic XDP (nothing is forwarded there)"
                 );
                 self.links
                     .datapath_because

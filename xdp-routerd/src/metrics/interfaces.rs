@@ -1,5 +1,5 @@
-//! Per-interface metrics: attach mode, TC hand-over, egress shaping, XDP transmit, PPPoE session and
-//! bridge VLAN membership of each managed interface.
+//! Per-interface metrics: attach mode, TC hand-over, egress shaping, XDP transmit, PPPoE
+//! session and bridge VLAN membership of each managed interface.
 
 use std::fmt;
 

@@ -1,7 +1,8 @@
 //! The amd64 guest: privileged tests that need kernel modules this machine's kernel lacks
 //! (802.1Q VLAN, PPPoE, ESP, bridge VLAN filtering, NIC drivers: two emulated e1000e NICs
-//! wired to each other, two `mac80211_hwsim` Wi-Fi radios) run in a qemu guest that boots Debian's amd64 kernel with virtme-ng,
-//! sharing this root filesystem (binaries, tools, the workspace). One boot runs them all.
+//! wired to each other, two `mac80211_hwsim` Wi-Fi radios) run in a qemu guest that boots
+//! Debian's amd64 kernel with virtme-ng, sharing this root filesystem (binaries, tools, the
+//! workspace). One boot runs them all.
 //!
 //! Such tests are `#[ignore]`d on the host (with a reason naming this step) and run here with
 //! `--ignored`.
