@@ -17,7 +17,7 @@ use xdp_router_tests::{
     netns::Netns,
     testbed::{
         HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, ROUTER_LAN_V4, ROUTER_LAN_V6, Testbed, WAN_IF,
-        ready, traffic_is_fast_pathed, wait_until,
+        interfaces_config, ready, traffic_is_fast_pathed, wait_until,
     },
 };
 
@@ -141,10 +141,7 @@ fn e1000e_lan_port_gets_the_tc_fast_path() {
         return;
     }
     let mut tb = nic_testbed("nic", false);
-    tb.start_daemon_config(&format!(
-        "[[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{NIC}\"\nrole = \"lan\"\n"
-    ));
+    tb.start_daemon_config(&interfaces_config(WAN_IF, NIC));
     let st = tb.daemon().status();
     let (nic, wan) = (st.iface(NIC), st.iface(WAN_IF));
     println!(
@@ -277,10 +274,7 @@ fn bridge_of_an_e1000e_port_and_a_wifi_port_is_fast_pathed() {
     let mut tb = nic_testbed("nib", true);
     let mut sta = Netns::new("nis");
     let _wifi = WifiLan::start(&tb, &sta);
-    tb.start_daemon_config(&format!(
-        "[[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{BRIDGE}\"\nrole = \"lan\"\n"
-    ));
+    tb.start_daemon_config(&interfaces_config(WAN_IF, BRIDGE));
     let (st, ok) = tb.daemon().wait_status(Duration::from_secs(5), |s| {
         [NIC, WIFI].iter().all(|p| {
             s.interfaces

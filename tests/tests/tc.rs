@@ -19,23 +19,19 @@ use xdp_router_tests::{
     netns::Netns,
     testbed::{
         self, LAN_IF, ROUTER_LAN_V4, ROUTER_LAN_V6, ROUTER_WAN_V4, Snapshot, Testbed, WAN_IF,
-        fastpath_fraction, ready, traffic_is_fast_pathed, wan_v4, wan_v6,
+        fastpath_fraction, interfaces_config, ready, traffic_is_fast_pathed, wan_v4, wan_v6,
     },
 };
 
-/// Config for the test bed's two interfaces with the TC datapath forced (globally).
-fn tc_config() -> String {
-    format!(
-        "datapath = \"tc\"\n\
-         [[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
-    )
+/// Config for the WAN and `lan` with the TC datapath forced (globally).
+fn tc_config(lan: &str) -> String {
+    format!("datapath = \"tc\"\n{}", interfaces_config(WAN_IF, lan))
 }
 
-/// Starts the daemon with [`tc_config`] and checks that both interfaces run the TC datapath,
-/// say why, and that no XDP program is attached.
+/// Starts the daemon with [`tc_config`] for the LAN veth and checks that both interfaces run
+/// the TC datapath, say why, and that no XDP program is attached.
 fn start_tc(tb: &mut Testbed) {
-    tb.start_daemon_config(&tc_config());
+    tb.start_daemon_config(&tc_config(LAN_IF));
     let st = tb.daemon().status();
     for ifname in [LAN_IF, WAN_IF] {
         let i = st
@@ -271,11 +267,7 @@ fn tc_datapath_accelerates_a_macvlan_lan_port() {
     }
     let mut tb = Testbed::new("tc3");
     macvlan_lan_port(&tb);
-    tb.start_daemon_config(&format!(
-        "datapath = \"tc\"\n\
-         [[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{MV}\"\nrole = \"lan\"\n"
-    ));
+    tb.start_daemon_config(&tc_config(MV));
     let mv = tb.daemon().status().iface(MV).clone();
     assert_eq!(mv.attach_mode, "tc", "log:\n{}", tb.daemon().log_tail());
     // The replies are redirected into it although it cannot transmit XDP frames.
@@ -304,10 +296,7 @@ fn auto_datapath_puts_a_macvlan_lan_port_on_tc_behind_native_xdp() {
     }
     let mut tb = Testbed::new("tc4");
     macvlan_lan_port(&tb);
-    tb.start_daemon_config(&format!(
-        "[[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{MV}\"\nrole = \"lan\"\n"
-    ));
+    tb.start_daemon_config(&interfaces_config(WAN_IF, MV));
     let st = tb.daemon().status();
     let (mv, wan) = (st.iface(MV), st.iface(WAN_IF));
     println!(
@@ -364,10 +353,7 @@ fn auto_datapath_takes_tc_where_native_xdp_is_refused() {
     let mut tb = Testbed::new("tc5");
     tb.lan
         .sh(&format!("ip link set {} mtu 9000", testbed::HOST_IF));
-    tb.start_daemon_config(&format!(
-        "[[interface]]\nname = \"{WAN_IF}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
-    ));
+    tb.start_daemon_config(&interfaces_config(WAN_IF, LAN_IF));
     let st = tb.daemon().status();
     let (lan, wan) = (st.iface(LAN_IF), st.iface(WAN_IF));
     println!(

@@ -207,9 +207,14 @@ pub fn udp_is_fast_pathed(
 /// The config's `[[interface]]` tables for `wan` (role wan) and [`LAN_IF`] (role lan), for
 /// [`Testbed::start_daemon_config`].
 pub fn wan_lan_interfaces(wan: &str) -> String {
+    interfaces_config(wan, LAN_IF)
+}
+
+/// The config's `[[interface]]` tables for `wan` (role wan) and `lan` (role lan).
+pub fn interfaces_config(wan: &str, lan: &str) -> String {
     format!(
         "[[interface]]\nname = \"{wan}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
+         [[interface]]\nname = \"{lan}\"\nrole = \"lan\"\n"
     )
 }
 
