@@ -6,9 +6,10 @@
 //! config/xdp-routerd.toml` (the example config, unchanged). Then, fast path off, on (XDP on the
 //! lab's veths), and on with the daemon restarted with `datapath = "tc"` (the path of ports
 //! without native XDP; `--no-tc` leaves it out): 64-byte UDP from the live-frames generator over
-//! a few primed, offloaded flows at full offered rate, and an iperf3 TCP transfer, each run's
-//! rates also as a ratio to the kernel's. Everything is removed at the end, on error and on
-//! Ctrl-C.
+//! a few primed, offloaded flows at full offered rate, an iperf3 TCP transfer, and the router's
+//! CPU at two fixed offered rates (a 100 Mbit/s line full of 64-byte frames, a 1 Gbit/s line of
+//! 1518-byte ones: what a home router's owner compares), each run's figures also as a ratio to
+//! the kernel's. Everything is removed at the end, on error and on Ctrl-C.
 
 use std::{
     fmt::Write as _,
@@ -52,6 +53,19 @@ const DEFAULT_FLOWS: u32 = 8;
 /// Frame size of the UDP stream (FCS included).
 const UDP_FRAME: usize = 64;
 
+/// The fixed offered rates: (frame size with FCS, line rate in Mbit/s, label).
+const FIXED_RATES: [(usize, u32, &str); 2] = [
+    (64, 100, "100 Mbit/s of 64 B"),
+    (1518, 1000, "1 Gbit/s of 1518 B"),
+];
+
+/// Frames per second that fill a line of `mbit` Mbit/s with `frame`-byte frames (FCS included),
+/// counting the 20 bytes of preamble, start delimiter and inter-frame gap each frame costs on
+/// the wire (RFC 2544's line rate: 148,810 frames/s of 64 B at 100 Mbit/s).
+fn line_rate_pps(mbit: u32, frame: usize) -> f64 {
+    f64::from(mbit) * 1e6 / ((frame + 20) as f64 * 8.0)
+}
+
 /// CPU of the iperf3 endpoints: the generator's, so CPU1 stays the router's (the receiving
 /// host's softirq still runs there, after the router's NAPI poll).
 const TCP_CPU: Option<usize> = Some(crate::testbed::GEN_CPU);
@@ -65,6 +79,8 @@ struct Side {
     tcp_mbps: f64,
     tcp_kernel: u64,
     tcp_xdp: u64,
+    /// One paced trial per [`FIXED_RATES`] entry.
+    fixed: Vec<Trial>,
 }
 
 /// Runs the lab and prints its tables and `xdp-routerd status`.
@@ -189,7 +205,7 @@ fn side(tb: &mut Testbed, daemon: &Daemon, secs: Duration, flows: u32, on: bool)
     } else {
         "fast path off (kernel)".to_string()
     };
-    eprintln!("{label}: {UDP_FRAME}-byte UDP flat out, then iperf3");
+    eprintln!("{label}: {UDP_FRAME}-byte UDP flat out, iperf3, then UDP at fixed rates");
     let mut side = measure(tb, daemon, secs, flows, on).map_err(|e| {
         e.context(format!(
             "{label}; datapath counters: {}",
@@ -242,6 +258,26 @@ fn measure(
     if on && xdp2 == xdp1 {
         bail!("the fast path is on but forwarded none of the TCP transfer");
     }
+    let mut fixed = Vec::new();
+    for (frame, mbit, what) in FIXED_RATES {
+        check_stop()?;
+        let spec = tb.spec(Path::Upload, Family::Ipv4, frame, flows, true);
+        let xdp0 = daemon.status()?.forwarded();
+        let trial = tb.trial(Path::Upload, &spec, Some(line_rate_pps(mbit, frame)), secs)?;
+        let fast = daemon.status()?.forwarded().saturating_sub(xdp0);
+        if trial.delivered == 0 {
+            bail!("{what}: nothing arrived at the WAN host");
+        }
+        if on && pct(fast, trial.delivered) < 50.0 {
+            bail!(
+                "{what}: the fast path is on but forwarded only {fast} of the {} packets \
+                 (the kernel forwarded {})",
+                trial.delivered,
+                trial.kernel_forwarded
+            );
+        }
+        fixed.push(trial);
+    }
     Ok(Side {
         label: String::new(),
         udp,
@@ -249,6 +285,7 @@ fn measure(
         tcp_mbps: run.upload_mbps,
         tcp_kernel: k1.saturating_sub(k0),
         tcp_xdp: xdp2.saturating_sub(xdp1),
+        fixed,
     })
 }
 
@@ -343,12 +380,70 @@ fn table(sides: &[Side], flows: u32, secs: u32) -> String {
         "(a TCP stream between namespaces of one machine is usually bound by the endpoints' own \
          TCP stacks rather than by the router; the UDP table measures the router)\n",
     );
+    s.push_str(&fixed_table(sides, secs));
+    s
+}
+
+/// The router's CPU at each fixed offered rate: CPU1's system share (the router's NAPI
+/// thread), the loss, and how many times less CPU than the kernel the fast path needed.
+fn fixed_table(sides: &[Side], secs: u32) -> String {
+    let mut s = String::new();
+    let Some(off) = sides.first() else {
+        return s;
+    };
+    let _ = writeln!(
+        s,
+        "\n=== Router CPU at a fixed offered rate, UDP LAN → WAN: CPU1's system time (the \
+         router's NAPI thread), {secs} s each"
+    );
+    let mut head = format!("{:<24}", "");
+    for (frame, mbit, what) in FIXED_RATES {
+        let col = format!("{what} ({:.0} Kpps)", line_rate_pps(mbit, frame) / 1e3);
+        let _ = write!(head, "{col:>36}");
+    }
+    let _ = writeln!(s, "{head}");
+    let mut sub = format!("{:<24}", "");
+    for _ in FIXED_RATES {
+        let _ = write!(sub, "{:>12}{:>12}{:>12}", "router CPU", "loss", "vs kernel");
+    }
+    let _ = writeln!(s, "{sub}");
+    for side in sides {
+        let mut row = format!("{:<24}", side.label);
+        for (i, trial) in side.fixed.iter().enumerate() {
+            let cpu = trial.router_cpu.system;
+            let vs = match off.fixed.get(i) {
+                Some(k) if !std::ptr::eq(side, off) && cpu > 0.0 => {
+                    format!("÷{:.1}", k.router_cpu.system / cpu)
+                }
+                _ => String::new(),
+            };
+            let _ = write!(
+                row,
+                "{:>10.1} %{:>10.2} %{:>12}",
+                cpu,
+                100.0 * trial.loss,
+                vs
+            );
+        }
+        let _ = writeln!(s, "{}", row.trim_end());
+    }
+    s.push_str(
+        "(÷N: the kernel needed N times this CPU for the same traffic; CPU1 also runs the WAN \
+         host's receive, as softirq, which is left out)\n",
+    );
     s
 }
 
 #[cfg(test)]
 mod tests {
-    use super::force_tc;
+    use super::{force_tc, line_rate_pps};
+
+    #[test]
+    fn line_rates_count_preamble_and_gap() {
+        assert_eq!(line_rate_pps(100, 64).round(), 148_810.0);
+        assert_eq!(line_rate_pps(1000, 1518).round(), 81_274.0);
+        assert_eq!(line_rate_pps(10_000, 64).round(), 14_880_952.0);
+    }
 
     #[test]
     fn force_tc_replaces_the_global_datapath_only() {

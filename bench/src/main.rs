@@ -48,7 +48,8 @@ enum Mode {
     /// arrives or the fast path carries nothing.
     Quick,
     /// The README's demo (< 1 min): a home router running `xdp-routerd` with the example config,
-    /// 64-byte UDP and an iperf3 TCP transfer with the fast path off, then on, side by side.
+    /// 64-byte UDP, an iperf3 TCP transfer and the router's CPU at two fixed UDP rates, with
+    /// the fast path off, on (XDP) and on at TC ingress, side by side.
     Lab(demo::LabArgs),
     /// Soak (default 2 × 10 min): short TCP connections at ~600/s (IPv4 + IPv6, data checked),
     /// iperf3 streams, route flaps and fast-path toggles, with the fast path and, as the

@@ -48,7 +48,8 @@ enum Task {
     /// (when the xdp-router-bench package exists). Exits non-zero on any failure.
     Test(test::TestArgs),
     /// Demo (< 1 min after the build): a home router in network namespaces running xdp-routerd
-    /// with config/xdp-routerd.toml; 64-byte UDP and iperf3 TCP with the fast path off, then on.
+    /// with config/xdp-routerd.toml; 64-byte UDP, iperf3 TCP and the router's CPU at fixed UDP
+    /// rates with the fast path off, on (XDP) and on at TC ingress.
     Lab(lab::LabArgs),
     /// Run the A/B benchmark: `cargo run --release -p xdp-router-bench -- ARGS`.
     Bench {
