@@ -7,17 +7,38 @@
 //!  lan host ⇄ eth1 router eth0 (192.168.77.1) ⇄ eth0 wan host (192.168.77.2)
 //!                     vxlan0 (10.0.2.1)  ~~~~~~~~~~  vxlan0 (10.0.2.2)
 //! ```
+//! And an L3 tunnel (no link-layer header, as WireGuard's `wg0`): the WAN addresses on TUN
+//! devices, `tun0` in the router and `tun1` at the WAN host, the test relaying packets between
+//! them ([`TunWire`]).
+
+use std::{
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+};
 
 use xdp_router_tests::{
     netns::Netns,
     testbed::{
-        HOST_IF, LAN_IF, ROUTER_WAN_V4, ROUTER_WAN_V6, Testbed, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
-        ready, route_wan_through, traffic_is_fast_pathed, udp_and_tcp_are_intact,
+        HOST_IF, LAN_IF, ROUTER_WAN_V4, ROUTER_WAN_V6, Status, Testbed, WAN_HOST_V4, WAN_HOST_V6,
+        WAN_IF, ready, route_wan_through, traffic_is_fast_pathed, udp_and_tcp_are_intact,
         wan_lan_interfaces,
     },
 };
 
 const TUNNEL: &str = "vxlan0";
+
+/// Connections the daemon skipped because their path leaves through an unmanaged device.
+fn path_not_managed(st: &Status) -> u64 {
+    st.conntrack
+        .skipped
+        .get("path_not_managed")
+        .copied()
+        .unwrap_or(0)
+}
 
 /// Moves `ns`'s WAN addresses from `dev` onto a VXLAN device over it, with `underlay` (the
 /// last octet of 192.168.77.x) on `dev` and the peer's underlay as the remote.
@@ -74,12 +95,7 @@ fn wan_under_a_tunnel_is_left_to_the_kernel() {
     let d =
         |iface: &str, reason: &str| after.packets(iface, reason) - before.packets(iface, reason);
     let forwarded = d(LAN_IF, "forwarded_original") + d(WAN_IF, "forwarded_reply");
-    let skipped = after
-        .conntrack
-        .skipped
-        .get("path_not_managed")
-        .copied()
-        .unwrap_or(0);
+    let skipped = path_not_managed(&after);
     println!(
         "WAN under {TUNNEL}: forwarded by XDP {forwarded}; connections skipped as \
          path_not_managed {skipped}"
@@ -173,4 +189,206 @@ fn wan_as_a_tunnel_device_runs_the_tc_fast_path() {
     assert_eq!(mode(TUNNEL), ("tc".into(), false), "{st:?}");
     assert_eq!(mode(LAN_IF), ("native".into(), true), "{st:?}");
     traffic_is_fast_pathed(&tb, 6305, LAN_IF, TUNNEL, "through a VXLAN WAN on TC");
+}
+
+/// A point-to-point link without a link-layer header, like WireGuard's `wg0` (which this
+/// host's kernel lacks): a TUN device (`IFF_TUN`, no packet information) in each of two
+/// namespaces, and a thread that copies every packet written to one into the other.
+struct TunWire {
+    stop: Arc<AtomicBool>,
+    relay: Option<thread::JoinHandle<u64>>,
+}
+
+/// Opens the TUN device `name` in `ns` (created there, removed when the descriptor closes).
+fn open_tun(ns: &Netns, name: &str) -> OwnedFd {
+    ns.run(|| {
+        // SAFETY: a plain open of the TUN clone device.
+        let fd = unsafe {
+            libc::open(
+                c"/dev/net/tun".as_ptr(),
+                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        };
+        assert!(fd >= 0, "/dev/net/tun: {}", std::io::Error::last_os_error());
+        // SAFETY: fd was just opened and is owned from here on.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ifreq is plain old data; all zero is a valid value.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        for (d, s) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
+            *d = *s as libc::c_char;
+        }
+        req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+        // SAFETY: fd is a TUN clone descriptor, req a valid ifreq.
+        let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, &req) };
+        assert_eq!(
+            rc,
+            0,
+            "TUNSETIFF {name}: {}",
+            std::io::Error::last_os_error()
+        );
+        fd
+    })
+}
+
+impl TunWire {
+    /// `a_name` in `a` ⇄ `b_name` in `b`, both down until the caller sets them up.
+    fn new(a: &Netns, a_name: &str, b: &Netns, b_name: &str) -> TunWire {
+        let (fa, fb) = (open_tun(a, a_name), open_tun(b, b_name));
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let relay = thread::spawn(move || {
+            let mut copied = 0u64;
+            let mut buf = vec![0u8; 65536];
+            while !flag.load(Ordering::Relaxed) {
+                let mut fds = [
+                    libc::pollfd {
+                        fd: fa.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                    libc::pollfd {
+                        fd: fb.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                ];
+                // SAFETY: two valid pollfds.
+                if unsafe { libc::poll(fds.as_mut_ptr(), 2, 50) } <= 0 {
+                    continue;
+                }
+                for (from, to) in [(&fa, &fb), (&fb, &fa)] {
+                    loop {
+                        // SAFETY: buf is writable for its length.
+                        let n = unsafe {
+                            libc::read(from.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len())
+                        };
+                        if n <= 0 {
+                            break;
+                        }
+                        // SAFETY: the first n bytes of buf were just read.
+                        unsafe { libc::write(to.as_raw_fd(), buf.as_ptr().cast(), n as usize) };
+                        copied += 1;
+                    }
+                }
+            }
+            copied
+        });
+        TunWire {
+            stop,
+            relay: Some(relay),
+        }
+    }
+}
+
+impl TunWire {
+    /// Stops the relay; the packets it copied.
+    fn finish(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.relay
+            .take()
+            .map_or(0, |t| t.join().expect("the TUN relay panicked"))
+    }
+}
+
+impl Drop for TunWire {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.relay.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The test bed with the WAN addresses moved from the veth onto `tun0` (router) and `tun1`
+/// (WAN host), an L3 point-to-point link, and the router's NAT and FORWARD rules onto `tun0`.
+fn l3_testbed(tag: &str) -> (Testbed, TunWire) {
+    let tb = Testbed::new(tag);
+    let wire = TunWire::new(&tb.router, "tun0", &tb.wan, "tun1");
+    for (ns, dev, v4, v6) in [
+        (&tb.router, "tun0", ROUTER_WAN_V4, ROUTER_WAN_V6),
+        (&tb.wan, "tun1", WAN_HOST_V4, WAN_HOST_V6),
+    ] {
+        let eth = if dev == "tun0" { WAN_IF } else { HOST_IF };
+        ns.sh(&format!(
+            "ip addr flush dev {eth} scope global
+             ip addr add {v4}/24 dev {dev}
+             ip addr add {v6}/64 dev {dev} nodad
+             ip link set {dev} up"
+        ));
+    }
+    tb.wan.sh(&format!(
+        "ip -6 route replace default via {ROUTER_WAN_V6} dev tun1"
+    ));
+    route_wan_through(&tb, LAN_IF, "tun0", "through tun0");
+    (tb, wire)
+}
+
+/// The WAN named as an L3 device (`tun0`, standing in for WireGuard's `wg0`: no link-layer
+/// header, so nothing the fast path parses or writes): the daemon does not attach to it and
+/// says why in `status`, connections routed through it are not offloaded
+/// (`path_not_managed`), and every byte still arrives both ways, carried by the kernel, with
+/// no packet counted as forwarded. (Before, the TC program ran there, counted every packet
+/// `not_ip`, and the LAN's XDP held each offloaded packet toward the tunnel as
+/// `awaiting_kernel_verdict`.)
+#[test]
+fn wan_as_an_l3_device_is_left_to_the_kernel() {
+    if !ready("tunnel::wan_as_an_l3_device_is_left_to_the_kernel") {
+        return;
+    }
+    let (mut tb, wire) = l3_testbed("tl");
+    tb.start_daemon_config(&wan_lan_interfaces("tun0"));
+    let st = tb.daemon().status();
+    let tun = st.iface("tun0");
+    println!(
+        "tun0: attach mode {}, because {:?}",
+        tun.attach_mode, tun.datapath_because
+    );
+    assert_eq!(tun.attach_mode, "detached", "{st:?}");
+    assert!(
+        tun.datapath_because
+            .as_deref()
+            .is_some_and(|w| w.contains("no link-layer header")),
+        "{st:?}"
+    );
+    let (before, after) = udp_and_tcp_are_intact(&tb, 6307, "an L3 WAN");
+    let d =
+        |iface: &str, reason: &str| after.packets(iface, reason) - before.packets(iface, reason);
+    let moved: Vec<String> = after
+        .counters
+        .iter()
+        .filter(|r| d(&r.interface, &r.reason) > 0)
+        .map(|r| {
+            format!(
+                "{}/{}+{}",
+                r.interface,
+                r.reason,
+                d(&r.interface, &r.reason)
+            )
+        })
+        .collect();
+    let skipped = path_not_managed(&after);
+    drop(tb);
+    let relayed = wire.finish();
+    println!(
+        "packets across the TUN wire {relayed}; counters moved {moved:?}; connections skipped \
+         as path_not_managed {skipped}"
+    );
+    assert!(relayed > 0, "nothing crossed the TUN wire");
+    assert!(
+        moved.iter().all(|m| m.starts_with(LAN_IF)),
+        "nothing may be counted on tun0: {moved:?}"
+    );
+    assert_eq!(
+        (
+            d(LAN_IF, "forwarded_original"),
+            d(LAN_IF, "awaiting_kernel_verdict")
+        ),
+        (0, 0),
+        "no packet toward tun0 may be forwarded or held for a verdict: {moved:?}"
+    );
+    assert!(
+        skipped > 0,
+        "connections through tun0 should be skipped as path_not_managed: {:?}",
+        after.conntrack
+    );
 }

@@ -19,7 +19,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("cc", "build-essential"),
     ("ip", "iproute2"),
     ("tc", "iproute2"),
-    // tests/tests/bridge.rs: the kernel bridge FDB (`bridge fdb show`).
+    // tests/tests/bridge/: the kernel bridge FDB (`bridge fdb show`).
     ("bridge", "iproute2"),
     // Testbed::new checks both paths through the router with ping.
     ("ping", "iputils-ping"),

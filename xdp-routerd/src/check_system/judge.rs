@@ -68,6 +68,9 @@ pub struct Device {
     pub mtu: u32,
     /// `NETDEV_A_DEV_XDP_FEATURES`; `None` without the `netdev` family (Linux < 6.3).
     pub xdp_features: Option<u64>,
+    /// It has an Ethernet address, so frames with an Ethernet header (a PPP device has none
+    /// and is served through its PPPoE lower device).
+    pub ethernet: bool,
     /// Named in the config given with `--config`.
     pub configured: bool,
 }
@@ -259,6 +262,14 @@ pub fn feature_names(bits: u64) -> String {
 
 /// What xdp-router does with `d`: its level and one sentence.
 pub fn device(d: &Device) -> (Level, String) {
+    if !d.ethernet && d.kind.as_deref() != Some("ppp") {
+        return (
+            Level::Warn,
+            "no link-layer header (an L3 device such as WireGuard, tun or GRE): not attached, \
+             and connections routed through it stay with the kernel (path_not_managed)"
+                .into(),
+        );
+    }
     match d.xdp_features {
         None => (
             Level::Warn,
@@ -353,6 +364,7 @@ mod tests {
                     kind: None,
                     mtu: 1500,
                     xdp_features: Some(0b111),
+                    ethernet: true,
                     configured: false,
                 },
                 Device {
@@ -362,6 +374,7 @@ mod tests {
                     kind: None,
                     mtu: 1500,
                     xdp_features: Some(0),
+                    ethernet: true,
                     configured: false,
                 },
             ],
@@ -388,6 +401,20 @@ mod tests {
         assert!(
             text.ends_with("summary: 0 failed, 1 warning(s)\n"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_device_without_a_link_layer_header_is_not_attached() {
+        let mut d = facts().devices[0].clone();
+        d.ethernet = false;
+        let (level, text) = device(&d);
+        assert_eq!(level, Level::Warn);
+        assert!(text.contains("not attached"), "{text}");
+        d.kind = Some("ppp".into());
+        assert_eq!(
+            device(&d).1,
+            "native XDP and XDP transmit: accelerated both ways"
         );
     }
 

@@ -56,6 +56,7 @@ fn devices(features: Option<&std::collections::BTreeMap<u32, u64>>) -> Vec<Devic
                 kind: xdp_xmit::link_kind(&name),
                 mtu: read_u64(&format!("{base}/mtu")).unwrap_or(0) as u32,
                 xdp_features: features.map(|f| f.get(&ifindex).copied().unwrap_or(0)),
+                ethernet: crate::sync::netdev::hw_addr(&name).is_some(),
                 configured: false,
                 name,
                 ifindex,

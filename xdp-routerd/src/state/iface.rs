@@ -62,6 +62,9 @@ pub struct Managed {
     /// For a PPP device (link kind `ppp`): its PPPoE session (see [`super::pppoe`]); `None` for
     /// any other device.
     pub(super) pppoe: Option<PppoeState>,
+    /// Present without an Ethernet address (and not a PPP device): not attached (see
+    /// [`super::attach_mac`]).
+    pub(super) no_link_layer: bool,
 }
 
 impl Managed {

@@ -151,6 +151,7 @@ impl<D: Ports> State<D> {
                 parent_shaper: Some(SHAPED_UNKNOWN.into()),
                 parent_hooks: Hooks::default(),
                 pppoe: None,
+                no_link_layer: false,
             })
             .collect();
         State {
@@ -196,7 +197,9 @@ impl<D: Ports> State<D> {
             let Some(ifindex) = m.ifindex else {
                 continue;
             };
-            let mac = mac_or_zero(&m.cfg.name, *mac, m.is_ppp());
+            let Some(mac) = attach_mac(m, *mac) else {
+                continue;
+            };
             let parent = m.vlan_parent(&self.xmit, &mut self.parent_slots, &mut self.next_slot);
             m.mode = Some(m.attach(&mut self.dp, ifindex, mac, self.xdp_mode, parent)?);
         }
@@ -277,11 +280,12 @@ impl<D: Ports> State<D> {
         m.mode = None;
         m.ifindex = Some(ifindex);
         m.set_xmit(self.xmit.of(ifindex, m.link_kind.as_deref()));
-        let mac = mac_or_zero(name, mac, m.is_ppp());
-        let parent = m.vlan_parent(&self.xmit, &mut self.parent_slots, &mut self.next_slot);
-        match m.attach(&mut self.dp, ifindex, mac, xdp_mode, parent) {
-            Ok(mode) => m.mode = Some(mode),
-            Err(e) => error!(interface = name, error = %format!("{e:#}"), "cannot attach"),
+        if let Some(mac) = attach_mac(m, mac) {
+            let parent = m.vlan_parent(&self.xmit, &mut self.parent_slots, &mut self.next_slot);
+            match m.attach(&mut self.dp, ifindex, mac, xdp_mode, parent) {
+                Ok(mode) => m.mode = Some(mode),
+                Err(e) => error!(interface = name, error = %format!("{e:#}"), "cannot attach"),
+            }
         }
         self.sync_managed();
         true
@@ -311,21 +315,26 @@ impl<D: Ports> State<D> {
     }
 }
 
-/// The MAC address frames must be sent to for the fast path to forward them. An interface
-/// without an Ethernet address gets all zeros, which no frame carries: everything it receives
-/// goes to the kernel. (A PPP device has none, and needs none: its session's frames are sent
-/// to its lower device's.)
-pub(super) fn mac_or_zero(name: &str, mac: Option<[u8; 6]>, ppp: bool) -> [u8; 6] {
-    mac.unwrap_or_else(|| {
-        if !ppp {
-            warn!(
-                interface = name,
-                "no Ethernet address: the fast path forwards nothing it receives"
-            );
-        }
-        [0; 6]
-    })
+/// The MAC address frames must be sent to for the fast path to forward them, or `None` when
+/// the interface is not to be attached: a device without a link-layer header (WireGuard, tun,
+/// GRE, IPIP: the fast path parses and writes Ethernet frames) is left alone, so connections
+/// routed through it are not offloaded (`path_not_managed`) and stay with the kernel, and
+/// `status` says why ([`NO_LINK_LAYER`]). A PPP device has no Ethernet address and needs none:
+/// its session's frames are sent to its lower device's.
+pub(super) fn attach_mac(m: &mut Managed, mac: Option<[u8; 6]>) -> Option<[u8; 6]> {
+    m.no_link_layer = mac.is_none() && !m.is_ppp();
+    if m.no_link_layer {
+        let name = &m.cfg.name;
+        warn!(interface = %name, "{name}: {NO_LINK_LAYER}");
+        return None;
+    }
+    Some(mac.unwrap_or_default())
 }
+
+/// Why an interface without an Ethernet address is not attached (`status`, the log).
+pub const NO_LINK_LAYER: &str = "no Ethernet address, so no link-layer header (an L3 device \
+     such as WireGuard, tun or GRE): not attached, and connections routed through it stay with \
+     the kernel (path_not_managed)";
 
 /// CLOCK_MONOTONIC_COARSE in ns, the clock of `bpf_ktime_get_coarse_ns()` that the datapath
 /// stamps `last_seen_ns` with.

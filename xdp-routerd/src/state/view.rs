@@ -112,10 +112,13 @@ impl State<Datapath> {
                     }),
                     (None, Some(_), None) => m.xmit.why_not(),
                 },
-                datapath_because: m
-                    .ifindex
-                    .and_then(|i| self.dp.datapath_because(i))
-                    .map(str::to_string),
+                datapath_because: if m.no_link_layer && m.mode.is_none() {
+                    Some(super::NO_LINK_LAYER.into())
+                } else {
+                    m.ifindex
+                        .and_then(|i| self.dp.datapath_because(i))
+                        .map(str::to_string)
+                },
                 tc_handoff: m.ifindex.is_some_and(|i| self.dp.tc_handoff(i)),
                 generic_because: m
                     .ifindex

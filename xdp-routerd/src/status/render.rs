@@ -47,6 +47,8 @@ impl Status {
             // `tc`: the TC fast path runs there instead of XDP.
             let datapath = if i.attach_mode == "tc" {
                 "tc ingress".to_string()
+            } else if i.attach_mode == "detached" {
+                "not attached".to_string()
             } else if i.tc_handoff {
                 format!("xdp {} + tc hand-over", i.attach_mode)
             } else {
@@ -57,12 +59,14 @@ impl Status {
                 "  {:<12} ifindex {:<4} role {:<4} {datapath}{qdisc}{shaped}{bridge}{encap}",
                 i.name, i.ifindex, i.role,
             );
-            if let Some(why) = i
-                .datapath_because
-                .as_ref()
-                .filter(|_| i.attach_mode == "tc")
-            {
-                let _ = writeln!(s, "    datapath tc because: {why}");
+            match (i.attach_mode.as_str(), &i.datapath_because) {
+                ("tc", Some(why)) => {
+                    let _ = writeln!(s, "    datapath tc because: {why}");
+                }
+                ("detached", Some(why)) => {
+                    let _ = writeln!(s, "    not attached: {why}");
+                }
+                _ => {}
             }
             if let Some(why) = &i.generic_because {
                 let _ = writeln!(s, "    generic XDP because: {why}");
@@ -316,7 +320,7 @@ mod tests {
     }
 
     /// An interface running the TC fast path says so, and why; an XDP one does not say why, but
-    /// says when the TC program runs behind it.
+    /// says when the TC program runs behind it; one left unattached says why.
     #[test]
     fn a_tc_interface_shows_its_datapath_and_why() {
         let mut st = status(&[]);
@@ -332,8 +336,19 @@ mod tests {
         let mut eth2 = eth0.clone();
         eth2.name = "eth2".into();
         eth2.tc_handoff = true;
-        st.interfaces = vec![eth1, eth0, eth2];
+        let mut wg0 = eth0.clone();
+        wg0.name = "wg0".into();
+        wg0.attach_mode = "detached".into();
+        wg0.datapath_because = Some("no link-layer header".into());
+        st.interfaces = vec![eth1, eth0, eth2, wg0];
         let text = st.render();
+        assert!(
+            text.contains(
+                "wg0          ifindex 12   role wan  not attached\n    not attached: no \
+                 link-layer header\n"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains("eth2         ifindex 12   role wan  xdp native + tc hand-over\n"),
             "{text}"

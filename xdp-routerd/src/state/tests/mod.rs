@@ -348,19 +348,30 @@ fn iface(name: &str, role: Role, shaped: Shaped) -> InterfaceConfig {
 
 /// wan (ifindex 2, shaped = auto) and lan (ifindex 3, shaped = false), attached, with no qdiscs.
 fn state() -> State<FakeDp> {
+    wan_and_lan("wan", Shaped::Auto, Some(WAN), Some(MAC))
+}
+
+/// The WAN `wan` (at `wan_ifindex`, with `wan_mac`) and lan (ifindex 3, shaped = false), every
+/// present one attached, with no qdiscs.
+fn wan_and_lan(
+    wan: &str,
+    shaped: Shaped,
+    wan_ifindex: Option<u32>,
+    wan_mac: Option<[u8; 6]>,
+) -> State<FakeDp> {
     let cfgs = [
-        iface("wan", Role::Wan, Shaped::Auto),
+        iface(wan, Role::Wan, shaped),
         iface("lan", Role::Lan, Shaped::Never),
     ];
     let mut s = State::new(
         FakeDp::default(),
         &cfgs,
-        &[Some(WAN), Some(LAN)],
+        &[wan_ifindex, Some(LAN)],
         XdpModeConfig::Native,
     );
     s.set_kinds_and_xmit(&BridgeReads::new(), all_capable());
     s.apply_qdiscs(Ok(Vec::new()));
-    s.attach_all(&[Some(MAC), Some(MAC)]).unwrap();
+    s.attach_all(&[wan_mac, Some(MAC)]).unwrap();
     s
 }
 
@@ -742,21 +753,31 @@ fn bridged() -> State<FakeDp> {
 /// An interface missing at start (ppp0 while pppd dials) is attached when it appears.
 #[test]
 fn an_interface_missing_at_start_is_attached_when_it_appears() {
-    let cfgs = [
-        iface("ppp0", Role::Wan, Shaped::Never),
-        iface("lan", Role::Lan, Shaped::Never),
-    ];
-    let mut s = State::new(
-        FakeDp::default(),
-        &cfgs,
-        &[None, Some(LAN)],
-        XdpModeConfig::Native,
-    );
-    s.set_kinds_and_xmit(&BridgeReads::new(), all_capable());
-    s.attach_all(&[None, Some(MAC)]).unwrap();
+    let mut s = wan_and_lan("ppp0", Shaped::Never, None, None);
     assert!(s.dp.attached.contains_key(&LAN));
     assert_eq!(s.ifindex_of("ppp0"), None);
-    assert!(s.link_up(12, "ppp0", None, &BridgeRead::default()));
+    let ppp = BridgeRead {
+        link_kind: Some("ppp".into()),
+        ..BridgeRead::default()
+    };
+    assert!(s.link_up(12, "ppp0", None, &ppp));
     assert!(s.dp.attached.contains_key(&12));
     assert_eq!(s.ifindex_of("ppp0"), Some(12));
+}
+
+#[test]
+fn an_interface_without_an_ethernet_address_is_not_attached() {
+    let mut s = wan_and_lan("wg0", Shaped::Never, Some(WAN), None);
+    assert!(s.dp.attached.contains_key(&LAN));
+    assert!(!s.dp.attached.contains_key(&WAN), "{:?}", s.dp.attached);
+    // Connections routed through it stay with the kernel.
+    s.apply_events(vec![CtEvent::New(snat(40000))], &Routes(WAN));
+    assert_eq!(s.flows.len(), 0);
+    // `status` shows it detached, with NO_LINK_LAYER as the reason.
+    assert!(s.ifaces[0].mode.is_none() && s.ifaces[0].no_link_layer);
+    // The same when it comes back under a new ifindex.
+    s.link_gone(WAN);
+    assert!(s.link_up(9, "wg0", None, &BridgeRead::default()));
+    assert!(!s.dp.attached.contains_key(&9));
+    assert_eq!(s.ifindex_of("wg0"), Some(9));
 }
