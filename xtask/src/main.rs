@@ -7,6 +7,8 @@ mod cross;
 mod dist;
 mod guest;
 mod lab;
+#[cfg(test)]
+mod layout;
 mod packages;
 mod setup;
 mod test;

@@ -23,7 +23,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::per_packet::RuleOrigin;
+use super::rule_origin::RuleOrigin;
 
 /// Where a rule is, as an admin finds it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

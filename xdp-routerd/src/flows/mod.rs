@@ -311,6 +311,7 @@ mod keepalive;
 mod map_entries;
 pub mod per_packet;
 mod resync;
+pub mod rule_origin;
 mod skip;
 mod stored;
 #[cfg(test)]

@@ -20,7 +20,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::dscp_rewrite::DscpRewrites;
+use super::{dscp_rewrite::DscpRewrites, rule_origin::RuleOrigin};
 
 /// What a rule does per packet that XDP cannot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -118,41 +118,6 @@ impl PerPacketKind {
 impl fmt::Display for PerPacketKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// Which ruleset a rule is in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RuleOrigin {
-    /// An nftables table of the `ip` family (iptables-nft's IPv4 tables too).
-    NftIp,
-    /// An nftables table of the `ip6` family (ip6tables-nft's too).
-    NftIp6,
-    /// An nftables table of the `inet` family.
-    NftInet,
-    /// An nftables table of the `netdev` family (device ingress/egress chains).
-    NftNetdev,
-    /// An nftables table of the `bridge` family.
-    NftBridge,
-    /// `iptables-legacy`.
-    LegacyIpv4,
-    /// `ip6tables-legacy`.
-    LegacyIpv6,
-}
-
-impl RuleOrigin {
-    /// How `status` names it: the nftables family, or the legacy tool.
-    pub fn name(self) -> &'static str {
-        match self {
-            RuleOrigin::NftIp => "ip",
-            RuleOrigin::NftIp6 => "ip6",
-            RuleOrigin::NftInet => "inet",
-            RuleOrigin::NftNetdev => "netdev",
-            RuleOrigin::NftBridge => "bridge",
-            RuleOrigin::LegacyIpv4 => "iptables-legacy",
-            RuleOrigin::LegacyIpv6 => "ip6tables-legacy",
-        }
     }
 }
 

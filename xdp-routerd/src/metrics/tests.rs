@@ -8,7 +8,8 @@ use std::{
 use super::*;
 use crate::flows::{
     dscp_rewrite::RulePlace,
-    per_packet::{PerPacketKind, PerPacketMode, PerPacketRule, RuleOrigin},
+    per_packet::{PerPacketKind, PerPacketMode, PerPacketRule},
+    rule_origin::RuleOrigin,
 };
 use crate::status::{
     BridgeVlanStatus, BridgeVlansStatus, ConntrackStatus, CounterRow, DscpRewriteStatus,

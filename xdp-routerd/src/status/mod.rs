@@ -468,7 +468,7 @@ mod tests {
 
     #[test]
     fn the_per_packet_line_names_the_rules_and_what_is_done_about_them() {
-        use crate::flows::per_packet::{PerPacketKind, RuleOrigin};
+        use crate::flows::{per_packet::PerPacketKind, rule_origin::RuleOrigin};
         let mut p = PerPacketStatus::default();
         assert_eq!(p.line(), None, "nothing found, nothing held");
         p.held = true;

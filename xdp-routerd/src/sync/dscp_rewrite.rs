@@ -18,7 +18,7 @@ use super::ruleset_listing::{
 };
 use crate::flows::{
     dscp_rewrite::{DscpBlocker, DscpRewrites, RulePlace},
-    per_packet::RuleOrigin,
+    rule_origin::RuleOrigin,
 };
 
 /// What one rule does as far as DSCP rewrites go.

@@ -19,7 +19,10 @@ use serde_json::Value;
 use super::ruleset_listing::{
     NftTables, legacy_tcp_test, legacy_walk, nft_content_match, nft_tables, xt_content_match,
 };
-use crate::flows::per_packet::{PerPacketKind, PerPacketRule, PerPacketRules, RuleOrigin};
+use crate::flows::{
+    per_packet::{PerPacketKind, PerPacketRule, PerPacketRules},
+    rule_origin::RuleOrigin,
+};
 
 /// The per-packet rules in the output of `nft -j list ruleset` (pure; tested on output of nft
 /// 1.0.6 on Linux 6.18). `Err` says why the text is not an nftables JSON listing.

@@ -1,0 +1,40 @@
+//! Which ruleset a firewall rule was read from: the nftables family of its table, or the
+//! legacy tool. Shared by the rules that hold flows in the kernel ([`super::per_packet`]) and
+//! the DSCP rewrites the fast path applies ([`super::dscp_rewrite`]).
+
+use serde::{Deserialize, Serialize};
+
+/// Which ruleset a rule is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleOrigin {
+    /// An nftables table of the `ip` family (iptables-nft's IPv4 tables too).
+    NftIp,
+    /// An nftables table of the `ip6` family (ip6tables-nft's too).
+    NftIp6,
+    /// An nftables table of the `inet` family.
+    NftInet,
+    /// An nftables table of the `netdev` family (device ingress/egress chains).
+    NftNetdev,
+    /// An nftables table of the `bridge` family.
+    NftBridge,
+    /// `iptables-legacy`.
+    LegacyIpv4,
+    /// `ip6tables-legacy`.
+    LegacyIpv6,
+}
+
+impl RuleOrigin {
+    /// How `status` names it: the nftables family, or the legacy tool.
+    pub fn name(self) -> &'static str {
+        match self {
+            RuleOrigin::NftIp => "ip",
+            RuleOrigin::NftIp6 => "ip6",
+            RuleOrigin::NftInet => "inet",
+            RuleOrigin::NftNetdev => "netdev",
+            RuleOrigin::NftBridge => "bridge",
+            RuleOrigin::LegacyIpv4 => "iptables-legacy",
+            RuleOrigin::LegacyIpv6 => "ip6tables-legacy",
+        }
+    }
+}
