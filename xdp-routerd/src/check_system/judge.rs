@@ -68,8 +68,8 @@ pub struct Device {
     pub mtu: u32,
     /// `NETDEV_A_DEV_XDP_FEATURES`; `None` without the `netdev` family (Linux < 6.3).
     pub xdp_features: Option<u64>,
-    /// It has an Ethernet address, so frames with an Ethernet header (a PPP device has none
-    /// and is served through its PPPoE lower device).
+    /// It has an Ethernet address, so its frames have an Ethernet header (a PPP device has
+    /// none and is served through its PPPoE lower device).
     pub ethernet: bool,
     /// Named in the config given with `--config`.
     pub configured: bool,
