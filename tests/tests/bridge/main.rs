@@ -75,6 +75,38 @@ fn counter(st: &Status, iface: &str, reason: &str) -> u64 {
 }
 
 impl Bed {
+    /// 20 datagrams from h1 (`s1`) to h2 and back within the LAN: all echoed intact and
+    /// counted `bridged_by_kernel` on p1 (the kernel bridge carries them, not the fast path).
+    fn lan_to_lan_is_bridged(&self, s1: &UdpSocket, what: &str) {
+        let before = self.daemon().status();
+        let lan_echo = UdpEcho::start(&self.h2, SocketAddr::new(H2.into(), 7777));
+        let pp = ping_pong(
+            s1,
+            SocketAddr::new(H2.into(), 7777),
+            5_000_000,
+            20,
+            100,
+            PING_TICK,
+        );
+        let after = self.daemon().status();
+        let bridged = counter(&after, "p1", "bridged_by_kernel")
+            - counter(&before, "p1", "bridged_by_kernel");
+        println!(
+            "{what}: {} of {} echoed; {bridged} frames on p1 bridged by the kernel",
+            pp.good, pp.sent
+        );
+        assert_eq!(
+            (pp.good, pp.lost),
+            (pp.sent, 0),
+            "{what} through the bridge: {pp:?}"
+        );
+        assert!(
+            bridged >= pp.sent,
+            "{what} frames should be counted bridged_by_kernel: {bridged}"
+        );
+        assert_eq!(lan_echo.finish().corrupt, 0);
+    }
+
     fn new(tag: &str) -> Bed {
         let bed = Bed {
             daemon: None,
@@ -439,33 +471,7 @@ fn bridged_lan_is_fast_pathed() {
     );
 
     // LAN↔LAN: bridged by the kernel, counted, delivered.
-    let before = bed.daemon().status();
-    let lan_echo = UdpEcho::start(&bed.h2, SocketAddr::new(H2.into(), 7777));
-    let pp = ping_pong(
-        &s1,
-        SocketAddr::new(H2.into(), 7777),
-        5_000_000,
-        20,
-        100,
-        PING_TICK,
-    );
-    let after = bed.daemon().status();
-    let bridged =
-        counter(&after, "p1", "bridged_by_kernel") - counter(&before, "p1", "bridged_by_kernel");
-    println!(
-        "LAN↔LAN: {} of {} echoed; {bridged} frames on p1 bridged by the kernel",
-        pp.good, pp.sent
-    );
-    assert_eq!(
-        (pp.good, pp.lost),
-        (pp.sent, 0),
-        "LAN↔LAN through the bridge: {pp:?}"
-    );
-    assert!(
-        bridged >= pp.sent,
-        "LAN↔LAN frames should be counted bridged_by_kernel: {bridged}"
-    );
-    assert_eq!(lan_echo.finish().corrupt, 0);
+    bed.lan_to_lan_is_bridged(&s1, "LAN↔LAN");
 
     // h1 moves to a new port p3 (same MAC and address): the port is attached live and the FDB
     // move (RTM_NEWNEIGH) redirects the replies to p3.
