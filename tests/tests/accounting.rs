@@ -80,6 +80,17 @@ impl OpenTransfer {
             let n = (PAYLOAD - sent).min(chunk.len() as u64) as usize;
             client.write_all(&chunk[..n]).expect("client write");
             sent += n as u64;
+            if sent == n as u64 {
+                // The rest waits until the daemon lists the connection: what is counted must
+                // not depend on how fast a loaded machine schedules the daemon (a transfer
+                // that outran it went mostly through the kernel in a CI run).
+                assert!(
+                    wait_until(Duration::from_secs(10), || original_row(tb, addr.port())
+                        .is_some()),
+                    "the connection to {addr} was not listed within 10 s: {}",
+                    tb.daemon().flows_json()
+                );
+            }
         }
         read_rx
             .recv_timeout(Duration::from_secs(60))
@@ -95,8 +106,8 @@ impl OpenTransfer {
     }
 }
 
-/// The original direction's row of the connection to `port` in `flows --json`.
-fn flow_row(tb: &Testbed, port: u16) -> Value {
+/// The original direction's row of the connection to `port` in `flows --json`, if listed.
+fn original_row(tb: &Testbed, port: u16) -> Option<Value> {
     let json = tb.daemon().flows_json();
     let flows: Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
     let dst = format!("{}:{port}", wan_v4(port).ip());
@@ -105,8 +116,17 @@ fn flow_row(tb: &Testbed, port: u16) -> Value {
         .expect("flows array")
         .iter()
         .find(|f| f["dst"] == dst.as_str() && f["direction"] == "original")
-        .unwrap_or_else(|| panic!("no original row to {dst} in {json}"))
-        .clone()
+        .cloned()
+}
+
+/// The original direction's row of the connection to `port` in `flows --json`.
+fn flow_row(tb: &Testbed, port: u16) -> Value {
+    original_row(tb, port).unwrap_or_else(|| {
+        panic!(
+            "no original row to port {port} in {}",
+            tb.daemon().flows_json()
+        )
+    })
 }
 
 /// The LAN host's `xdp_router_host_transmit_bytes_total` in /metrics (an HTTP/1.0 GET from

@@ -9,6 +9,8 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+use crate::test_output::TestOutput;
+
 /// `cargo` as invoked by `cargo xtask` (the `CARGO` variable), with the workspace as cwd.
 pub fn cargo() -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -44,9 +46,10 @@ pub fn run(c: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs `cargo test …` with stdout echoed line by line, and returns the names of the tests
-/// reported as `test NAME ... FAILED`; an error when it fails without naming a test (a build
-/// error, a crashed test binary).
+/// Runs `cargo test …` with stdout echoed line by line, and returns the tests reported as
+/// `test NAME ... FAILED`, each with its panic message where the output had it (see
+/// [`TestOutput::failures`]); an error, with the output's last lines, when it fails without
+/// naming a test (a build error, a crashed test binary, a guest kernel that panicked).
 pub fn run_collecting_failures(c: &mut Command) -> anyhow::Result<Vec<String>> {
     run_collecting_failures_into(c, &mut std::io::stdout())
 }
@@ -63,7 +66,7 @@ pub fn run_collecting_failures_into(
         .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("cannot start {}", c.get_program().to_string_lossy()))?;
-    let mut failed = Vec::new();
+    let mut output = TestOutput::default();
     if let Some(out) = child.stdout.take() {
         // Bytes, not `lines()`: one byte that is not UTF-8 (a guest console interleaving two
         // writers inside a multi-byte character) must not end the reading while the tests run on.
@@ -77,19 +80,17 @@ pub fn run_collecting_failures_into(
                 }
             };
             let _ = writeln!(sink, "{line}");
-            // A guest's console may pad lines and end them with CR.
-            if let Some(name) = line
-                .trim()
-                .strip_prefix("test ")
-                .and_then(|l| l.strip_suffix(" ... FAILED"))
-            {
-                failed.push(name.to_owned());
-            }
+            output.line(&line);
         }
     }
     let status = child.wait().context("waiting for cargo test")?;
+    let failed = output.failures();
     if !status.success() && failed.is_empty() {
-        bail!("`{}` failed ({status})", display(c));
+        bail!(
+            "`{}` failed ({status}); its last lines:{}",
+            display(c),
+            output.tail()
+        );
     }
     Ok(failed)
 }
@@ -193,6 +194,8 @@ mod tests {
         let mut c = Command::new("sh");
         c.args(["-c", r"printf 'no tests\377\n'; exit 3"]);
         let e = run_collecting_failures(&mut c).unwrap_err();
-        assert!(format!("{e:#}").contains("exit status: 3"), "{e:#}");
+        let e = format!("{e:#}");
+        assert!(e.contains("exit status: 3"), "{e}");
+        assert!(e.ends_with("its last lines:\n    no tests\u{fffd}"), "{e}");
     }
 }

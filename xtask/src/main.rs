@@ -12,6 +12,7 @@ mod layout;
 mod packages;
 mod setup;
 mod test;
+mod test_output;
 mod workspace;
 
 use std::process::ExitCode;
