@@ -86,14 +86,36 @@ pub fn run_collecting_failures_into(
     let status = child.wait().context("waiting for cargo test")?;
     let failed = output.failures();
     if !status.success() && failed.is_empty() {
-        bail!(
-            "`{}` failed ({status}); its last lines:{}",
-            display(c),
-            output.tail()
-        );
+        return Err(Failed {
+            command: display(c),
+            status,
+            tail: output.tail(),
+        }
+        .into());
     }
     Ok(failed)
 }
+
+/// A command of [`run_collecting_failures`] that failed without naming a test.
+#[derive(Debug)]
+pub struct Failed {
+    pub command: String,
+    pub status: std::process::ExitStatus,
+    /// The last lines of its output, indented (see [`TestOutput::tail`]).
+    pub tail: String,
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "`{}` failed ({}); its last lines:{}",
+            self.command, self.status, self.tail
+        )
+    }
+}
+
+impl std::error::Error for Failed {}
 
 /// Runs a command quietly and returns its stdout; an error carrying its stderr if it fails.
 pub fn output(c: &mut Command) -> anyhow::Result<String> {

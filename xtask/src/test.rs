@@ -167,7 +167,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
                     log.display()
                 );
             }
-            Guest::Beside(booted, t.elapsed().as_secs_f64())
+            Guest::Beside(booted, t.elapsed().as_secs_f64(), bin)
         }
         (Some(bin), true) => Guest::Alone(bin),
     };
@@ -187,27 +187,34 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             privileged(bin, &skip_log, &args.privileged_args)
         })),
     }
+    // Said in the summary, where CI's shortened output still shows them.
+    let mut notes: Vec<String> = Vec::new();
+    let boot_alone = |bin: &PathBuf| {
+        crate::guest::amd64::prepare(bin, &args.privileged_args)
+            .and_then(|p| p.boot(&skip_log, &mut std::io::stdout()))
+    };
     let guest_step = match guest {
         Guest::NotRun(step) => step,
-        Guest::Beside(booted, prepare_secs) => {
+        Guest::Beside(booted, prepare_secs, bin) => {
             println!("\n==== guest tests (beside the privileged tests)");
             let (outcome, secs) = match booted {
                 Ok(b) => b.wait(),
                 Err(e) => (Err(e), 0.0),
             };
+            let t = Instant::now();
+            let outcome = once_more_if_unfinished(outcome, &mut notes, || boot_alone(bin));
             Step {
                 name: "guest tests (beside)",
                 outcome: guest_outcome(outcome),
                 // Its build, then its boot: the part after the privileged tests ended is
-                // what it added to the whole.
-                secs: prepare_secs + secs,
+                // what it added to the whole (and a second boot, if it needed one).
+                secs: prepare_secs + secs + t.elapsed().as_secs_f64(),
             }
         }
         Guest::Alone(bin) => {
             println!("\n==== guest tests");
             let t = Instant::now();
-            let outcome = crate::guest::amd64::prepare(bin, &args.privileged_args)
-                .and_then(|p| p.boot(&skip_log, &mut std::io::stdout()));
+            let outcome = once_more_if_unfinished(boot_alone(bin), &mut notes, || boot_alone(bin));
             Step {
                 name: "guest tests",
                 outcome: guest_outcome(outcome),
@@ -329,6 +336,9 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     for s in &skips {
         let _ = writeln!(summary, "  SKIPPED: {s}");
     }
+    for n in &notes {
+        let _ = writeln!(summary, "  NOTE: {n}");
+    }
     print!("{summary}");
     if ci && !skips.is_empty() {
         bail!("{} test(s) skipped and CI is set", skips.len());
@@ -373,10 +383,30 @@ enum Guest<'a> {
     /// It does not (the step says why).
     NotRun(Step),
     /// Booted in the background before the privileged tests (or failed to), after the given
-    /// seconds of building.
-    Beside(anyhow::Result<crate::guest::Beside>, f64),
+    /// seconds of building, with this daemon.
+    Beside(anyhow::Result<crate::guest::Beside>, f64, &'a PathBuf),
     /// On its own (`--guest-only`), with this daemon.
     Alone(&'a PathBuf),
+}
+
+/// The outcome of `first`, or when that guest ended before its tests finished (a guest kernel
+/// panic, the emulator's exit: [`crate::guest::Unfinished`]), of booting it `again` once, on
+/// its own; the first boot's end goes into `notes` (a test failure or a timeout is not retried).
+fn once_more_if_unfinished(
+    first: anyhow::Result<Vec<String>>,
+    notes: &mut Vec<String>,
+    again: impl FnOnce() -> anyhow::Result<Vec<String>>,
+) -> anyhow::Result<Vec<String>> {
+    match first {
+        Err(e) if e.downcast_ref::<crate::guest::Unfinished>().is_some() => {
+            println!("guest: {e:#}\nguest: booting it once more, on its own");
+            notes.push(format!(
+                "the amd64 guest was booted twice; the first boot: {e:#}"
+            ));
+            again()
+        }
+        outcome => outcome,
+    }
 }
 
 /// A guest's outcome as a step's: failed tests named.

@@ -6,7 +6,9 @@
 //!   the fixtures and the core end-to-end tests against the arm64 package.
 //!
 //! Both write a shell script into a directory the guest shares writable, boot once, and read
-//! back the script's overall status and the skips the tests logged. The amd64 guest can boot
+//! back the script's overall status and the skips the tests logged. An amd64 guest that ended
+//! before its script did (a kernel panic, the emulator's exit: [`Unfinished`], with its last
+//! console lines) is booted once more by `cargo xtask test`, which says so in its summary. The amd64 guest can boot
 //! in the background ([`Prepared::boot_beside`]) while the host's privileged tests run: those
 //! leave the CPUs idle nine tenths of the time, and the emulator, at the idle scheduling
 //! class, takes only what they leave.
@@ -188,7 +190,18 @@ impl Shared {
                 .with_context(|| format!("append the guest's skips to {}", skip_log.display()))?;
         }
         let _ = fs::remove_dir_all(&self.dir);
-        let failed = failed?;
+        let failed = match failed {
+            // vng's status when qemu ended without the script's: the guest kernel panicked
+            // (it reboots at once, ending qemu) or the emulator died.
+            Err(e)
+                if status.is_err()
+                    && e.downcast_ref::<cmd::Failed>()
+                        .is_some_and(|f| f.status.code() == Some(255)) =>
+            {
+                return Err(Unfinished(format!("{e:#}")).into());
+            }
+            failed => failed?,
+        };
         match status.as_deref().map(str::trim) {
             Ok("0") => Ok(failed),
             Ok(_) if !failed.is_empty() => Ok(failed),
@@ -199,6 +212,25 @@ impl Shared {
         }
     }
 }
+
+/// A guest that ended before its script did, without a timeout: its kernel panicked or the
+/// emulator died (what it printed last is in the message). Not a verdict on the tests: the
+/// caller may boot it once more (see `test.rs`).
+#[derive(Debug)]
+pub struct Unfinished(String);
+
+impl std::fmt::Display for Unfinished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the guest ended before its tests finished (its kernel panicked or the emulator \
+             exited): {}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for Unfinished {}
 
 /// A guest ready to boot: its binaries built, its script's parts set, its `vng` arguments
 /// (kernel, architecture, root) chosen.
