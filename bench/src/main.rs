@@ -28,7 +28,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{packet::Family, router::Scenario};
+use crate::{
+    packet::Family,
+    router::{Datapath, Scenario},
+};
 
 /// A/B benchmark of the xdp-router fast path (needs root).
 #[derive(Parser)]
@@ -135,6 +138,10 @@ pub struct Opts {
     /// Kernel rows only: do not start xdp-routerd (no fast-path rows).
     #[arg(long, global = true)]
     no_daemon: bool,
+    /// The fast path of the "fast path" rows, on both router ports: `xdp` (native XDP) or `tc`
+    /// (the TC fast path of ports without native XDP). The main run only; the lab runs both.
+    #[arg(long, global = true, value_enum, default_value_t = Datapath::Xdp)]
+    datapath: Datapath,
 }
 
 fn parse_family(s: &str) -> Result<Family, String> {

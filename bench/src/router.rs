@@ -20,6 +20,35 @@ use xdp_router_testbed::{
 
 use crate::packet::Family;
 
+/// The fast path the benchmark's "fast path" rows measure, on both router ports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Datapath {
+    /// Native XDP (the path of ports whose driver has it).
+    Xdp,
+    /// The TC fast path at TCX ingress (the path of ports without native XDP: Realtek, Wi-Fi,
+    /// SoC switch ports, USB NICs).
+    Tc,
+}
+
+impl Datapath {
+    /// The daemon's global config line that selects it.
+    pub fn config_line(self) -> &'static str {
+        match self {
+            Datapath::Xdp => "datapath = \"xdp\"",
+            Datapath::Tc => "datapath = \"tc\"",
+        }
+    }
+
+    /// What reports call it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Datapath::Xdp => "native XDP",
+            Datapath::Tc => "TC (TCX ingress, on socket buffers)",
+        }
+    }
+}
+
 /// A router configuration under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

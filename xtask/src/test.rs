@@ -171,6 +171,11 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         }
         (Some(bin), true) => Guest::Alone(bin),
     };
+    // The arm64 root (mmdebstrap, ≈ 4 min on a fresh machine, most of it downloading) is made
+    // beside the privileged tests too, at the idle class, when the arm64 step will need it.
+    let arm64_root_log = ws.target_dir().join("guest-arm64-root.log");
+    let arm64_root = (only.is_none() && !args.no_arm64 && daemon.is_some() && cmd::is_root())
+        .then(|| crate::guest::arm64::root_beside(arm64_root_log.clone()));
     match (&daemon, cmd::is_root()) {
         _ if only.is_some() => steps.push(not_run("privileged tests", only.unwrap_or_default())),
         (None, _) => steps.push(not_run("privileged tests", "the daemon did not build")),
@@ -243,6 +248,15 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     } else {
         let mut built = false;
         steps.push(timed("arm64 guest", || {
+            if let Some(beside) = arm64_root {
+                let made = beside.wait();
+                if let Ok(text) = fs::read_to_string(&arm64_root_log) {
+                    print!("{text}");
+                }
+                if let Err(e) = made {
+                    println!("arm64 root: not made beside the tests ({e:#}): making it now");
+                }
+            }
             let prepared = crate::guest::arm64::prepare()?;
             built = true;
             let failed = prepared.boot(&skip_log, &mut std::io::stdout())?;

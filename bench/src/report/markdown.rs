@@ -19,7 +19,7 @@ impl Report {
             o,
             "- Machine: {} CPUs, {}, kernel {}\n- Command: `{}`\n- Trials: {} ms, {} paced steps \
              per search (a lossy rate is retried {} time(s)), loss limit {} %, {} flows per \
-             stream, S3 shaper {} Mbit/s\n- Duration: {:.0} s{}",
+             stream, S3 shaper {} Mbit/s\n- Fast path: {}\n- Duration: {:.0} s{}",
             m.cpus,
             m.cpu_model,
             m.kernel,
@@ -30,6 +30,7 @@ impl Report {
             m.loss_limit_pct,
             m.flows,
             m.shaper_mbit,
+            m.datapath.map_or("none (kernel rows only)", |d| d.label()),
             m.duration_secs,
             if m.quick {
                 " (quick mode: smoke test, numbers are rough)"
@@ -183,7 +184,7 @@ impl Report {
                 o,
                 "\n## TCP (iperf3, IPv4, LAN host ⇄ WAN host)\n\n\
                  | scenario | fast path | streams | mode | upload Mbit/s | download Mbit/s | \
-                 retransmits | kernel-forwarded pkts | XDP-forwarded pkts |\n\
+                 retransmits | kernel-forwarded pkts | fast-path-forwarded pkts |\n\
                  |---|---|---|---|---|---|---|---|---|"
             );
             for t in &self.tcp {

@@ -13,7 +13,7 @@ use crate::{
     cpu::CpuShare,
     latency::{self, Bootstrap, DiffCi, Latency, ModeSamples, Schedule, Verdict},
     packet::Family,
-    router::Scenario,
+    router::{Datapath, Scenario},
     tcp::TcpRun,
     testbed::{Path, Trial},
 };
@@ -89,6 +89,8 @@ pub struct Meta {
     pub shaper_mbit: u32,
     /// The daemon binary, if fast-path rows were measured.
     pub daemon: Option<String>,
+    /// The fast path of the fast-path rows (with a daemon).
+    pub datapath: Option<Datapath>,
 }
 
 /// The generator's own ceiling at one frame size.

@@ -111,13 +111,14 @@ pub(super) fn measure(
             vec![]
         };
         let daemon = match daemon_bin {
-            Some(bin) => Some(Daemon::start(
+            Some(bin) => Some(Daemon::start_tuned(
                 bin,
                 &tb.rtr,
                 &out_dir.join(format!("daemon-{}", sc.id())),
                 &sc.lan_if(&tb.names.rl),
                 &tb.names.rw,
                 sc.shaped(),
+                plan.datapath.config_line(),
             )?),
             None => None,
         };

@@ -116,6 +116,7 @@ fn meta(plan: &Plan, command: String, daemon: Option<&PathBuf>) -> Meta {
         flows: plan.flows,
         shaper_mbit: plan.shaper_mbit,
         daemon: daemon.map(|d| d.display().to_string()),
+        datapath: daemon.map(|_| plan.datapath),
     }
 }
 

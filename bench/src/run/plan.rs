@@ -2,7 +2,13 @@
 
 use std::time::Duration;
 
-use crate::{Opts, packet::Family, router::Scenario, search::SearchParams, tcp::TcpMode};
+use crate::{
+    Opts,
+    packet::Family,
+    router::{Datapath, Scenario},
+    search::SearchParams,
+    tcp::TcpMode,
+};
 
 /// Row label of the bare-redirect ceiling.
 pub const CEILING_ROW: &str = "ceiling: bare XDP redirect";
@@ -36,6 +42,8 @@ pub(super) struct Plan {
     pub(super) only_latency: bool,
     pub(super) shaper_mbit: u32,
     pub(super) daemon: bool,
+    /// The fast path of the fast-path rows.
+    pub(super) datapath: Datapath,
 }
 
 impl Plan {
@@ -110,6 +118,7 @@ impl Plan {
             only_latency: o.only_latency,
             shaper_mbit: o.shaper_mbit,
             daemon: !o.no_daemon,
+            datapath: o.datapath,
         }
     }
 

@@ -8,7 +8,8 @@
 //!
 //! The root is a `mmdebstrap --arch=arm64` of bookworm with the kernel, the testbed's tools and
 //! a static busybox (virtme-ng's initramfs), made once through qemu-user (binfmt_misc) and
-//! cached under the user's cache directory. The guest sees it read-only, with overlays where
+//! cached under the user's cache directory (`cargo xtask test` makes it beside the privileged
+//! tests, [`root_beside`]). The guest sees it read-only, with overlays where
 //! dpkg writes.
 
 use std::{
@@ -21,7 +22,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use super::{Prepared, Run, Script, Shared};
+use super::{Prepared, Priority, Run, Script, Shared};
 use crate::{cmd, cross, dist, setup};
 
 /// The suite of the root.
@@ -117,7 +118,7 @@ pub fn prepare() -> anyhow::Result<Prepared> {
         &["--release", "--target", cross::TARGET],
         &[(cross::LINKER_ENV, cross::LINKER)],
     )?;
-    let root = root()?;
+    let root = root(Priority::Normal, None)?;
     let kernel = kernel(&root)?;
 
     let shared = Shared::new("arm64")?;
@@ -222,22 +223,57 @@ fn kernel(root: &Path) -> anyhow::Result<PathBuf> {
     })
 }
 
-/// The cached arm64 root (a directory), made with mmdebstrap when missing.
-fn root() -> anyhow::Result<PathBuf> {
+/// Makes the cached arm64 root when it is missing, on a thread of its own, mmdebstrap in the
+/// idle scheduling class (it takes only CPU time the tests beside it leave; most of its time is
+/// downloading) with its output in `log`: [`RootBeside::wait`] prints it. [`prepare`] then
+/// finds the root made, or makes it itself if this failed.
+pub fn root_beside(log: PathBuf) -> RootBeside {
+    let handle = std::thread::spawn(move || {
+        let file = fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
+        root(Priority::Idle, Some(file)).map(|_| ())
+    });
+    RootBeside { handle }
+}
+
+/// The arm64 root being made beside other steps.
+pub struct RootBeside {
+    handle: std::thread::JoinHandle<anyhow::Result<()>>,
+}
+
+impl RootBeside {
+    /// Waits for it; what went wrong (the arm64 step then makes the root itself).
+    pub fn wait(self) -> anyhow::Result<()> {
+        self.handle
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the root's thread panicked")))
+    }
+}
+
+/// The cached arm64 root (a directory), made with mmdebstrap when missing (at `priority`, its
+/// messages and mmdebstrap's output going to `log` when given, else to this process's).
+fn root(priority: Priority, log: Option<fs::File>) -> anyhow::Result<PathBuf> {
+    let say = |line: String| match &log {
+        Some(f) => {
+            use std::io::Write as _;
+            let mut f: &fs::File = f;
+            let _ = writeln!(f, "{line}");
+        }
+        None => println!("{line}"),
+    };
     let dir = setup::cache_dir()?.join("guest-arm64");
     let root = dir.join(format!("{SUITE}-arm64-root"));
     // The package list the root was made with: another list makes it again.
     let stamp = root.join(STAMP);
     let packages = ROOT_PACKAGES.join(",");
     if fs::read_to_string(&stamp).is_ok_and(|s| s == packages) {
-        println!("arm64 root: {} (cached)", root.display());
+        say(format!("arm64 root: {} (cached)", root.display()));
         return Ok(root);
     }
     if root.exists() {
-        println!(
+        say(format!(
             "arm64 root: {} holds other packages: made again",
             root.display()
-        );
+        ));
         fs::remove_dir_all(&root).with_context(|| format!("remove {}", root.display()))?;
     }
     binfmt()?;
@@ -247,13 +283,25 @@ fn root() -> anyhow::Result<PathBuf> {
     }
     fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let t = Instant::now();
-    println!(
-        "arm64 root: making {} with mmdebstrap through qemu-user (once, ≈ 5 min)",
+    say(format!(
+        "arm64 root: making {} with mmdebstrap through qemu-user (once, ≈ 4–5 min)",
         root.display()
-    );
+    ));
+    let mut c = Command::new(if priority == Priority::Idle {
+        "chrt"
+    } else {
+        "mmdebstrap"
+    });
+    if priority == Priority::Idle {
+        c.args(["--idle", "0", "mmdebstrap"]);
+    }
+    if let Some(f) = &log {
+        let out = f.try_clone().context("the root's log")?;
+        c.stdout(f.try_clone().context("the root's log")?)
+            .stderr(out);
+    }
     cmd::run(
-        Command::new("mmdebstrap")
-            .args(["--arch=arm64", "--variant=minbase", "--format=directory"])
+        c.args(["--arch=arm64", "--variant=minbase", "--format=directory"])
             .arg(format!("--include={packages}"))
             // No initramfs: virtme-ng makes its own, and mkinitramfs through qemu-user takes
             // longer than the rest of the root (over 15 minutes here).
@@ -267,7 +315,10 @@ fn root() -> anyhow::Result<PathBuf> {
         .with_context(|| format!("create {}", mount_point.display()))?;
     fs::write(partial.join(STAMP), &packages).context("write the root's package stamp")?;
     fs::rename(&partial, &root).with_context(|| format!("rename {}", partial.display()))?;
-    println!("arm64 root: made in {:.0} s", t.elapsed().as_secs_f64());
+    say(format!(
+        "arm64 root: made in {:.0} s",
+        t.elapsed().as_secs_f64()
+    ));
     Ok(root)
 }
 
