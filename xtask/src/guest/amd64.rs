@@ -133,6 +133,15 @@ pub fn prepare(daemon: &Path, extra: &[String]) -> anyhow::Result<Prepared> {
     let mut args = vec!["--ignored", "--test-threads=1", "--show-output"];
     args.extend(extra.iter().map(String::as_str));
     let script = Script {
+        // cfg80211 (loaded with mac80211_hwsim) asks for `regulatory.db` from a kernel worker;
+        // looked up on the 9p root, that lookup crashed the guest kernel in a clean-clone run
+        // of 2026-11-27 (a double fault in `v9fs_vfs_lookup` under `request_firmware_work_func`,
+        // 60 s after boot). An empty /lib/firmware of the guest's own answers it without 9p
+        // (no country is set in the tests: the radios get the world domain either way).
+        prelude: vec![
+            "mkdir -p /lib/firmware && mount -t tmpfs -o size=1m guest-firmware /lib/firmware"
+                .into(),
+        ],
         modules: MODULES,
         path: std::env::var("PATH").unwrap_or_default(),
         env: vec![

@@ -143,6 +143,7 @@ pub fn prepare() -> anyhow::Result<Prepared> {
         });
     }
     let script = Script {
+        prelude: Vec::new(),
         modules: MODULES,
         path: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
         env: vec![

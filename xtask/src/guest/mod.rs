@@ -38,10 +38,12 @@ pub struct Run {
     pub args: Vec<String>,
 }
 
-/// What the guest's script does: load modules, set the environment, run `setup` (any failure
-/// ends the run as failed), each test binary one at a time (each one's exit status and the
-/// time so far printed), then `teardown`; it writes the overall status to the result file.
+/// What the guest's script does: run `prelude`, load modules, set the environment, run `setup`
+/// (any failure of those ends the run as failed), each test binary one at a time (each one's
+/// exit status and the time so far printed), then `teardown`; it writes the overall status to
+/// the result file.
 pub struct Script {
+    pub prelude: Vec<String>,
     pub modules: &'static [&'static str],
     pub path: String,
     pub env: Vec<(&'static str, String)>,
@@ -62,15 +64,23 @@ impl Script {
     /// where they could interleave inside a line.
     fn text(&self, result: &Path) -> String {
         let result = quote(&result.to_string_lossy());
-        let mut s = format!(
+        let mut s = String::from(
             "set -u\n\
              exec 2>&1\n\
-             echo \"guest: $(uname -r) $(uname -m)\"\n\
-             modprobe -a {modules} || {{ echo 'guest: modprobe failed'; echo 1 > {result}; exit 1; }}\n\
+             echo \"guest: $(uname -r) $(uname -m)\"\n",
+        );
+        for line in &self.prelude {
+            s.push_str(&format!(
+                "{line} || {{ echo {}; echo 1 > {result}; exit 1; }}\n",
+                quote(&format!("guest: failed: {line}"))
+            ));
+        }
+        s.push_str(&format!(
+            "modprobe -a {modules} || {{ echo 'guest: modprobe failed'; echo 1 > {result}; exit 1; }}\n\
              export PATH={path}\n",
             modules = self.modules.join(" "),
             path = quote(&self.path),
-        );
+        ));
         for (k, v) in &self.env {
             s.push_str(&format!("export {k}={}\n", quote(v)));
         }
@@ -379,6 +389,7 @@ mod tests {
     #[test]
     fn script_runs_every_binary_and_records_the_status() {
         let s = Script {
+            prelude: vec!["mount -t tmpfs fw /lib/firmware".into()],
             modules: &["veth", "bridge", "8021q"],
             path: "/usr/bin".into(),
             env: vec![("XDP_ROUTERD_BIN", "/r/xdp-routerd".into())],
@@ -398,6 +409,10 @@ mod tests {
         }
         .text(Path::new("/tmp/g/result"));
         assert!(s.starts_with("set -u\nexec 2>&1\n"));
+        assert!(s.contains(
+            "mount -t tmpfs fw /lib/firmware || { echo 'guest: failed: mount -t tmpfs fw \
+             /lib/firmware'; echo 1 > '/tmp/g/result'; exit 1; }\nmodprobe -a veth bridge 8021q"
+        ));
         assert!(s.contains("modprobe -a veth bridge 8021q ||"));
         assert!(s.contains(
             "dpkg -i /x/p.deb || { echo 'guest: failed: dpkg -i /x/p.deb'; echo 1 > '/tmp/g/result'; exit 1; }\n"
