@@ -24,7 +24,7 @@ use crate::{
     Opts,
     latency::EchoServer,
     packet::Family,
-    router::{self, Daemon},
+    router::{self, Daemon, Datapath},
     run::{check_stop, prepare, prime, stopped},
     tcp::{self, Iperf3Server, TcpMode},
     testbed::{Names, Path, Testbed, Trial},
@@ -170,7 +170,7 @@ fn lab(args: &LabArgs, bin: &FsPath, config: &FsPath, dir: &FsPath, flows: u32) 
 /// its own is dropped; an interface's own setting still wins, and the row's label says what
 /// the LAN port ran).
 fn force_tc(text: &str) -> String {
-    let mut out = String::from("datapath = \"tc\"\n");
+    let mut out = format!("{}\n", Datapath::Tc.config_line());
     let mut global = true;
     for line in text.lines() {
         let t = line.trim_start();

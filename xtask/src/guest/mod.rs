@@ -8,8 +8,8 @@
 //! Both write a shell script into a directory the guest shares writable, boot once, and read
 //! back the script's overall status and the skips the tests logged. An amd64 guest that ended
 //! before its script did (a kernel panic, the emulator's exit: [`Unfinished`], with its last
-//! console lines) is booted once more by `cargo xtask test`, which says so in its summary. The amd64 guest can boot
-//! in the background ([`Prepared::boot_beside`]) while the host's privileged tests run: those
+//! console lines) is booted once more by `cargo xtask test`, which says so in its summary.
+//! The amd64 guest can boot in the background ([`Prepared::boot_beside`]) while the host's privileged tests run: those
 //! leave the CPUs idle nine tenths of the time, and the emulator, at the idle scheduling
 //! class, takes only what they leave.
 
@@ -70,10 +70,7 @@ impl Script {
              echo \"guest: $(uname -r) $(uname -m)\"\n",
         );
         for line in &self.prelude {
-            s.push_str(&format!(
-                "{line} || {{ echo {}; echo 1 > {result}; exit 1; }}\n",
-                quote(&format!("guest: failed: {line}"))
-            ));
+            s.push_str(&must(line, &result));
         }
         s.push_str(&format!(
             "modprobe -a {modules} || {{ echo 'guest: modprobe failed'; echo 1 > {result}; exit 1; }}\n\
@@ -92,10 +89,7 @@ impl Script {
             quote(&self.cwd.to_string_lossy())
         ));
         for line in &self.setup {
-            s.push_str(&format!(
-                "{line} || {{ echo {}; echo 1 > {result}; exit 1; }}\n",
-                quote(&format!("guest: failed: {line}"))
-            ));
+            s.push_str(&must(line, &result));
         }
         for r in &self.runs {
             let args: Vec<String> = r.args.iter().map(|a| quote(a)).collect();
@@ -116,6 +110,15 @@ impl Script {
         s.push_str(&format!("echo $rc > {result}\n"));
         s
     }
+}
+
+/// `line` as a script line whose failure ends the run as failed (status 1 in the quoted
+/// `result` file).
+fn must(line: &str, result: &str) -> String {
+    format!(
+        "{line} || {{ echo {}; echo 1 > {result}; exit 1; }}\n",
+        quote(&format!("guest: failed: {line}"))
+    )
 }
 
 /// A directory under target/ that the guest shares writable: the script, its result, the skips
