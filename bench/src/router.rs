@@ -479,6 +479,17 @@ impl Daemon {
             .expect("the daemon runs until stop() or drop ends it")
     }
 
+    /// Sends the daemon a signal (SIGSTOP/SIGCONT: a daemon descheduled for a while).
+    pub fn signal(&self, sig: libc::c_int) -> Result<()> {
+        let pid = libc::pid_t::try_from(self.pid()).context("daemon pid")?;
+        // SAFETY: kill(2) on our own child, which has not been reaped (it runs until stop()).
+        if unsafe { libc::kill(pid, sig) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("sending signal {sig} to the daemon"));
+        }
+        Ok(())
+    }
+
     /// The ids of the BPF maps the daemon holds open.
     pub fn map_ids(&self) -> Result<Vec<u32>> {
         self.0.map_ids()

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::test_output::TestOutput;
+use crate::test_output::{Tail, TestOutput};
 
 /// `cargo` as invoked by `cargo xtask` (the `CARGO` variable), with the workspace as cwd.
 pub fn cargo() -> Command {
@@ -42,6 +42,37 @@ pub fn run(c: &mut Command) -> anyhow::Result<()> {
         .with_context(|| format!("cannot start {}", c.get_program().to_string_lossy()))?;
     if !status.success() {
         bail!("`{}` failed ({status})", display(c));
+    }
+    Ok(())
+}
+
+/// Runs a command with its stderr echoed line by line (stdout inherited); when it fails, the
+/// error ([`Failed`]) carries its last stderr lines, where a program says why it failed — the
+/// step summary shows them, as CI cuts the middle of a long output.
+pub fn run_keeping_tail(c: &mut Command) -> anyhow::Result<()> {
+    use std::io::BufRead as _;
+    eprintln!("+ {}", display(c));
+    let mut child = c
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {}", c.get_program().to_string_lossy()))?;
+    let mut tail = Tail::default();
+    if let Some(err) = child.stderr.take() {
+        for line in std::io::BufReader::new(err).split(b'\n') {
+            let Ok(bytes) = line else { break };
+            let line = String::from_utf8_lossy(&bytes);
+            eprintln!("{line}");
+            tail.push(&line);
+        }
+    }
+    let status = child.wait().context("waiting for the command")?;
+    if !status.success() {
+        return Err(Failed {
+            command: display(c),
+            status,
+            tail: tail.indented(),
+        }
+        .into());
     }
     Ok(())
 }
@@ -96,7 +127,8 @@ pub fn run_collecting_failures_into(
     Ok(failed)
 }
 
-/// A command of [`run_collecting_failures`] that failed without naming a test.
+/// A command that failed, with its last lines ([`run_keeping_tail`], or
+/// [`run_collecting_failures`] when it failed without naming a test).
 #[derive(Debug)]
 pub struct Failed {
     pub command: String,
@@ -208,16 +240,37 @@ mod tests {
             r"printf 'LAN\342\206 \342\206\224\377\n'; printf 'test a ... ok   \r\n'; \
               printf 'test b::c ... FAILED\r\n'; exit 1",
         ]);
-        assert_eq!(run_collecting_failures(&mut c).unwrap(), ["b::c"]);
+        // Into a buffer: CI reads this test's output for failed tests too.
+        let mut sink = Vec::new();
+        assert_eq!(
+            run_collecting_failures_into(&mut c, &mut sink).unwrap(),
+            ["b::c"]
+        );
+        assert!(String::from_utf8_lossy(&sink).contains("test b::c ... FAILED"));
     }
 
     #[test]
     fn a_failure_without_a_named_test_is_an_error() {
         let mut c = Command::new("sh");
         c.args(["-c", r"printf 'no tests\377\n'; exit 3"]);
-        let e = run_collecting_failures(&mut c).unwrap_err();
+        let e = run_collecting_failures_into(&mut c, &mut Vec::new()).unwrap_err();
         let e = format!("{e:#}");
         assert!(e.contains("exit status: 3"), "{e}");
         assert!(e.ends_with("its last lines:\n    no tests\u{fffd}"), "{e}");
+    }
+
+    #[test]
+    fn a_failed_command_says_why_with_its_last_stderr_lines() {
+        let mut c = Command::new("sh");
+        c.args([
+            "-c",
+            "echo 'soak: run 1' >&2; echo 'soak: error: no resync' >&2; exit 1",
+        ]);
+        let e = format!("{:#}", run_keeping_tail(&mut c).unwrap_err());
+        assert!(
+            e.ends_with("its last lines:\n    soak: run 1\n    soak: error: no resync"),
+            "{e}"
+        );
+        run_keeping_tail(Command::new("sh").args(["-c", "echo fine >&2"])).unwrap();
     }
 }

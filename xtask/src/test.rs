@@ -389,7 +389,7 @@ fn run_bench(args: &[&str]) -> anyhow::Result<()> {
     let mut c = cmd::cargo();
     c.args(["run", "--release", "-p", workspace::BENCH_PACKAGE, "--"])
         .args(args);
-    cmd::run(&mut c)
+    cmd::run_keeping_tail(&mut c)
 }
 
 /// How the amd64 guest step runs.

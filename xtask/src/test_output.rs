@@ -1,7 +1,7 @@
 //! Reading `cargo test` output (or a guest console running test binaries) line by line: the
 //! tests that failed, each with the first line of its panic message, and the last lines seen,
 //! for a run that failed without naming a test (a crashed test binary, a guest kernel that
-//! panicked). CI shows the head and the tail of a run's output: the step summary at the end
+//! panicked); [`Tail`] keeps the last lines of any command. CI shows the head and the tail of a run's output: the step summary at the end
 //! has to say why on its own.
 
 use std::collections::{HashMap, VecDeque};
@@ -20,16 +20,37 @@ pub struct TestOutput {
     messages: HashMap<String, String>,
     /// A thread whose `panicked at LOCATION:` line was the last one seen, with its location.
     panicking: Option<(String, String)>,
-    tail: VecDeque<String>,
+    tail: Tail,
+}
+
+/// The last lines of a command's output (or of its stderr), kept for its error message.
+#[derive(Default)]
+pub struct Tail(VecDeque<String>);
+
+impl Tail {
+    /// Takes one line (trailing blanks and CR dropped).
+    pub fn push(&mut self, line: &str) {
+        if self.0.len() == TAIL_LINES {
+            self.0.pop_front();
+        }
+        self.0.push_back(line.trim_end().to_owned());
+    }
+
+    /// The lines kept, each on a new indented line, for an error message.
+    pub fn indented(&self) -> String {
+        let mut s = String::new();
+        for l in &self.0 {
+            s.push_str("\n    ");
+            s.push_str(l);
+        }
+        s
+    }
 }
 
 impl TestOutput {
     /// Takes one line (a console may pad lines and end them with CR).
     pub fn line(&mut self, line: &str) {
-        if self.tail.len() == TAIL_LINES {
-            self.tail.pop_front();
-        }
-        self.tail.push_back(line.trim_end().to_owned());
+        self.tail.push(line);
         let line = line.trim();
         if let Some((thread, location)) = self.panicking.take() {
             let mut message: String = line.chars().take(MESSAGE_CHARS).collect();
@@ -69,12 +90,7 @@ impl TestOutput {
 
     /// The last lines seen, indented, for an error message.
     pub fn tail(&self) -> String {
-        let mut s = String::new();
-        for l in &self.tail {
-            s.push_str("\n    ");
-            s.push_str(l);
-        }
-        s
+        self.tail.indented()
     }
 }
 

@@ -13,7 +13,12 @@
 //! - long iperf3 streams (IPv4 upload and IPv6 download, rate-limited, back to back);
 //! - a route flap every 10 s (a host route to the WAN host, IPv4 and IPv6, added or deleted:
 //!   the daemon sees a route change, the kernel's path stays the same);
-//! - the fast path switched off and, 2 s later, on again every 30 s (daemon run only).
+//! - the fast path switched off and, 2 s later, on again every 30 s (daemon run only);
+//! - with `--ct-event-buffer` (a small conntrack event socket), the daemon frozen once
+//!   (SIGSTOP, 1.5 s, a quarter into the run): the events of those connections overflow the
+//!   socket whatever the host's speed, so the run surely goes through an overrun and a resync
+//!   with connections in flight (without the freeze, whether one happened in a minute depended
+//!   on how fast the host was).
 //!
 //! It reports connections ok and failed (by kind), the achieved connection rate, iperf3 streams
 //! completed, the daemon's RSS over time, and the flow entries left in the maps after the run
@@ -85,6 +90,9 @@ const FLAP_EVERY: Duration = Duration::from_secs(10);
 /// Interval of the fast-path toggles, and how long it stays off each time.
 const TOGGLE_EVERY: Duration = Duration::from_secs(30);
 const TOGGLE_OFF_FOR: Duration = Duration::from_secs(2);
+/// How long the daemon is frozen to force a conntrack event socket overrun (at 600
+/// connections/s that is ≈ 4,500 events; a 128 KiB socket holds a few hundred).
+const FREEZE_FOR: Duration = Duration::from_millis(1500);
 /// Interval of the daemon RSS samples.
 const RSS_EVERY: Duration = Duration::from_secs(10);
 
@@ -131,6 +139,8 @@ struct RunResult {
     stream_errors: Vec<String>,
     flaps: u64,
     toggles: u64,
+    /// When the daemon was frozen to force an overrun, seconds into the run.
+    frozen_at: Option<f64>,
     rss: Vec<(u64, u64)>,
     flows_after: Option<(u64, u64)>,
     ct_after: (u64, u64),
@@ -218,6 +228,11 @@ fn run_one(daemon_bin: Option<&PathBuf>, out: &std::path::Path, a: &SoakArgs) ->
     let mut rss = Vec::new();
     let (mut next_flap, mut next_toggle, mut next_rss) = (FLAP_EVERY, TOGGLE_EVERY, Duration::ZERO);
     let mut back_on: Option<Duration> = None;
+    // The freeze (a small event socket only), between the first route flap and the first
+    // toggle of a 1-minute run; `thaw` is when it ends.
+    let mut freeze_at = a.ct_event_buffer.and(daemon.as_ref()).map(|_| dur / 4);
+    let mut thaw: Option<Duration> = None;
+    let mut frozen_at = None;
     let mut host_route = false;
     let mut err = None;
     while t0.elapsed() < dur && err.is_none() {
@@ -237,15 +252,26 @@ fn run_one(daemon_bin: Option<&PathBuf>, out: &std::path::Path, a: &SoakArgs) ->
                 next_flap += FLAP_EVERY;
             }
             if let Some(d) = &daemon {
-                if now >= next_toggle {
+                // Not while frozen: the control socket would not answer.
+                if now >= next_toggle && thaw.is_none() {
                     d.set_fastpath(false)?;
                     back_on = Some(now + TOGGLE_OFF_FOR);
                     next_toggle += TOGGLE_EVERY;
                 }
-                if back_on.is_some_and(|t| now >= t) {
+                if back_on.is_some_and(|t| now >= t) && thaw.is_none() {
                     d.set_fastpath(true)?;
                     back_on = None;
                     toggles += 1;
+                }
+                if freeze_at.is_some_and(|t| now >= t) && back_on.is_none() {
+                    freeze_at = None;
+                    d.signal(libc::SIGSTOP)?;
+                    thaw = Some(now + FREEZE_FOR);
+                    frozen_at = Some(now.as_secs_f64());
+                }
+                if thaw.is_some_and(|t| now >= t) {
+                    d.signal(libc::SIGCONT)?;
+                    thaw = None;
                 }
                 if now >= next_rss {
                     if let Some(kib) = rss_kib(d.pid()) {
@@ -260,6 +286,11 @@ fn run_one(daemon_bin: Option<&PathBuf>, out: &std::path::Path, a: &SoakArgs) ->
             err = Some(e);
         }
         thread::sleep(Duration::from_millis(100));
+    }
+    if let Some(d) = &daemon
+        && thaw.is_some()
+    {
+        d.signal(libc::SIGCONT)?;
     }
     if let Some(d) = &daemon
         && back_on.is_some()
@@ -359,6 +390,7 @@ fn run_one(daemon_bin: Option<&PathBuf>, out: &std::path::Path, a: &SoakArgs) ->
             .clone(),
         flaps,
         toggles,
+        frozen_at,
         rss,
         flows_after,
         ct_after,
@@ -402,10 +434,11 @@ pub fn run(o: &Opts, a: &SoakArgs) -> Result<()> {
         && let Some(r) = runs.iter().find(|r| r.resyncs.is_some_and(|(n, _)| n == 0))
     {
         bail!(
-            "{}: no conntrack event socket overrun with --ct-event-buffer {}: the run did not \
-             exercise a resync (use a smaller buffer)",
+            "{}: no conntrack event socket resync with --ct-event-buffer {} although the daemon \
+             was frozen for {:.1} s while connections came and went: the overrun went unnoticed",
             r.label,
-            a.ct_event_buffer.unwrap_or_default()
+            a.ct_event_buffer.unwrap_or_default(),
+            FREEZE_FOR.as_secs_f64()
         );
     }
     if !bad.is_empty() {
@@ -462,6 +495,15 @@ fn report(runs: &[RunResult], a: &SoakArgs) -> String {
     row("route flaps / fast-path toggles", &|r| {
         format!("{} / {}", r.flaps, r.toggles)
     });
+    if a.ct_event_buffer.is_some() {
+        row(
+            "daemon frozen (SIGSTOP) to force an overrun",
+            &|r| match r.frozen_at {
+                Some(t) => format!("at {t:.1} s for {:.1} s", FREEZE_FOR.as_secs_f64()),
+                None => "—".into(),
+            },
+        );
+    }
     row("daemon RSS, MiB (every 10 s)", &|r| {
         if r.rss.is_empty() {
             "—".into()
