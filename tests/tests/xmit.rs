@@ -96,8 +96,9 @@ fn veth_peer_without_xdp_or_gro_is_no_redirect_target() {
     assert_eq!(seen.corrupt, 0);
 }
 
-/// A LAN port whose veth peer has a 9000-byte MTU: the kernel refuses native XDP (ERANGE, its
-/// message only reaches a tracepoint) and, with `datapath = "xdp"`, the daemon falls back to
+/// A LAN port whose veth peer transmits on more queues than it receives on: the kernel refuses
+/// native XDP (ENOSPC, its message only reaches a tracepoint; the test bed's way to make a
+/// driver refuse) and, with `datapath = "xdp"`, the daemon falls back to
 /// generic XDP saying why, in the log and in `status` (with the default `auto` it takes the TC
 /// fast path instead: `tc::auto_datapath_takes_tc_where_native_xdp_is_refused`).
 #[test]
@@ -106,7 +107,7 @@ fn native_attach_refusal_is_explained() {
         return;
     }
     let mut tb = Testbed::new("mt");
-    tb.lan.sh("ip link set eth0 mtu 9000");
+    tb.refuse_native_xdp_on_the_lan_port();
     let daemon = tb.start_daemon_config(&format!(
         "datapath = \"xdp\"\n\
          xdp_mode = \"native\"\n\
@@ -123,13 +124,13 @@ fn native_attach_refusal_is_explained() {
     assert!(
         lan.generic_because
             .as_deref()
-            .is_some_and(|w| w.contains("MTU is too large")),
-        "status should say the MTU is why: {:?}",
+            .is_some_and(|w| w.contains("fewer RX queues")),
+        "status should say why native XDP was refused: {:?}",
         lan.generic_because
     );
     let log = daemon.log_tail();
     assert!(
-        log.contains("native XDP attach failed: the MTU is too large"),
+        log.contains("native XDP attach failed: fewer RX queues"),
         "the warning should say why:\n{log}"
     );
     let wan = st.interfaces.iter().find(|i| i.name == WAN_IF).unwrap();

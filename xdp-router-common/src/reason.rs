@@ -140,11 +140,16 @@ pub enum Reason {
     /// skb metadata, or its egress needs another encapsulation than it arrived with (a VLAN
     /// tag or PPPoE session pushed or popped); the kernel forwards it.
     PassNotOnTc = 45,
+    /// A frame in more than one buffer (XDP multi-buffer: on a port whose MTU is above what one
+    /// page holds, ≈ 3,500 bytes, a longer frame arrives in fragments); the fast path forwards
+    /// single-buffer frames only (and could not verify such a segment's checksum, see
+    /// `l4_checksum_too_long`), the kernel forwards it.
+    PassMultiBuffer = 46,
 }
 
 impl Reason {
     /// Number of reasons (the `STATS` array's stride per interface slot).
-    pub const COUNT: u32 = 46;
+    pub const COUNT: u32 = 47;
 
     /// Every reason, in discriminant order.
     pub const ALL: [Reason; Self::COUNT as usize] = [
@@ -194,6 +199,7 @@ impl Reason {
         Reason::PassVerdictExpired,
         Reason::PassPerPacketRule,
         Reason::PassNotOnTc,
+        Reason::PassMultiBuffer,
     ];
 
     /// Stable snake_case name, used as the `reason` label in metrics and in `status` output.
@@ -245,6 +251,7 @@ impl Reason {
             Reason::PassVerdictExpired => "kernel_verdict_expired",
             Reason::PassPerPacketRule => "per_packet_rule_in_ruleset",
             Reason::PassNotOnTc => "not_on_tc_yet",
+            Reason::PassMultiBuffer => "multi_buffer_frame",
         }
     }
 

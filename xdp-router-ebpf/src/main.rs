@@ -31,6 +31,7 @@ mod words;
 
 use aya_ebpf::{
     bindings::{TC_ACT_UNSPEC, xdp_action},
+    helpers::bpf_xdp_get_buff_len,
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
@@ -40,12 +41,24 @@ use crate::packet::Packet;
 
 /// Entry point, attached to every managed interface. Counts the packet per ingress interface
 /// and reason; a packet the fast path does not forward goes to the kernel (`XDP_PASS`).
-#[xdp]
+///
+/// Loaded with multi-buffer support (`xdp.frags`), so that a port with a jumbo MTU keeps
+/// native XDP (a driver, veth among them, refuses a program without it once a frame may be
+/// longer than a page): its frames up to a page are forwarded as on any port, a longer one
+/// (in several buffers) goes to the kernel as `multi_buffer_frame`, before the pipeline, which
+/// reads only the first buffer.
+#[xdp(frags)]
 pub fn xdp_router(ctx: XdpContext) -> u32 {
     let ifindex = ctx.ingress_ifindex() as u32;
     let info = maps::IFACES.get_ptr(ifindex);
     let mut slot = stats::ingress_slot(info);
     let bytes = (ctx.data_end() - ctx.data()) as u64;
+    // SAFETY: a helper on this program's own context.
+    let whole = unsafe { bpf_xdp_get_buff_len(ctx.ctx) };
+    if whole > bytes {
+        stats::count(slot, Reason::PassMultiBuffer, whole);
+        return xdp_action::XDP_PASS;
+    }
     match flow::try_forward(&ctx, ifindex, info, &mut slot) {
         Ok(fwd) => {
             // What was sent: padding after the IP datagram is trimmed before forwarding.

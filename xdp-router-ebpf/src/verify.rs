@@ -65,8 +65,9 @@ const BIG: usize = 512;
 /// Bytes per `bpf_csum_diff` call over the rest.
 const SMALL: usize = 64;
 /// Big blocks summed at most: with the small and word loops, segments up to 3071 bytes, every
-/// frame of a 1500 (or 3000) byte MTU; longer ones (jumbo frames, at most ~3.5 KB without XDP
-/// multi-buffer) go to the kernel as `Reason::PassL4ChecksumTooLong`.
+/// frame of a 1500 (or 3000) byte MTU; longer ones (jumbo frames that still fit one buffer,
+/// up to ≈ 3.5 KB; longer ones are `Reason::PassMultiBuffer` before the pipeline) go to the
+/// kernel as `Reason::PassL4ChecksumTooLong`.
 const MAX_BIG: usize = 5;
 
 /// Segments at least this long are not summed (`Reason::PassL4ChecksumTooLong`).

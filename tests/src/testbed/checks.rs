@@ -43,8 +43,9 @@ pub fn lan_fast_share(tb: &Testbed, window: Duration) -> (f64, u64) {
 /// needs at least N / this wire packets (fewer would mean GRO merged them and counters lie).
 pub const MAX_FRAME: u64 = 1514;
 
-/// LAN→WAN TCP transfer of `bytes` to `server`: the data arrives intact, the WAN host sees
-/// `peer` as the client, and ≥ 90 % of the LAN wire packets were forwarded by the fast path.
+/// LAN→WAN TCP transfer of `bytes` to `server` ([`Transfer::start_offloaded`]: the bulk waits
+/// until the daemon lists the connection): the data arrives intact, the WAN host sees `peer`
+/// as the client, and ≥ 90 % of the LAN wire packets were forwarded by the fast path.
 /// Returns the counters before and after, for further checks.
 pub fn bulk_is_fast_pathed(
     tb: &Testbed,
@@ -53,7 +54,7 @@ pub fn bulk_is_fast_pathed(
     bytes: u64,
 ) -> (Snapshot, Snapshot) {
     let before = tb.snapshot();
-    let r = Transfer::start(tb, server, Plan { bytes, rate: None }).finish();
+    let r = Transfer::start_offloaded(tb, server, Plan { bytes, rate: None }).finish();
     let after = tb.snapshot();
     assert_intact(&r);
     assert_eq!(

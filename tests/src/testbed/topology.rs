@@ -189,6 +189,17 @@ impl Testbed {
         tb
     }
 
+    /// Makes the kernel refuse native XDP on the router's LAN veth, as a driver refuses what it
+    /// cannot do: its peer (the LAN host's interface) transmits on two queues, the router side
+    /// receives on one (`veth_xdp_set`: ENOSPC). Needs two possible CPUs (a veth has as many
+    /// queues at most).
+    pub fn refuse_native_xdp_on_the_lan_port(&self) {
+        self.lan.sh(&format!(
+            "ethtool -L {HOST_IF} tx 2 || {{ echo 'cannot give the LAN host two TX queues (a \
+             veth has one per possible CPU: this test needs two CPUs)' >&2; exit 1; }}"
+        ));
+    }
+
     /// Writes a config to the temp dir, starts `xdp-routerd run` in the router namespace, waits
     /// until `status --json` answers, and checks both interfaces are attached natively.
     pub fn start_daemon(&mut self) -> &Daemon {

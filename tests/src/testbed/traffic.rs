@@ -83,6 +83,36 @@ impl Transfer {
     /// Starts a server on `server` in the WAN namespace and a client in the LAN namespace
     /// that sends `plan.bytes` of [`Pattern`] data, then closes.
     pub fn start(tb: &Testbed, server: SocketAddr, plan: Plan) -> Transfer {
+        Self::start_gated(tb, server, plan, None)
+    }
+
+    /// [`Transfer::start`] for a transfer the fast path should carry: the client sends its
+    /// first 64 KiB, then waits until the daemon lists the connection (`flows --json`, 10 s at
+    /// most) before the rest. A share of fast-pathed packets measured over the transfer then
+    /// does not depend on how soon a loaded machine schedules the daemon (a 32 MiB transfer
+    /// that outran it went one tenth through the kernel in a run beside a build).
+    pub fn start_offloaded(tb: &Testbed, server: SocketAddr, plan: Plan) -> Transfer {
+        let (open, gate) = std::sync::mpsc::channel();
+        let t = Self::start_gated(tb, server, plan, Some(gate));
+        let listed = super::checks::wait_until(Duration::from_secs(10), || {
+            lists_connection_to(&tb.daemon().flows_json(), server.port())
+        });
+        assert!(
+            listed,
+            "the daemon did not list the connection to {server} within 10 s: {}",
+            tb.daemon().flows_json()
+        );
+        // The sender may have ended already (an error): `finish` reports it.
+        let _ = open.send(());
+        t
+    }
+
+    fn start_gated(
+        tb: &Testbed,
+        server: SocketAddr,
+        plan: Plan,
+        gate: Option<std::sync::mpsc::Receiver<()>>,
+    ) -> Transfer {
         let listener = tb
             .wan
             .run(move || TcpListener::bind(server))
@@ -97,7 +127,7 @@ impl Transfer {
         let receiver = std::thread::spawn(move || receive_all(conn));
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
-        let sender = std::thread::spawn(move || send_all(client, plan, &stop2));
+        let sender = std::thread::spawn(move || send_all(client, plan, &stop2, gate));
         Transfer {
             sender,
             receiver,
@@ -135,8 +165,30 @@ impl Transfer {
     }
 }
 
-/// Sends per `plan`, then shuts down the write side and waits for the server's close.
-fn send_all(mut s: TcpStream, plan: Plan, stop: &AtomicBool) -> io::Result<Side> {
+/// Whether `flows --json` lists the original direction of a connection to `port`.
+fn lists_connection_to(flows_json: &str, port: u16) -> bool {
+    let suffix = format!(":{port}");
+    serde_json::from_str::<serde_json::Value>(flows_json)
+        .ok()
+        .and_then(|v| {
+            v["flows"].as_array().map(|flows| {
+                flows.iter().any(|f| {
+                    f["direction"] == "original"
+                        && f["dst"].as_str().is_some_and(|d| d.ends_with(&suffix))
+                })
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// Sends per `plan`, then shuts down the write side and waits for the server's close. With a
+/// `gate`, waits after the first chunk until it opens (or its sender is gone).
+fn send_all(
+    mut s: TcpStream,
+    plan: Plan,
+    stop: &AtomicBool,
+    gate: Option<std::sync::mpsc::Receiver<()>>,
+) -> io::Result<Side> {
     s.set_write_timeout(Some(Duration::from_secs(20)))?;
     s.set_read_timeout(Some(Duration::from_secs(20)))?;
     let mut pattern = Pattern::new(plan.bytes ^ 0x5eed);
@@ -151,6 +203,11 @@ fn send_all(mut s: TcpStream, plan: Plan, stop: &AtomicBool) -> io::Result<Side>
             .map_err(|e| io::Error::new(e.kind(), format!("write after {sent} bytes: {e}")))?;
         hash.update(&buf[..n]);
         sent += n as u64;
+        if sent == n as u64
+            && let Some(gate) = &gate
+        {
+            let _ = gate.recv_timeout(Duration::from_secs(15));
+        }
         if let Some(rate) = plan.rate {
             let due = Duration::from_secs_f64(sent as f64 / rate as f64);
             if let Some(wait) = due.checked_sub(t0.elapsed()) {
@@ -227,7 +284,8 @@ impl UdpEcho {
         let thread = std::thread::spawn(move || {
             sock.set_read_timeout(Some(Duration::from_millis(100)))?;
             let mut st = EchoStats::default();
-            let mut buf = [0u8; 2048];
+            // Jumbo datagrams too (tests/mtu.rs).
+            let mut buf = vec![0u8; 65536];
             while !stop2.load(Ordering::SeqCst) {
                 let (n, from) = match sock.recv_from(&mut buf) {
                     Ok(x) => x,
@@ -308,7 +366,7 @@ pub fn ping_pong(
     sock.set_read_timeout(Some(Duration::from_secs(1)))
         .expect("set_read_timeout");
     let mut r = PingPong::default();
-    let mut buf = [0u8; 2048];
+    let mut buf = vec![0u8; 65536];
     let t0 = Instant::now();
     for i in 0..count {
         let seq = first_seq + i;

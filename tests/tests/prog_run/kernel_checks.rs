@@ -239,6 +239,18 @@ pub fn cases(b: &Bed, c: &mut Vec<Case>) {
         with(&jumbo),
         Reason::PassL4ChecksumTooLong,
     ));
+    // A frame longer than one buffer holds: BPF_PROG_RUN puts what is beyond a page's worth
+    // into fragments, as a driver does on a jumbo-MTU port (tests/mtu.rs runs it on one). To
+    // the kernel, unread.
+    let multi = lan_pkt(client4, server4, Transport::Udp, 5000);
+    c.push(pass(
+        b,
+        "frame in several buffers (jumbo MTU)",
+        b.lan,
+        multi.frame(),
+        with(&multi),
+        Reason::PassMultiBuffer,
+    ));
     let fits = lan_pkt(client4, server4, Transport::Udp, 3063);
     c.push(routed_forward(
         b,

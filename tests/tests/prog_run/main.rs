@@ -139,6 +139,14 @@ fn on_tc(case: &Case) -> Option<Case> {
     {
         return None;
     }
+    // An skb is one packet however many buffers hold it: the TC pipeline reads its headers
+    // (pulled into the head) and leaves a segment that long to the kernel for its checksum.
+    if case.reason() == Reason::PassMultiBuffer {
+        return Some(Case {
+            expect: Expect::Pass(Reason::PassL4ChecksumTooLong),
+            ..case.clone()
+        });
+    }
     // Pushing or popping a VLAN tag or PPPoE header is not done on skbs yet.
     if let Expect::Redirect(_, want) = &case.expect
         && l2_len(&case.frame) != l2_len(want)

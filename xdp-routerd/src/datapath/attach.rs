@@ -636,8 +636,9 @@ pub fn native_attach_failure(err: &(dyn std::error::Error + 'static)) -> String 
         source = e.source();
     }
     match errno {
-        Some(libc::ERANGE) => "the MTU is too large for native XDP (on a veth: the peer's MTU \
-             is above what one page holds, about 3 500 bytes); lower it for native XDP"
+        Some(libc::ERANGE) => "the MTU is too large for this driver's native XDP (the program \
+             takes multi-buffer frames, but the driver does not: it needs each frame in one \
+             page, about 3 500 bytes); lower it for native XDP"
             .into(),
         Some(libc::EOPNOTSUPP) => {
             "the driver has no native XDP (a bridge, a bond or VLAN device, or an old driver)"
