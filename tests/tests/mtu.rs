@@ -18,6 +18,17 @@ use xdp_router_tests::testbed::{
     HOST_IF, LAN_IF, Testbed, UdpEcho, WAN_HOST_V4, WAN_IF, ping_pong, ready, udp_socket, wan_v4,
 };
 
+/// A LAN host socket whose UDP flow to the echo `server` is offloaded (if the fast path is on)
+/// and armed: small datagrams over 2.5 s (conntrack assures UDP after 2 s with replies),
+/// sequence numbers 0…7.
+fn offloaded_client(tb: &Testbed, server: SocketAddr) -> std::net::UdpSocket {
+    let sock = udp_socket(&tb.lan, SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 0), 64);
+    ping_pong(&sock, server, 0, 5, 100, Duration::from_millis(100));
+    std::thread::sleep(Duration::from_millis(2500));
+    ping_pong(&sock, server, 5, 3, 100, Duration::from_millis(20));
+    sock
+}
+
 /// What one run saw.
 #[derive(Debug)]
 struct Run {
@@ -41,11 +52,7 @@ fn run(fast_path: bool, port: u16) -> Run {
     tb.daemon().set_fastpath(fast_path);
     let server = wan_v4(port);
     let echo = UdpEcho::start(&tb.wan, server);
-    let sock = udp_socket(&tb.lan, SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 0), 64);
-    // Offload (and arm) the flow with small datagrams, then measure them.
-    ping_pong(&sock, server, 0, 5, 100, Duration::from_millis(100));
-    std::thread::sleep(Duration::from_millis(2500));
-    ping_pong(&sock, server, 5, 3, 100, Duration::from_millis(20));
+    let sock = offloaded_client(&tb, server);
     let before = tb.daemon().status();
     let small = ping_pong(&sock, server, 10, 20, 100, Duration::from_millis(10));
     let large = ping_pong(&sock, server, 100, 10, 1400, Duration::from_millis(10));
@@ -136,10 +143,7 @@ fn jumbo_run(fast_path: bool, port: u16) -> JumboRun {
     let lan = tb.daemon().status().iface(LAN_IF).clone();
     let server = wan_v4(port);
     let echo = UdpEcho::start(&tb.wan, server);
-    let sock = udp_socket(&tb.lan, SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 0), 64);
-    ping_pong(&sock, server, 0, 5, 100, Duration::from_millis(100));
-    std::thread::sleep(Duration::from_millis(2500));
-    ping_pong(&sock, server, 5, 3, 100, Duration::from_millis(20));
+    let sock = offloaded_client(&tb, server);
     let before = tb.snapshot();
     let small = ping_pong(&sock, server, 10, 20, 100, Duration::from_millis(10));
     let mid = ping_pong(&sock, server, 100, 10, 3000, Duration::from_millis(10));
