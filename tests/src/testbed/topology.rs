@@ -189,15 +189,10 @@ impl Testbed {
         tb
     }
 
-    /// Makes the kernel refuse native XDP on the router's LAN veth, as a driver refuses what it
-    /// cannot do: its peer (the LAN host's interface) transmits on two queues, the router side
-    /// receives on one (`veth_xdp_set`: ENOSPC). Needs two possible CPUs (a veth has as many
-    /// queues at most).
+    /// Makes the kernel refuse native XDP on the router's LAN veth (see
+    /// [`refuse_native_xdp_behind`]).
     pub fn refuse_native_xdp_on_the_lan_port(&self) {
-        self.lan.sh(&format!(
-            "ethtool -L {HOST_IF} tx 2 || {{ echo 'cannot give the LAN host two TX queues (a \
-             veth has one per possible CPU: this test needs two CPUs)' >&2; exit 1; }}"
-        ));
+        refuse_native_xdp_behind(&self.lan, HOST_IF);
     }
 
     /// Writes a config to the temp dir, starts `xdp-routerd run` in the router namespace, waits
@@ -317,4 +312,15 @@ impl Testbed {
             ))
         }
     }
+}
+
+/// Makes the kernel refuse native XDP on the router's end of a veth, as a driver refuses what
+/// it cannot do: the host's end (`ifname` in `host`) transmits on two queues, the router's end
+/// receives on one (`veth_xdp_set`: ENOSPC). Needs two possible CPUs (a veth has as many
+/// queues at most).
+pub fn refuse_native_xdp_behind(host: &Netns, ifname: &str) {
+    host.sh(&format!(
+        "ethtool -L {ifname} tx 2 || {{ echo 'cannot give {ifname} two TX queues (a veth has \
+         one per possible CPU: this test needs two CPUs)' >&2; exit 1; }}"
+    ));
 }
