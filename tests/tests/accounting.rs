@@ -85,7 +85,9 @@ impl OpenTransfer {
                 // not depend on how fast a loaded machine schedules the daemon (a transfer
                 // that outran it went mostly through the kernel in a CI run).
                 assert!(
-                    wait_until(Duration::from_secs(10), || original_row(tb, addr.port())
+                    wait_until(Duration::from_secs(10), || tb
+                        .daemon()
+                        .original_flow(addr.port())
                         .is_some()),
                     "the connection to {addr} was not listed within 10 s: {}",
                     tb.daemon().flows_json()
@@ -106,22 +108,9 @@ impl OpenTransfer {
     }
 }
 
-/// The original direction's row of the connection to `port` in `flows --json`, if listed.
-fn original_row(tb: &Testbed, port: u16) -> Option<Value> {
-    let json = tb.daemon().flows_json();
-    let flows: Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
-    let dst = format!("{}:{port}", wan_v4(port).ip());
-    flows["flows"]
-        .as_array()
-        .expect("flows array")
-        .iter()
-        .find(|f| f["dst"] == dst.as_str() && f["direction"] == "original")
-        .cloned()
-}
-
 /// The original direction's row of the connection to `port` in `flows --json`.
 fn flow_row(tb: &Testbed, port: u16) -> Value {
-    original_row(tb, port).unwrap_or_else(|| {
+    tb.daemon().original_flow(port).unwrap_or_else(|| {
         panic!(
             "no original row to port {port} in {}",
             tb.daemon().flows_json()

@@ -50,7 +50,6 @@ pub fn run(c: &mut Command) -> anyhow::Result<()> {
 /// error ([`Failed`]) carries its last stderr lines, where a program says why it failed — the
 /// step summary shows them, as CI cuts the middle of a long output.
 pub fn run_keeping_tail(c: &mut Command) -> anyhow::Result<()> {
-    use std::io::BufRead as _;
     eprintln!("+ {}", display(c));
     let mut child = c
         .stderr(Stdio::piped())
@@ -58,12 +57,11 @@ pub fn run_keeping_tail(c: &mut Command) -> anyhow::Result<()> {
         .with_context(|| format!("cannot start {}", c.get_program().to_string_lossy()))?;
     let mut tail = Tail::default();
     if let Some(err) = child.stderr.take() {
-        for line in std::io::BufReader::new(err).split(b'\n') {
-            let Ok(bytes) = line else { break };
-            let line = String::from_utf8_lossy(&bytes);
+        // A read error ends the echo only; the exit status still decides.
+        let _ = each_line(err, |line| {
             eprintln!("{line}");
-            tail.push(&line);
-        }
+            tail.push(line);
+        });
     }
     let status = child.wait().context("waiting for the command")?;
     if !status.success() {
@@ -73,6 +71,17 @@ pub fn run_keeping_tail(c: &mut Command) -> anyhow::Result<()> {
             tail: tail.indented(),
         }
         .into());
+    }
+    Ok(())
+}
+
+/// Calls `f` with each line of `r`, read as bytes, not with `lines()`: one byte that is not
+/// UTF-8 (a guest console interleaving two writers inside a multi-byte character) must not end
+/// the reading while the command runs on.
+fn each_line(r: impl std::io::Read, mut f: impl FnMut(&str)) -> std::io::Result<()> {
+    use std::io::BufRead as _;
+    for line in std::io::BufReader::new(r).split(b'\n') {
+        f(&String::from_utf8_lossy(&line?));
     }
     Ok(())
 }
@@ -91,28 +100,21 @@ pub fn run_collecting_failures_into(
     c: &mut Command,
     sink: &mut dyn std::io::Write,
 ) -> anyhow::Result<Vec<String>> {
-    use std::io::BufRead as _;
     let _ = writeln!(sink, "+ {}", display(c));
     let mut child = c
         .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("cannot start {}", c.get_program().to_string_lossy()))?;
     let mut output = TestOutput::default();
-    if let Some(out) = child.stdout.take() {
-        // Bytes, not `lines()`: one byte that is not UTF-8 (a guest console interleaving two
-        // writers inside a multi-byte character) must not end the reading while the tests run on.
-        for line in std::io::BufReader::new(out).split(b'\n') {
-            let line = match line {
-                Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(e).context("reading test output");
-                }
-            };
+    if let Some(out) = child.stdout.take()
+        && let Err(e) = each_line(out, |line| {
             let _ = writeln!(sink, "{line}");
-            output.line(&line);
-        }
+            output.line(line);
+        })
+    {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e).context("reading test output");
     }
     let status = child.wait().context("waiting for cargo test")?;
     let failed = output.failures();

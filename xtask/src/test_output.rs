@@ -1,8 +1,8 @@
 //! Reading `cargo test` output (or a guest console running test binaries) line by line: the
 //! tests that failed, each with the first line of its panic message, and the last lines seen,
 //! for a run that failed without naming a test (a crashed test binary, a guest kernel that
-//! panicked); [`Tail`] keeps the last lines of any command. CI shows the head and the tail of a run's output: the step summary at the end
-//! has to say why on its own.
+//! panicked); [`Tail`] keeps the last lines of any command. CI shows the head and the tail of a
+//! run's output: the step summary at the end has to say why on its own.
 
 use std::collections::{HashMap, VecDeque};
 

@@ -82,6 +82,21 @@ impl Daemon {
         self.ctl(&["flows", "--json"]).unwrap_or_else(|e| e)
     }
 
+    /// The original direction's row of a connection to `port` in `flows --json`, if the daemon
+    /// lists one (`None` also while it cannot answer).
+    pub fn original_flow(&self, port: u16) -> Option<serde_json::Value> {
+        let flows: serde_json::Value = serde_json::from_str(&self.flows_json()).ok()?;
+        let suffix = format!(":{port}");
+        flows["flows"]
+            .as_array()?
+            .iter()
+            .find(|f| {
+                f["direction"] == "original"
+                    && f["dst"].as_str().is_some_and(|d| d.ends_with(&suffix))
+            })
+            .cloned()
+    }
+
     /// `fastpath on|off`; panics when it fails or `status` does not reflect it.
     pub fn set_fastpath(&self, on: bool) {
         let word = if on { "on" } else { "off" };

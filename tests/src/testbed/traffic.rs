@@ -95,7 +95,7 @@ impl Transfer {
         let (open, gate) = std::sync::mpsc::channel();
         let t = Self::start_gated(tb, server, plan, Some(gate));
         let listed = super::checks::wait_until(Duration::from_secs(10), || {
-            lists_connection_to(&tb.daemon().flows_json(), server.port())
+            tb.daemon().original_flow(server.port()).is_some()
         });
         assert!(
             listed,
@@ -163,22 +163,6 @@ impl Transfer {
             ),
         }
     }
-}
-
-/// Whether `flows --json` lists the original direction of a connection to `port`.
-fn lists_connection_to(flows_json: &str, port: u16) -> bool {
-    let suffix = format!(":{port}");
-    serde_json::from_str::<serde_json::Value>(flows_json)
-        .ok()
-        .and_then(|v| {
-            v["flows"].as_array().map(|flows| {
-                flows.iter().any(|f| {
-                    f["direction"] == "original"
-                        && f["dst"].as_str().is_some_and(|d| d.ends_with(&suffix))
-                })
-            })
-        })
-        .unwrap_or(false)
 }
 
 /// Sends per `plan`, then shuts down the write side and waits for the server's close. With a

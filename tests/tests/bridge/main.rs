@@ -579,10 +579,11 @@ fn bridge_family_chains_apply_to_offloaded_flows() {
 }
 
 /// A bridge port that refuses native XDP (its host's veth transmits on more queues than the
-/// port receives on, as a port whose NIC has no XDP would): with the default `datapath = "auto"` the TC fast path runs on it and
-/// XDP on the other port. Both hosts' connections are fast-pathed both ways with netfilter
-/// seeing none of it (h2's by TC from p2 to the WAN and by XDP from the WAN into p2, which can
-/// take XDP frames), and with the fast path off the kernel carries them all.
+/// port receives on, as a port whose NIC has no XDP would): with the default
+/// `datapath = "auto"` the TC fast path runs on it and XDP on the other port. Both hosts'
+/// connections are fast-pathed both ways with netfilter seeing none of it (h2's by TC from p2
+/// to the WAN and by XDP from the WAN into p2, which can take XDP frames), and with the fast
+/// path off the kernel carries them all.
 #[test]
 fn a_bridge_port_without_native_xdp_gets_the_tc_fast_path() {
     if !ready("bridge::a_bridge_port_without_native_xdp_gets_the_tc_fast_path") {

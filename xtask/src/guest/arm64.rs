@@ -297,9 +297,8 @@ fn root(priority: Priority, log: Option<fs::File>) -> anyhow::Result<PathBuf> {
         c.args(["--idle", "0", "mmdebstrap"]);
     }
     if let Some(f) = &log {
-        let out = f.try_clone().context("the root's log")?;
         c.stdout(f.try_clone().context("the root's log")?)
-            .stderr(out);
+            .stderr(f.try_clone().context("the root's log")?);
     }
     cmd::run(
         c.args(["--arch=arm64", "--variant=minbase", "--format=directory"])

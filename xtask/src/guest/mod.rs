@@ -9,9 +9,9 @@
 //! back the script's overall status and the skips the tests logged. An amd64 guest that ended
 //! before its script did (a kernel panic, the emulator's exit: [`Unfinished`], with its last
 //! console lines) is booted once more by `cargo xtask test`, which says so in its summary.
-//! The amd64 guest can boot in the background ([`Prepared::boot_beside`]) while the host's privileged tests run: those
-//! leave the CPUs idle nine tenths of the time, and the emulator, at the idle scheduling
-//! class, takes only what they leave.
+//! The amd64 guest can boot in the background ([`Prepared::boot_beside`]) while the host's
+//! privileged tests run: those leave the CPUs idle nine tenths of the time, and the emulator,
+//! at the idle scheduling class, takes only what they leave.
 
 pub mod amd64;
 pub mod arm64;
