@@ -12,12 +12,7 @@ fn mac_address_change_is_followed() {
     }
     let mut tb = Testbed::new("dm");
     tb.start_daemon();
-    let mut macs = Macs {
-        lan_host: mac_of(&tb.lan, HOST_IF),
-        router_lan: mac_of(&tb.router, LAN_IF),
-        wan_host: mac_of(&tb.wan, HOST_IF),
-        router_wan: mac_of(&tb.router, WAN_IF),
-    };
+    let mut macs = oracle::macs_of(&tb);
     let _live = establish(&tb);
     let old = macs.router_lan;
     let new = [0x02, 0, 0, 0, 0x0e, 0x01];

@@ -12,6 +12,7 @@
 //!
 //! Run: `cargo xtask test -- differential` (as root).
 
+mod jumbo;
 mod mac_change;
 mod oracle;
 
@@ -557,7 +558,19 @@ fn moved(a: &Status, b: &Status, iface: &str) -> String {
 
 /// One half: connections, warm-up, corpus, destructive cases, teardown. Returns per case the
 /// frames that arrived and the reasons counted on the router's ingress.
-fn half(tb: &Testbed, macs: &Macs, on: bool) -> BTreeMap<usize, (String, Outcome, String)> {
+/// What one half found: per case number, its name, what arrived and (fast path on) the reasons
+/// whose counters moved on its ingress.
+type Found = BTreeMap<usize, (String, Outcome, String)>;
+
+/// The cases of `corpus` (then, with `destructive`, the FIN/RST/`conntrack -D` cases) with the
+/// fast path `on` or off.
+fn half(
+    tb: &Testbed,
+    macs: &Macs,
+    on: bool,
+    corpus: fn(&Macs) -> Vec<Case>,
+    destructive: bool,
+) -> Found {
     let live = establish(tb);
     tb.daemon().set_fastpath(on);
     let send_lan = Capture::open(&tb.lan, HOST_IF);
@@ -637,9 +650,22 @@ fn half(tb: &Testbed, macs: &Macs, on: bool) -> BTreeMap<usize, (String, Outcome
     for (n, c) in cases.iter().enumerate() {
         results.insert(n, run(c.name.clone(), c.from_lan, &c.frame, &c.marker));
     }
+    if destructive {
+        destructive_cases(tb, macs, &run, cases.len(), &mut results);
+    }
+    teardown(tb, live);
+    results
+}
 
-    // Destructive cases, each followed by a valid packet both ways once things settled.
-    let mut n = cases.len();
+/// The cases that change conntrack state (FIN, RST, `conntrack -D`), numbered from `n`, each
+/// followed by a valid packet both ways once things settled.
+fn destructive_cases(
+    tb: &Testbed,
+    macs: &Macs,
+    run: &dyn Fn(String, bool, &[u8], &[u8]) -> (String, Outcome, String),
+    mut n: usize,
+    results: &mut Found,
+) {
     for c in conns() {
         let t = if c.tcp {
             Transport::Tcp(ACK | PSH)
@@ -697,8 +723,10 @@ fn half(tb: &Testbed, macs: &Macs, on: bool) -> BTreeMap<usize, (String, Outcome
             }
         }
     }
+}
 
-    // Teardown: abort the TCP connections, flush conntrack, wait until nothing is offloaded.
+/// Aborts the TCP connections, flushes conntrack and waits until nothing is offloaded.
+fn teardown(tb: &Testbed, live: Live) {
     for (client, server) in live.tcp {
         drop(server);
         let linger = libc::linger {
@@ -725,5 +753,4 @@ fn half(tb: &Testbed, macs: &Macs, on: bool) -> BTreeMap<usize, (String, Outcome
         st.flows.ipv4 == 0 && st.flows.ipv6 == 0
     });
     assert!(gone, "flows still offloaded after conntrack -F");
-    results
 }

@@ -34,14 +34,30 @@ fn tc_fast_path_forwards_exactly_what_the_kernel_forwards() {
 /// The corpus with the fast path off, then on, on the running daemon: every case must arrive
 /// the same (frames and bytes).
 fn same_with_the_fast_path_off_and_on(tb: &Testbed) {
-    let macs = Macs {
+    the_same_off_and_on(tb, corpus, true);
+}
+
+/// The MAC addresses of the test bed's four veth ends.
+pub(crate) fn macs_of(tb: &Testbed) -> Macs {
+    Macs {
         lan_host: mac_of(&tb.lan, HOST_IF),
         router_lan: mac_of(&tb.router, LAN_IF),
         wan_host: mac_of(&tb.wan, HOST_IF),
         router_wan: mac_of(&tb.router, WAN_IF),
-    };
-    let off = half(tb, &macs, false);
-    let on = half(tb, &macs, true);
+    }
+}
+
+/// The cases of `corpus` (and, with `destructive`, those that change conntrack state) with the
+/// fast path off, then on, on the running daemon: every case must arrive the same (frames and
+/// bytes). Returns what the fast-path-on half found (with the reasons counted per case).
+pub(crate) fn the_same_off_and_on(
+    tb: &Testbed,
+    corpus: fn(&Macs) -> Vec<Case>,
+    destructive: bool,
+) -> Found {
+    let macs = macs_of(tb);
+    let off = half(tb, &macs, false, corpus, destructive);
+    let on = half(tb, &macs, true, corpus, destructive);
 
     let summary = |o: &Outcome| {
         if o.frames.is_empty() {
@@ -92,4 +108,5 @@ fn same_with_the_fast_path_off_and_on(tb: &Testbed) {
         differ.len(),
         off.len()
     );
+    on
 }
