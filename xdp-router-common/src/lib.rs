@@ -139,6 +139,15 @@ pub const FLOW_F_REPLY: u32 = 1 << 0;
 /// because the daemon has not read conntrack's events yet) is disarmed and never armed again.
 /// The daemon's next write of the entry (the new connection's, once established) clears it.
 pub const FLOW_F_STALE: u32 = 1 << 1;
+/// A direction of a connection the daemon found in conntrack at its start and that has not
+/// carried traffic since: it has no arming index entry (and a TCP connection no "be liberal"
+/// mark in conntrack), so the kernel cannot arm it and the fast path never forwards it. The
+/// fast path records the connection in the active map (`MAP_ACTIVE_V4` / `MAP_ACTIVE_V6`) when
+/// it sees a packet of its original direction; the keep-alive then refreshes it (marking a
+/// TCP one liberal), writes its arming index entries and clears this flag, and the next
+/// packet the kernel forwards arms the direction. A router's table at start is mostly idle
+/// connections: they cost two map entries each, and no mark, until they carry traffic.
+pub const FLOW_F_AWAITING_TRAFFIC: u32 = 1 << 2;
 
 /// Traffic counters of one flow direction, updated atomically by the datapath.
 #[repr(C)]

@@ -14,6 +14,10 @@
 //! (stamped by `stamp.rs` at TC ingress) says whether the kernel's rules rewrote it
 //! (`FLOW_DSCP_REWRITTEN`), which XDP may then apply itself (see `flow::check_dscp`).
 //!
+//! A direction found at the daemon's start that has not carried traffic since
+//! (`FLOW_F_AWAITING_TRAFFIC`) has no arming index entry, so it is not found here; should it
+//! be, it is not armed either (a TCP one is not marked "be liberal" in conntrack yet).
+//!
 //! A TCP SYN the kernel forwards opens a new connection: if its tuple finds an entry, that
 //! entry is a closed connection's whose removal the daemon has not caught up with yet. The SYN
 //! disarms it and marks it stale (`FLOW_F_STALE`), so the new connection's packets are never
@@ -37,8 +41,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, FASTPATH_TC_INDEX, FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN, FLOW_F_STALE,
-    FLOW_TTL_KNOWN, FlowCounters, SETTINGS_F_FIB_MARK,
+    ArmKeyV4, ArmKeyV6, FASTPATH_TC_INDEX, FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN,
+    FLOW_F_AWAITING_TRAFFIC, FLOW_F_STALE, FLOW_TTL_KNOWN, FlowCounters, SETTINGS_F_FIB_MARK,
     parse::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP, IPPROTO_UDP},
     stamped_dscp, verdict_tick,
 };
@@ -161,7 +165,8 @@ struct ArmFields {
 
 /// Writes the arming into a flow entry's `armed_generation`, `armed_at` (now), `fib_mark`,
 /// `kernel_dscp` and `kernel_ttl` (`dscp`, `ttl`: what this packet leaves with). A direction with a mark the FIB
-/// lookup cannot take is left unarmed (XDP counts it as `fib_mark_unsupported`).
+/// lookup cannot take is left unarmed (XDP counts it as `fib_mark_unsupported`), and so is a
+/// direction still awaiting traffic (`FLOW_F_AWAITING_TRAFFIC`).
 #[inline(always)]
 fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
     let ArmFields {
@@ -210,6 +215,11 @@ fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
             addr_of_mut!((*counters).kernel_bytes),
             fwd.ip_bytes,
         );
+        if f & FLOW_F_AWAITING_TRAFFIC != 0 {
+            // Not before the keep-alive took the connection in (a TCP one marked liberal:
+            // conntrack would judge the fast path's packets by a strict window).
+            return;
+        }
         if mark != fwd.mark {
             write_volatile(fib_generation, 0);
         }

@@ -13,10 +13,10 @@ use core::{
 
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use xdp_router_common::{
-    FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN, FLOW_F_REPLY, FLOW_TTL_KNOWN, FlowCounters,
-    IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_PORT_NOT_FORWARDING,
-    IFACE_F_PPPOE_LOWER, IFACE_F_VLAN_PARENT, IfaceInfo, Reason, SETTINGS_F_DSCP_REWRITE,
-    SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL,
+    FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN, FLOW_F_AWAITING_TRAFFIC, FLOW_F_REPLY, FLOW_TTL_KNOWN,
+    FlowCounters, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK,
+    IFACE_F_PORT_NOT_FORWARDING, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN_PARENT, IfaceInfo, Reason,
+    SETTINGS_F_DSCP_REWRITE, SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL,
     checksum::{combine, diff16, fold},
     parse::{
         ETH_HLEN, ETH_P_PPP_SES, IPPROTO_TCP, IPPROTO_UDP, L3, PPPOE_HLEN, VLAN_HLEN, check_tcp,
@@ -426,7 +426,24 @@ fn try_forward_ip<F: Family, P: Packet>(
     let flags = fields.flags;
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    let mark = check_armed(&fields, cache, verdict_tick(now))?;
+    let mark = match check_armed(&fields, cache, verdict_tick(now)) {
+        Ok(mark) => mark,
+        Err(reason) => {
+            if flags & (FLOW_F_AWAITING_TRAFFIC | FLOW_F_REPLY) == FLOW_F_AWAITING_TRAFFIC {
+                // The original direction of a connection found in conntrack at the daemon's
+                // start that has carried no traffic since (no arming index entry, and a TCP
+                // one not marked liberal: the kernel cannot arm it, so this packet goes to the
+                // kernel as `awaiting_kernel_verdict`). Its connection is recorded as active
+                // (the key without its ingress is the original tuple): the keep-alive's next
+                // pass takes it in, after which the kernel arms it. Only this direction
+                // records it: a TCP connection that carries traffic sends this way too (its
+                // ACKs), and a UDP one waits for its client. Off the path of armed packets.
+                F::to_active_key(&mut key, &nat, false);
+                let _ = F::active().insert(&key, &0, 0);
+            }
+            return Err(reason);
+        }
+    };
     check_dscp(fields.kernel_dscp, F::dscp(&h), cache)?;
     check_ttl(fields.kernel_ttl, h.ttl)?;
     // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.

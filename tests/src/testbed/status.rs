@@ -138,6 +138,10 @@ pub struct ConntrackSummary {
     pub offloaded_total: u64,
     /// Connections taken back from the fast path since start.
     pub removed_total: u64,
+    /// TCP connections found at start that the keep-alive marked "be liberal" once they
+    /// carried traffic.
+    #[serde(default)]
+    pub joined_on_traffic: u64,
     /// Connections considered but not offloaded (or withdrawn), by reason.
     pub skipped: std::collections::BTreeMap<String, u64>,
 }

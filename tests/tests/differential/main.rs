@@ -657,12 +657,16 @@ fn half(
     results
 }
 
+/// Sends one case's frame and collects what arrived: `(name, from_lan, frame, marker)` to
+/// `(name, outcome, reasons)`.
+type RunCase<'a> = dyn Fn(String, bool, &[u8], &[u8]) -> (String, Outcome, String) + 'a;
+
 /// The cases that change conntrack state (FIN, RST, `conntrack -D`), numbered from `n`, each
 /// followed by a valid packet both ways once things settled.
 fn destructive_cases(
     tb: &Testbed,
     macs: &Macs,
-    run: &dyn Fn(String, bool, &[u8], &[u8]) -> (String, Outcome, String),
+    run: &RunCase<'_>,
     mut n: usize,
     results: &mut Found,
 ) {

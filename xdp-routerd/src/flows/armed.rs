@@ -32,7 +32,13 @@ impl FlowManager {
                 let Some(conn) = self.get(&e.orig) else {
                     return false;
                 };
-                let plan = Plan::new(&e.orig, &conn.reply, conn.ingress[0], conn.ingress[1]);
+                let plan = Plan::new(
+                    &e.orig,
+                    &conn.reply,
+                    conn.ingress[0],
+                    conn.ingress[1],
+                    conn.awaiting_traffic,
+                );
                 plan.keys.iter().any(|key| match key {
                     DirKey::V4(k) => table.get_v4(k).is_some_and(|v| v.armed_at != 0),
                     DirKey::V6(k) => table.get_v6(k).is_some_and(|v| v.armed_at != 0),

@@ -1,12 +1,14 @@
 //! The map entries of one connection: a flow direction per way (keyed by ingress interface,
-//! with its NAT rewrite and checksum differences) and its arming index entry, built as a
-//! [`Plan`], written and removed through [`FlowTable`].
+//! with its NAT rewrite and checksum differences) and its arming index entry (written once the
+//! connection is marked liberal), built as a [`Plan`], written and removed through
+//! [`FlowTable`].
 
 use std::net::IpAddr;
 
 use aya::maps::MapError;
 use xdp_router_common::{
-    ArmKeyV4, ArmKeyV6, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
+    ArmKeyV4, ArmKeyV6, FLOW_F_AWAITING_TRAFFIC, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4,
+    FlowKeyV6, FlowV4, FlowV6,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -64,6 +66,10 @@ pub(super) struct Plan {
     pub(super) keys: [DirKey; 2],
     pub(super) arms: [ArmKey; 2],
     pub(super) values: PlanValues,
+    /// A connection found at the daemon's start, awaiting traffic (`FLOW_F_AWAITING_TRAFFIC`):
+    /// its arming index entries are not written (nothing may arm it), only its flow entries,
+    /// where the fast path finds its packets and records the connection for the keep-alive.
+    pub(super) awaiting_traffic: bool,
 }
 
 /// One direction: packets `from` arrive on `ifindex` and leave rewritten as `to`.
@@ -75,14 +81,20 @@ struct Dir<'a> {
     to_dst: IpAddr,
     to_dport: u16,
     reply: bool,
+    /// Awaiting traffic (`FLOW_F_AWAITING_TRAFFIC`).
+    awaiting_traffic: bool,
 }
 
 impl Plan {
+    /// The entries of a connection with these tuples and `[original, reply]` ingresses;
+    /// `awaiting_traffic`: a connection found at the daemon's start that has carried no traffic
+    /// since, whose directions the kernel must not arm yet (`FLOW_F_AWAITING_TRAFFIC`).
     pub(super) fn new(
         orig: &CtTuple,
         reply: &CtTuple,
         ingress_orig: u32,
         ingress_reply: u32,
+        awaiting_traffic: bool,
     ) -> Plan {
         // Original direction A:a -> B:b leaves as A':a' -> B':b' where the reply tuple is
         // B':b' -> A':a'; the reply direction is the mirror image.
@@ -95,6 +107,7 @@ impl Plan {
                 to_dst: reply.src,
                 to_dport: reply.sport,
                 reply: false,
+                awaiting_traffic,
             },
             Dir {
                 ifindex: ingress_reply,
@@ -104,6 +117,7 @@ impl Plan {
                 to_dst: orig.src,
                 to_dport: orig.sport,
                 reply: true,
+                awaiting_traffic,
             },
         ];
         match (orig.src, orig.dst) {
@@ -114,6 +128,7 @@ impl Plan {
                     keys: [DirKey::V4(a.0), DirKey::V4(b.0)],
                     arms: [ArmKey::V4(a.2), ArmKey::V4(b.2)],
                     values: PlanValues::V4([a, b]),
+                    awaiting_traffic,
                 }
             }
             _ => {
@@ -123,6 +138,7 @@ impl Plan {
                     keys: [DirKey::V6(a.0), DirKey::V6(b.0)],
                     arms: [ArmKey::V6(a.2), ArmKey::V6(b.2)],
                     values: PlanValues::V6([a, b]),
+                    awaiting_traffic,
                 }
             }
         }
@@ -134,17 +150,11 @@ impl Plan {
             PlanValues::V4(es) => es
                 .iter()
                 .try_for_each(|(k, v, _)| table.insert_v4(k, v))
-                .and_then(|()| {
-                    es.iter()
-                        .try_for_each(|(k, _, a)| table.insert_arm_v4(a, k))
-                }),
+                .and_then(|()| self.write_arms(table)),
             PlanValues::V6(es) => es
                 .iter()
                 .try_for_each(|(k, v, _)| table.insert_v6(k, v))
-                .and_then(|()| {
-                    es.iter()
-                        .try_for_each(|(k, _, a)| table.insert_arm_v6(a, k))
-                }),
+                .and_then(|()| self.write_arms(table)),
         };
         res.map_err(|e| {
             // Undo a half-written connection.
@@ -155,6 +165,23 @@ impl Plan {
                 Skip::MapError
             }
         })
+    }
+}
+
+impl Plan {
+    /// The arming index entries of both directions (none while awaiting traffic).
+    pub(super) fn write_arms(&self, table: &mut impl FlowTable) -> Result<(), MapError> {
+        if self.awaiting_traffic {
+            return Ok(());
+        }
+        match &self.values {
+            PlanValues::V4(es) => es
+                .iter()
+                .try_for_each(|(k, _, a)| table.insert_arm_v4(a, k)),
+            PlanValues::V6(es) => es
+                .iter()
+                .try_for_each(|(k, _, a)| table.insert_arm_v6(a, k)),
+        }
     }
 }
 
@@ -192,7 +219,13 @@ pub fn raw_v6(a: IpAddr) -> [u32; 4] {
 }
 
 fn flags(d: &Dir<'_>) -> u32 {
-    if d.reply { FLOW_F_REPLY } else { 0 }
+    let reply = if d.reply { FLOW_F_REPLY } else { 0 };
+    let awaiting_traffic = if d.awaiting_traffic {
+        FLOW_F_AWAITING_TRAFFIC
+    } else {
+        0
+    };
+    reply | awaiting_traffic
 }
 
 fn v4_entry(d: &Dir<'_>) -> (FlowKeyV4, FlowV4, ArmKeyV4) {

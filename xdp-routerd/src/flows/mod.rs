@@ -288,7 +288,13 @@ impl FlowManager {
         let Some(conn) = self.take(orig) else {
             return false;
         };
-        let plan = Plan::new(orig, &conn.reply, conn.ingress[0], conn.ingress[1]);
+        let plan = Plan::new(
+            orig,
+            &conn.reply,
+            conn.ingress[0],
+            conn.ingress[1],
+            conn.awaiting_traffic,
+        );
         if keep_counts {
             let lan = self.lan_hosts(orig, &conn.reply, conn.ingress);
             self.ledger

@@ -90,7 +90,7 @@ impl Packed for TupleV6 {
 
 /// What the manager keeps per offloaded connection besides its original tuple (the map key):
 /// enough to rebuild its map entries, to refresh or re-check it, and to tell it from a later
-/// connection on the same tuple. 32 bytes for IPv4.
+/// connection on the same tuple. 36 bytes for IPv4.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Stored<T> {
     pub(super) reply: T,
@@ -104,6 +104,25 @@ pub(super) struct Stored<T> {
     pub(super) zone: u16,
     /// `[original, reply]` ingress interfaces.
     pub(super) ingress: [u32; 2],
+    /// A connection found in conntrack at the daemon's start that has carried no traffic
+    /// since: its entries carry `FLOW_F_AWAITING_TRAFFIC` until the keep-alive takes it in (see
+    /// [`FlowManager::joined_on_traffic`](super::FlowManager::joined_on_traffic)).
+    pub(super) awaiting_traffic: bool,
+}
+
+impl<T> Stored<T> {
+    /// The same, with the reply tuple converted (packed or unpacked).
+    fn with_reply<U>(self, reply: impl FnOnce(T) -> U) -> Stored<U> {
+        Stored {
+            reply: reply(self.reply),
+            id: self.id,
+            status: self.status,
+            mark: self.mark,
+            zone: self.zone,
+            ingress: self.ingress,
+            awaiting_traffic: self.awaiting_traffic,
+        }
+    }
 }
 
 /// The offloaded connections of one family, by original tuple.
@@ -118,14 +137,7 @@ impl<T> Default for Conns<T> {
 impl<T: Packed> Conns<T> {
     pub(super) fn get(&self, orig: &CtTuple) -> Option<Stored<CtTuple>> {
         let s = self.0.get(&T::pack(orig)?)?;
-        Some(Stored {
-            reply: s.reply.unpack(),
-            id: s.id,
-            status: s.status,
-            mark: s.mark,
-            zone: s.zone,
-            ingress: s.ingress,
-        })
+        Some(s.with_reply(|r| r.unpack()))
     }
     /// Stores `s` under `orig`; returns what it replaced, and whether it was stored (both
     /// tuples of this family).
@@ -137,52 +149,17 @@ impl<T: Packed> Conns<T> {
         let (Some(k), Some(reply)) = (T::pack(orig), T::pack(&s.reply)) else {
             return (None, false);
         };
-        let old = self.0.insert(
-            k,
-            Stored {
-                reply,
-                id: s.id,
-                status: s.status,
-                mark: s.mark,
-                zone: s.zone,
-                ingress: s.ingress,
-            },
-        );
-        let old = old.map(|s| Stored {
-            reply: s.reply.unpack(),
-            id: s.id,
-            status: s.status,
-            mark: s.mark,
-            zone: s.zone,
-            ingress: s.ingress,
-        });
-        (old, true)
+        let old = self.0.insert(k, s.with_reply(|_| reply));
+        (old.map(|s| s.with_reply(|r| r.unpack())), true)
     }
     pub(super) fn remove(&mut self, orig: &CtTuple) -> Option<Stored<CtTuple>> {
         let s = self.0.remove(&T::pack(orig)?)?;
-        Some(Stored {
-            reply: s.reply.unpack(),
-            id: s.id,
-            status: s.status,
-            mark: s.mark,
-            zone: s.zone,
-            ingress: s.ingress,
-        })
+        Some(s.with_reply(|r| r.unpack()))
     }
     pub(super) fn iter(&self) -> impl Iterator<Item = (CtTuple, Stored<CtTuple>)> + '_ {
-        self.0.iter().map(|(k, s)| {
-            (
-                k.unpack(),
-                Stored {
-                    reply: s.reply.unpack(),
-                    id: s.id,
-                    status: s.status,
-                    mark: s.mark,
-                    zone: s.zone,
-                    ingress: s.ingress,
-                },
-            )
-        })
+        self.0
+            .iter()
+            .map(|(k, s)| (k.unpack(), s.with_reply(|r| r.unpack())))
     }
 }
 
@@ -223,7 +200,13 @@ impl Stored<CtTuple> {
     }
 
     pub(super) fn offloaded(&self, orig: CtTuple, lan: LanHosts, carried: DirTraffic) -> Offloaded {
-        let plan = Plan::new(&orig, &self.reply, self.ingress[0], self.ingress[1]);
+        let plan = Plan::new(
+            &orig,
+            &self.reply,
+            self.ingress[0],
+            self.ingress[1],
+            self.awaiting_traffic,
+        );
         Offloaded {
             entry: self.entry(orig),
             keys: plan.keys,

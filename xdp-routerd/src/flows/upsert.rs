@@ -61,7 +61,13 @@ impl FlowManager {
         table: &mut impl FlowTable,
         paths: &impl PathOracle,
     ) -> Upsert {
-        let plan = match self.plan(&entry, paths) {
+        // A connection awaiting traffic stays so when its entries are rewritten (a route
+        // change): only the keep-alive takes it in. A new connection on the tuple is not
+        // awaiting (a TCP one was marked by the caller, see `would_add`).
+        let awaiting_traffic = self
+            .get(&entry.orig)
+            .is_some_and(|c| c.awaiting_traffic && c.is_same_conn(&entry));
+        let plan = match self.plan(&entry, paths, awaiting_traffic) {
             Ok(plan) => plan,
             Err(skip) => {
                 self.remove(&entry.orig, table);
@@ -78,6 +84,7 @@ impl FlowManager {
             mark: entry.mark,
             zone: entry.zone,
             ingress: plan.ingress,
+            awaiting_traffic,
         };
         if let Some(existing) = self.get(&entry.orig)
             && existing.reply == stored.reply
@@ -120,12 +127,14 @@ impl FlowManager {
     /// (a full map), their entries are removed and each goes through [`FlowManager::upsert`].
     /// The other entries go through [`FlowManager::upsert`] after them (entries of a dump are
     /// distinct connections, so their order does not matter; a repeated tuple comes after the
-    /// first, as in the dump).
+    /// first, as in the dump). With `awaiting_traffic`, the connections written here await
+    /// traffic (the daemon's start: see [`Stored::awaiting_traffic`]).
     pub fn upsert_many(
         &mut self,
         entries: &[CtEntry],
         table: &mut impl FlowTable,
         paths: &impl PathOracle,
+        awaiting_traffic: bool,
     ) {
         let mut fresh: Vec<(&CtEntry, Plan)> = Vec::with_capacity(entries.len());
         let mut rest: Vec<&CtEntry> = Vec::new();
@@ -133,7 +142,7 @@ impl FlowManager {
         for e in entries {
             if self.get(&e.orig).is_none()
                 && seen.insert(e.orig)
-                && let Ok(plan) = self.plan(e, paths)
+                && let Ok(plan) = self.plan(e, paths, awaiting_traffic)
             {
                 fresh.push((e, plan));
             } else {
@@ -142,14 +151,20 @@ impl FlowManager {
         }
         let (mut f4, mut a4, mut f6, mut a6) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (_, plan) in &fresh {
+            // A connection awaiting traffic gets no arming index entries (see
+            // `Plan::awaiting_traffic`).
             match &plan.values {
                 PlanValues::V4(es) => {
                     f4.extend(es.iter().map(|(k, v, _)| (*k, *v)));
-                    a4.extend(es.iter().map(|(k, _, a)| (*a, *k)));
+                    if !plan.awaiting_traffic {
+                        a4.extend(es.iter().map(|(k, _, a)| (*a, *k)));
+                    }
                 }
                 PlanValues::V6(es) => {
                     f6.extend(es.iter().map(|(k, v, _)| (*k, *v)));
-                    a6.extend(es.iter().map(|(k, _, a)| (*a, *k)));
+                    if !plan.awaiting_traffic {
+                        a6.extend(es.iter().map(|(k, _, a)| (*a, *k)));
+                    }
                 }
             }
         }
@@ -168,6 +183,7 @@ impl FlowManager {
                     mark: e.mark,
                     zone: e.zone,
                     ingress: plan.ingress,
+                    awaiting_traffic,
                 };
                 self.insert(&e.orig, &stored);
             } else {
@@ -202,7 +218,7 @@ impl FlowManager {
     /// (INVALID: not de-NATed, answered by the router's own stack with a reset).
     pub fn would_add(&self, entry: &CtEntry, paths: &impl PathOracle) -> bool {
         // As in `upsert`: the same reply tuple and ingresses mean the same map entries.
-        self.plan(entry, paths).is_ok_and(|plan| {
+        self.plan(entry, paths, false).is_ok_and(|plan| {
             self.get(&entry.orig).is_none_or(|c| {
                 c.reply != entry.reply || c.ingress != plan.ingress || !c.is_same_conn(entry)
             })
@@ -212,7 +228,7 @@ impl FlowManager {
     /// Whether [`FlowManager::upsert`] would offload `entry` were it not offloaded yet (after
     /// a DESTROY of the same tuple earlier in a batch: a new connection on the same ports).
     pub fn would_add_anew(&self, entry: &CtEntry, paths: &impl PathOracle) -> bool {
-        self.plan(entry, paths).is_ok()
+        self.plan(entry, paths, false).is_ok()
     }
 
     /// The parked TCP connections among `snapshot` that [`FlowManager::revalidate`] would
@@ -233,7 +249,12 @@ impl FlowManager {
             .collect()
     }
 
-    fn plan(&self, entry: &CtEntry, paths: &impl PathOracle) -> Result<Plan, Skip> {
+    fn plan(
+        &self,
+        entry: &CtEntry,
+        paths: &impl PathOracle,
+        awaiting_traffic: bool,
+    ) -> Result<Plan, Skip> {
         entry.offload_decision().map_err(|_| Skip::NotEstablished)?;
         let (orig, reply) = (&entry.orig, &entry.reply);
         let ingress_orig = paths.ingress_for(orig.src).ok_or(Skip::PathNotManaged)?;
@@ -251,6 +272,12 @@ impl FlowManager {
         if reply.dst != orig.src && !paths.is_local(reply.dst) {
             return Err(Skip::NatAddressGone);
         }
-        Ok(Plan::new(orig, reply, ingress_orig, ingress_reply))
+        Ok(Plan::new(
+            orig,
+            reply,
+            ingress_orig,
+            ingress_reply,
+            awaiting_traffic,
+        ))
     }
 }

@@ -55,5 +55,12 @@ pub(super) fn encode(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt:
         None,
         [(vec![], ct.refreshes)],
     )?;
+    counters(
+        enc,
+        "conntrack_joined_on_traffic",
+        "Connections found in conntrack at start that the keep-alive took in once they carried traffic (a TCP one marked \"be liberal\"); until then the fast path leaves them to the kernel.",
+        None,
+        [(vec![], ct.joined_on_traffic)],
+    )?;
     Ok(())
 }

@@ -114,6 +114,7 @@ fn sample_status() -> Status {
             offloaded_total: 9,
             removed_total: 5,
             refreshes: 77,
+            joined_on_traffic: 8,
             errors: 1,
             decode_errors: 2,
             skipped: BTreeMap::from([(crate::flows::Skip::NotEstablished, 3)]),
@@ -279,6 +280,10 @@ fn encodes_every_family_with_values_from_the_status() {
         1.25
     );
     assert_eq!(value(&t, "xdp_router_conntrack_refreshes_total"), 77.0);
+    assert_eq!(
+        value(&t, "xdp_router_conntrack_joined_on_traffic_total"),
+        8.0
+    );
     assert_eq!(value(&t, "xdp_router_fib_cache_invalidations_total"), 6.0);
     assert_eq!(value(&t, "xdp_router_fib_cache_max_age_seconds"), 0.1);
     assert_eq!(value(&t, "xdp_router_verdict_max_age_seconds"), 1.0);

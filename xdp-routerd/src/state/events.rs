@@ -54,9 +54,16 @@ impl<D: FlowTable> State<D> {
     }
 
     /// Applies one chunk of a resync's dump with routes already looked up (see
-    /// [`crate::flows::FlowManager::upsert_many`]).
-    pub fn resync_upsert(&mut self, chunk: &[CtEntry], paths: &impl PathOracle) {
-        self.flows.upsert_many(chunk, &mut self.dp, paths);
+    /// [`crate::flows::FlowManager::upsert_many`]); `awaiting_traffic`: its connections await
+    /// traffic (the start-up resync, see `FLOW_F_AWAITING_TRAFFIC`).
+    pub fn resync_upsert(
+        &mut self,
+        chunk: &[CtEntry],
+        paths: &impl PathOracle,
+        awaiting_traffic: bool,
+    ) {
+        self.flows
+            .upsert_many(chunk, &mut self.dp, paths, awaiting_traffic);
     }
 
     /// Counts a finished resync that took `ms`.
@@ -82,14 +89,23 @@ impl<D: FlowTable> State<D> {
     }
 
     /// Records a keep-alive pass: `refreshed` conntrack timeouts, `errors` failed refreshes,
-    /// and the connections conntrack no longer has (`gone`: their DESTROY was missed), taken
-    /// back.
-    pub fn keepalive_done(&mut self, refreshed: u64, errors: u64, gone: Vec<Active>) {
+    /// the connections conntrack no longer has (`gone`: their DESTROY was missed), taken
+    /// back, and those refreshed (`refreshed_ok`), among which the ones found at start join
+    /// the fast path (see [`crate::flows::FlowManager::joined_on_traffic`]).
+    pub fn keepalive_done(
+        &mut self,
+        refreshed: u64,
+        errors: u64,
+        gone: Vec<Active>,
+        refreshed_ok: &[CtTuple],
+    ) {
         self.ct.refreshes += refreshed;
         self.ct.errors += errors;
         for e in gone {
             self.flows.forget(&e.orig, &mut self.dp);
         }
+        self.ct.joined_on_traffic +=
+            self.flows.joined_on_traffic(refreshed_ok, &mut self.dp) as u64;
     }
 
     /// The TCP connections among `entries` that applying them would offload (newly, or on another

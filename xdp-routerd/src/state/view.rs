@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use xdp_router_common::Reason;
+use xdp_router_common::{FLOW_F_AWAITING_TRAFFIC, Reason};
 
 use super::{
     Managed, State,
@@ -357,12 +357,20 @@ impl State<Datapath> {
                 } else {
                     (&e.reply, e.orig.dst, e.orig.dport, e.orig.src, e.orig.sport)
                 };
-                let (ifindex, family, counters) = match key {
-                    DirKey::V4(k) => (k.ifindex, "ipv4", self.dp.get_v4(k).map(|v| v.counters)),
-                    DirKey::V6(k) => (k.ifindex, "ipv6", self.dp.get_v6(k).map(|v| v.counters)),
+                let (ifindex, family, value) = match key {
+                    DirKey::V4(k) => (
+                        k.ifindex,
+                        "ipv4",
+                        self.dp.get_v4(k).map(|v| (v.counters, v.flags)),
+                    ),
+                    DirKey::V6(k) => (
+                        k.ifindex,
+                        "ipv6",
+                        self.dp.get_v6(k).map(|v| (v.counters, v.flags)),
+                    ),
                 };
                 // Removed since it was listed (see `Shared::flows`): left out.
-                let Some(c) = counters else {
+                let Some((c, flags)) = value else {
                     continue;
                 };
                 let merged = merge(conn.carried[i] + Traffic::from(c), ct.map(|ct| ct[i]));
@@ -381,6 +389,7 @@ impl State<Datapath> {
                     total: merged.total,
                     idle_ms: (c.last_seen_ns != 0)
                         .then(|| now.saturating_sub(c.last_seen_ns) / 1_000_000),
+                    awaiting_traffic: flags & FLOW_F_AWAITING_TRAFFIC != 0,
                 });
             }
         }

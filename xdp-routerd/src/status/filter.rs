@@ -109,6 +109,7 @@ mod tests {
             conntrack: None,
             total: Default::default(),
             idle_ms: None,
+            awaiting_traffic: false,
         }
     }
 

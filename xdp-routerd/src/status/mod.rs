@@ -378,6 +378,10 @@ pub struct ConntrackStatus {
     pub removed_total: u64,
     /// Conntrack timeout refreshes sent by the keep-alive.
     pub refreshes: u64,
+    /// Connections found in conntrack at start that the keep-alive took in once they carried
+    /// traffic (a TCP one marked "be liberal"), after which the kernel may arm them.
+    #[serde(default)]
+    pub joined_on_traffic: u64,
     /// ctnetlink errors (failed dumps, refreshes, socket errors).
     pub errors: u64,
     /// Conntrack event messages that could not be decoded (skipped; their connections stay
@@ -417,6 +421,11 @@ pub struct FlowRow {
     pub total: Traffic,
     /// Milliseconds since the fast path last forwarded a packet of it; null if never.
     pub idle_ms: Option<u64>,
+    /// A connection found in conntrack at the daemon's start that has not carried traffic
+    /// since: the kernel forwards it until the keep-alive takes it in (a pass after its first
+    /// packet; a TCP one is marked "be liberal" then).
+    #[serde(default)]
+    pub awaiting_traffic: bool,
 }
 
 /// `flows --json`.

@@ -188,10 +188,13 @@ impl Flows {
             "IDLE"
         );
         for f in &self.flows {
-            let idle = f
-                .idle_ms
-                .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
-                .unwrap_or("-".into());
+            let idle = if f.awaiting_traffic {
+                "start*".to_owned()
+            } else {
+                f.idle_ms
+                    .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
+                    .unwrap_or("-".into())
+            };
             let (ct_packets, ct_bytes) = f.conntrack.map_or(("-".into(), "-".into()), |c| {
                 (c.packets.to_string(), c.bytes.to_string())
             });
@@ -220,6 +223,14 @@ impl Flows {
              forwarded); PACKETS/BYTES: both, what conntrack would count without the fast path \
              (bytes: IP datagram lengths)"
         );
+        if self.flows.iter().any(|f| f.awaiting_traffic) {
+            let _ = writeln!(
+                s,
+                "start*: a TCP connection found at the daemon's start, idle since: the kernel \
+                 forwards it until its first packet, after which the keep-alive marks it \
+                 \"be liberal\" in conntrack and the fast path takes it"
+            );
+        }
         if let Some(note) = &self.conntrack_note {
             let _ = writeln!(s, "no conntrack counters: {note}");
         }
@@ -250,6 +261,7 @@ mod tests {
             conntrack: ct,
             total: fp + ct.unwrap_or_default(),
             idle_ms: Some(400),
+            awaiting_traffic: false,
         };
         let flows = Flows {
             flows: vec![

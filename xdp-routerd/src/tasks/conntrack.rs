@@ -284,9 +284,14 @@ pub async fn mark(shared: &Shared, ct: &mut CtNetlink, entries: &[CtEntry]) {
     }
 }
 
-/// Makes the flow maps match a fresh conntrack dump (at start and after an overrun), marking
-/// the TCP connections it offloads "be liberal" before their flows are written. Returns those
-/// connections (to be marked again after arming).
+/// Makes the flow maps match a fresh conntrack dump (at start and after an overrun). After an
+/// overrun, the TCP connections it offloads are marked "be liberal" before their flows are
+/// written, and returned (to be marked again after arming). At start (nothing offloaded yet)
+/// none is marked and no arming index entry is written: their flows await traffic
+/// (`FLOW_F_AWAITING_TRAFFIC`), which the kernel cannot arm, and the keep-alive takes each in
+/// (marking a TCP one) once it carries traffic. A router's table at start is mostly idle
+/// connections: marking a million of them and indexing them for arming took as long as the
+/// rest of the start-up.
 pub async fn resync(
     shared: &Shared,
     lookup: &mut RouteLookup,
@@ -307,6 +312,8 @@ pub async fn resync(
         }
         present
     };
+    // At start nothing is known (`present` is None): the connections await traffic.
+    let awaiting_traffic = present.is_none();
     let (paths, generation) = resolve_fresh(shared, lookup, &dump.iter().collect::<Vec<_>>()).await;
     let looked_up_ms = started.elapsed().as_millis() as u64;
     let (removed, before) = {
@@ -314,16 +321,18 @@ pub async fn resync(
         let before = s.flows().stats().offloaded_total;
         (s.resync_remove_absent(present.as_ref(), &dump), before)
     };
-    // In chunks, so status, metrics and the other tasks get the lock in between; the TCP
-    // connections of each chunk are marked liberal before it is applied.
+    // In chunks, so status, metrics and the other tasks get the lock in between; after an
+    // overrun, the TCP connections of each chunk are marked liberal before it is applied.
     let (mut mark_time, mut write_time) = (Duration::ZERO, Duration::ZERO);
     for chunk in dump.chunks(APPLY_CHUNK) {
+        if !awaiting_traffic {
+            let t = Instant::now();
+            let marked = shared.lock().tcp_to_offload(chunk, &paths);
+            mark(shared, ct, &marked).await;
+            mark_time += t.elapsed();
+        }
         let t = Instant::now();
-        let marked = shared.lock().tcp_to_offload(chunk, &paths);
-        mark(shared, ct, &marked).await;
-        mark_time += t.elapsed();
-        let t = Instant::now();
-        shared.lock().resync_upsert(chunk, &paths);
+        shared.lock().resync_upsert(chunk, &paths, awaiting_traffic);
         write_time += t.elapsed();
         tokio::task::yield_now().await;
     }
@@ -350,7 +359,8 @@ pub async fn resync(
     // The lookups' memory and what the tables left behind growing, back to the kernel.
     drop(paths);
     release_freed_memory();
-    if added == 0 {
+    if added == 0 || awaiting_traffic {
+        // Connections awaiting traffic are not armed before the keep-alive takes them in.
         return Ok(JustOffloaded::default());
     }
     // Only the TCP connections this resync wrote: the others were marked again after their

@@ -1,6 +1,8 @@
 //! Keep-alive: the kernel sees no packet of a connection the fast path carries, so its conntrack
 //! timeout is refreshed (over ctnetlink, no lock held) for every connection that carried traffic
-//! since the previous pass; TCP ones are re-marked "be liberal" in the same message.
+//! since the previous pass; TCP ones are re-marked "be liberal" in the same message. A
+//! connection found at start is taken in here once it carries traffic through the kernel (a
+//! TCP one marked for the first time), see [`xdp_router_common::FLOW_F_AWAITING_TRAFFIC`].
 
 use std::{sync::Arc, time::Duration};
 
@@ -51,6 +53,7 @@ pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> 
         let mut refreshed = 0u64;
         let mut errors = 0u64;
         let mut gone = Vec::new();
+        let mut ok = Vec::new();
         for e in active {
             let Some(secs) = timeouts.for_proto(e.orig.proto) else {
                 continue;
@@ -63,7 +66,10 @@ pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> 
                 update = update.tcp_liberal();
             }
             match ct.update(&update).await {
-                Ok(true) => refreshed += 1,
+                Ok(true) => {
+                    refreshed += 1;
+                    ok.push(e.orig);
+                }
                 Ok(false) => gone.push(e),
                 Err(err) => {
                     debug!(error = %err, "conntrack refresh failed");
@@ -71,6 +77,8 @@ pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> 
                 }
             }
         }
-        shared.lock().keepalive_done(refreshed, errors, gone);
+        // Connections found at start are armable once refreshed (TCP: marked), see
+        // `FLOW_F_AWAITING_TRAFFIC`.
+        shared.lock().keepalive_done(refreshed, errors, gone, &ok);
     }
 }
