@@ -11,7 +11,7 @@ use core::{
     ptr::addr_of_mut,
 };
 
-use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_coarse_ns};
 use xdp_router_common::{
     FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN, FLOW_F_AWAITING_TRAFFIC, FLOW_F_REPLY, FLOW_TTL_KNOWN,
     FlowCounters, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK,
@@ -439,7 +439,9 @@ fn try_forward_ip<F: Family, P: Packet>(
                 // records it: a TCP connection that carries traffic sends this way too (its
                 // ACKs), and a UDP one waits for its client. Off the path of armed packets.
                 F::to_active_key(&mut key, &nat, false);
-                let _ = F::active().insert(&key, &0, 0);
+                // Only the first packet of a keep-alive pass writes: with BPF_ANY every packet
+                // would replace the element.
+                let _ = F::active().insert(&key, &0, u64::from(BPF_NOEXIST));
             }
             return Err(reason);
         }

@@ -61,12 +61,12 @@ impl FlowManager {
         table: &mut impl FlowTable,
         paths: &impl PathOracle,
     ) -> Upsert {
+        let existing = self.get(&entry.orig);
         // A connection awaiting traffic stays so when its entries are rewritten (a route
         // change): only the keep-alive takes it in. A new connection on the tuple is not
         // awaiting (a TCP one was marked by the caller, see `would_add`).
-        let awaiting_traffic = self
-            .get(&entry.orig)
-            .is_some_and(|c| c.awaiting_traffic && c.is_same_conn(&entry));
+        let awaiting_traffic =
+            existing.is_some_and(|c| c.awaiting_traffic && c.is_same_conn(&entry));
         let plan = match self.plan(&entry, paths, awaiting_traffic) {
             Ok(plan) => plan,
             Err(skip) => {
@@ -86,7 +86,7 @@ impl FlowManager {
             ingress: plan.ingress,
             awaiting_traffic,
         };
-        if let Some(existing) = self.get(&entry.orig)
+        if let Some(existing) = existing
             && existing.reply == stored.reply
             && existing.ingress == stored.ingress
             && existing.is_same_conn(&entry)

@@ -88,24 +88,17 @@ impl<D: FlowTable> State<D> {
         self.flows.active_since_last_pass(&mut self.dp, now_ns)
     }
 
-    /// Records a keep-alive pass: `refreshed` conntrack timeouts, `errors` failed refreshes,
-    /// the connections conntrack no longer has (`gone`: their DESTROY was missed), taken
-    /// back, and those refreshed (`refreshed_ok`), among which the ones found at start join
-    /// the fast path (see [`crate::flows::FlowManager::joined_on_traffic`]).
-    pub fn keepalive_done(
-        &mut self,
-        refreshed: u64,
-        errors: u64,
-        gone: Vec<Active>,
-        refreshed_ok: &[CtTuple],
-    ) {
-        self.ct.refreshes += refreshed;
+    /// Records a keep-alive pass: the connections whose conntrack timeouts were refreshed
+    /// (`refreshed`; among them the ones found at start join the fast path, see
+    /// [`crate::flows::FlowManager::joined_on_traffic`]), `errors` failed refreshes and the
+    /// connections conntrack no longer has (`gone`: their DESTROY was missed), taken back.
+    pub fn keepalive_done(&mut self, refreshed: &[CtTuple], errors: u64, gone: Vec<Active>) {
+        self.ct.refreshes += refreshed.len() as u64;
         self.ct.errors += errors;
         for e in gone {
             self.flows.forget(&e.orig, &mut self.dp);
         }
-        self.ct.joined_on_traffic +=
-            self.flows.joined_on_traffic(refreshed_ok, &mut self.dp) as u64;
+        self.ct.joined_on_traffic += self.flows.joined_on_traffic(refreshed, &mut self.dp) as u64;
     }
 
     /// The TCP connections among `entries` that applying them would offload (newly, or on another

@@ -50,10 +50,9 @@ pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> 
                 continue;
             }
         };
-        let mut refreshed = 0u64;
+        let mut refreshed = Vec::new();
         let mut errors = 0u64;
         let mut gone = Vec::new();
-        let mut ok = Vec::new();
         for e in active {
             let Some(secs) = timeouts.for_proto(e.orig.proto) else {
                 continue;
@@ -66,10 +65,7 @@ pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> 
                 update = update.tcp_liberal();
             }
             match ct.update(&update).await {
-                Ok(true) => {
-                    refreshed += 1;
-                    ok.push(e.orig);
-                }
+                Ok(true) => refreshed.push(e.orig),
                 Ok(false) => gone.push(e),
                 Err(err) => {
                     debug!(error = %err, "conntrack refresh failed");
@@ -79,6 +75,6 @@ pub async fn run(shared: Arc<Shared>, mut ct: CtNetlink, interval: Duration) -> 
         }
         // Connections found at start are armable once refreshed (TCP: marked), see
         // `FLOW_F_AWAITING_TRAFFIC`.
-        shared.lock().keepalive_done(refreshed, errors, gone, &ok);
+        shared.lock().keepalive_done(&refreshed, errors, gone);
     }
 }
