@@ -392,6 +392,16 @@ impl Status {
     }
 }
 
+/// Which CPUs a benchmark's daemon runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DaemonCpus {
+    /// The generator CPU only (`taskset`), away from the datapath CPU: the forwarding
+    /// benchmarks' daemon, and a router with one CPU to spare for it.
+    Generator,
+    /// Every CPU, as the packaged service runs it (no CPU affinity).
+    Every,
+}
+
 /// A running `xdp-routerd` in the router namespace (the shared [`shared::Daemon`]); stopped
 /// (SIGTERM, then SIGKILL) on drop.
 pub struct Daemon(shared::Daemon);
@@ -456,16 +466,34 @@ impl Daemon {
         dir: &Path,
         wait: Duration,
     ) -> Result<Daemon> {
+        Daemon::start_on(DaemonCpus::Generator, bin, rtr, config, dir, wait)
+    }
+
+    /// [`Daemon::start_waiting`] on the CPUs `cpus`.
+    pub fn start_on(
+        cpus: DaemonCpus,
+        bin: &Path,
+        rtr: &Netns,
+        config: &Path,
+        dir: &Path,
+        wait: Duration,
+    ) -> Result<Daemon> {
         use std::os::unix::process::CommandExt as _;
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let socket = dir.join("control.sock");
         let _ = fs::remove_file(&socket);
-        let mut command = rtr.command("taskset");
-        command
-            .arg("-c")
-            .arg(crate::testbed::GEN_CPU.to_string())
-            .arg(bin)
-            .process_group(0);
+        let mut command = match cpus {
+            DaemonCpus::Generator => {
+                let mut taskset = rtr.command("taskset");
+                taskset
+                    .arg("-c")
+                    .arg(crate::testbed::GEN_CPU.to_string())
+                    .arg(bin);
+                taskset
+            }
+            DaemonCpus::Every => rtr.command(&bin.to_string_lossy()),
+        };
+        command.process_group(0);
         let mut d =
             shared::Daemon::spawn(command, bin, config, &socket, &dir.join("xdp-routerd.log"))?;
         d.wait_answering(wait)?;

@@ -24,9 +24,6 @@ pub async fn run(
 
     let mut tasks = JoinSet::new();
     let (marker, to_mark) = tokio::sync::mpsc::unbounded_channel();
-    // The start-up resync marked its TCP connections before writing their flows; those the
-    // kernel forwarded a packet of since are marked again.
-    tasks::conntrack::remark_after_arming(&marker, s.to_mark);
     tasks.spawn(tasks::conntrack::run(
         shared.clone(),
         s.ct_lookup,

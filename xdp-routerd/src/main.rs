@@ -155,6 +155,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// Every thread allocates from one malloc arena. glibc gives threads that allocate at the
+/// same time arenas of their own, and each keeps pages of what it freed: with the start-up's
+/// dump parsed on a runtime worker while the main thread writes the maps, that was ≈ 9 MiB
+/// more RSS for good at a million connections (89.5 against 98–105 MiB in `bench scale`, the
+/// start-up no slower). The daemon's threads allocate little at once otherwise.
+fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a malloc parameter; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 fn parse_addr_filter(s: &str) -> Result<AddrFilter, String> {
     s.parse()
 }
@@ -165,6 +178,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             // SIGINT/SIGTERM are taken by a thread of their own (see `signals`): blocked here,
             // before any other thread exists, so that every thread inherits the mask.
             signals::block()?;
+            one_malloc_arena();
             let config = Config::load(&config)?;
             init_logging(&config.log_level);
             let shutdown = signals::spawn_waiter()?;

@@ -42,8 +42,6 @@ pub struct Started {
     pub ct_marker: CtNetlink,
     /// Marks parked TCP connections "be liberal" before revalidation offloads them.
     pub revalidate_marker: CtNetlink,
-    /// TCP connections the initial resync offloaded (marked already), to be marked again.
-    pub to_mark: tasks::conntrack::JustOffloaded,
     pub keepalive: CtNetlink,
     /// The kernel's XDP feature changes; `None` without the `netdev` family (Linux < 6.3).
     pub xmit_events: Option<UnboundedReceiver<XmitEvent>>,
@@ -163,9 +161,9 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     }
     let shared = Arc::new(Shared::new(state));
 
-    let mut ct_lookup = RouteLookup::new().context("cannot open an rtnetlink socket")?;
+    let ct_lookup = RouteLookup::new().context("cannot open an rtnetlink socket")?;
     let revalidate_lookup = RouteLookup::new().context("cannot open an rtnetlink socket")?;
-    let mut ct_requests = CtNetlink::new().map_err(ct_err)?;
+    let ct_requests = CtNetlink::new().map_err(ct_err)?;
     let mut ct_events =
         CtSubscription::with_rcvbuf(config.conntrack_event_buffer).map_err(ct_err)?;
     let keepalive = CtNetlink::new().map_err(ct_err)?;
@@ -177,7 +175,13 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     ct_events.ignore_events_from(ct_requests.port_id());
     ct_events.ignore_events_from(ct_marker.port_id());
     ct_events.ignore_events_from(revalidate_marker.port_id());
-    let to_mark = tasks::conntrack::resync(&shared, &mut ct_lookup, &mut ct_requests).await?;
+    // Its own sockets: the dump and the lookups run on other threads than the writes.
+    tasks::conntrack::resync_at_start(
+        &shared,
+        RouteLookup::new().context("cannot open an rtnetlink socket")?,
+        CtNetlink::new().map_err(ct_err)?,
+    )
+    .await?;
     Ok(Started {
         shared,
         listener,
@@ -190,7 +194,6 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
         ct_requests,
         ct_marker,
         revalidate_marker,
-        to_mark,
         keepalive,
         xmit_events: xmit_sub.initial.is_some().then_some(xmit_sub.events),
     })

@@ -88,9 +88,12 @@ fn resyncs_patiently(daemon: &Daemon) -> Result<u64> {
 
 /// Adds each resync's phase line from the daemon's log (entries, changed, dump, lookups,
 /// marks, map writes, total) to the report, in order.
-pub(super) fn phase_log(daemon: &Daemon, report: &mut Report) {
+pub(super) fn phase_log(daemon: &Daemon, which: &str, report: &mut Report) {
     for (i, fields) in resync_phases(&daemon.log_text()).into_iter().enumerate() {
-        report.add(&format!("resync {} phases (daemon log)", i + 1), fields);
+        report.add(
+            &format!("{which}resync {} phases (daemon log)", i + 1),
+            fields,
+        );
     }
 }
 

@@ -51,6 +51,30 @@ pub(crate) fn sample(pid: u32) -> Result<ProcSample> {
     })
 }
 
+/// The CPUs `pid` may run on (`Cpus_allowed_list` of /proc/PID/status, e.g. `0-1`).
+pub(super) fn cpus_allowed(pid: u32) -> Result<String> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status (did xdp-routerd exit?)"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_owned())
+        .context("no Cpus_allowed_list in /proc/PID/status")
+}
+
+/// CPU time the hypervisor gave other guests while this one had work (`steal`, summed over
+/// every CPU in /proc/stat), seconds: on a shared VM, what a slow run lost to its neighbours.
+pub(super) fn stolen_s() -> Result<f64> {
+    let stat = fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let steal = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("cpu "))
+        .and_then(|v| v.split_whitespace().nth(7))
+        .and_then(|v| v.parse::<u64>().ok())
+        .context("no steal field in /proc/stat")?;
+    Ok(steal as f64 / ticks_per_second())
+}
+
 /// Share of one core `pid` used over `dur`, percent.
 pub(super) fn cpu_over(pid: u32, dur: Duration) -> Result<f64> {
     let a = sample(pid)?;

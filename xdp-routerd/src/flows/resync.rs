@@ -69,30 +69,9 @@ impl FlowManager {
         (removed, added)
     }
 
-    /// Makes the offloaded set match a fresh conntrack dump (after start or a netlink overrun).
-    /// Returns `(removed, upserted)`.
-    pub fn resync(
-        &mut self,
-        dump: Vec<CtEntry>,
-        table: &mut impl FlowTable,
-        paths: &impl PathOracle,
-    ) -> (usize, usize) {
-        // At start nothing is known yet: no set of a million tuples to build.
-        let removed = match self.tuples_to_check(&dump) {
-            Some(present) => self.remove_absent(&present, table),
-            None => 0,
-        };
-        let n = dump.len();
-        self.reserve_for(&dump);
-        for e in dump {
-            self.upsert(e, table, paths);
-        }
-        release_freed_memory();
-        (removed, n)
-    }
-
     /// The original tuples of `dump` for [`remove_absent`](Self::remove_absent), or `None`
-    /// when nothing is offloaded or parked (at start: no set of a million tuples to build).
+    /// when nothing is offloaded or parked (nothing to remove: no set of a million tuples to
+    /// build).
     pub fn tuples_to_check(&self, dump: &[CtEntry]) -> Option<HashSet<CtTuple>> {
         (!self.is_empty() || !self.parked.is_empty()).then(|| dump.iter().map(|e| e.orig).collect())
     }
@@ -101,13 +80,24 @@ impl FlowManager {
     /// of doubling through it: each doubling leaves the previous table behind as freed heap
     /// the process keeps.
     pub fn reserve_for(&mut self, dump: &[CtEntry]) {
-        let v4 = dump.iter().filter(|e| e.orig.is_ipv4()).count();
+        self.reserve_like(dump, dump.len());
+    }
+
+    /// [`reserve_for`](Self::reserve_for) a dump of `total` entries whose families are mixed
+    /// as in `sample`, its first part (a dump walks conntrack's hash table, so any part of it
+    /// is a fair sample).
+    pub fn reserve_like(&mut self, sample: &[CtEntry], total: usize) {
+        if sample.is_empty() {
+            return;
+        }
+        let v4_sampled = sample.iter().filter(|e| e.orig.is_ipv4()).count();
+        let v4 = total * v4_sampled / sample.len();
         self.conns_v4
             .0
             .reserve(v4.saturating_sub(self.conns_v4.0.len()));
         self.conns_v6
             .0
-            .reserve((dump.len() - v4).saturating_sub(self.conns_v6.0.len()));
+            .reserve((total - v4).saturating_sub(self.conns_v6.0.len()));
     }
 
     /// Whether `entry` is already applied as it is: offloaded with the same tuples, status,

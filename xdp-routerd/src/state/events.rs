@@ -53,6 +53,12 @@ impl<D: FlowTable> State<D> {
         removed
     }
 
+    /// Before the start-up resync's first write: makes room for the `total` entries of a dump
+    /// whose first part is `sample` (see [`crate::flows::FlowManager::reserve_like`]).
+    pub fn resync_reserve(&mut self, sample: &[CtEntry], total: usize) {
+        self.flows.reserve_like(sample, total);
+    }
+
     /// Applies one chunk of a resync's dump with routes already looked up (see
     /// [`crate::flows::FlowManager::upsert_many`]); `awaiting_traffic`: its connections await
     /// traffic (the start-up resync, see `FLOW_F_AWAITING_TRAFFIC`).

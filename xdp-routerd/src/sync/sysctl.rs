@@ -1,6 +1,7 @@
 //! The conntrack sysctls the daemon reads from `/proc/sys/net/netfilter`: the kernel's
-//! timeouts a refresh restores ([`KernelTimeouts`]) and whether conntrack verifies checksums
-//! ([`conntrack_checksum`]).
+//! timeouts a refresh restores ([`KernelTimeouts`]), whether conntrack verifies checksums
+//! ([`conntrack_checksum`]) and counts traffic ([`conntrack_acct`]), and how many entries it
+//! holds ([`conntrack_count`]).
 
 use std::{io, path::Path};
 
@@ -59,6 +60,12 @@ pub fn conntrack_checksum_in(dir: &Path) -> bool {
 /// Missing or unreadable counts as the kernel default, 0.
 pub fn conntrack_acct() -> bool {
     read_u32(Path::new("/proc/sys/net/netfilter/nf_conntrack_acct")).is_ok_and(|v| v != 0)
+}
+
+/// `net.netfilter.nf_conntrack_count` of the calling thread's network namespace: how many
+/// entries conntrack holds now (what a dump will about return). None when unreadable.
+pub fn conntrack_count() -> Option<u32> {
+    read_u32(Path::new("/proc/sys/net/netfilter/nf_conntrack_count")).ok()
 }
 
 fn read_u32(path: &Path) -> Result<u32, CtNetlinkError> {

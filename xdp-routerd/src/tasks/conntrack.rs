@@ -1,5 +1,6 @@
-//! Conntrack events (ctnetlink NEW/UPDATE/DESTROY) become fast-path flows; on a socket overrun
-//! the flows are resynced from a dump. Each batch: routes looked up first (batched, no lock),
+//! Conntrack events (ctnetlink NEW/UPDATE/DESTROY) become fast-path flows; at start the whole
+//! table is read, looked up and written in overlapping stages ([`resync_at_start`]), and on a
+//! socket overrun the flows are resynced from a dump ([`resync`]). Each batch: routes looked up first (batched, no lock),
 //! then the TCP connections the batch will offload marked "be liberal" in conntrack (pipelined,
 //! a few round trips per batch, no lock), then the batch handed to the state, which applies the
 //! flow changes in event order under the lock ([`crate::state::State::apply_events`]).
@@ -35,10 +36,12 @@ use crate::{
         conntrack::{CtEntry, CtEvent, CtTuple, IPPROTO_TCP},
         release_freed_memory,
     },
+    paths::ResolvedPaths,
     state::{APPLY_CHUNK, Shared},
     sync::{
         ctnetlink::{CtNetlink, CtNetlinkError, CtSubscription, CtUpdate},
         routes::RouteLookup,
+        sysctl::conntrack_count,
     },
 };
 
@@ -284,14 +287,9 @@ pub async fn mark(shared: &Shared, ct: &mut CtNetlink, entries: &[CtEntry]) {
     }
 }
 
-/// Makes the flow maps match a fresh conntrack dump (at start and after an overrun). After an
-/// overrun, the TCP connections it offloads are marked "be liberal" before their flows are
-/// written, and returned (to be marked again after arming). At start (nothing offloaded yet)
-/// none is marked and no arming index entry is written: their flows await traffic
-/// (`FLOW_F_AWAITING_TRAFFIC`), which the kernel cannot arm, and the keep-alive takes each in
-/// (marking a TCP one) once it carries traffic. A router's table at start is mostly idle
-/// connections: marking a million of them and indexing them for arming took as long as the
-/// rest of the start-up.
+/// Makes the flow maps match a fresh conntrack dump after an event-socket overrun. The TCP
+/// connections it offloads are marked "be liberal" before their flows are written, and
+/// returned (to be marked again after arming).
 pub async fn resync(
     shared: &Shared,
     lookup: &mut RouteLookup,
@@ -312,8 +310,6 @@ pub async fn resync(
         }
         present
     };
-    // At start nothing is known (`present` is None): the connections await traffic.
-    let awaiting_traffic = present.is_none();
     let (paths, generation) = resolve_fresh(shared, lookup, &dump.iter().collect::<Vec<_>>()).await;
     let looked_up_ms = started.elapsed().as_millis() as u64;
     let (removed, before) = {
@@ -321,18 +317,16 @@ pub async fn resync(
         let before = s.flows().stats().offloaded_total;
         (s.resync_remove_absent(present.as_ref(), &dump), before)
     };
-    // In chunks, so status, metrics and the other tasks get the lock in between; after an
-    // overrun, the TCP connections of each chunk are marked liberal before it is applied.
+    // In chunks, so status, metrics and the other tasks get the lock in between; the TCP
+    // connections of each chunk are marked liberal before it is applied.
     let (mut mark_time, mut write_time) = (Duration::ZERO, Duration::ZERO);
     for chunk in dump.chunks(APPLY_CHUNK) {
-        if !awaiting_traffic {
-            let t = Instant::now();
-            let marked = shared.lock().tcp_to_offload(chunk, &paths);
-            mark(shared, ct, &marked).await;
-            mark_time += t.elapsed();
-        }
         let t = Instant::now();
-        shared.lock().resync_upsert(chunk, &paths, awaiting_traffic);
+        let marked = shared.lock().tcp_to_offload(chunk, &paths);
+        mark(shared, ct, &marked).await;
+        mark_time += t.elapsed();
+        let t = Instant::now();
+        shared.lock().resync_upsert(chunk, &paths, false);
         write_time += t.elapsed();
         tokio::task::yield_now().await;
     }
@@ -359,8 +353,7 @@ pub async fn resync(
     // The lookups' memory and what the tables left behind growing, back to the kernel.
     drop(paths);
     release_freed_memory();
-    if added == 0 || awaiting_traffic {
-        // Connections awaiting traffic are not armed before the keep-alive takes them in.
+    if added == 0 {
         return Ok(JustOffloaded::default());
     }
     // Only the TCP connections this resync wrote: the others were marked again after their
@@ -373,4 +366,114 @@ pub async fn resync(
             .collect(),
         forwarded_before,
     })
+}
+
+/// Entries per part of the start-up dump handed from one stage to the next.
+const START_PART: usize = 16 * 1024;
+
+/// Parts queued between two stages of the start-up resync, at most: a stage ahead of the next
+/// waits, and so does the kernel's dump, so the daemon never holds the whole table at once.
+const START_PARTS_QUEUED: usize = 4;
+
+/// A part of the start-up dump with the routes its connections need.
+struct LookedUp {
+    entries: Vec<CtEntry>,
+    paths: ResolvedPaths,
+    /// The route generation `paths` were looked up at.
+    generation: u64,
+}
+
+/// Writes every connection of a conntrack dump to the flow maps at start (nothing offloaded
+/// yet), in three stages that overlap: the dump is parsed as the kernel produces it
+/// (`ct`), each part's routes are looked up (`lookup`), and each part is written while the
+/// next ones are read, so a million entries cost about the longest stage, not the sum.
+///
+/// No connection is marked and no arming index entry is written: their flows await traffic
+/// (`FLOW_F_AWAITING_TRAFFIC`), which the kernel cannot arm, and the keep-alive takes each in
+/// (marking a TCP one) once it carries traffic. A router's table at start is mostly idle
+/// connections: marking a million of them and indexing them for arming took as long as the
+/// rest of the start-up.
+pub async fn resync_at_start(
+    shared: &Arc<Shared>,
+    mut lookup: RouteLookup,
+    mut ct: CtNetlink,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let expected = tokio::task::spawn_blocking(conntrack_count)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(0) as usize;
+    let (dumped, mut to_look_up) = mpsc::channel(START_PARTS_QUEUED);
+    let dumper = tokio::spawn(async move {
+        let n = ct.dump_in_chunks(START_PART, &dumped).await;
+        (n, started.elapsed())
+    });
+    let (looked_up, mut to_write) = mpsc::channel(START_PARTS_QUEUED);
+    let looker = {
+        let shared = Arc::clone(shared);
+        tokio::spawn(async move {
+            let mut busy = Duration::ZERO;
+            let mut routes = 0;
+            while let Some(entries) = to_look_up.recv().await {
+                let t = Instant::now();
+                let refs: Vec<&CtEntry> = entries.iter().collect();
+                let (paths, generation) = resolve_fresh(&shared, &mut lookup, &refs).await;
+                drop(refs);
+                busy += t.elapsed();
+                routes = routes.max(paths.len());
+                let part = LookedUp {
+                    entries,
+                    paths,
+                    generation,
+                };
+                if looked_up.send(part).await.is_err() {
+                    break;
+                }
+            }
+            (busy, routes)
+        })
+    };
+    let (mut written, mut write_time) = (0, Duration::ZERO);
+    while let Some(part) = to_write.recv().await {
+        let t = Instant::now();
+        if written == 0 {
+            shared
+                .lock()
+                .resync_reserve(&part.entries, expected.max(part.entries.len()));
+        }
+        // In chunks, so status, metrics and the other tasks get the lock in between.
+        for chunk in part.entries.chunks(APPLY_CHUNK) {
+            shared.lock().resync_upsert(chunk, &part.paths, true);
+            tokio::task::yield_now().await;
+        }
+        write_time += t.elapsed();
+        written += part.entries.len();
+        apply_stale_check(shared, part.generation, part.entries.iter().map(|e| e.orig));
+    }
+    let task_failed = |e: tokio::task::JoinError| anyhow!("the conntrack dump at start: {e}");
+    let (dump, dumped) = dumper.await.map_err(task_failed)?;
+    let n = dump.map_err(ct_err)?;
+    let (look_up_time, routes) = looker.await.map_err(task_failed)?;
+    {
+        let mut s = shared.lock();
+        s.resync_done(started.elapsed().as_millis() as u64);
+        info!(
+            at_start = true,
+            entries = n,
+            changed = written,
+            offloaded = s.flows().len(),
+            removed = 0,
+            routes,
+            dumped_ms = dumped.as_millis() as u64,
+            looked_up_ms = look_up_time.as_millis() as u64,
+            marked_ms = 0,
+            written_ms = write_time.as_millis() as u64,
+            ms = started.elapsed().as_millis() as u64,
+            "conntrack resync"
+        );
+    }
+    // What the tables left behind growing, back to the kernel.
+    release_freed_memory();
+    Ok(())
 }

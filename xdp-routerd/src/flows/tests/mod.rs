@@ -8,7 +8,7 @@ use std::{
 
 use xdp_router_common::{FLOW_F_REPLY, checksum};
 
-use super::conntrack::{CtStatus, tcp_state};
+use super::conntrack::CtStatus;
 use super::*;
 
 use super::fake::FakeTable;
@@ -450,22 +450,6 @@ fn masquerade_address_removed_takes_flows_back() {
 }
 
 #[test]
-fn resync_removes_vanished_connections() {
-    let (mut m, mut t) = (manager(), FakeTable::default());
-    m.upsert(snat_tcp(), &mut t, &paths());
-    let other = CtEntry {
-        orig: tuple("10.0.1.3", 1000, "198.51.100.7", 53, 17),
-        reply: tuple("198.51.100.7", 53, "203.0.113.1", 1000, 17),
-        tcp_state: None,
-        ..snat_tcp()
-    };
-    assert_eq!(m.resync(vec![other], &mut t, &paths()), (1, 1));
-    assert_eq!(m.len(), 1);
-    assert_eq!(t.v4.len(), 2);
-    assert!(t.v4.keys().all(|k| k.proto == 17));
-}
-
-#[test]
 fn full_table_leaves_connection_in_kernel_without_half_entries() {
     let (mut m, mut t) = (
         manager(),
@@ -590,33 +574,6 @@ fn revalidation_leaves_entries_that_changed_since_the_snapshot_alone() {
     let broken = FakePaths { wan: 9, ..paths() };
     assert_eq!(m.revalidate(snapshot, &mut t, &broken), (0, 0));
     assert_eq!(t.v4.len(), 2);
-}
-
-#[test]
-fn an_entry_is_current_until_anything_but_its_timeout_changes() {
-    let (mut m, mut t) = (manager(), FakeTable::default());
-    let e = snat_tcp();
-    assert!(!m.is_current(&e));
-    m.upsert(e.clone(), &mut t, &paths());
-    assert!(m.is_current(&e));
-    assert!(m.is_current(&CtEntry {
-        timeout: Some(7),
-        ..e.clone()
-    }));
-    assert!(!m.is_current(&CtEntry {
-        mark: 9,
-        ..e.clone()
-    }));
-    // Only the TCP state differs from what an offloaded connection keeps: no longer current.
-    assert!(!m.is_current(&CtEntry {
-        tcp_state: Some(tcp_state::FIN_WAIT),
-        ..e.clone()
-    }));
-    // Parked entries count too (a resync need not look their routes up again).
-    let broken = FakePaths { wan: 9, ..paths() };
-    m.revalidate(m.snapshot(), &mut t, &broken);
-    assert_eq!(m.parked_len(), 1);
-    assert!(m.is_current(&e));
 }
 
 #[test]
@@ -773,3 +730,4 @@ fn kernel_forwarded_names_the_connections_with_an_armed_direction() {
 }
 
 mod awaiting_traffic;
+mod resync;

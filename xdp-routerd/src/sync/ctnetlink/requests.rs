@@ -9,6 +9,7 @@ use netlink_packet_core::{
 use netlink_packet_netfilter::{
     NetfilterMessage, NetfilterProtoFamily, conntrack::ConntrackMessage,
 };
+use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::update::{CtUpdate, encode_request, family_of, key_attributes};
@@ -69,6 +70,46 @@ impl CtNetlink {
         )
         .await?;
         Ok(entries)
+    }
+
+    /// [`CtNetlink::dump`] in parts: whenever at least `chunk` entries are parsed (and at the
+    /// end), they are sent to `out`, waiting while it is full, so the kernel produces the rest
+    /// of the dump only as fast as `out` is emptied. Returns the number of entries sent; stops
+    /// early (abandoning the dump) when `out` is closed.
+    pub async fn dump_in_chunks(
+        &mut self,
+        chunk: usize,
+        out: &mpsc::Sender<Vec<CtEntry>>,
+    ) -> Result<usize, CtNetlinkError> {
+        let mut reply = self
+            .send_request(
+                "dump conntrack table",
+                NetfilterProtoFamily::Unspec,
+                ConntrackMessage::Get(vec![]),
+                NLM_F_REQUEST | NLM_F_DUMP,
+            )
+            .await?;
+        let mut entries = Vec::with_capacity(chunk);
+        let mut sent = 0;
+        loop {
+            let done = self
+                .read_reply(&mut reply, &mut |m| match entry_from_message(&m) {
+                    Ok(e) => entries.extend(e),
+                    Err(e) => warn!(error = %e, "skipping malformed conntrack dump entry"),
+                })
+                .await?;
+            if entries.len() >= chunk || (done && !entries.is_empty()) {
+                let full = std::mem::replace(&mut entries, Vec::with_capacity(chunk));
+                let n = full.len();
+                if out.send(full).await.is_err() {
+                    return Ok(sent);
+                }
+                sent += n;
+            }
+            if done {
+                return Ok(sent);
+            }
+        }
     }
 
     /// Conntrack's own counters of every entry that has them (none while
@@ -273,74 +314,109 @@ impl CtNetlink {
         flags: u16,
         mut each: impl FnMut(NetfilterMessage),
     ) -> Result<(), CtNetlinkError> {
+        let mut reply = self.send_request(op, family, msg, flags).await?;
+        while !self.read_reply(&mut reply, &mut each).await? {}
+        Ok(())
+    }
+
+    /// Sends one request; its answer is read with [`CtNetlink::read_reply`].
+    async fn send_request(
+        &mut self,
+        op: &'static str,
+        family: NetfilterProtoFamily,
+        msg: ConntrackMessage,
+        flags: u16,
+    ) -> Result<Reply, CtNetlinkError> {
         if self.in_flight {
             self.drain_stale();
         }
         self.in_flight = true;
         self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
-        let req = encode_request(family, msg, flags, seq);
+        let req = encode_request(family, msg, flags, self.seq);
         self.sock
             .send(&req)
             .await
             .map_err(|e| CtNetlinkError::from_io(op, e))?;
-        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
-        let mut interrupted = false;
-        loop {
-            let n = self
-                .sock
-                .recv(&mut self.buf)
-                .await
-                .map_err(|e| CtNetlinkError::from_io(op, e))?;
-            let Some(datagram) = self.buf.get(..n) else {
+        Ok(Reply {
+            op,
+            seq: self.seq,
+            dump: flags & NLM_F_DUMP == NLM_F_DUMP,
+            interrupted: false,
+        })
+    }
+
+    /// Reads one datagram of `reply` and hands its conntrack messages to `each`. True once the
+    /// answer is complete (the ACK of a plain request, NLMSG_DONE of a dump). Kernel errors
+    /// become typed errors.
+    async fn read_reply(
+        &mut self,
+        reply: &mut Reply,
+        each: &mut impl FnMut(NetfilterMessage),
+    ) -> Result<bool, CtNetlinkError> {
+        let op = reply.op;
+        let n = self
+            .sock
+            .recv(&mut self.buf)
+            .await
+            .map_err(|e| CtNetlinkError::from_io(op, e))?;
+        let Some(datagram) = self.buf.get(..n) else {
+            return Ok(false);
+        };
+        for raw in messages(datagram) {
+            let raw = raw.map_err(|source| CtNetlinkError::Decode { op, source })?;
+            let Ok(nl) = NetlinkBuffer::new_checked(raw) else {
                 continue;
             };
-            for raw in messages(datagram) {
-                let raw = raw.map_err(|source| CtNetlinkError::Decode { op, source })?;
-                let Ok(nl) = NetlinkBuffer::new_checked(raw) else {
+            if nl.sequence_number() != reply.seq {
+                continue; // a stale reply
+            }
+            reply.interrupted |= nl.flags() & NLM_F_DUMP_INTR != 0;
+            let msg = match decode_message(raw) {
+                Ok(msg) => msg,
+                Err(e) if reply.dump => {
+                    warn!(error = %e, "skipping undecodable conntrack dump entry");
                     continue;
-                };
-                if nl.sequence_number() != seq {
-                    continue; // a stale reply
                 }
-                interrupted |= nl.flags() & NLM_F_DUMP_INTR != 0;
-                let msg = match decode_message(raw) {
-                    Ok(msg) => msg,
-                    Err(e) if dump => {
-                        warn!(error = %e, "skipping undecodable conntrack dump entry");
-                        continue;
-                    }
-                    Err(source) => return Err(CtNetlinkError::Decode { op, source }),
-                };
-                match msg.payload {
-                    NetlinkPayload::InnerMessage(m) => each(m),
-                    NetlinkPayload::Error(err) => {
-                        self.in_flight = false;
-                        return match err.code {
-                            None => Ok(()),
-                            Some(_) => Err(CtNetlinkError::from_io(op, err.to_io())),
-                        };
-                    }
-                    NetlinkPayload::Done(done) => {
-                        self.in_flight = false;
-                        if done.code < 0 {
-                            return Err(CtNetlinkError::from_io(
-                                op,
-                                io::Error::from_raw_os_error(-done.code),
-                            ));
-                        }
-                        if interrupted {
-                            // The table changed under the dump; entries may be missing or
-                            // duplicated. The event stream covers the changes.
-                            warn!("conntrack dump interrupted (NLM_F_DUMP_INTR)");
-                        }
-                        return Ok(());
-                    }
-                    _ => {}
+                Err(source) => return Err(CtNetlinkError::Decode { op, source }),
+            };
+            match msg.payload {
+                NetlinkPayload::InnerMessage(m) => each(m),
+                NetlinkPayload::Error(err) => {
+                    self.in_flight = false;
+                    return match err.code {
+                        None => Ok(true),
+                        Some(_) => Err(CtNetlinkError::from_io(op, err.to_io())),
+                    };
                 }
+                NetlinkPayload::Done(done) => {
+                    self.in_flight = false;
+                    if done.code < 0 {
+                        return Err(CtNetlinkError::from_io(
+                            op,
+                            io::Error::from_raw_os_error(-done.code),
+                        ));
+                    }
+                    if reply.interrupted {
+                        // The table changed under the dump; entries may be missing or
+                        // duplicated. The event stream covers the changes.
+                        warn!("conntrack dump interrupted (NLM_F_DUMP_INTR)");
+                    }
+                    return Ok(true);
+                }
+                _ => {}
             }
         }
+        Ok(false)
     }
+}
+
+/// A request sent and not yet answered in full.
+struct Reply {
+    op: &'static str,
+    seq: u32,
+    dump: bool,
+    /// A dump message came with NLM_F_DUMP_INTR.
+    interrupted: bool,
 }
 
 #[cfg(test)]
