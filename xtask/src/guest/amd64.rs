@@ -109,6 +109,14 @@ fn wired_nics() -> anyhow::Result<String> {
         .join(" "))
 }
 
+/// Starts a process that holds a socket with SO_TIMESTAMP (29 on x86; Python's `socket` has no
+/// name for it) until the guest powers off, and waits until it holds it (up to 10 s).
+const HOLD_TIMESTAMPS_ON: &str = "{ /usr/bin/python3 -c 'import socket, time; \
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setsockopt(socket.SOL_SOCKET, 29, 1); \
+open(\"/tmp/timestamps-held\", \"w\").close(); time.sleep(1e6)' </dev/null >/dev/null 2>&1 & \
+for i in $(seq 20); do [ -e /tmp/timestamps-held ] && break; sleep 0.5; done; \
+[ -e /tmp/timestamps-held ]; }";
+
 /// `6.12.117+deb12-amd64` → [6, 12, 117, 12] for ordering.
 fn version_key(v: &str) -> Vec<u32> {
     v.split(|c: char| !c.is_ascii_digit())
@@ -138,9 +146,18 @@ pub fn prepare(daemon: &Path, extra: &[String]) -> anyhow::Result<Prepared> {
         // of 2026-11-27 (a double fault in `v9fs_vfs_lookup` under `request_firmware_work_func`,
         // 60 s after boot). An empty /lib/firmware of the guest's own answers it without 9p
         // (no country is set in the tests: the radios get the world domain either way).
+        //
+        // The kernel patches its static branches live (an int3 first, then the new bytes).
+        // Under qemu without KVM another vCPU can still run that int3 once the patch is done,
+        // and the kernel oopses: "Oops: int3" in `__netif_receive_skb_core`, on both boots of a
+        // clean-clone run of 2026-11-28, while the PPPoE tests' sockets turned packet
+        // timestamps on and off (`netstamp_needed_key`, the function's first branch). One
+        // socket holding SO_TIMESTAMP for the whole run keeps that branch on: it is patched
+        // once, here, and never again.
         prelude: vec![
             "mkdir -p /lib/firmware && mount -t tmpfs -o size=1m guest-firmware /lib/firmware"
                 .into(),
+            HOLD_TIMESTAMPS_ON.into(),
         ],
         modules: MODULES,
         path: std::env::var("PATH").unwrap_or_default(),
