@@ -63,10 +63,7 @@ impl CtNetlink {
             NetfilterProtoFamily::Unspec,
             ConntrackMessage::Get(vec![]),
             NLM_F_REQUEST | NLM_F_DUMP,
-            |m| match entry_from_message(&m) {
-                Ok(e) => entries.extend(e),
-                Err(e) => warn!(error = %e, "skipping malformed conntrack dump entry"),
-            },
+            |m| add_dumped(&mut entries, &m),
         )
         .await?;
         Ok(entries)
@@ -93,10 +90,7 @@ impl CtNetlink {
         let mut sent = 0;
         loop {
             let done = self
-                .read_reply(&mut reply, &mut |m| match entry_from_message(&m) {
-                    Ok(e) => entries.extend(e),
-                    Err(e) => warn!(error = %e, "skipping malformed conntrack dump entry"),
-                })
+                .read_reply(&mut reply, &mut |m| add_dumped(&mut entries, &m))
                 .await?;
             if entries.len() >= chunk || (done && !entries.is_empty()) {
                 let full = std::mem::replace(&mut entries, Vec::with_capacity(chunk));
@@ -407,6 +401,15 @@ impl CtNetlink {
             }
         }
         Ok(false)
+    }
+}
+
+/// Adds the entry of one dump message to `entries`; one that does not decode is skipped with
+/// a warning (it stays on the kernel path).
+fn add_dumped(entries: &mut Vec<CtEntry>, m: &NetfilterMessage) {
+    match entry_from_message(m) {
+        Ok(e) => entries.extend(e),
+        Err(e) => warn!(error = %e, "skipping malformed conntrack dump entry"),
     }
 }
 
