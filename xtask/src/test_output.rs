@@ -47,6 +47,16 @@ impl Tail {
     }
 }
 
+/// What follows `(ID) panicked at ` in a panic's first line: Rust 1.91 and later print the
+/// thread's id after its name (`thread 'NAME' (1234) panicked at LOCATION:`).
+fn thread_id_then_panicked(after_name: &str) -> Option<&str> {
+    let (id, rest) = after_name.strip_prefix('(')?.split_once(") ")?;
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    rest.strip_prefix("panicked at ")
+}
+
 impl TestOutput {
     /// Takes one line (a console may pad lines and end them with CR).
     pub fn line(&mut self, line: &str) {
@@ -67,7 +77,10 @@ impl TestOutput {
         {
             self.failed.push(name.to_owned());
         } else if let Some(rest) = line.strip_prefix("thread '")
-            && let Some((thread, after)) = rest.split_once("' panicked at ")
+            && let Some((thread, after)) = rest.split_once("' ")
+            && let Some(after) = after
+                .strip_prefix("panicked at ")
+                .or_else(|| thread_id_then_panicked(after))
         {
             let location = after.strip_suffix(':').unwrap_or(after);
             self.panicking = Some((thread.to_owned(), location.to_owned()));
@@ -129,6 +142,26 @@ mod tests {
                 "acc::b (tests/tests/accounting.rs:211:9: only 1 of 10 packets were fast-pathed)",
                 "c"
             ]
+        );
+    }
+
+    #[test]
+    fn a_panic_line_with_the_thread_id_is_read() {
+        // As rustc 1.91 and later print it (the privileged tests' and the guest's binaries).
+        let out = read(
+            "test vlan_test ... FAILED\n\
+             thread 'vlan_test' (4242) panicked at tests/tests/vlan.rs:12:5:\n\
+             no status row for eth0.7\n\
+             thread 'other' (7) panicked at nowhere\n",
+        );
+        assert_eq!(
+            out.failures(),
+            ["vlan_test (tests/tests/vlan.rs:12:5: no status row for eth0.7)"]
+        );
+        assert!(
+            read("thread 'x' (y) panicked at a.rs:1:1:\nz\ntest x ... FAILED\n")
+                .messages
+                .is_empty()
         );
     }
 

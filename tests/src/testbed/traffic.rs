@@ -329,7 +329,7 @@ pub struct PingPong {
     pub sent: u64,
     /// Replies equal to what was sent, from the expected source.
     pub good: u64,
-    /// Replies that did not come back within a second.
+    /// Replies that did not come back within the wait (1 s, times the time scale).
     pub lost: u64,
     /// Replies with different contents.
     pub corrupt: u64,
@@ -338,7 +338,8 @@ pub struct PingPong {
 }
 
 /// Sends `count` datagrams of `len` bytes from `sock` to `server`, one every `interval`, each
-/// waiting (1 s at most) for its echo; sequence numbers start at `first_seq`.
+/// waiting (1 s at most, times [`super::checks::time_scale`]) for its echo; sequence numbers
+/// start at `first_seq`.
 pub fn ping_pong(
     sock: &UdpSocket,
     server: SocketAddr,
@@ -347,8 +348,8 @@ pub fn ping_pong(
     len: usize,
     interval: Duration,
 ) -> PingPong {
-    sock.set_read_timeout(Some(Duration::from_secs(1)))
-        .expect("set_read_timeout");
+    let wait = Duration::from_secs(1) * super::checks::time_scale();
+    sock.set_read_timeout(Some(wait)).expect("set_read_timeout");
     let mut r = PingPong::default();
     let mut buf = vec![0u8; 65536];
     let t0 = Instant::now();
@@ -359,7 +360,7 @@ pub fn ping_pong(
             .unwrap_or_else(|e| panic!("send to {server}: {e}"));
         r.sent += 1;
         // Skip stale replies (of earlier, lost, datagrams) until ours arrives or time runs out.
-        let deadline = Instant::now() + Duration::from_secs(1);
+        let deadline = Instant::now() + wait;
         loop {
             match sock.recv_from(&mut buf) {
                 Ok((n, from)) => {

@@ -167,6 +167,9 @@ pub fn prepare(daemon: &Path, extra: &[String]) -> anyhow::Result<Prepared> {
                 "XDP_ROUTER_SKIP_LOG",
                 shared.skips().to_string_lossy().into_owned(),
             ),
+            // An emulated CPU (no KVM), beside the privileged tests in the idle scheduling
+            // class: "promptly" may take five times longer (testbed `time_scale`).
+            ("XDP_ROUTER_TIME_SCALE", "5".into()),
         ],
         cwd: root.join("tests"),
         setup: Vec::new(),
