@@ -454,7 +454,8 @@ pub fn traffic_is_fast_pathed(tb: &Testbed, port: u16, lan: &str, wan: &str, wha
     let wire = after.rx_lan_since(&before) + after.rx_wan_since(&before);
     println!(
         "TCP 2 MiB {what}: fast path forwarded {orig} original + {reply} reply of {wire} \
-         wire packets ({:.0} %), FORWARD ESTABLISHED +{}; counted: {}",
+         wire packets ({:.0} %; on TC a GRO aggregate counts once), FORWARD ESTABLISHED +{}; \
+         counted: {}",
         100.0 * (orig + reply) as f64 / wire.max(1) as f64,
         after.established_since(&before, false),
         after.grown_since(&before)
