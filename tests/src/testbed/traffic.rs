@@ -337,11 +337,14 @@ pub struct PingPong {
     pub wrong_source: Vec<SocketAddr>,
 }
 
+/// How long [`ping_pong`] waits for each echo. It does not scale with
+/// [`super::checks::time_scale`]: tests that expect the datagrams dropped (a blocked VLAN, a
+/// ban) send many, and a longer wait per datagram let UDP conntrack entries time out in a
+/// guest.
+const ECHO_WAIT: Duration = Duration::from_secs(1);
+
 /// Sends `count` datagrams of `len` bytes from `sock` to `server`, one every `interval`, each
-/// waiting (1 s at most) for its echo; sequence numbers start at `first_seq`. The wait does
-/// not scale with [`super::checks::time_scale`]: tests that expect the datagrams dropped (a
-/// blocked VLAN, a ban) send many, and a longer wait per datagram let UDP conntrack entries
-/// time out in a guest.
+/// waiting ([`ECHO_WAIT`]) for its echo; sequence numbers start at `first_seq`.
 pub fn ping_pong(
     sock: &UdpSocket,
     server: SocketAddr,
@@ -350,8 +353,8 @@ pub fn ping_pong(
     len: usize,
     interval: Duration,
 ) -> PingPong {
-    let wait = Duration::from_secs(1);
-    sock.set_read_timeout(Some(wait)).expect("set_read_timeout");
+    sock.set_read_timeout(Some(ECHO_WAIT))
+        .expect("set_read_timeout");
     let mut r = PingPong::default();
     let mut buf = vec![0u8; 65536];
     let t0 = Instant::now();
@@ -362,7 +365,7 @@ pub fn ping_pong(
             .unwrap_or_else(|e| panic!("send to {server}: {e}"));
         r.sent += 1;
         // Skip stale replies (of earlier, lost, datagrams) until ours arrives or time runs out.
-        let deadline = Instant::now() + wait;
+        let deadline = Instant::now() + ECHO_WAIT;
         loop {
             match sock.recv_from(&mut buf) {
                 Ok((n, from)) => {
