@@ -482,6 +482,15 @@ pub const IFACE_F_BRIDGE_VLAN_FILTERING: u32 = 1 << 15;
 /// by the daemon after the TC program is attached, cleared before it is detached.
 pub const IFACE_F_TC_HANDOFF: u32 = 1 << 16;
 
+/// The interface has no link-layer header (WireGuard's `wg0`, `tun0`, GRE, IPIP): its packets
+/// start with the IP header, in both directions. Only the TC fast path runs there: it reads a
+/// received packet's family from the skb (`skb->protocol`) and pushes an Ethernet header
+/// (`bpf_skb_change_head`) before it redirects one to an Ethernet device; a packet redirected
+/// to it loses its Ethernet header in the kernel's redirect (`__bpf_redirect_no_mac`). Always
+/// with [`IFACE_F_NO_XDP_XMIT`]: the XDP program writes Ethernet frames, so what it would send
+/// there is handed to the TC fast path instead ([`IFACE_F_TC_HANDOFF`]).
+pub const IFACE_F_L3: u32 = 1 << 17;
+
 /// The XDP metadata (four bytes before the frame, `bpf_xdp_adjust_meta`) that hands a packet
 /// to the TC fast path on an [`IFACE_F_TC_HANDOFF`] interface.
 pub const XDP_TC_HANDOFF: u32 = 0x7c68_0ff0;

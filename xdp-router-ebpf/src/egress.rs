@@ -3,8 +3,8 @@
 //! device's egress checked on the way, and the redirect to it set up.
 
 use xdp_router_common::{
-    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN,
-    IFACE_F_VLAN_PARENT, Reason,
+    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_L3, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER,
+    IFACE_F_VLAN, IFACE_F_VLAN_PARENT, Reason,
 };
 
 use crate::{
@@ -22,6 +22,9 @@ pub struct Egress {
     pub action: u32,
     /// The headers to push between the MACs and the IP header (VLAN tag, PPPoE session).
     pub tag: EgressTag,
+    /// The egress has no link-layer header (`IFACE_F_L3`): the Ethernet header the frame is
+    /// given does not leave (the kernel's redirect takes it off).
+    pub no_link_header: bool,
 }
 
 /// The redirect set up once the FIB's egress `hop.ifindex` (and, for a bridge, the port
@@ -65,5 +68,9 @@ pub fn redirect_to<P: Packet>(hop: &mut NextHop) -> Result<Egress, Reason> {
     let Some(action) = P::redirect(target) else {
         return Err(Reason::PassEgressNotManaged);
     };
-    Ok(Egress { action, tag })
+    Ok(Egress {
+        action,
+        tag,
+        no_link_header: flags & IFACE_F_L3 != 0,
+    })
 }

@@ -68,10 +68,13 @@ pub struct Reframed<T> {
 
 /// Gives the frame the L2 header its egress needs and cuts it down to that header plus the
 /// `ip_len`-byte IP datagram. `l2_in` is the received header's length (14, plus 4 with a tag,
-/// plus 8 for a PPPoE session); the outgoing one is 14, plus 4 when `tag` has a VLAN tag,
+/// plus 8 for a PPPoE session; 0 on a device without a link-layer header, where the packet
+/// starts with its IP header); the outgoing one is 14, plus 4 when `tag` has a VLAN tag,
 /// plus 8 when it has a PPPoE session: `bpf_xdp_adjust_head` removes what the received
 /// header has more or makes room for what the new one needs (the MACs, tag, EtherType and
-/// PPPoE header are written by the caller). Done before anything is written, so a failed
+/// PPPoE header are written by the caller). A packet for a device without a link-layer header
+/// leaves with an Ethernet header too: the kernel's redirect takes it off
+/// (`__bpf_redirect_no_mac`). Done before anything is written, so a failed
 /// resize passes the frame as received.
 ///
 /// Bytes beyond the datagram (Ethernet padding, garbage) are cut as the kernel trims the skb
@@ -89,9 +92,11 @@ pub fn reframe<T, P: Packet>(
     let session = if tag.pppoe { PPPOE_HLEN } else { 0 };
     let l2 = ETH_HLEN + vlan + session;
     if l2 != l2_in {
-        if P::SKB {
-            // Not on skbs yet (bpf_skb_adjust_room / bpf_skb_change_head and their GSO and
-            // checksum rules): the kernel pushes or pops the header.
+        if P::SKB && !(l2_in == 0 && l2 == ETH_HLEN) {
+            // On skbs only the Ethernet header of a packet received without a link-layer
+            // header (`IFACE_F_L3`) is pushed yet; a VLAN tag or PPPoE session pushed or
+            // popped (bpf_skb_adjust_room and its GSO and checksum rules) is not: the kernel
+            // does it.
             return Err(Reason::PassNotOnTc);
         }
         // A positive delta pops received headers, a negative one makes room for new ones.

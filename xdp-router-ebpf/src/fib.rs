@@ -6,7 +6,7 @@ use core::mem::{size_of, transmute};
 
 use aya_ebpf::{bindings::bpf_fib_lookup, helpers::bpf_fib_lookup as fib_lookup};
 use xdp_router_common::{
-    FIB_LOOKUP_MARK, FibCache, IFACE_F_PPPOE, Reason,
+    FIB_LOOKUP_MARK, FibCache, IFACE_F_L3, IFACE_F_PPPOE, Reason,
     parse::{check_fib_result, fib},
 };
 
@@ -214,9 +214,11 @@ pub fn next_hop<P: Packet>(
             lookup_flags(mark),
         )
     };
-    // A PPP device has no neighbours to resolve (the session names the peer's MAC), so the
-    // helper may well answer "no neighbour" for it, with the egress and the MTU check done.
-    if rc != fib::NO_NEIGH || !is_pppoe(params.ifindex) {
+    // A PPP device has no neighbours to resolve (the session names the peer's MAC), nor has a
+    // device without a link-layer header (`wg0`: the kernel sends to it without resolving
+    // anything), so the helper may well answer "no neighbour" for them, with the egress and
+    // the MTU check done.
+    if rc != fib::NO_NEIGH || !has_no_neighbours(params.ifindex) {
         check_fib_result(rc)?;
     }
     let hop = NextHop {
@@ -228,11 +230,12 @@ pub fn next_hop<P: Packet>(
     Ok(hop)
 }
 
-/// Whether `ifindex` is a managed PPPoE device.
+/// Whether `ifindex` is a managed device that sends without a neighbour: a PPPoE device, or
+/// one without a link-layer header.
 #[inline(always)]
-fn is_pppoe(ifindex: u32) -> bool {
+fn has_no_neighbours(ifindex: u32) -> bool {
     // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
     IFACES
         .get_ptr(ifindex)
-        .is_some_and(|i| unsafe { (*i).flags } & IFACE_F_PPPOE != 0)
+        .is_some_and(|i| unsafe { (*i).flags } & (IFACE_F_PPPOE | IFACE_F_L3) != 0)
 }

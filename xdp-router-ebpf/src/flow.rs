@@ -1,7 +1,7 @@
 //! The per-packet pipeline: parse and check the headers, find the offloaded flow, ask the kernel
 //! FIB where the translated packet goes, and only then rewrite and redirect it. Written once:
 //! for both address families (through `family::Family`) and for any program context that
-//! gives packet access (`packet::Packet`; the XDP program's today).
+//! gives packet access (`packet::Packet`: the XDP program's and the TC program's).
 //!
 //! Every function returns `Err(reason)` for a packet the kernel must handle; nothing is written
 //! to the packet before the last check has passed, so a passed packet is exactly as received.
@@ -14,7 +14,7 @@ use core::{
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_coarse_ns};
 use xdp_router_common::{
     FLOW_DSCP_KNOWN, FLOW_DSCP_REWRITTEN, FLOW_F_AWAITING_TRAFFIC, FLOW_F_REPLY, FLOW_TTL_KNOWN,
-    FlowCounters, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK,
+    FlowCounters, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_L3,
     IFACE_F_PORT_NOT_FORWARDING, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN_PARENT, IfaceInfo, Reason,
     SETTINGS_F_DSCP_REWRITE, SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL,
     checksum::{combine, diff16, fold},
@@ -47,7 +47,8 @@ pub struct Forwarded {
     pub action: u32,
     /// [`Reason::ForwardedOriginal`] or [`Reason::ForwardedReply`].
     pub reason: Reason,
-    /// Length of the frame sent (Ethernet header + IP datagram: padding trimmed).
+    /// Length of the frame sent (Ethernet header + IP datagram: padding trimmed; the datagram
+    /// alone out of a device without a link-layer header).
     pub bytes: u64,
 }
 
@@ -97,6 +98,57 @@ pub fn try_forward<P: Packet>(
     }
     // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
     let (flags, l3_ifindex) = info.map_or((0, 0), |i| unsafe { ((*i).flags, (*i).l3_ifindex) });
+    let front = if P::SKB && flags & IFACE_F_L3 != 0 {
+        // No link-layer header (`wg0`, `tun0`): the IP header starts the packet, and the
+        // kernel recorded its family in the skb. Nothing here is a bridge, VLAN or PPPoE
+        // frame, and no MAC addresses it.
+        Front {
+            l3: classify_ethertype(ctx.l3_protocol())?,
+            l2: 0,
+            iif: ifindex,
+            ip_len_max: frame_len(ctx),
+        }
+    } else {
+        ethernet_front(ctx, ifindex, info, flags, l3_ifindex, slot)?
+    };
+    let Front {
+        l3,
+        l2,
+        iif,
+        ip_len_max,
+    } = front;
+    match l3 {
+        L3::V4 => try_forward_ip::<V4, P>(ctx, iif, l2, ip_len_max, &cache, verify_l4),
+        L3::V6 => try_forward_ip::<V6, P>(ctx, iif, l2, ip_len_max, &cache, verify_l4),
+    }
+}
+
+/// Where a received packet's IP header is, and what the IP layer sees it as.
+struct Front {
+    /// Its family.
+    l3: L3,
+    /// Bytes before the IP header (link-layer header, VLAN tag, PPPoE session).
+    l2: usize,
+    /// The device the IP layer sees it received on (a bridge, VLAN or PPP device over the
+    /// port it arrived on, or that port).
+    iif: u32,
+    /// At most this many bytes of IP datagram follow the header's start.
+    ip_len_max: usize,
+}
+
+/// The link-layer part of the pipeline for an Ethernet frame received on `ifindex` (flags
+/// `flags`, `IFACES` entry `info`, bridge `l3_ifindex`): bridge, VLAN and PPPoE handling, and
+/// the destination MAC check. `slot` is set to a VLAN or PPP device's stats slot when the
+/// frame is that device's.
+#[inline(always)]
+fn ethernet_front<P: Packet>(
+    ctx: &P,
+    ifindex: u32,
+    info: Option<*const IfaceInfo>,
+    flags: u32,
+    l3_ifindex: u32,
+    slot: &mut u32,
+) -> Result<Front, Reason> {
     let eth: *mut EthHdr = ptr_at_mut(ctx, 0)?;
     // SAFETY: ptr_at_mut checked that the header is inside the frame.
     let (ethertype, tpid_be) = unsafe { ((*eth).ethertype(), (*eth).ethertype_be) };
@@ -204,10 +256,12 @@ pub fn try_forward<P: Packet>(
         verify::dst_mac_is_ours(eth, l3_info)?;
         (l3, frame_len(ctx) - l2)
     };
-    match l3 {
-        L3::V4 => try_forward_ip::<V4, P>(ctx, iif, l2, ip_len_max, &cache, verify_l4),
-        L3::V6 => try_forward_ip::<V6, P>(ctx, iif, l2, ip_len_max, &cache, verify_l4),
-    }
+    Ok(Front {
+        l3,
+        l2,
+        iif,
+        ip_len_max,
+    })
 }
 
 /// Offset of the checksum field in the transport header of protocol `proto` (TCP 16, UDP 6).
@@ -397,8 +451,9 @@ fn finish(
     }
 }
 
-/// Steps 4-11 for an IP packet of family `F` whose header is `l2` bytes into the frame:
-/// checks, flow, FIB, egress, rewrite, counters, redirect.
+/// Steps 4-11 for an IP packet of family `F` whose header is `l2` bytes into the frame (0 on
+/// a device without a link-layer header): checks, flow, FIB, egress, rewrite, counters,
+/// redirect.
 #[expect(
     clippy::needless_borrows_for_generic_args,
     reason = "the flow key stays in its one stack slot (a by-value key is copied): the program's stack is nearly full"
@@ -466,7 +521,7 @@ fn try_forward_ip<F: Family, P: Packet>(
         }
     }
     // The length the egress MTU is checked against (a GSO skb's segments; XDP: `h.len`).
-    let mtu_len = ctx.mtu_len(h.len, l2 + F::HLEN, h.proto == IPPROTO_TCP);
+    let mtu_len = ctx.mtu_len(h.len, l2, l2 + F::HLEN, h.proto == IPPROTO_TCP);
 
     let mut params = fib_params(
         F::AF,
@@ -521,11 +576,17 @@ fn try_forward_ip<F: Family, P: Packet>(
         // A failed insert (out of memory) only delays the conntrack refresh to a later pass.
         let _ = F::active().insert(&key, &0, 0);
     }
+    // What leaves: without the Ethernet header where the egress has none (only TC sends there).
+    let sent = if P::SKB && egress.no_link_header {
+        usize::from(h.len)
+    } else {
+        frame_len(ctx)
+    };
     Ok(finish(
         counters,
         flags,
         u64::from(h.len),
-        frame_len(ctx) as u64,
+        sent as u64,
         egress.action,
         now,
     ))

@@ -41,8 +41,9 @@ pub trait Packet: EbpfContext {
     unsafe fn from_ptr(ptr: *mut c_void) -> Self;
 
     /// Moves the packet's start by `delta` bytes, as `bpf_xdp_adjust_head` does: a positive
-    /// delta removes bytes from the front, a negative one makes room there. `false` when it
-    /// failed (the packet is unchanged). Every packet pointer is invalid afterwards.
+    /// delta removes bytes from the front, a negative one makes room there (on an skb: only
+    /// room for the link-layer header of a packet that has none, see `tc.rs`). `false` when
+    /// it failed (the packet is unchanged). Every packet pointer is invalid afterwards.
     fn adjust_head(&self, delta: i32) -> bool;
 
     /// Moves the packet's end by `delta` bytes, as `bpf_xdp_adjust_tail` does (negative:
@@ -70,10 +71,15 @@ pub trait Packet: EbpfContext {
     fn pull(&self, len: usize) -> bool;
 
     /// The IP length the egress MTU is checked against for a datagram of `ip_len` bytes
-    /// whose transport header (TCP if `tcp`, else UDP) is at `l4_off`: the datagram's own
-    /// length, or for a GSO skb the length of each segment it will be cut into (as
-    /// `ip_forward` checks with `skb_gso_validate_network_len`).
-    fn mtu_len(&self, ip_len: u16, l4_off: usize, tcp: bool) -> u16;
+    /// whose IP header is at `l3_off` and transport header (TCP if `tcp`, else UDP) at
+    /// `l4_off`: the datagram's own length, or for a GSO skb the length of each segment it
+    /// will be cut into (as `ip_forward` checks with `skb_gso_validate_network_len`).
+    fn mtu_len(&self, ip_len: u16, l3_off: usize, l4_off: usize, tcp: bool) -> u16;
+
+    /// The packet's protocol as the kernel recorded it (`skb->protocol`, an EtherType, host
+    /// order): the family of a packet received on a device without a link-layer header
+    /// (`IFACE_F_L3`), which only the TC program runs on. Never for XDP.
+    fn l3_protocol(&self) -> u16;
 
     /// Brings the transport checksum at `edit.offset` up to date after the rewrite, for
     /// contexts whose checksum the rewrite does not write directly (skbs, [`Packet::SKB`]).
@@ -163,8 +169,14 @@ impl Packet for XdpContext {
     }
 
     #[inline(always)]
-    fn mtu_len(&self, ip_len: u16, _l4_off: usize, _tcp: bool) -> u16 {
+    fn mtu_len(&self, ip_len: u16, _l3_off: usize, _l4_off: usize, _tcp: bool) -> u16 {
         ip_len
+    }
+
+    #[inline(always)]
+    fn l3_protocol(&self) -> u16 {
+        // Frames carry their EtherType; the pipeline reads it there.
+        0
     }
 
     #[inline(always)]

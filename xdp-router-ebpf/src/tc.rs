@@ -22,13 +22,13 @@ use aya_ebpf::{
         __sk_buff, BPF_CSUM_LEVEL_QUERY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_REDIRECT,
     },
     helpers::{
-        bpf_csum_level, bpf_csum_update, bpf_l4_csum_replace, bpf_redirect, bpf_skb_change_tail,
-        bpf_skb_pull_data,
+        bpf_csum_level, bpf_csum_update, bpf_l4_csum_replace, bpf_redirect, bpf_skb_change_head,
+        bpf_skb_change_tail, bpf_skb_pull_data,
     },
     programs::TcContext,
 };
 use core::ffi::c_void;
-use xdp_router_common::{checksum::fold, parse::ETH_HLEN};
+use xdp_router_common::checksum::fold;
 
 use crate::packet::{L4ChecksumEdit, Packet, ptr_at_mut};
 
@@ -62,11 +62,18 @@ impl Packet for TcContext {
     }
 
     #[inline(always)]
-    fn adjust_head(&self, _delta: i32) -> bool {
-        // Pushing or popping a VLAN tag or PPPoE header on an skb (bpf_skb_adjust_room with
-        // its offload and GSO rules) is not done yet: `encap::reframe` hands such packets to
-        // the kernel as `Reason::PassNotOnTc` before it gets here.
-        false
+    fn adjust_head(&self, delta: i32) -> bool {
+        // Only room in front of the IP header of a packet received without a link-layer header
+        // (`IFACE_F_L3`), for the Ethernet header it leaves with: `bpf_skb_change_head` is
+        // made for that (it moves the MAC header with the data and leaves the network header,
+        // protocol, checksum and GSO state as they are). Pushing or popping a VLAN tag or PPPoE
+        // header on an skb (bpf_skb_adjust_room with its offload and GSO rules) is not done
+        // yet: `encap::reframe` hands such packets to the kernel as `Reason::PassNotOnTc`.
+        if delta >= 0 {
+            return false;
+        }
+        // SAFETY: a helper on this program's own context.
+        unsafe { bpf_skb_change_head(self.as_ptr().cast(), delta.unsigned_abs(), 0) == 0 }
     }
 
     #[inline(always)]
@@ -158,15 +165,14 @@ impl Packet for TcContext {
     }
 
     #[inline(always)]
-    fn mtu_len(&self, ip_len: u16, l4_off: usize, tcp: bool) -> u16 {
+    fn mtu_len(&self, ip_len: u16, l3_off: usize, l4_off: usize, tcp: bool) -> u16 {
         let gso_size = self.skb.gso_size();
         if gso_size == 0 {
             return ip_len;
         }
         // A GSO skb leaves as segments of `gso_size` payload bytes each: those must fit the
         // egress MTU (ip_forward's `skb_gso_validate_network_len`), not the aggregate. Each
-        // segment has the IP header (from the Ethernet header's end, 14 bytes, to `l4_off`)
-        // and the transport header.
+        // segment has the IP header (`l3_off` to `l4_off`) and the transport header.
         let l4_hlen = if tcp {
             let Ok(doff) = ptr_at_mut::<u8, _>(self, l4_off + 12) else {
                 return ip_len;
@@ -176,12 +182,18 @@ impl Packet for TcContext {
         } else {
             8
         };
-        let seg = (l4_off - ETH_HLEN) as u32 + l4_hlen + gso_size;
+        let seg = (l4_off - l3_off) as u32 + l4_hlen + gso_size;
         if seg < u32::from(ip_len) {
             seg as u16
         } else {
             ip_len
         }
+    }
+
+    #[inline(always)]
+    fn l3_protocol(&self) -> u16 {
+        // `protocol` holds the raw (network order) 16-bit value.
+        u16::from_be(self.skb.protocol() as u16)
     }
 
     #[inline(always)]

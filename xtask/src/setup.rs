@@ -49,6 +49,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("hostapd", "hostapd"),
     ("wpa_supplicant", "wpasupplicant"),
     ("iw", "iw"),
+    // tests/tests/wireguard.rs (in the guest): the tunnel's keys and peers.
+    ("wg", "wireguard-tools"),
     // bench/src/router.rs pins the router's threads.
     ("taskset", "util-linux"),
     // bench/src/scale/idle.rs counts an idle daemon's system calls.

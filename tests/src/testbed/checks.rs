@@ -389,7 +389,7 @@ pub fn traffic_is_fast_pathed(tb: &Testbed, port: u16, lan: &str, wan: &str, wha
         let m = measure_udp(tb, &sock, server, &mut seq, lan, wan);
         println!(
             "{server} {what}: {} datagrams each way; fast path forwarded {} original (on {lan}), \
-             {} reply (on {wan}); wire packets {} on {}, {} on {WAN_IF}: fast-path share \
+             {} reply (on {wan}); wire packets {} on {}, {} on {}: fast-path share \
              {:.0} % / {:.0} %; FORWARD ESTABLISHED +{}",
             m.sent,
             m.orig,
@@ -397,6 +397,7 @@ pub fn traffic_is_fast_pathed(tb: &Testbed, port: u16, lan: &str, wan: &str, wha
             m.wire_lan,
             tb.lan_wire,
             m.wire_wan,
+            tb.wan_wire,
             100.0 * m.orig as f64 / m.wire_lan.max(1) as f64,
             100.0 * m.reply as f64 / m.wire_wan.max(1) as f64,
             m.established

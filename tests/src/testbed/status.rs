@@ -252,7 +252,7 @@ pub struct Snapshot {
     pub status: Status,
     /// rx_packets of the router's LAN wire device ([`Testbed::lan_wire`]).
     pub rx_lan: u64,
-    /// rx_packets of the router's WAN interface.
+    /// rx_packets of the router's WAN wire device ([`Testbed::wan_wire`]).
     pub rx_wan: u64,
     /// iptables FORWARD ESTABLISHED rule packets.
     pub established_v4: u64,

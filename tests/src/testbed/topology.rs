@@ -112,6 +112,9 @@ pub struct Testbed {
     /// The router's device whose received packets are the LAN's wire packets in a
     /// [`Snapshot`]: the LAN veth, unless a test moved the LAN onto another device (a NIC).
     pub lan_wire: String,
+    /// The same for the WAN: the WAN veth, unless a test moved the WAN onto another device
+    /// (an L3 tunnel).
+    pub wan_wire: String,
 }
 
 impl Testbed {
@@ -126,6 +129,7 @@ impl Testbed {
             dir: TempDir::new(),
             verdict_max_age_ms: 0,
             lan_wire: LAN_IF.to_string(),
+            wan_wire: WAN_IF.to_string(),
         };
         tb.router.sh(&format!(
             "ip link add {LAN_IF} type veth peer name {HOST_IF} netns {lan}
@@ -271,7 +275,7 @@ impl Testbed {
         Snapshot {
             status: self.daemon().status(),
             rx_lan: self.rx_packets(&self.lan_wire),
-            rx_wan: self.rx_packets(WAN_IF),
+            rx_wan: self.rx_packets(&self.wan_wire),
             established_v4: established_packets(&self.router, "iptables"),
             established_v6: established_packets(&self.router, "ip6tables"),
         }

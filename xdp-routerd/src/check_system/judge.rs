@@ -264,9 +264,10 @@ pub fn feature_names(bits: u64) -> String {
 pub fn device(d: &Device) -> (Level, String) {
     if !d.ethernet && d.kind.as_deref() != Some("ppp") {
         return (
-            Level::Warn,
-            "no link-layer header (an L3 device such as WireGuard, tun or GRE): not attached, \
-             and connections routed through it stay with the kernel (path_not_managed)"
+            Level::Ok,
+            "no link-layer header (an L3 device such as WireGuard, tun or GRE): the TC fast \
+             path runs on its IP packets (XDP parses Ethernet frames), and traffic routed into \
+             it from a native-XDP port is handed to TC there"
                 .into(),
         );
     }
@@ -405,12 +406,12 @@ mod tests {
     }
 
     #[test]
-    fn a_device_without_a_link_layer_header_is_not_attached() {
+    fn a_device_without_a_link_layer_header_gets_the_tc_fast_path() {
         let mut d = facts().devices[0].clone();
         d.ethernet = false;
         let (level, text) = device(&d);
-        assert_eq!(level, Level::Warn);
-        assert!(text.contains("not attached"), "{text}");
+        assert_eq!(level, Level::Ok);
+        assert!(text.contains("the TC fast path runs"), "{text}");
         d.kind = Some("ppp".into());
         assert_eq!(
             device(&d).1,

@@ -280,7 +280,7 @@ impl Datapath {
     /// offloaded flows routed there are handed to the TC program at the same ingress instead of
     /// the kernel. Left in place when the last TC port goes (the XDP program then has nothing
     /// to hand over but to ports without XDP transmit, which TC serves as well).
-    fn update_handoffs(&mut self) {
+    pub(super) fn update_handoffs(&mut self) {
         if self.tc_unavailable.is_some() || !self.links.modes.values().any(|m| *m == AttachMode::Tc)
         {
             return;
@@ -391,7 +391,7 @@ impl Datapath {
     /// Attaches the TC fast path ([`TC_PROG_NAME`]) to the ingress of `name` as a TCX
     /// bpf_link, first among the TCX ingress programs (before the DSCP stamp: a packet it
     /// forwards needs no stamp).
-    fn attach_tc_program(&mut self, name: &str, ifindex: u32) -> anyhow::Result<()> {
+    pub(super) fn attach_tc_program(&mut self, name: &str, ifindex: u32) -> anyhow::Result<()> {
         let link = self.attach_tc_link(name)?;
         self.links.tc.insert(ifindex, link);
         self.links.modes.insert(ifindex, AttachMode::Tc);

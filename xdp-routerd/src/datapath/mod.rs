@@ -20,9 +20,9 @@ use aya::{
 use tracing::warn;
 use xdp_router_common::{
     ARM_L3_PROG_NAME, ARM_PROG_NAME, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP,
-    IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_TC_HANDOFF, IFACE_F_VLAN,
-    IFACE_F_VLAN_PARENT, IfaceInfo, MAP_IFACES, MAP_TX_PORTS, PROG_NAME, STAMP_PROG_NAME,
-    TC_PROG_NAME,
+    IFACE_F_L3, IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_TC_HANDOFF,
+    IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_IFACES, MAP_TX_PORTS, PROG_NAME,
+    STAMP_PROG_NAME, TC_PROG_NAME,
 };
 
 pub mod attach;
@@ -34,7 +34,7 @@ pub mod settings;
 pub mod vlan;
 
 pub use attach::{AttachMode, DatapathChoice, native_attach_failure};
-pub use ports::Ports;
+pub use ports::{NO_LINK_LAYER_TC, Ports};
 pub use pppoe::PppoeBinding;
 pub use settings::{FibCache, Ruleset};
 pub use vlan::VlanParent;
@@ -79,7 +79,8 @@ const DATAPATH_FLAGS: u32 = IFACE_F_BRIDGE
     | IFACE_F_PPPOE_LOWER
     | IFACE_F_PPP_CCP
     | IFACE_F_GENERIC_XDP
-    | IFACE_F_TC_HANDOFF;
+    | IFACE_F_TC_HANDOFF
+    | IFACE_F_L3;
 
 /// Takes the map `name` out of `ebpf` as the typed handle `T` (once: the map is gone after).
 fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(

@@ -7,9 +7,9 @@ use anyhow::{Context as _, bail};
 use tracing::info;
 use xdp_router_common::{
     ARM_L3_PROG_NAME, ARM_PROG_NAME, BRIDGE_VLAN_F_UNTAGGED, FdbKey, IFACE_F_BRIDGE,
-    IFACE_F_BRIDGE_PORT, IFACE_F_NO_XDP_XMIT, IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER,
-    IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_BRIDGE_FDB, MAP_BRIDGE_VLANS, MAP_IFACES,
-    MAP_TX_PORTS, MAP_VLANS, MAX_IFACE_SLOTS, VlanKey,
+    IFACE_F_BRIDGE_PORT, IFACE_F_L3, IFACE_F_NO_XDP_XMIT, IFACE_F_PPP_CCP, IFACE_F_PPPOE,
+    IFACE_F_PPPOE_LOWER, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_BRIDGE_FDB,
+    MAP_BRIDGE_VLANS, MAP_IFACES, MAP_TX_PORTS, MAP_VLANS, MAX_IFACE_SLOTS, VlanKey,
 };
 
 use super::{
@@ -17,6 +17,10 @@ use super::{
     bridge::{bridge_vlan_key, fdb_key},
 };
 use crate::{config::XdpModeConfig, flows::FlowTable};
+
+/// Why a device without a link-layer header runs the TC fast path (`status`).
+pub const NO_LINK_LAYER_TC: &str = "no link-layer header (an L3 device such as WireGuard or \
+     tun): the TC fast path, whatever `datapath` says (XDP would run generic there)";
 
 /// What the daemon's state needs from the datapath besides the flow maps (the interface it
 /// drives): the managed interfaces' attachments and `IFACES` entries, and the bridge, VLAN
@@ -83,6 +87,15 @@ pub trait Ports: FlowTable {
     /// Registers the PPP device `ifindex` (the program runs on its session's lower device,
     /// see [`Ports::set_pppoe`]).
     fn attach_ppp(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+    ) -> anyhow::Result<AttachMode>;
+    /// Registers and attaches to the device without a link-layer header `ifindex` (`wg0`,
+    /// `tun0`): the TC fast path at its ingress, whatever `datapath` says.
+    fn attach_l3(
         &mut self,
         name: &str,
         ifindex: u32,
@@ -345,19 +358,13 @@ impl Ports for Datapath {
         slot: u32,
         flags: u32,
     ) -> anyhow::Result<AttachMode> {
-        if slot == 0 || slot >= MAX_IFACE_SLOTS {
-            bail!("interface slot {slot} out of range");
-        }
-        let info = IfaceInfo {
+        self.register_l3(
+            name,
+            ifindex,
             slot,
-            flags: flags & !(IFACE_F_PPPOE | IFACE_F_PPPOE_LOWER),
-            ..IfaceInfo::default()
-        };
-        self.ifaces
-            .insert(ifindex, info, 0)
-            .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
+            flags & !(IFACE_F_PPPOE | IFACE_F_PPPOE_LOWER),
+        )?;
         self.pppoe.devices.insert(ifindex, None);
-        let _ = self.tx_ports.remove(ifindex);
         if !self.links.armed.contains_key(&ifindex) {
             self.attach_arming(name, ifindex, ARM_L3_PROG_NAME);
         }
@@ -366,6 +373,43 @@ impl Ports for Datapath {
             ifindex, "PPP device: XDP runs on its PPPoE session's lower device"
         );
         Ok(AttachMode::Lower)
+    }
+
+    /// Registers the device without a link-layer header `ifindex` (`wg0`, `tun0`): its
+    /// `IFACES` entry (`IFACE_F_L3`, and `IFACE_F_NO_XDP_XMIT`: the XDP program writes
+    /// Ethernet frames, so what it routes there is handed to the TC fast path), the TC fast
+    /// path at its ingress whatever `datapath` says (XDP would run generic there and parse
+    /// nothing), and the L3 arming program on its egress. No `TX_PORTS` entry, no DSCP stamp
+    /// (it reads Ethernet frames: DSCP rewrites of flows entering here stay with the kernel).
+    fn attach_l3(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+    ) -> anyhow::Result<AttachMode> {
+        self.register_l3(
+            name,
+            ifindex,
+            slot,
+            flags | IFACE_F_L3 | IFACE_F_NO_XDP_XMIT,
+        )?;
+        self.links.names.insert(ifindex, name.to_string());
+        if !self.links.tc.contains_key(&ifindex)
+            && let Err(e) = self.attach_tc_program(name, ifindex)
+        {
+            let _ = self.ifaces.remove(&ifindex);
+            self.links.names.remove(&ifindex);
+            return Err(e);
+        }
+        self.links
+            .datapath_because
+            .insert(ifindex, NO_LINK_LAYER_TC.to_string());
+        if !self.links.armed.contains_key(&ifindex) {
+            self.attach_arming(name, ifindex, ARM_L3_PROG_NAME);
+        }
+        self.update_handoffs();
+        Ok(AttachMode::Tc)
     }
 
     /// Binds the PPP device `ifindex` (registered by [`Ports::attach_ppp`]) to `session`,
@@ -464,5 +508,31 @@ impl Ports for Datapath {
         info.vlan_tpid_be = tpid.to_be();
         info.vlan_tci_be = pvid.to_be();
         self.update_iface(ifindex, info)
+    }
+}
+
+impl Datapath {
+    /// The `IFACES` entry (stats slot `slot`, `flags`) of a device without a link-layer header
+    /// (a PPP device, `wg0`): never a `TX_PORTS` entry, XDP sends nothing there.
+    fn register_l3(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+    ) -> anyhow::Result<()> {
+        if slot == 0 || slot >= MAX_IFACE_SLOTS {
+            bail!("interface slot {slot} out of range");
+        }
+        let info = IfaceInfo {
+            slot,
+            flags,
+            ..IfaceInfo::default()
+        };
+        self.ifaces
+            .insert(ifindex, info, 0)
+            .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
+        let _ = self.tx_ports.remove(ifindex);
+        Ok(())
     }
 }

@@ -62,8 +62,8 @@ pub struct Managed {
     /// For a PPP device (link kind `ppp`): its PPPoE session (see [`super::pppoe`]); `None` for
     /// any other device.
     pub(super) pppoe: Option<PppoeState>,
-    /// Present without an Ethernet address (and not a PPP device): not attached (see
-    /// [`super::attach_mac`]).
+    /// Present without an Ethernet address (and not a PPP device): a device without a
+    /// link-layer header, on the TC fast path (see [`super::attach_mac`]).
     pub(super) no_link_layer: bool,
 }
 
@@ -87,11 +87,18 @@ impl Managed {
             self.hooks,
             self.cfg.bypass_hooks,
         ) | self.bridge.as_ref().map_or(0, Bridge::filtering_flag)
+            // The XDP program writes Ethernet frames: never redirected to by XDP.
+            | if self.no_link_layer {
+                IFACE_F_NO_XDP_XMIT
+            } else {
+                0
+            }
     }
 
     /// Attaches to the interface (now `ifindex`, with `mac`): to its ports when it is a bridge,
-    /// to `parent` when it is a VLAN device; a PPP device is only registered (its session is
-    /// bound by [`super::State::apply_pppoe`]).
+    /// to `parent` when it is a VLAN device, the TC fast path when it has no link-layer header;
+    /// a PPP device is only registered (its session is bound by
+    /// [`super::State::apply_pppoe`]).
     pub(super) fn attach<D: Ports>(
         &mut self,
         dp: &mut D,
@@ -113,6 +120,8 @@ impl Managed {
                 &parent,
                 xdp_mode,
             )
+        } else if self.no_link_layer {
+            dp.attach_l3(&self.cfg.name, ifindex, self.slot, self.flags())
         } else if self.bridge.is_some() {
             dp.attach_bridge(&self.cfg.name, ifindex, self.slot, self.flags(), mac)
         } else if self.is_ppp() {

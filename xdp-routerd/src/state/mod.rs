@@ -197,9 +197,7 @@ impl<D: Ports> State<D> {
             let Some(ifindex) = m.ifindex else {
                 continue;
             };
-            let Some(mac) = attach_mac(m, *mac) else {
-                continue;
-            };
+            let mac = attach_mac(m, *mac);
             let parent = m.vlan_parent(&self.xmit, &mut self.parent_slots, &mut self.next_slot);
             m.mode = Some(m.attach(&mut self.dp, ifindex, mac, self.xdp_mode, parent)?);
         }
@@ -280,12 +278,11 @@ impl<D: Ports> State<D> {
         m.mode = None;
         m.ifindex = Some(ifindex);
         m.set_xmit(self.xmit.of(ifindex, m.link_kind.as_deref()));
-        if let Some(mac) = attach_mac(m, mac) {
-            let parent = m.vlan_parent(&self.xmit, &mut self.parent_slots, &mut self.next_slot);
-            match m.attach(&mut self.dp, ifindex, mac, xdp_mode, parent) {
-                Ok(mode) => m.mode = Some(mode),
-                Err(e) => error!(interface = name, error = %format!("{e:#}"), "cannot attach"),
-            }
+        let mac = attach_mac(m, mac);
+        let parent = m.vlan_parent(&self.xmit, &mut self.parent_slots, &mut self.next_slot);
+        match m.attach(&mut self.dp, ifindex, mac, xdp_mode, parent) {
+            Ok(mode) => m.mode = Some(mode),
+            Err(e) => error!(interface = name, error = %format!("{e:#}"), "cannot attach"),
         }
         self.sync_managed();
         true
@@ -315,26 +312,14 @@ impl<D: Ports> State<D> {
     }
 }
 
-/// The MAC address frames must be sent to for the fast path to forward them, or `None` when
-/// the interface is not to be attached: a device without a link-layer header (WireGuard, tun,
-/// GRE, IPIP: the fast path parses and writes Ethernet frames) is left alone, so connections
-/// routed through it are not offloaded (`path_not_managed`) and stay with the kernel, and
-/// `status` says why ([`NO_LINK_LAYER`]). A PPP device has no Ethernet address and needs none:
-/// its session's frames are sent to its lower device's.
-pub(super) fn attach_mac(m: &mut Managed, mac: Option<[u8; 6]>) -> Option<[u8; 6]> {
+/// The MAC address frames must be sent to for the fast path to forward them. A device without
+/// a link-layer header (WireGuard, tun, GRE, IPIP) has none and needs none: it gets the TC fast
+/// path on its IP packets (`Ports::attach_l3`); nor does a PPP device: its session's frames are
+/// sent to its lower device's.
+pub(super) fn attach_mac(m: &mut Managed, mac: Option<[u8; 6]>) -> [u8; 6] {
     m.no_link_layer = mac.is_none() && !m.is_ppp();
-    if m.no_link_layer {
-        let name = &m.cfg.name;
-        warn!(interface = %name, "{name}: {NO_LINK_LAYER}");
-        return None;
-    }
-    Some(mac.unwrap_or_default())
+    mac.unwrap_or_default()
 }
-
-/// Why an interface without an Ethernet address is not attached (`status`, the log).
-pub const NO_LINK_LAYER: &str = "no Ethernet address, so no link-layer header (an L3 device \
-     such as WireGuard, tun or GRE): not attached, and connections routed through it stay with \
-     the kernel (path_not_managed)";
 
 /// CLOCK_MONOTONIC_COARSE in ns, the clock of `bpf_ktime_get_coarse_ns()` that the datapath
 /// stamps `last_seen_ns` with.

@@ -100,7 +100,7 @@ impl State<Datapath> {
                 egress_qdisc: m.egress.as_ref().and_then(|e| e.root.clone()),
                 xdp_xmit: match &m.pppoe {
                     Some(p) => p.bound.is_some(),
-                    None => m.ifindex.is_some() && m.xmit.allowed(),
+                    None => m.ifindex.is_some() && m.xmit.allowed() && !m.no_link_layer,
                 },
                 no_xdp_xmit_because: match (&m.bridge, m.ifindex, &m.pppoe) {
                     (_, None, _) => None,
@@ -110,15 +110,15 @@ impl State<Datapath> {
                     (None, Some(_), Some(p)) => p.bound.is_none().then(|| {
                         "a PPP device without an accelerated PPPoE session: packets routed out of it stay in the kernel".into()
                     }),
+                    (None, Some(_), None) if m.no_link_layer => Some(
+                        "no link-layer header: XDP writes Ethernet frames; the TC fast path sends into it (handed over by native-XDP ports)".into(),
+                    ),
                     (None, Some(_), None) => m.xmit.why_not(),
                 },
-                datapath_because: if m.no_link_layer && m.mode.is_none() {
-                    Some(super::NO_LINK_LAYER.into())
-                } else {
-                    m.ifindex
-                        .and_then(|i| self.dp.datapath_because(i))
-                        .map(str::to_string)
-                },
+                datapath_because: m
+                    .ifindex
+                    .and_then(|i| self.dp.datapath_because(i))
+                    .map(str::to_string),
                 tc_handoff: m.ifindex.is_some_and(|i| self.dp.tc_handoff(i)),
                 generic_because: m
                     .ifindex

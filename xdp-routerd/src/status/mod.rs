@@ -221,9 +221,9 @@ pub struct IfaceStatus {
     #[serde(default)]
     pub no_xdp_xmit_because: Option<String>,
     /// Why the interface runs the datapath it runs (`attach_mode` `tc`, or an XDP mode): the
-    /// config setting that chose it; for one left `detached` because it has no link-layer
-    /// header, that. Null when not attached itself for other reasons (a bridge's ports, a PPP
-    /// device's lower device carry the program).
+    /// config setting that chose it, or that it has no link-layer header (always TC). Null
+    /// when not attached itself (a bridge's ports, a PPP device's lower device carry the
+    /// program).
     #[serde(default)]
     pub datapath_because: Option<String>,
     /// The TC fast path also runs behind native XDP here, for the packets XDP cannot redirect

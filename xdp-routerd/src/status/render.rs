@@ -59,14 +59,8 @@ impl Status {
                 "  {:<12} ifindex {:<4} role {:<4} {datapath}{qdisc}{shaped}{bridge}{encap}",
                 i.name, i.ifindex, i.role,
             );
-            match (i.attach_mode.as_str(), &i.datapath_because) {
-                ("tc", Some(why)) => {
-                    let _ = writeln!(s, "    datapath tc because: {why}");
-                }
-                ("detached", Some(why)) => {
-                    let _ = writeln!(s, "    not attached: {why}");
-                }
-                _ => {}
+            if let ("tc", Some(why)) = (i.attach_mode.as_str(), &i.datapath_because) {
+                let _ = writeln!(s, "    datapath tc because: {why}");
             }
             if let Some(why) = &i.generic_because {
                 let _ = writeln!(s, "    generic XDP because: {why}");
@@ -332,7 +326,8 @@ mod tests {
     }
 
     /// An interface running the TC fast path says so, and why; an XDP one does not say why, but
-    /// says when the TC program runs behind it; one left unattached says why.
+    /// says when the TC program runs behind it; a device without a link-layer header says why
+    /// it runs TC.
     #[test]
     fn a_tc_interface_shows_its_datapath_and_why() {
         let mut st = status(&[]);
@@ -350,14 +345,15 @@ mod tests {
         eth2.tc_handoff = true;
         let mut wg0 = eth0.clone();
         wg0.name = "wg0".into();
-        wg0.attach_mode = "detached".into();
-        wg0.datapath_because = Some("no link-layer header".into());
+        wg0.attach_mode = "tc".into();
+        wg0.datapath_because = Some(crate::datapath::NO_LINK_LAYER_TC.into());
         st.interfaces = vec![eth1, eth0, eth2, wg0];
         let text = st.render();
         assert!(
             text.contains(
-                "wg0          ifindex 12   role wan  not attached\n    not attached: no \
-                 link-layer header\n"
+                "wg0          ifindex 12   role wan  tc ingress\n    datapath tc because: no \
+                 link-layer header (an L3 device such as WireGuard or tun): the TC fast path, \
+                 whatever `datapath` says (XDP would run generic there)\n"
             ),
             "{text}"
         );

@@ -19,7 +19,7 @@ use super::{Prepared, Run, Script, Shared};
 use crate::cmd;
 
 /// Test targets of `xdp-router-tests` whose ignored tests run in the guest.
-pub const TEST_TARGETS: &[&str] = &["vlan", "pppoe", "ipsec", "bridge", "nic"];
+pub const TEST_TARGETS: &[&str] = &["vlan", "pppoe", "ipsec", "bridge", "nic", "wireguard"];
 
 /// The MACs of the guest's two emulated e1000e NICs, wired to each other (`tests/nic.rs` finds
 /// them by these).
@@ -56,6 +56,7 @@ const MODULES: &[&str] = &[
     "seqiv",
     "e1000e",
     "mac80211_hwsim",
+    "wireguard",
 ];
 
 /// The Debian package that provides the guest kernel (`cargo xtask setup` installs it): 6.12

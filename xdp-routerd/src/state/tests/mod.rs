@@ -11,7 +11,7 @@ use std::{
 use aya::maps::MapError;
 use xdp_router_common::{
     ArmKeyV4, ArmKeyV6, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT,
-    IFACE_F_BRIDGE_VLAN_FILTERING, IFACE_F_INGRESS_HOOK, IFACE_F_NO_XDP_XMIT,
+    IFACE_F_BRIDGE_VLAN_FILTERING, IFACE_F_INGRESS_HOOK, IFACE_F_L3, IFACE_F_NO_XDP_XMIT,
     IFACE_F_PORT_NOT_FORWARDING, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_SHAPED,
     IFACE_F_VLAN_PARENT,
 };
@@ -260,6 +260,19 @@ impl Ports for FakeDp {
         self.attached.insert(ifindex, (slot, flags, [0; 6]));
         self.ppp.insert(ifindex, None);
         Ok(AttachMode::Lower)
+    }
+    fn attach_l3(
+        &mut self,
+        _name: &str,
+        ifindex: u32,
+        slot: u32,
+        flags: u32,
+    ) -> anyhow::Result<AttachMode> {
+        self.attached.insert(
+            ifindex,
+            (slot, flags | IFACE_F_L3 | IFACE_F_NO_XDP_XMIT, [0; 6]),
+        );
+        Ok(AttachMode::Tc)
     }
     fn set_pppoe(
         &mut self,
@@ -766,18 +779,25 @@ fn an_interface_missing_at_start_is_attached_when_it_appears() {
 }
 
 #[test]
-fn an_interface_without_an_ethernet_address_is_not_attached() {
+fn an_interface_without_an_ethernet_address_gets_the_tc_fast_path() {
     let mut s = wan_and_lan("wg0", Shaped::Never, Some(WAN), None);
     assert!(s.dp.attached.contains_key(&LAN));
-    assert!(!s.dp.attached.contains_key(&WAN), "{:?}", s.dp.attached);
-    // Connections routed through it stay with the kernel.
+    // Registered as a device without a link-layer header, never an XDP redirect target.
+    let flags = s.dp.attached.get(&WAN).map(|a| a.1).unwrap_or_default();
+    assert_eq!(
+        flags & (IFACE_F_L3 | IFACE_F_NO_XDP_XMIT),
+        IFACE_F_L3 | IFACE_F_NO_XDP_XMIT,
+        "{:?}",
+        s.dp.attached
+    );
+    assert_eq!(s.ifaces[0].mode, Some(AttachMode::Tc));
+    // Connections routed through it are offloaded.
     s.apply_events(vec![CtEvent::New(snat(40000))], &Routes(WAN));
-    assert_eq!(s.flows.len(), 0);
-    // `status` shows it detached, with NO_LINK_LAYER as the reason.
-    assert!(s.ifaces[0].mode.is_none() && s.ifaces[0].no_link_layer);
+    assert_eq!(s.flows.len(), 1);
     // The same when it comes back under a new ifindex.
     s.link_gone(WAN);
+    assert!(!s.dp.attached.contains_key(&WAN));
     assert!(s.link_up(9, "wg0", None, &BridgeRead::default()));
-    assert!(!s.dp.attached.contains_key(&9));
+    assert!(s.dp.attached.contains_key(&9));
     assert_eq!(s.ifindex_of("wg0"), Some(9));
 }
