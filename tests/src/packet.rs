@@ -80,6 +80,20 @@ impl Spec {
         out
     }
 
+    /// The frame with `marker` at the start of its payload (checksums fixed).
+    pub fn marked(&self, marker: &[u8]) -> Vec<u8> {
+        let mut f = self.frame();
+        let at = l4_offset(&f)
+            + if matches!(self.transport, Transport::Tcp(_)) {
+                20
+            } else {
+                8
+            };
+        f[at..at + marker.len()].copy_from_slice(marker);
+        fix_l4_checksum(&mut f);
+        f
+    }
+
     /// This packet after a router forwarded it: new MACs, TTL - 1, and the given addresses and
     /// ports (NAT), with checksums computed from scratch.
     pub fn forwarded(

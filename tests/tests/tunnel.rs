@@ -12,20 +12,26 @@
 //! them ([`TunWire`]).
 
 use std::{
+    net::IpAddr,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
     thread,
+    time::Duration,
 };
 
 use xdp_router_tests::{
     netns::Netns,
+    packet::{
+        ETH_LEN, Spec, Transport, with_bad_ipv4_checksum, with_bad_l4_checksum, with_ipv4_frag,
+        with_ipv4_options, with_udp_len, with_zero_udp_checksum,
+    },
     testbed::{
-        HOST_IF, LAN_IF, ROUTER_WAN_V4, ROUTER_WAN_V6, Status, Testbed, WAN_HOST_V4, WAN_HOST_V6,
-        WAN_IF, ready, route_wan_through, traffic_is_fast_pathed, udp_and_tcp_are_intact,
-        wan_lan_interfaces,
+        Capture, HOST_IF, LAN_IF, ROUTER_WAN_V4, ROUTER_WAN_V6, Status, Testbed, UdpEcho,
+        WAN_HOST_V4, WAN_HOST_V6, WAN_IF, any_v4, offload_udp_family, ready, route_wan_through,
+        traffic_is_fast_pathed, udp_and_tcp_are_intact, udp_socket, wan_lan_interfaces, wan_v4,
     },
 };
 
@@ -197,6 +203,8 @@ fn wan_as_a_tunnel_device_runs_the_tc_fast_path() {
 struct TunWire {
     stop: Arc<AtomicBool>,
     relay: Option<thread::JoinHandle<u64>>,
+    /// The first device's descriptor: a packet written here is received by that device.
+    a: Arc<OwnedFd>,
 }
 
 /// Opens the TUN device `name` in `ns` (created there, removed when the descriptor closes).
@@ -233,7 +241,8 @@ fn open_tun(ns: &Netns, name: &str) -> OwnedFd {
 impl TunWire {
     /// `a_name` in `a` ⇄ `b_name` in `b`, both down until the caller sets them up.
     fn new(a: &Netns, a_name: &str, b: &Netns, b_name: &str) -> TunWire {
-        let (fa, fb) = (open_tun(a, a_name), open_tun(b, b_name));
+        let (fa, fb) = (Arc::new(open_tun(a, a_name)), open_tun(b, b_name));
+        let a = fa.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let relay = thread::spawn(move || {
@@ -256,7 +265,7 @@ impl TunWire {
                 if unsafe { libc::poll(fds.as_mut_ptr(), 2, 50) } <= 0 {
                     continue;
                 }
-                for (from, to) in [(&fa, &fb), (&fb, &fa)] {
+                for (from, to) in [(&*fa, &fb), (&fb, &*fa)] {
                     loop {
                         // SAFETY: buf is writable for its length.
                         let n = unsafe {
@@ -276,7 +285,20 @@ impl TunWire {
         TunWire {
             stop,
             relay: Some(relay),
+            a,
         }
+    }
+
+    /// Hands the IP packet `packet` to the first device as received from the wire.
+    fn receive_on_a(&self, packet: &[u8]) {
+        // SAFETY: a valid TUN descriptor; the buffer is valid for its length.
+        let n = unsafe { libc::write(self.a.as_raw_fd(), packet.as_ptr().cast(), packet.len()) };
+        assert_eq!(
+            n,
+            packet.len() as isize,
+            "write to the TUN device: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
@@ -374,4 +396,111 @@ fn wan_as_an_l3_device_is_fast_pathed() {
         skipped, 0,
         "connections through tun0 must not be path_not_managed"
     );
+}
+
+/// Crafted replies of an offloaded UDP connection received on an L3 device (`tun0`), where the
+/// TC program finds the IP header at the start of the packet: the header and checksum checks
+/// that hold on Ethernet ports hold here too. Each reply is received on tun0 with the fast path
+/// off, then on, and the LAN host must get the same bytes both times (nothing, where the kernel
+/// drops it); with the fast path on only the valid ones are counted as forwarded.
+#[test]
+fn crafted_replies_on_an_l3_device_arrive_as_the_kernel_sends_them() {
+    if !ready("tunnel::crafted_replies_on_an_l3_device_arrive_as_the_kernel_sends_them") {
+        return;
+    }
+    let (mut tb, wire) = l3_testbed("tx");
+    tb.start_daemon_config(&wan_lan_interfaces("tun0"));
+    let server = wan_v4(6321);
+    let echo = UdpEcho::start(&tb.wan, server);
+    let sock = udp_socket(&tb.lan, any_v4(), 64);
+    let mut seq = 0;
+    offload_udp_family(&tb, &sock, server, &mut seq);
+    let lan_port = sock.local_addr().expect("local address").port();
+    let reply = |ttl: u8, marker: &[u8]| -> Vec<u8> {
+        Spec {
+            eth_src: [0; 6],
+            eth_dst: [0; 6],
+            src: IpAddr::V4(WAN_HOST_V4),
+            dst: IpAddr::V4(ROUTER_WAN_V4),
+            sport: server.port(),
+            // MASQUERADE keeps the LAN port when it is free (the valid cases check it).
+            dport: lan_port,
+            ttl,
+            transport: Transport::Udp,
+            payload_len: 40,
+        }
+        .marked(marker)
+    };
+    type Craft = fn(&[u8]) -> Vec<u8>;
+    let cases: [(&str, u8, Craft, bool); 9] = [
+        ("valid", 64, |f| f.to_vec(), true),
+        ("ttl 1", 1, |f| f.to_vec(), false),
+        (
+            "bad ipv4 header checksum",
+            64,
+            with_bad_ipv4_checksum,
+            false,
+        ),
+        ("bad udp checksum", 64, with_bad_l4_checksum, false),
+        ("udp checksum 0 (none)", 64, with_zero_udp_checksum, true),
+        (
+            "ipv4 options",
+            64,
+            |f| with_ipv4_options(f, &[1, 1, 1, 0]),
+            false,
+        ),
+        ("first fragment", 64, |f| with_ipv4_frag(f, 0x2000), false),
+        (
+            "udp length past the datagram",
+            64,
+            |f| with_udp_len(f, 60),
+            false,
+        ),
+        ("valid again", 64, |f| f.to_vec(), true),
+    ];
+    let capture = Capture::open(&tb.lan, HOST_IF);
+    let mut outcomes: Vec<Vec<Vec<Vec<u8>>>> = Vec::new();
+    for on in [false, true] {
+        tb.daemon().set_fastpath(on);
+        let mut got = Vec::new();
+        for (n, (name, ttl, craft, forwardable)) in cases.iter().enumerate() {
+            // The same in both halves: the frames are compared byte for byte.
+            let marker = [b"XL3C".as_slice(), &[n as u8]].concat();
+            let packet = craft(&reply(*ttl, &marker))[ETH_LEN..].to_vec();
+            while capture.next_incoming(Duration::from_millis(20)).is_some() {}
+            let before = tb.snapshot();
+            wire.receive_on_a(&packet);
+            let arrived = capture.arrivals(&marker, Duration::from_millis(300));
+            let after = tb.snapshot();
+            let forwarded = after.packets_since(&before, "tun0", "forwarded_reply");
+            println!(
+                "fast path {}: {name}: {} frame(s) at the LAN host, forwarded by the fast path \
+                 {forwarded}; counted: {}",
+                if on { "on" } else { "off" },
+                arrived.len(),
+                after.grown_since(&before)
+            );
+            let expected = u64::from(on && *forwardable);
+            assert_eq!(forwarded, expected, "{name}: forwarded by the fast path");
+            got.push(arrived);
+        }
+        outcomes.push(got);
+    }
+    let differ: Vec<&str> = cases
+        .iter()
+        .zip(outcomes[0].iter().zip(&outcomes[1]))
+        .filter(|(_, (off, on))| off != on)
+        .map(|((name, ..), _)| *name)
+        .collect();
+    assert!(
+        outcomes[0][0].len() == 1 && outcomes[0][8].len() == 1,
+        "the valid replies must reach the LAN host (NAT port not kept?)"
+    );
+    assert!(
+        differ.is_empty(),
+        "arrived differently with the fast path on: {differ:?}"
+    );
+    assert_eq!(echo.finish().corrupt, 0);
+    drop(tb);
+    assert!(wire.finish() > 0, "nothing crossed the TUN wire");
 }

@@ -13,6 +13,11 @@ use xdp_router_testbed::checksum::internet_checksum;
 
 use crate::netns::Netns;
 
+/// How long [`Capture::arrivals`] keeps listening for copies once a marked frame arrived: a
+/// second copy (the bug it would show: a frame both forwarded and passed) follows the first
+/// within microseconds, by either path.
+pub const AFTER_ARRIVAL: Duration = Duration::from_millis(40);
+
 /// An AF_PACKET socket capturing every frame of one interface of a namespace.
 pub struct Capture {
     fd: OwnedFd,
@@ -68,6 +73,31 @@ impl Capture {
             "AF_PACKET send: {}",
             io::Error::last_os_error()
         );
+    }
+
+    /// Frames with `marker` received on the interface: waits up to `wait` for the first, then
+    /// until nothing more arrived for [`AFTER_ARRIVAL`] (a test whose cases mostly arrive does
+    /// not wait out the whole window for each).
+    pub fn arrivals(&self, marker: &[u8], wait: Duration) -> Vec<Vec<u8>> {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + wait;
+        loop {
+            let left = if got.is_empty() {
+                deadline.saturating_duration_since(Instant::now())
+            } else {
+                AFTER_ARRIVAL
+            };
+            if left.is_zero() {
+                break;
+            }
+            let Some(f) = self.next_incoming(left) else {
+                break;
+            };
+            if f.windows(marker.len()).any(|w| w == marker) {
+                got.push(f);
+            }
+        }
+        got
     }
 
     /// The next frame received on (not sent from) the interface, or None after `timeout`.

@@ -87,7 +87,7 @@ fn jumbo_cases(macs: &Macs, path: Path) -> Vec<(Case, &'static str)> {
                 let marker = [b"XDIF".as_slice(), &n.to_be_bytes()].concat();
                 let mut s = spec(&c, macs, from_lan, t, 64);
                 s.payload_len = j.payload;
-                let frame = marked(&s, &marker);
+                let frame = s.marked(&marker);
                 let frame = if j.bad_checksum {
                     with_bad_l4_checksum(&frame)
                 } else {

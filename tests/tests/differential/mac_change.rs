@@ -29,10 +29,10 @@ fn mac_address_change_is_followed() {
         macs.router_lan = dst;
         n += 1;
         let marker = [b"MACC".as_slice(), &n.to_be_bytes()].concat();
-        let f = marked(&spec(&conn, &macs, true, Transport::Udp, 64), &marker);
+        let f = spec(&conn, &macs, true, Transport::Udp, 64).marked(&marker);
         let a = tb.daemon().status();
         tx.send(&f);
-        let got = arrivals(&rx, &marker, Duration::from_millis(200));
+        let got = rx.arrivals(&marker, Duration::from_millis(200));
         let b = tb.daemon().status();
         (got.len(), moved(&a, &b, LAN_IF))
     };

@@ -21,14 +21,14 @@ use std::{
     io::{Read, Write},
     net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket},
     os::fd::FromRawFd,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use xdp_router_testbed::checksum::internet_checksum;
 use xdp_router_tests::{
     netns::Netns,
     packet::{
-        ETH_LEN, Spec, Transport, fix_ipv4_checksum, fix_l4_checksum, l4_offset,
+        ETH_LEN, Spec, Transport, fix_ipv4_checksum,
         tcp_flags::{ACK, FIN, PSH, RST, SYN},
         with_bad_ipv4_checksum, with_bad_l4_checksum, with_eth_dst, with_ipv4_frag,
         with_ipv4_options, with_ipv6_ext, with_tcp_doff, with_tcp_flags, with_trailer,
@@ -154,21 +154,6 @@ fn spec(c: &Conn, macs: &Macs, from_lan: bool, transport: Transport, ttl: u8) ->
     }
 }
 
-/// The frame of `s` with `marker` at the start of its payload (checksums fixed).
-fn marked(s: &Spec, marker: &[u8]) -> Vec<u8> {
-    let mut f = s.frame();
-    let l4 = l4_offset(&f);
-    let at = l4
-        + if matches!(s.transport, Transport::Tcp(_)) {
-            20
-        } else {
-            8
-        };
-    f[at..at + marker.len()].copy_from_slice(marker);
-    fix_l4_checksum(&mut f);
-    f
-}
-
 /// An ICMP(v6) destination/port unreachable from the WAN host quoting the packet `quoted` (IP
 /// header onwards) that the router sent for the connection.
 fn icmp_error(c: &Conn, macs: &Macs, quoted: &[u8]) -> Vec<u8> {
@@ -256,7 +241,7 @@ fn corpus(macs: &Macs) -> Vec<Case> {
             } else {
                 Transport::Udp
             };
-            let base = move |m: &[u8]| marked(&spec(&c, macs, from_lan, t, 64), m);
+            let base = move |m: &[u8]| spec(&c, macs, from_lan, t, 64).marked(m);
             let multicast = if c.v6() {
                 [0x33, 0x33, 0, 0, 0, 1]
             } else {
@@ -352,7 +337,7 @@ fn corpus(macs: &Macs) -> Vec<Case> {
                     &mut out,
                     format!("{} {dir}: ttl {ttl}", c.name),
                     from_lan,
-                    &|marker| marked(&spec(&c, macs, from_lan, t, ttl), marker),
+                    &|marker| spec(&c, macs, from_lan, t, ttl).marked(marker),
                 );
             }
         }
@@ -367,7 +352,7 @@ fn corpus(macs: &Macs) -> Vec<Case> {
                     if !c.v6() {
                         sent.src = IpAddr::V4(ROUTER_WAN_V4);
                     }
-                    let f = marked(&sent, marker);
+                    let f = sent.marked(marker);
                     icmp_error(&c, macs, &f[ETH_LEN..])
                 },
             );
@@ -511,36 +496,6 @@ fn counter(st: &Status, iface: &str, reason: &str) -> u64 {
     st.packets(iface, reason)
 }
 
-/// How long [`arrivals`] keeps listening for copies once a marked frame arrived: a second
-/// copy (the bug it would show: a frame both forwarded and passed) follows the first within
-/// microseconds, by either path.
-const AFTER_ARRIVAL: Duration = Duration::from_millis(40);
-
-/// Frames with `marker` that arrive on `cap`: waits up to `wait` for the first, then until
-/// nothing more arrived for [`AFTER_ARRIVAL`] (half the cases arrive; those no longer wait out
-/// the whole window).
-fn arrivals(cap: &Capture, marker: &[u8], wait: Duration) -> Vec<Vec<u8>> {
-    let mut got = Vec::new();
-    let deadline = Instant::now() + wait;
-    loop {
-        let left = if got.is_empty() {
-            deadline.saturating_duration_since(Instant::now())
-        } else {
-            AFTER_ARRIVAL
-        };
-        if left.is_zero() {
-            break;
-        }
-        let Some(f) = cap.next_incoming(left) else {
-            break;
-        };
-        if f.windows(marker.len()).any(|w| w == marker) {
-            got.push(f);
-        }
-    }
-    got
-}
-
 /// Reasons whose counters moved between two snapshots, on `iface`.
 fn moved(a: &Status, b: &Status, iface: &str) -> String {
     let mut out = Vec::new();
@@ -588,14 +543,14 @@ fn half(
             };
             for k in 0..3u8 {
                 let marker = [b"WARM".as_slice(), &[i as u8, from_lan as u8, k]].concat();
-                let f = marked(&spec(c, macs, from_lan, t, 64), &marker);
+                let f = spec(c, macs, from_lan, t, 64).marked(&marker);
                 let (tx, rx) = if from_lan {
                     (&send_lan, &send_wan)
                 } else {
                     (&send_wan, &send_lan)
                 };
                 tx.send(&f);
-                let got = arrivals(rx, &marker, short);
+                let got = rx.arrivals(&marker, short);
                 assert_eq!(
                     got.len(),
                     1,
@@ -642,7 +597,7 @@ fn half(
         while rx.next_incoming(Duration::from_millis(20)).is_some() {}
         let a = tb.daemon().status();
         tx.send(frame);
-        let got = arrivals(rx, marker, short);
+        let got = rx.arrivals(marker, short);
         let b = tb.daemon().status();
         (name, Outcome { frames: got }, moved(&a, &b, ingress))
     };
@@ -685,7 +640,7 @@ fn destructive_cases(
             let marker = [b"XDIF".as_slice(), &(n as u16).to_be_bytes()].concat();
             match flags {
                 Some(fl) => {
-                    let f = with_tcp_flags(&marked(&spec(&c, macs, true, t, 64), &marker), fl);
+                    let f = with_tcp_flags(&spec(&c, macs, true, t, 64).marked(&marker), fl);
                     results.insert(
                         n,
                         run(format!("{} orig: {what}", c.name), true, &f, &marker),
@@ -719,7 +674,7 @@ fn destructive_cases(
             std::thread::sleep(Duration::from_millis(1500));
             for from_lan in [true, false] {
                 let marker = [b"XDIF".as_slice(), &(n as u16).to_be_bytes()].concat();
-                let f = marked(&spec(&c, macs, from_lan, t, 64), &marker);
+                let f = spec(&c, macs, from_lan, t, 64).marked(&marker);
                 let dir = if from_lan { "orig" } else { "reply" };
                 let name = format!("{} {dir}: valid after {what}", c.name);
                 results.insert(n, run(name, from_lan, &f, &marker));
