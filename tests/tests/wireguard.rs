@@ -150,7 +150,7 @@ fn wan_over_wireguard_is_fast_pathed() {
     );
     traffic_is_fast_pathed(&tb, 6311, LAN_IF, WG, "through WireGuard");
     println!(
-        "{}",
+        "{WG} transfer at the router (peer, bytes received, bytes sent): {}",
         tb.router.exec_ok("wg", &["show", WG, "transfer"]).trim()
     );
 }

@@ -1,7 +1,5 @@
 //! Devices without a link-layer header (WireGuard `wg0`, tun): the TC fast path on them.
 
-use xdp_router_common::IFACE_F_L3;
-
 use super::*;
 
 /// Registered as a device without a link-layer header (`IFACE_F_L3`), never an XDP redirect
