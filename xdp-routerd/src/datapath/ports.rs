@@ -198,7 +198,12 @@ impl Ports for Datapath {
         let mut info = self.iface(ifindex)?;
         // What the interface is (bridge, port, VLAN device, VLAN parent) and how the program
         // is attached to it stay.
-        let flags = flags | (info.flags & DATAPATH_FLAGS);
+        let mut flags = flags | (info.flags & DATAPATH_FLAGS);
+        if flags & IFACE_F_L3 != 0 {
+            // The XDP program writes Ethernet frames: never sent into a device without a
+            // link-layer header by XDP (see `attach_l3`).
+            flags |= IFACE_F_NO_XDP_XMIT;
+        }
         // A bridge, VLAN device or PPP device transmits nothing itself: no TX_PORTS entry.
         let xmit = flags & IFACE_F_NO_XDP_XMIT == 0
             && flags & (IFACE_F_BRIDGE | IFACE_F_VLAN) == 0

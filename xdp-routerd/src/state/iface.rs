@@ -87,12 +87,6 @@ impl Managed {
             self.hooks,
             self.cfg.bypass_hooks,
         ) | self.bridge.as_ref().map_or(0, Bridge::filtering_flag)
-            // The XDP program writes Ethernet frames: never redirected to by XDP.
-            | if self.no_link_layer {
-                IFACE_F_NO_XDP_XMIT
-            } else {
-                0
-            }
     }
 
     /// Attaches to the interface (now `ifindex`, with `mac`): to its ports when it is a bridge,
