@@ -170,6 +170,85 @@ fn e1000e_lan_port_gets_the_tc_fast_path() {
     traffic_is_fast_pathed(&tb, 7600, NIC, WAN_IF, "through an e1000e LAN port");
 }
 
+/// VLAN 10 over the e1000e NICs: the router's LAN addresses and FORWARD rule move from
+/// [`NIC`] to `lan0.10`, the LAN host's from `nic0` to `nic0.10` (the NIC inserts and strips
+/// the tags: e1000e has VLAN offload). Returns the router's VLAN device.
+fn nic_onto_vlan(tb: &Testbed, vid: u16) -> String {
+    let vlan = format!("{NIC}.{vid}");
+    // Nothing may still go untagged: the NIC's FORWARD rule goes, and so does the host's IPv6
+    // default route through nic0 (removing the address does not remove it; the host sent its
+    // IPv6 datagrams untagged through it, and the router forwarded them from lan0).
+    tb.router.sh(&format!(
+        "ip addr flush dev {NIC} scope global
+         for t in iptables ip6tables; do $t -w -D FORWARD -i {NIC} -o {WAN_IF} -j ACCEPT; done
+         ip link add link {NIC} name {vlan} type vlan id {vid}
+         ip link set {vlan} up
+         ip addr add {ROUTER_LAN_V4}/24 dev {vlan}
+         ip addr add {ROUTER_LAN_V6}/64 dev {vlan} nodad
+         for t in iptables ip6tables; do $t -w -A FORWARD -i {vlan} -o {WAN_IF} -j ACCEPT; done"
+    ));
+    tb.lan.sh(&format!(
+        "ip addr flush dev nic0 scope global
+         ip route flush dev nic0
+         ip -6 route flush dev nic0
+         ip link add link nic0 name nic0.{vid} type vlan id {vid}
+         ip link set nic0.{vid} up"
+    ));
+    lan_host_on(&tb.lan, &format!("nic0.{vid}"), LAN_HOST_V4, LAN_HOST_V6);
+    vlan
+}
+
+/// The router's LAN a VLAN device over an e1000e port (`lan0.10`: a guest network, or a
+/// managed switch's VLAN on a mini PC's Realtek port), the WAN a veth with native XDP, the
+/// default config (`datapath = "auto"`): the parent refuses native XDP, so the TC fast path
+/// runs on the VLAN device itself (the kernel strips the tag before it, the VLAN device's
+/// transmit path adds it after the redirect), nothing on the parent; the WAN hands the
+/// replies routed into `lan0.10` (its parent has no XDP transmit) to the TC program behind
+/// its XDP. UDP v4/v6 and TCP fast-pathed both ways, intact, netfilter seeing none of the
+/// UDP, and with the fast path off all of it (the negative control in
+/// `traffic_is_fast_pathed`). Wire packets are the NIC's own counters.
+#[test]
+#[ignore = "needs e1000e NICs: cargo xtask test runs it in the amd64 Debian-kernel guest"]
+fn vlan_over_an_e1000e_port_gets_the_tc_fast_path() {
+    if !ready("nic::vlan_over_an_e1000e_port_gets_the_tc_fast_path") {
+        return;
+    }
+    let mut tb = nic_testbed("nv", false);
+    let vlan = nic_onto_vlan(&tb, 10);
+    tb.start_daemon_config(&interfaces_config(WAN_IF, &vlan));
+    let st = tb.daemon().status();
+    let (dev, wan) = (st.iface(&vlan), st.iface(WAN_IF));
+    println!(
+        "{vlan} (VLAN over e1000e): {} ({:?}); {WAN_IF}: {}, TC hand-over {}",
+        dev.attach_mode, dev.datapath_because, wan.attach_mode, wan.tc_handoff
+    );
+    assert_eq!(dev.attach_mode, "tc", "log:\n{}", tb.daemon().log_tail());
+    assert!(
+        dev.datapath_because
+            .as_deref()
+            .is_some_and(|w| w.contains("native XDP was refused on its parent")),
+        "{dev:?}"
+    );
+    assert_eq!(
+        (wan.attach_mode.as_str(), wan.tc_handoff),
+        ("native", true),
+        "{wan:?}"
+    );
+    if let Some(xdp) = tb.xdp_attached() {
+        assert!(
+            !xdp.contains(NIC),
+            "no XDP program should stay on the e1000e parent: {xdp}"
+        );
+    }
+    traffic_is_fast_pathed(
+        &tb,
+        7660,
+        &vlan,
+        WAN_IF,
+        "through a VLAN over an e1000e port",
+    );
+}
+
 /// A Wi-Fi access point (`hostapd`, WPA2-PSK) on one `mac80211_hwsim` radio, in the router's
 /// namespace as [`WIFI`], in the bridge [`BRIDGE`]; a station (`wpa_supplicant`) on the other
 /// radio in `sta`, associated, with the LAN addresses `.3` / `::3` and default routes via the

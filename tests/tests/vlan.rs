@@ -107,13 +107,16 @@ fn vlan_testbed(tag: &str, lan_vlan: bool) -> Testbed {
 
 /// UDP over IPv4 and IPv6 and a 2 MiB TCP transfer through the VLAN WAN (and VLAN LAN when
 /// `lan` is `eth1.10`): fast-pathed both ways, then the negative control with the fast path
-/// off.
-fn vlan_traffic_is_fast_pathed(tb: &mut Testbed, lan: &str) {
+/// off. `datapath` is each interface's setting (WAN, LAN): with `"tc"` the TC fast path runs
+/// on the VLAN device itself (the kernel untags before it and tags after the redirect), not
+/// on its parent.
+fn vlan_traffic_is_fast_pathed(tb: &mut Testbed, lan: &str, datapath: [&str; 2]) {
     let wan_vlan = vlan_of(WAN_IF);
+    let [wan_dp, lan_dp] = datapath;
     tb.start_daemon_config(&format!(
         "xdp_mode = \"native\"\n\
-         [[interface]]\nname = \"{wan_vlan}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{lan}\"\nrole = \"lan\"\n"
+         [[interface]]\nname = \"{wan_vlan}\"\nrole = \"wan\"\ndatapath = \"{wan_dp}\"\n\
+         [[interface]]\nname = \"{lan}\"\nrole = \"lan\"\ndatapath = \"{lan_dp}\"\n"
     ));
     let st = tb.daemon().status();
     let row = |name: &str| {
@@ -128,11 +131,26 @@ fn vlan_traffic_is_fast_pathed(tb: &mut Testbed, lan: &str) {
         Some(format!("VLAN {VID} (802.1Q) on {WAN_IF}").as_str()),
         "{wan:?}"
     );
-    assert_eq!(wan.attach_mode, "native", "{wan:?}");
+    let expected = |dp: &str| if dp == "tc" { "tc" } else { "native" };
+    assert_eq!(wan.attach_mode, expected(wan_dp), "{wan:?}");
+    assert_eq!(row(lan).attach_mode, expected(lan_dp), "{:?}", row(lan));
     assert_eq!(
         row(WAN_IF).encap.as_deref(),
         Some(format!("parent of {wan_vlan}").as_str())
     );
+    if wan_dp == "tc" {
+        let text = tb.daemon().ctl(&["status"]).expect("status");
+        assert!(
+            text.contains("datapath tc because: datapath = \"tc\""),
+            "status should say why {wan_vlan} runs the TC datapath:\n{text}"
+        );
+        if let Some(xdp) = tb.xdp_attached() {
+            assert!(
+                lan_dp != "tc",
+                "no XDP program should be attached with datapath = \"tc\" on both: {xdp}"
+            );
+        }
+    }
 
     traffic_is_fast_pathed(tb, 6200, lan, &wan_vlan, &format!("over VLAN {VID}"));
 }
@@ -146,7 +164,7 @@ fn wan_on_vlan_is_fast_pathed() {
         return;
     }
     let mut tb = vlan_testbed("vf", false);
-    vlan_traffic_is_fast_pathed(&mut tb, LAN_IF);
+    vlan_traffic_is_fast_pathed(&mut tb, LAN_IF, ["auto", "auto"]);
 }
 
 /// LAN and WAN both VLANs (eth1.10, eth0.7): tagged in, tagged out.
@@ -157,7 +175,34 @@ fn lan_and_wan_on_vlans_are_fast_pathed() {
         return;
     }
     let mut tb = vlan_testbed("vl", true);
-    vlan_traffic_is_fast_pathed(&mut tb, &format!("{LAN_IF}.{LAN_VID}"));
+    vlan_traffic_is_fast_pathed(&mut tb, &format!("{LAN_IF}.{LAN_VID}"), ["auto", "auto"]);
+}
+
+/// LAN and WAN both VLANs on the TC datapath (`datapath = "tc"`, as on a port without native
+/// XDP): the TC fast path on eth1.10 and eth0.7 themselves, no program on their parents;
+/// untagged in (the kernel pops the tag before), redirected to the other VLAN device (whose
+/// transmit path pushes it).
+#[test]
+#[ignore = "needs the 8021q module: cargo xtask test runs it in a Debian-kernel guest"]
+fn lan_and_wan_on_vlans_are_fast_pathed_on_tc() {
+    if !ready("lan_and_wan_on_vlans_are_fast_pathed_on_tc") {
+        return;
+    }
+    let mut tb = vlan_testbed("vt", true);
+    vlan_traffic_is_fast_pathed(&mut tb, &format!("{LAN_IF}.{LAN_VID}"), ["tc", "tc"]);
+}
+
+/// The WAN VLAN on the TC datapath, the LAN port on native XDP: the LAN's XDP program pushes
+/// the WAN's tag and redirects to its parent (which has no program of its own); the TC fast
+/// path on eth0.7 redirects replies to the native LAN port.
+#[test]
+#[ignore = "needs the 8021q module: cargo xtask test runs it in a Debian-kernel guest"]
+fn wan_vlan_on_tc_and_lan_on_xdp_are_fast_pathed() {
+    if !ready("wan_vlan_on_tc_and_lan_on_xdp_are_fast_pathed") {
+        return;
+    }
+    let mut tb = vlan_testbed("vx", false);
+    vlan_traffic_is_fast_pathed(&mut tb, LAN_IF, ["tc", "auto"]);
 }
 
 /// A VLAN device on a bridge port: the router's LAN port eth1 is a port of br-lan (managed:

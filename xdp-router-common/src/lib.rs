@@ -419,12 +419,14 @@ pub const IFACE_F_PORT_NOT_FORWARDING: u32 = 1 << 8;
 pub const IFACE_F_GENERIC_XDP: u32 = 1 << 11;
 
 /// The interface is an 802.1Q / 802.1ad VLAN device (`eth0.7`) over
-/// [`IfaceInfo::lower_ifindex`]: the program runs on that parent, where frames with this
-/// VLAN's tag ([`MAP_VLANS`]) are routed as this device's (tag popped), and a packet routed
-/// out of it gets [`IfaceInfo::vlan_tci`] / [`IfaceInfo::vlan_tpid_be`] pushed and is
-/// redirected to the parent. Its own `IFACE_F_SHAPED` / `IFACE_F_EGRESS_HOOK` /
-/// `IFACE_F_INGRESS_HOOK` apply (the kernel passes the VLAN device first), and the parent's
-/// entry must allow the redirect too.
+/// [`IfaceInfo::lower_ifindex`]. On XDP the program runs on that parent, where frames with
+/// this VLAN's tag ([`MAP_VLANS`]) are routed as this device's (tag popped), and a packet
+/// routed out of it gets [`IfaceInfo::vlan_tci_be`] / [`IfaceInfo::vlan_tpid_be`] pushed and
+/// is redirected to the parent. Where the parent has no native XDP, the TC fast path runs on
+/// the VLAN device itself (the kernel untags its frames before), and a packet routed out of
+/// it from TC is redirected to it untagged (its transmit path tags it). Its own
+/// `IFACE_F_SHAPED` / `IFACE_F_EGRESS_HOOK` / `IFACE_F_INGRESS_HOOK` apply (the kernel passes
+/// the VLAN device first), and the parent's entry must allow the redirect too.
 pub const IFACE_F_VLAN: u32 = 1 << 9;
 /// The interface is managed only as the parent of VLAN devices (it is not in the config
 /// itself): its untagged frames go to the kernel (`Reason::PassVlanParentUntagged`). On a

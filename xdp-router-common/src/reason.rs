@@ -137,7 +137,8 @@ pub enum Reason {
     /// holds them in the kernel (`per_packet_rules = "hold"`, `SETTINGS_F_HOLD_ALL`).
     PassPerPacketRule = 44,
     /// The TC fast path (`datapath = "tc"`) does not handle this packet yet: its VLAN tag is
-    /// skb metadata, or its egress needs another encapsulation than it arrived with (a VLAN
+    /// skb metadata and no managed VLAN device over the port runs the TC fast path, or its
+    /// egress needs another encapsulation than it arrived with (a VLAN
     /// tag or PPPoE session pushed or popped); the kernel forwards it.
     PassNotOnTc = 45,
     /// A frame in more than one buffer (XDP multi-buffer: on a port whose MTU is above what one

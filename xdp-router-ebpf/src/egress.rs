@@ -51,7 +51,7 @@ pub fn redirect_to<P: Packet>(hop: &mut NextHop) -> Result<Egress, Reason> {
     let target = if flags & IFACE_F_PPPOE != 0 {
         pppoe::lower::<P>(info, flags, hop, &mut tag)?
     } else if flags & IFACE_F_VLAN != 0 {
-        vlan::parent::<P>(info, flags, hop.dmac, &mut tag)?
+        vlan::parent::<P>(egress, info, flags, hop.dmac, &mut tag)?
     } else if flags & IFACE_F_BRIDGE != 0 {
         bridge::port::<P>(egress, info, flags, hop.dmac, None, &mut tag)?
     } else if flags & (IFACE_F_BRIDGE_PORT | IFACE_F_VLAN_PARENT | IFACE_F_PPPOE_LOWER) != 0 {

@@ -25,6 +25,13 @@ fn has_handoff(info: Option<*const IfaceInfo>) -> bool {
     info.is_some_and(|i| unsafe { (*i).flags } & IFACE_F_TC_HANDOFF != 0)
 }
 
+/// Whether the TC program on this ingress runs behind XDP (only for what XDP hands over)
+/// rather than as the interface's datapath.
+#[inline(always)]
+pub fn behind_xdp(info: Option<*const IfaceInfo>) -> bool {
+    has_handoff(info)
+}
+
 /// In the XDP program, for a packet the fast path left untouched because its egress cannot
 /// transmit XDP frames: marks it for the TC program behind and says so (`true`: the caller
 /// passes it uncounted). `false` (count it as passed) where no TC program is behind, or the

@@ -85,17 +85,34 @@ pub fn xdp_router(ctx: XdpContext) -> u32 {
 #[classifier]
 pub fn xdp_router_tc(ctx: TcContext) -> i32 {
     // SAFETY: the context's skb pointer is valid for the program run.
-    let (ifindex, vlan_present) = unsafe { ((*ctx.skb.skb).ifindex, (*ctx.skb.skb).vlan_present) };
+    let (ifindex, vlan_present, vlan_tci, vlan_proto) = unsafe {
+        let skb = ctx.skb.skb;
+        (
+            (*skb).ifindex,
+            (*skb).vlan_present,
+            (*skb).vlan_tci,
+            (*skb).vlan_proto,
+        )
+    };
     let info = maps::IFACES.get_ptr(ifindex);
     if !handoff::for_tc(&ctx, info) {
         // Behind the XDP program, which counted this packet already.
         return TC_ACT_UNSPEC;
     }
+    if vlan_present != 0
+        && !handoff::behind_xdp(info)
+        && vlan::device_of(ifindex, vlan_tci as u16 & 0x0fff, vlan_proto as u16).is_ok()
+    {
+        // A frame for a managed VLAN device over this TC port: the kernel hands it to that
+        // device (`vlan_do_receive`), untagged, and the TC fast path there counts it.
+        return TC_ACT_UNSPEC;
+    }
     let mut slot = stats::ingress_slot(info);
     let bytes = Packet::len(&ctx) as u64;
     let result = if vlan_present != 0 {
-        // The NIC (or the stack) took the VLAN tag into skb metadata: the pipeline reads tags
-        // from the frame, so the kernel's VLAN code has this one.
+        // The VLAN tag is skb metadata (the kernel takes every received tag there before TC
+        // ingress) and no VLAN device over this port runs the TC fast path: the kernel's VLAN
+        // code has it.
         Err(Reason::PassNotOnTc)
     } else if !ctx.pull((bytes as usize).min(tc::TC_HEADER_PULL as usize)) {
         Err(Reason::PassMalformed)

@@ -147,7 +147,7 @@ pub fn lower<P: Packet>(
     // SAFETY: map value pointer from the kernel.
     let lflags = unsafe { (*linfo).flags };
     let target = if lflags & IFACE_F_VLAN != 0 {
-        vlan::parent::<P>(linfo, lflags, peer, tag)?
+        vlan::parent::<P>(lower, linfo, lflags, peer, tag)?
     } else if lflags & (IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT | IFACE_F_PPPOE) != 0 {
         // PPPoE over a bridge or a bridge port, or over another PPP device: not handled here.
         return Err(Reason::PassEgressNotManaged);

@@ -54,9 +54,13 @@ pub fn device_of(parent: u32, vid: u16, tpid_be: u16) -> Result<VlanDevice, Reas
 
 /// The device a packet routed out of the VLAN device `info` to `dmac` is sent from (its
 /// parent, or for a VLAN over a bridge the bridge's port), once the VLAN device's own egress
-/// and the parent's allow a redirect; the tag to push goes to `tag`.
+/// and the parent's allow a redirect; the tag to push goes to `tag`. From TC (`P::SKB`) a
+/// packet for a VLAN device over an Ethernet parent is redirected to the VLAN device
+/// `ifindex` itself, untagged: its transmit path tags it and queues it on the parent, as for
+/// a packet the kernel routed there.
 #[inline(always)]
 pub fn parent<P: Packet>(
+    ifindex: u32,
     info: *const IfaceInfo,
     flags: u32,
     dmac: [u8; 6],
@@ -90,6 +94,9 @@ pub fn parent<P: Packet>(
         return bridge::port::<P>(parent, pinfo, pflags, dmac, Some((tpid_be, tci_be)), tag);
     }
     check_egress::<P>(pflags)?;
+    if P::SKB {
+        return Ok(ifindex);
+    }
     tag.tpid_be = tpid_be;
     tag.tci_be = tci_be;
     Ok(parent)

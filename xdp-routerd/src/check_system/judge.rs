@@ -271,6 +271,15 @@ pub fn device(d: &Device) -> (Level, String) {
                 .into(),
         );
     }
+    if d.kind.as_deref() == Some("vlan") {
+        return (
+            Level::Ok,
+            "a VLAN device: with datapath = \"auto\" (the default) XDP runs on its parent where \
+             the parent has native XDP (tags popped and pushed there), else the TC fast path \
+             runs on the VLAN device itself"
+                .into(),
+        );
+    }
     match d.xdp_features {
         None => (
             Level::Warn,
@@ -416,6 +425,19 @@ mod tests {
         assert_eq!(
             device(&d).1,
             "native XDP and XDP transmit: accelerated both ways"
+        );
+    }
+
+    #[test]
+    fn a_vlan_device_is_served_on_its_parent_or_by_the_tc_fast_path() {
+        let mut d = facts().devices[0].clone();
+        d.kind = Some("vlan".into());
+        d.xdp_features = Some(0);
+        let (level, text) = device(&d);
+        assert_eq!(level, Level::Ok);
+        assert!(
+            text.contains("XDP runs on its parent") && text.contains("TC fast path"),
+            "{text}"
         );
     }
 

@@ -155,8 +155,9 @@ impl Datapath {
         self.links.names.insert(ifindex, name.to_string());
         let (choice, from) = self.datapath_choice.of(name);
         // Where the TC fast path may run instead of XDP: an interface managed for itself
-        // (`arm`) or a bridge's port. VLAN parents and PPPoE lower devices (registered for the
-        // device over them) keep XDP for now.
+        // (`arm`) or a bridge's port. A VLAN parent registered here runs XDP for its VLANs (a
+        // VLAN device whose parent has no native XDP runs the TC fast path itself, see
+        // `vlan_on_tc`); PPPoE lower devices keep XDP for now.
         let tc_capable = arm || flags & IFACE_F_BRIDGE_PORT != 0;
         let mode = if self.links.xdp.contains_key(&ifindex) {
             // The program already runs there for a VLAN device over it (see
@@ -196,12 +197,12 @@ impl Datapath {
             let because = if choice == DatapathConfig::Tc {
                 warn!(
                     interface = name,
-                    "{name}: datapath = \"tc\" is not supported yet on a VLAN parent or PPPoE \
-                     lower device: XDP runs there"
+                    "{name}: datapath = \"tc\" does not apply to the lower device of a PPPoE \
+                     session or of a VLAN device that runs XDP: XDP runs there"
                 );
                 format!(
-                    "datapath = \"tc\" in {from}, but a VLAN parent or PPPoE lower device \
-                     keeps XDP for now"
+                    "datapath = \"tc\" in {from}, but the lower device of a PPPoE session or \
+                     of a VLAN device that runs XDP keeps XDP"
                 )
             } else {
                 format!("datapath = \"{}\" in {from}", choice.as_str())
@@ -468,7 +469,7 @@ impl Datapath {
 
     /// Attaches the XDP program natively to `ifindex`; `Ok(Err(_))` with the kernel's error
     /// when the driver refuses (see [`native_attach_failure`]).
-    fn attach_native(
+    pub(super) fn attach_native(
         &mut self,
         name: &str,
         ifindex: u32,

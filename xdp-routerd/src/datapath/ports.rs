@@ -297,7 +297,9 @@ impl Ports for Datapath {
     /// managed itself gets an entry of its own (`IFACE_F_VLAN_PARENT`, stats slot
     /// `parent.slot`, flags `parent.flags`). A bridge parent (`IFACE_F_BRIDGE` in
     /// `parent.flags`, `br-lan.20`) gets no XDP program (it runs on the bridge's ports, which
-    /// the caller attaches with [`Ports::attach_port`]) and no `TX_PORTS` entry.
+    /// the caller attaches with [`Ports::attach_port`]) and no `TX_PORTS` entry. Where the
+    /// parent has no native XDP (see [`Datapath::vlan_on_tc`]), the TC fast path runs on the
+    /// VLAN device itself instead, and the parent gets only an entry.
     fn attach_vlan(
         &mut self,
         name: &str,
@@ -312,7 +314,14 @@ impl Ports for Datapath {
         if slot == 0 || slot >= MAX_IFACE_SLOTS {
             bail!("interface slot {slot} out of range");
         }
-        let mode = self.run_on_parent(parent, mode)?;
+        let tc = self.vlan_on_tc(name, parent, mode, flags & IFACE_F_PPPOE_LOWER != 0)?;
+        let mode = match tc {
+            Some(_) => {
+                self.register_parent_entry(parent)?;
+                AttachMode::Tc
+            }
+            None => self.run_on_parent(parent, mode)?,
+        };
         let info = IfaceInfo {
             slot,
             flags: flags | IFACE_F_VLAN,
@@ -333,20 +342,42 @@ impl Ports for Datapath {
         self.vlans
             .add(key, ifindex)
             .with_context(|| format!("{name}: cannot add to {MAP_VLANS}"))?;
+        if let Some(because) = tc {
+            self.links.names.insert(ifindex, name.to_string());
+            if !self.links.tc.contains_key(&ifindex)
+                && let Err(e) = self.attach_tc_program(name, ifindex)
+            {
+                self.detach(ifindex);
+                return Err(e);
+            }
+            self.links.datapath_because.insert(ifindex, because);
+        }
         // A VLAN device managed only as a PPPoE session's lower device: the kernel's routed
         // packets leave through the PPP device, where its own arming program runs.
         if flags & IFACE_F_PPPOE_LOWER == 0 {
             self.attach_arming(name, ifindex, ARM_PROG_NAME);
         }
-        info!(
-            interface = name,
-            ifindex,
-            parent = %parent.name,
-            vid,
-            tpid = format!("{tpid:#06x}"),
-            mode = mode.as_str(),
-            "VLAN device: XDP runs on its parent, tags popped and pushed there"
-        );
+        if mode == AttachMode::Tc {
+            info!(
+                interface = name,
+                ifindex,
+                parent = %parent.name,
+                vid,
+                tpid = format!("{tpid:#06x}"),
+                "VLAN device: the TC fast path runs on it, the kernel tags and untags"
+            );
+            self.update_handoffs();
+        } else {
+            info!(
+                interface = name,
+                ifindex,
+                parent = %parent.name,
+                vid,
+                tpid = format!("{tpid:#06x}"),
+                mode = mode.as_str(),
+                "VLAN device: XDP runs on its parent, tags popped and pushed there"
+            );
+        }
         Ok(mode)
     }
 

@@ -9,6 +9,7 @@ use aya::{
     Ebpf,
     maps::{HashMap, MapData, MapError},
 };
+use tracing::info;
 use xdp_router_common::{
     IFACE_F_BRIDGE, IFACE_F_NO_XDP_XMIT, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_IFACES, MAP_VLANS,
     MAX_IFACE_SLOTS, VlanKey,
@@ -16,8 +17,8 @@ use xdp_router_common::{
 
 #[cfg(doc)]
 use super::PppoeBinding;
-use super::{AttachMode, Datapath, Ports, take};
-use crate::config::XdpModeConfig;
+use super::{AttachMode, Datapath, Ports, attach::native_attach_failure, take};
+use crate::config::{DatapathConfig, XdpModeConfig};
 
 /// The parent of a managed VLAN device, where the program runs (see
 /// [`Ports::attach_vlan`]; a bridge when `flags` has `IFACE_F_BRIDGE`); also the lower
@@ -79,21 +80,7 @@ impl Datapath {
             & IFACE_F_BRIDGE
             != 0;
         Ok(if bridge {
-            // Registered already: managed itself, or for another VLAN.
-            if self.ifaces.get(&parent.ifindex, 0).is_err() {
-                if parent.slot == 0 || parent.slot >= MAX_IFACE_SLOTS {
-                    bail!("interface slot {} out of range", parent.slot);
-                }
-                let info = IfaceInfo {
-                    slot: parent.slot,
-                    flags: parent.flags | IFACE_F_VLAN_PARENT | IFACE_F_NO_XDP_XMIT,
-                    mac: parent.mac,
-                    ..IfaceInfo::default()
-                };
-                self.ifaces
-                    .insert(parent.ifindex, info, 0)
-                    .with_context(|| format!("{}: cannot add to {MAP_IFACES}", parent.name))?;
-            }
+            self.register_parent_entry(parent)?;
             AttachMode::Ports
         } else if self.links.xdp.contains_key(&parent.ifindex) {
             self.attached_mode(parent.ifindex)
@@ -106,6 +93,107 @@ impl Datapath {
             };
             self.register(&parent.name, parent.ifindex, info, mode, false)?
         })
+    }
+
+    /// The parent's `IFACES` entry where no program runs on it (a bridge, whose ports run it;
+    /// a parent without native XDP, whose VLAN devices run the TC fast path): its stats slot
+    /// and flags (shaping, hooks: the redirect must respect them), `IFACE_F_VLAN_PARENT`.
+    /// Left as it is when registered already (managed itself, or for another VLAN).
+    pub(super) fn register_parent_entry(&mut self, parent: &VlanParent) -> anyhow::Result<()> {
+        if self.ifaces.get(&parent.ifindex, 0).is_ok() {
+            return Ok(());
+        }
+        if parent.slot == 0 || parent.slot >= MAX_IFACE_SLOTS {
+            bail!("interface slot {} out of range", parent.slot);
+        }
+        let info = IfaceInfo {
+            slot: parent.slot,
+            flags: parent.flags | IFACE_F_VLAN_PARENT | IFACE_F_NO_XDP_XMIT,
+            mac: parent.mac,
+            ..IfaceInfo::default()
+        };
+        self.ifaces
+            .insert(parent.ifindex, info, 0)
+            .with_context(|| format!("{}: cannot add to {MAP_IFACES}", parent.name))
+    }
+
+    /// Whether the VLAN device `name` over `parent` runs the TC fast path itself instead of
+    /// the program on its parent, and why (for `status`); `None`: on the parent (see
+    /// [`Datapath::run_on_parent`]). TC where the parent runs the TC fast path itself, where
+    /// `datapath = "tc"` applies to the device, and with `"auto"` where the parent refuses
+    /// native XDP (the attempt leaves the XDP program on the parent when it succeeds). Never
+    /// for a VLAN over a bridge, a parent that runs XDP already, or a PPPoE session's lower
+    /// device (`pppoe_lower`: its sessions are handled on XDP only).
+    pub(super) fn vlan_on_tc(
+        &mut self,
+        name: &str,
+        parent: &VlanParent,
+        mode: XdpModeConfig,
+        pppoe_lower: bool,
+    ) -> anyhow::Result<Option<String>> {
+        let parent_flags = self
+            .ifaces
+            .get(&parent.ifindex, 0)
+            .map_or(parent.flags, |i| i.flags);
+        if pppoe_lower
+            || parent_flags & IFACE_F_BRIDGE != 0
+            || self.links.xdp.contains_key(&parent.ifindex)
+            || self.tc_unavailable.is_some()
+        {
+            return Ok(None);
+        }
+        if self.mode_of(parent.ifindex) == Some(AttachMode::Tc) {
+            return Ok(Some(format!(
+                "its parent {} runs the TC fast path (its frames reach {name} untagged)",
+                parent.name
+            )));
+        }
+        let (choice, from) = self.datapath_choice.of(name);
+        match choice {
+            DatapathConfig::Tc => Ok(Some(format!(
+                "datapath = \"tc\" in {from}: on {name} itself (its frames arrive untagged)"
+            ))),
+            DatapathConfig::Auto if mode == XdpModeConfig::Native => {
+                let refused = match self.attach_native(&parent.name, parent.ifindex)? {
+                    Ok(()) => {
+                        // The parent's entry, as `run_on_parent` would have written it.
+                        let info = IfaceInfo {
+                            slot: parent.slot,
+                            flags: parent.flags | IFACE_F_VLAN_PARENT,
+                            mac: parent.mac,
+                            ..IfaceInfo::default()
+                        };
+                        if let Err(e) =
+                            self.register(&parent.name, parent.ifindex, info, mode, false)
+                        {
+                            self.detach_program(parent.ifindex);
+                            return Err(e);
+                        }
+                        self.links.datapath_because.insert(
+                            parent.ifindex,
+                            format!("datapath = \"auto\" in {from} (for {name}): native XDP"),
+                        );
+                        return Ok(None);
+                    }
+                    Err(refused) => refused,
+                };
+                let why = native_attach_failure(&refused);
+                info!(
+                    interface = name,
+                    parent = %parent.name,
+                    error = %refused,
+                    "{name}: native XDP refused on its parent {} ({why}): the TC fast path \
+                     runs on {name} instead",
+                    parent.name
+                );
+                Ok(Some(format!(
+                    "datapath = \"auto\" in {from}, and native XDP was refused on its parent \
+                     {}: {why}",
+                    parent.name
+                )))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Forgets the VLAN device `ifindex` (see [`Ports::attach_vlan`]) and detaches from its
