@@ -357,27 +357,21 @@ impl Ports for Datapath {
         if flags & IFACE_F_PPPOE_LOWER == 0 {
             self.attach_arming(name, ifindex, ARM_PROG_NAME);
         }
-        if mode == AttachMode::Tc {
-            info!(
-                interface = name,
-                ifindex,
-                parent = %parent.name,
-                vid,
-                tpid = format!("{tpid:#06x}"),
-                "VLAN device: the TC fast path runs on it, the kernel tags and untags"
-            );
+        let how = if mode == AttachMode::Tc {
             self.update_handoffs();
+            "VLAN device: the TC fast path runs on it, the kernel untags and tags"
         } else {
-            info!(
-                interface = name,
-                ifindex,
-                parent = %parent.name,
-                vid,
-                tpid = format!("{tpid:#06x}"),
-                mode = mode.as_str(),
-                "VLAN device: XDP runs on its parent, tags popped and pushed there"
-            );
-        }
+            "VLAN device: XDP runs on its parent, tags popped and pushed there"
+        };
+        info!(
+            interface = name,
+            ifindex,
+            parent = %parent.name,
+            vid,
+            tpid = format!("{tpid:#06x}"),
+            mode = mode.as_str(),
+            "{how}"
+        );
         Ok(mode)
     }
 

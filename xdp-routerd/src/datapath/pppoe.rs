@@ -12,12 +12,12 @@ use aya::{
 };
 use tracing::info;
 use xdp_router_common::{
-    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN_PARENT,
-    IfaceInfo, MAP_PPPOE, PppoeKey,
+    IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_L3, IFACE_F_NO_XDP_XMIT, IFACE_F_PPPOE,
+    IFACE_F_PPPOE_LOWER, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_PPPOE, PppoeKey,
 };
 
-use super::{Datapath, Ports, VlanParent, take};
-use crate::config::XdpModeConfig;
+use super::{AttachMode, Datapath, Ports, VlanParent, attach::native_attach_failure, take};
+use crate::config::{DatapathConfig, XdpModeConfig};
 
 /// A PPPoE session as [`Ports::set_pppoe`] binds it to its PPP device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +70,9 @@ impl Datapath {
         s: &PppoeBinding,
         mode: XdpModeConfig,
     ) -> anyhow::Result<()> {
+        if let Some(because) = self.ppp_on_tc(name, s, mode)? {
+            return self.bind_ppp_tc(name, ifindex, info, because);
+        }
         let lower = &s.lower;
         match self.ifaces.get(&lower.ifindex, 0) {
             Ok(l) if l.flags & (IFACE_F_BRIDGE | IFACE_F_BRIDGE_PORT) != 0 => {
@@ -149,6 +152,86 @@ impl Datapath {
         Ok(())
     }
 
+    /// Whether the PPP device `name` runs the TC fast path itself for session `s`, and why
+    /// (for `status`); `None`: XDP on the session's lower device (its VLAN parent for a
+    /// session over a VLAN), which pops and pushes the PPPoE header. TC where `datapath =
+    /// "tc"` applies to the PPP device, and with `"auto"` where that device neither runs
+    /// native XDP already nor takes it (tried: where it takes it, the program stays for the
+    /// session, registered with it).
+    fn ppp_on_tc(
+        &mut self,
+        name: &str,
+        s: &PppoeBinding,
+        mode: XdpModeConfig,
+    ) -> anyhow::Result<Option<String>> {
+        if self.tc_unavailable.is_some() {
+            return Ok(None);
+        }
+        let (choice, from) = self.datapath_choice.of(name);
+        match choice {
+            DatapathConfig::Tc => Ok(Some(format!(
+                "datapath = \"tc\" in {from}: on {name} itself (the kernel's PPPoE code \
+                 removes and adds the session headers)"
+            ))),
+            DatapathConfig::Auto if mode == XdpModeConfig::Native => {
+                let host = s.vlan.as_ref().map_or(&s.lower, |(_, parent)| parent);
+                let why = match self.mode_of(host.ifindex) {
+                    Some(AttachMode::Native) => return Ok(None),
+                    Some(AttachMode::Tc) => format!("{} runs the TC fast path", host.name),
+                    Some(other) => format!("{} runs XDP {}", host.name, other.as_str()),
+                    None => match self.attach_native(&host.name, host.ifindex)? {
+                        Ok(()) => {
+                            self.links.datapath_because.insert(
+                                host.ifindex,
+                                format!("datapath = \"auto\" in {from} (for {name}): native XDP"),
+                            );
+                            return Ok(None);
+                        }
+                        Err(refused) => format!(
+                            "native XDP was refused on {}: {}",
+                            host.name,
+                            native_attach_failure(&refused)
+                        ),
+                    },
+                };
+                Ok(Some(format!(
+                    "datapath = \"auto\" in {from}, and its session's frames arrive where XDP \
+                     cannot run natively ({why})"
+                )))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Binds the PPP device `ifindex` on TC (see [`Datapath::ppp_on_tc`]): a device without a
+    /// link-layer header, as `wg0` (`IFACE_F_L3`, and `IFACE_F_NO_XDP_XMIT`: native-XDP
+    /// ports hand what they route there to TC), the TC fast path at its ingress, where the
+    /// kernel's PPPoE and PPP code delivers the session's packets, and packets routed out of
+    /// it redirected into it, where the same code encapsulates them (compression and MPPE
+    /// included). No `PPPOE` key: nothing runs on the lower device.
+    fn bind_ppp_tc(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        info: &mut IfaceInfo,
+        because: String,
+    ) -> anyhow::Result<()> {
+        info.flags |= IFACE_F_L3 | IFACE_F_NO_XDP_XMIT;
+        self.update_iface(ifindex, *info)?;
+        self.links.names.insert(ifindex, name.to_string());
+        if !self.links.tc.contains_key(&ifindex) {
+            self.attach_tc_program(name, ifindex)?;
+        }
+        self.links.datapath_because.insert(ifindex, because);
+        self.update_handoffs();
+        info!(
+            interface = name,
+            ifindex,
+            "PPPoE session: the TC fast path runs on the PPP device, the kernel encapsulates"
+        );
+        Ok(())
+    }
+
     /// Stops managing `lower` as a PPPoE lower device when no bound session runs over it any
     /// more: detached when it was managed only for sessions, the flag cleared when it is
     /// still a VLAN parent. A device managed for itself is left as it is.
@@ -179,6 +262,8 @@ impl Datapath {
             let _ = self.pppoe.sessions.remove(&key);
         }
         self.detach_arming(ifindex);
+        // The TC fast path, where its session was bound on TC.
+        self.detach_program(ifindex);
         let _ = self.ifaces.remove(&ifindex);
         if let Some(key) = key {
             self.release_lower(key.lower_ifindex);

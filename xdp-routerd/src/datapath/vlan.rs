@@ -82,9 +82,13 @@ impl Datapath {
         Ok(if bridge {
             self.register_parent_entry(parent)?;
             AttachMode::Ports
-        } else if self.links.xdp.contains_key(&parent.ifindex) {
+        } else if self.links.xdp.contains_key(&parent.ifindex)
+            && self.ifaces.get(&parent.ifindex, 0).is_ok()
+        {
             self.attached_mode(parent.ifindex)
         } else {
+            // Not registered yet (the program may run there already: attached for a PPPoE
+            // session over this VLAN, see `ppp_on_tc`; `register` keeps it).
             let info = IfaceInfo {
                 slot: parent.slot,
                 flags: parent.flags | IFACE_F_VLAN_PARENT,

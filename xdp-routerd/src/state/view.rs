@@ -93,7 +93,13 @@ impl State<Datapath> {
                 name: m.cfg.name.clone(),
                 ifindex: m.ifindex.unwrap_or(0),
                 role: m.cfg.role.to_string(),
-                attach_mode: m.mode.map(AttachMode::as_str).unwrap_or("detached").into(),
+                // A PPP device is registered as `lower`, and runs the TC fast path itself
+                // once its session is bound on TC.
+                attach_mode: match m.ifindex.and_then(|i| self.dp.mode_of(i)) {
+                    Some(AttachMode::Tc) if m.is_ppp() => "tc",
+                    _ => m.mode.map(AttachMode::as_str).unwrap_or("detached"),
+                }
+                .into(),
                 shaped: m.shaped_by().is_some(),
                 shaped_config: m.cfg.shaped.to_string(),
                 shaped_by: m.shaped_by(),
