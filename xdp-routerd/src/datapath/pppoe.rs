@@ -207,8 +207,9 @@ impl Datapath {
     /// link-layer header, as `wg0` (`IFACE_F_L3`, and `IFACE_F_NO_XDP_XMIT`: native-XDP
     /// ports hand what they route there to TC), the TC fast path at its ingress, where the
     /// kernel's PPPoE and PPP code delivers the session's packets, and packets routed out of
-    /// it redirected into it, where the same code encapsulates them (compression and MPPE
-    /// included). No `PPPOE` key: nothing runs on the lower device.
+    /// it redirected into it, where the same code encapsulates them. No `PPPOE` key: nothing
+    /// runs on the lower device. (A session on which CCP runs is never bound, on either path:
+    /// see `sync::ppp_compression`.)
     fn bind_ppp_tc(
         &mut self,
         name: &str,
