@@ -18,18 +18,12 @@ use xdp_router_common::{IFACE_F_TC_HANDOFF, IfaceInfo, XDP_TC_HANDOFF};
 /// Bytes of metadata the mark takes.
 const MARK_LEN: usize = core::mem::size_of::<u32>();
 
-/// Whether `info` (the ingress's entry) has the TC fast path behind XDP.
+/// Whether `info` (the ingress's entry) has the TC fast path behind XDP (the TC program
+/// there runs only for what XDP hands over, not as the interface's datapath).
 #[inline(always)]
-fn has_handoff(info: Option<*const IfaceInfo>) -> bool {
+pub fn has_handoff(info: Option<*const IfaceInfo>) -> bool {
     // SAFETY: map value pointer from the kernel.
     info.is_some_and(|i| unsafe { (*i).flags } & IFACE_F_TC_HANDOFF != 0)
-}
-
-/// Whether the TC program on this ingress runs behind XDP (only for what XDP hands over)
-/// rather than as the interface's datapath.
-#[inline(always)]
-pub fn behind_xdp(info: Option<*const IfaceInfo>) -> bool {
-    has_handoff(info)
 }
 
 /// In the XDP program, for a packet the fast path left untouched because its egress cannot

@@ -100,7 +100,7 @@ pub fn xdp_router_tc(ctx: TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     if vlan_present != 0
-        && !handoff::behind_xdp(info)
+        && !handoff::has_handoff(info)
         && vlan::device_of(ifindex, vlan_tci as u16 & 0x0fff, vlan_proto as u16).is_ok()
     {
         // A frame for a managed VLAN device over this TC port: the kernel hands it to that

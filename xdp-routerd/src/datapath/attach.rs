@@ -20,7 +20,7 @@ use xdp_router_common::{
     STAMP_PROG_NAME, TC_PROG_NAME,
 };
 
-use super::{Datapath, Ports as _};
+use super::{Datapath, Ports as _, VlanParent};
 use crate::config::{DatapathConfig, XdpModeConfig};
 
 /// How the program ended up attached to an interface.
@@ -405,6 +405,56 @@ impl Datapath {
         Ok(())
     }
 
+    /// Makes the TC fast path run on `ifindex` (`name`), a device that gets it instead of XDP
+    /// on the device under it (a VLAN or PPP device) or without a link-layer header, and
+    /// records why (`because`, for `status`).
+    pub(super) fn run_tc_on(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        because: String,
+    ) -> anyhow::Result<()> {
+        self.links.names.insert(ifindex, name.to_string());
+        if !self.links.tc.contains_key(&ifindex) {
+            self.attach_tc_program(name, ifindex)?;
+        }
+        self.links.datapath_because.insert(ifindex, because);
+        Ok(())
+    }
+
+    /// `datapath = "auto"` (in `from`) for the device `name` over `host`, where the program
+    /// would run for it: native XDP on `host` if its driver takes it (`None`: attached, and
+    /// kept for `name`; its entry is written when `name` is registered), else why the driver
+    /// refused it (see [`native_attach_failure`]), for the TC fast path on `name` itself.
+    pub(super) fn native_on_host_or_why(
+        &mut self,
+        name: &str,
+        host: &VlanParent,
+        from: &str,
+    ) -> anyhow::Result<Option<String>> {
+        match self.attach_native(&host.name, host.ifindex)? {
+            Ok(()) => {
+                self.links.datapath_because.insert(
+                    host.ifindex,
+                    format!("datapath = \"auto\" in {from} (for {name}): native XDP"),
+                );
+                Ok(None)
+            }
+            Err(refused) => {
+                let why = native_attach_failure(&refused);
+                info!(
+                    interface = name,
+                    host = %host.name,
+                    error = %refused,
+                    "{name}: native XDP refused on {} ({why}): the TC fast path runs on {name} \
+                     instead",
+                    host.name
+                );
+                Ok(Some(why))
+            }
+        }
+    }
+
     /// The TCX ingress link of the TC fast path on `ifindex` (`name` for messages), first
     /// among the TCX ingress programs.
     fn attach_tc_link(&mut self, name: &str) -> anyhow::Result<SchedClassifierLinkId> {
@@ -469,7 +519,7 @@ impl Datapath {
 
     /// Attaches the XDP program natively to `ifindex`; `Ok(Err(_))` with the kernel's error
     /// when the driver refuses (see [`native_attach_failure`]).
-    pub(super) fn attach_native(
+    fn attach_native(
         &mut self,
         name: &str,
         ifindex: u32,

@@ -342,15 +342,11 @@ impl Ports for Datapath {
         self.vlans
             .add(key, ifindex)
             .with_context(|| format!("{name}: cannot add to {MAP_VLANS}"))?;
-        if let Some(because) = tc {
-            self.links.names.insert(ifindex, name.to_string());
-            if !self.links.tc.contains_key(&ifindex)
-                && let Err(e) = self.attach_tc_program(name, ifindex)
-            {
-                self.detach(ifindex);
-                return Err(e);
-            }
-            self.links.datapath_because.insert(ifindex, because);
+        if let Some(because) = tc
+            && let Err(e) = self.run_tc_on(name, ifindex, because)
+        {
+            self.detach(ifindex);
+            return Err(e);
         }
         // A VLAN device managed only as a PPPoE session's lower device: the kernel's routed
         // packets leave through the PPP device, where its own arming program runs.
@@ -424,17 +420,11 @@ impl Ports for Datapath {
             slot,
             flags | IFACE_F_L3 | IFACE_F_NO_XDP_XMIT,
         )?;
-        self.links.names.insert(ifindex, name.to_string());
-        if !self.links.tc.contains_key(&ifindex)
-            && let Err(e) = self.attach_tc_program(name, ifindex)
-        {
+        if let Err(e) = self.run_tc_on(name, ifindex, NO_LINK_LAYER_TC.to_string()) {
             let _ = self.ifaces.remove(&ifindex);
             self.links.names.remove(&ifindex);
             return Err(e);
         }
-        self.links
-            .datapath_because
-            .insert(ifindex, NO_LINK_LAYER_TC.to_string());
         if !self.links.armed.contains_key(&ifindex) {
             self.attach_arming(name, ifindex, ARM_L3_PROG_NAME);
         }

@@ -16,7 +16,7 @@ use xdp_router_common::{
     IFACE_F_PPPOE_LOWER, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_PPPOE, PppoeKey,
 };
 
-use super::{AttachMode, Datapath, Ports, VlanParent, attach::native_attach_failure, take};
+use super::{AttachMode, Datapath, Ports, VlanParent, take};
 use crate::config::{DatapathConfig, XdpModeConfig};
 
 /// A PPPoE session as [`Ports::set_pppoe`] binds it to its PPP device.
@@ -179,19 +179,9 @@ impl Datapath {
                     Some(AttachMode::Native) => return Ok(None),
                     Some(AttachMode::Tc) => format!("{} runs the TC fast path", host.name),
                     Some(other) => format!("{} runs XDP {}", host.name, other.as_str()),
-                    None => match self.attach_native(&host.name, host.ifindex)? {
-                        Ok(()) => {
-                            self.links.datapath_because.insert(
-                                host.ifindex,
-                                format!("datapath = \"auto\" in {from} (for {name}): native XDP"),
-                            );
-                            return Ok(None);
-                        }
-                        Err(refused) => format!(
-                            "native XDP was refused on {}: {}",
-                            host.name,
-                            native_attach_failure(&refused)
-                        ),
+                    None => match self.native_on_host_or_why(name, host, from)? {
+                        None => return Ok(None),
+                        Some(why) => format!("native XDP was refused on {}: {why}", host.name),
                     },
                 };
                 Ok(Some(format!(
@@ -219,11 +209,7 @@ impl Datapath {
     ) -> anyhow::Result<()> {
         info.flags |= IFACE_F_L3 | IFACE_F_NO_XDP_XMIT;
         self.update_iface(ifindex, *info)?;
-        self.links.names.insert(ifindex, name.to_string());
-        if !self.links.tc.contains_key(&ifindex) {
-            self.attach_tc_program(name, ifindex)?;
-        }
-        self.links.datapath_because.insert(ifindex, because);
+        self.run_tc_on(name, ifindex, because)?;
         self.update_handoffs();
         info!(
             interface = name,

@@ -9,7 +9,6 @@ use aya::{
     Ebpf,
     maps::{HashMap, MapData, MapError},
 };
-use tracing::info;
 use xdp_router_common::{
     IFACE_F_BRIDGE, IFACE_F_NO_XDP_XMIT, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_IFACES, MAP_VLANS,
     MAX_IFACE_SLOTS, VlanKey,
@@ -17,7 +16,7 @@ use xdp_router_common::{
 
 #[cfg(doc)]
 use super::PppoeBinding;
-use super::{AttachMode, Datapath, Ports, attach::native_attach_failure, take};
+use super::{AttachMode, Datapath, Ports, take};
 use crate::config::{DatapathConfig, XdpModeConfig};
 
 /// The parent of a managed VLAN device, where the program runs (see
@@ -87,8 +86,9 @@ impl Datapath {
         {
             self.attached_mode(parent.ifindex)
         } else {
-            // Not registered yet (the program may run there already: attached for a PPPoE
-            // session over this VLAN, see `ppp_on_tc`; `register` keeps it).
+            // Not registered yet (the program may run there already: attached by
+            // `native_on_host_or_why` for this VLAN or a PPPoE session over it; `register`
+            // keeps it).
             let info = IfaceInfo {
                 slot: parent.slot,
                 flags: parent.flags | IFACE_F_VLAN_PARENT,
@@ -125,7 +125,8 @@ impl Datapath {
     /// the program on its parent, and why (for `status`); `None`: on the parent (see
     /// [`Datapath::run_on_parent`]). TC where the parent runs the TC fast path itself, where
     /// `datapath = "tc"` applies to the device, and with `"auto"` where the parent refuses
-    /// native XDP (the attempt leaves the XDP program on the parent when it succeeds). Never
+    /// native XDP (the attempt leaves the XDP program on the parent when it succeeds,
+    /// registered by [`Datapath::run_on_parent`]). Never
     /// for a VLAN over a bridge, a parent that runs XDP already, or a PPPoE session's lower
     /// device (`pppoe_lower`: its sessions are handled on XDP only).
     pub(super) fn vlan_on_tc(
@@ -158,43 +159,13 @@ impl Datapath {
                 "datapath = \"tc\" in {from}: on {name} itself (its frames arrive untagged)"
             ))),
             DatapathConfig::Auto if mode == XdpModeConfig::Native => {
-                let refused = match self.attach_native(&parent.name, parent.ifindex)? {
-                    Ok(()) => {
-                        // The parent's entry, as `run_on_parent` would have written it.
-                        let info = IfaceInfo {
-                            slot: parent.slot,
-                            flags: parent.flags | IFACE_F_VLAN_PARENT,
-                            mac: parent.mac,
-                            ..IfaceInfo::default()
-                        };
-                        if let Err(e) =
-                            self.register(&parent.name, parent.ifindex, info, mode, false)
-                        {
-                            self.detach_program(parent.ifindex);
-                            return Err(e);
-                        }
-                        self.links.datapath_because.insert(
-                            parent.ifindex,
-                            format!("datapath = \"auto\" in {from} (for {name}): native XDP"),
-                        );
-                        return Ok(None);
-                    }
-                    Err(refused) => refused,
-                };
-                let why = native_attach_failure(&refused);
-                info!(
-                    interface = name,
-                    parent = %parent.name,
-                    error = %refused,
-                    "{name}: native XDP refused on its parent {} ({why}): the TC fast path \
-                     runs on {name} instead",
-                    parent.name
-                );
-                Ok(Some(format!(
-                    "datapath = \"auto\" in {from}, and native XDP was refused on its parent \
-                     {}: {why}",
-                    parent.name
-                )))
+                Ok(self.native_on_host_or_why(name, parent, from)?.map(|why| {
+                    format!(
+                        "datapath = \"auto\" in {from}, and native XDP was refused on its \
+                         parent {}: {why}",
+                        parent.name
+                    )
+                }))
             }
             _ => Ok(None),
         }
