@@ -136,10 +136,9 @@ pub enum Reason {
     /// packet path) in a chain that established forwarded packets traverse, and the daemon
     /// holds them in the kernel (`per_packet_rules = "hold"`, `SETTINGS_F_HOLD_ALL`).
     PassPerPacketRule = 44,
-    /// The TC fast path (`datapath = "tc"`) does not handle this packet yet: its VLAN tag is
-    /// skb metadata and no managed VLAN device over the port runs the TC fast path, or its
-    /// egress needs another encapsulation than it arrived with (a VLAN
-    /// tag or PPPoE session pushed or popped); the kernel forwards it.
+    /// The TC fast path (`datapath = "tc"`) does not handle this packet yet: its egress needs
+    /// a PPPoE session header pushed or popped (or, in an skb built from a tagged frame's
+    /// bytes, as BPF_PROG_RUN builds it, a VLAN tag in the bytes); the kernel forwards it.
     PassNotOnTc = 45,
     /// A frame in more than one buffer (XDP multi-buffer: on a port whose MTU is above what one
     /// page holds, ≈ 3,500 bytes, a longer frame arrives in fragments); the fast path forwards

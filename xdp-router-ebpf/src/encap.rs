@@ -64,20 +64,28 @@ pub struct Reframed<T> {
     pub ip: *mut T,
     /// Length of the Ethernet header, tag and PPPoE header as the frame leaves.
     pub l2: usize,
+    /// The VLAN tag it leaves with goes into the skb's metadata, not the frame.
+    meta_tag: bool,
 }
 
 /// Gives the frame the L2 header its egress needs and cuts it down to that header plus the
-/// `ip_len`-byte IP datagram. `l2_in` is the received header's length (14, plus 4 with a tag,
-/// plus 8 for a PPPoE session; 0 on a device without a link-layer header, where the packet
-/// starts with its IP header); the outgoing one is 14, plus 4 when `tag` has a VLAN tag,
-/// plus 8 when it has a PPPoE session: `bpf_xdp_adjust_head` removes what the received
-/// header has more or makes room for what the new one needs (the MACs, tag, EtherType and
-/// PPPoE header are written by the caller). A packet for a device without a link-layer header
-/// leaves with an Ethernet header too: the kernel's redirect takes it off
-/// (`__bpf_redirect_no_mac`). Done before anything is written, so a failed
-/// resize passes the frame as received.
+/// `ip_len`-byte IP datagram. `l2_in` is the received header's length (14, plus 4 with a tag
+/// in the frame, `tag_in_frame`, plus 8 for a PPPoE session; 0 on a device without a
+/// link-layer header, where the packet starts with its IP header); the outgoing one is 14,
+/// plus 4 when `tag` has a VLAN tag that goes into the frame, plus 8 when it has a PPPoE
+/// session: `bpf_xdp_adjust_head` removes what the received header has more or makes room
+/// for what the new one needs (the MACs, tag, EtherType and PPPoE header are written by the
+/// caller). A packet for a device without a link-layer header leaves with an Ethernet header
+/// too: the kernel's redirect takes it off (`__bpf_redirect_no_mac`).
 ///
-/// Bytes beyond the datagram (Ethernet padding, garbage) are cut as the kernel trims the skb
+/// On an skb the VLAN tag is metadata, received (see `Packet::meta_vlan_tag`) and sent: no
+/// byte moves for it, and [`write_l2`] sets the one `tag` names there. (Only an skb built from a tagged frame's bytes, as BPF_PROG_RUN builds it and
+/// a real TC ingress never sees, has its tag in the frame: it is rewritten there as on XDP.)
+/// Nothing else is pushed or popped on an skb yet but the Ethernet header of a packet
+/// received without one.
+///
+/// Done before anything is written, so a failed resize passes the frame as received. Bytes
+/// beyond the datagram (Ethernet padding, garbage) are cut as the kernel trims the skb
 /// (`pskb_trim_rcsum` in `ip_rcv_core` / `ip6_rcv_core`): they must not leave, and would count
 /// against the egress MTU. Every packet pointer is invalid after either helper, hence the
 /// re-derived ones.
@@ -85,18 +93,23 @@ pub struct Reframed<T> {
 pub fn reframe<T, P: Packet>(
     ctx: &P,
     l2_in: usize,
+    tag_in_frame: bool,
     ip_len: usize,
     tag: &EgressTag,
 ) -> Result<Reframed<T>, Reason> {
-    let vlan = if tag.tpid_be != 0 { VLAN_HLEN } else { 0 };
+    let meta_tag = P::SKB && !tag_in_frame;
+    let vlan = if tag.tpid_be != 0 && !meta_tag {
+        VLAN_HLEN
+    } else {
+        0
+    };
     let session = if tag.pppoe { PPPOE_HLEN } else { 0 };
     let l2 = ETH_HLEN + vlan + session;
     if l2 != l2_in {
         if P::SKB && !(l2_in == 0 && l2 == ETH_HLEN) {
             // On skbs only the Ethernet header of a packet received without a link-layer
-            // header (`IFACE_F_L3`) is pushed yet; a VLAN tag or PPPoE session pushed or
-            // popped (bpf_skb_adjust_room and its GSO and checksum rules) is not: the kernel
-            // does it.
+            // header (`IFACE_F_L3`) is pushed yet; a PPPoE session pushed or popped
+            // (bpf_skb_adjust_room and its GSO and checksum rules) is not: the kernel does it.
             return Err(Reason::PassNotOnTc);
         }
         // A positive delta pops received headers, a negative one makes room for new ones.
@@ -117,7 +130,7 @@ pub fn reframe<T, P: Packet>(
             return Err(Reason::PassMalformed);
         }
     }
-    let tag_ptr = if tag.tpid_be != 0 {
+    let tag_ptr = if vlan != 0 {
         Some(ptr_at_mut(ctx, 12)?)
     } else {
         None
@@ -134,15 +147,20 @@ pub fn reframe<T, P: Packet>(
         pppoe: pppoe_ptr,
         ip: ptr_at_mut(ctx, l2)?,
         l2,
+        meta_tag,
     })
 }
 
 /// Writes the egress's headers between the MACs and the IP header of an `ip_len`-byte
 /// datagram of family `l3`: the VLAN tag, the EtherType and the PPPoE session header, as far
 /// as the egress has them (after the rewrite: nothing can fail by then). The EtherType is
-/// always written: a received PPPoE frame's was 0x8864.
+/// always written: a received PPPoE frame's was 0x8864. On an skb the VLAN tag is set in its
+/// metadata, last (the helpers invalidate packet pointers): the received one is cleared and
+/// the egress's, if any, set; with the received tag present and an IP protocol neither
+/// helper can fail (`skb_vlan_pop` only clears it, `skb_vlan_push` only sets one where none
+/// is), so nothing is left to undo.
 #[inline(always)]
-pub fn write_l2<T>(out: &Reframed<T>, tag: &EgressTag, l3: L3, ip_len: usize) {
+pub fn write_l2<T, P: Packet>(ctx: &P, out: &Reframed<T>, tag: &EgressTag, l3: L3, ip_len: usize) {
     if let Some(t) = out.tag {
         // SAFETY: bounds checked by ptr_at_mut in `reframe`.
         unsafe {
@@ -168,5 +186,13 @@ pub fn write_l2<T>(out: &Reframed<T>, tag: &EgressTag, l3: L3, ip_len: usize) {
     } else {
         // SAFETY: bounds checked by ptr_at_mut in `reframe`.
         unsafe { *out.ethertype = ethertype.to_be() };
+    }
+    if out.meta_tag {
+        let want = if tag.tpid_be != 0 {
+            Some((tag.tpid_be, tag.tci_be))
+        } else {
+            None
+        };
+        ctx.set_meta_vlan_tag(want);
     }
 }

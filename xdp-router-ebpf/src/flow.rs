@@ -105,21 +105,16 @@ pub fn try_forward<P: Packet>(
         Front {
             l3: classify_ethertype(ctx.l3_protocol())?,
             l2: 0,
+            tag_in_frame: false,
             iif: ifindex,
             ip_len_max: frame_len(ctx),
         }
     } else {
         ethernet_front(ctx, ifindex, info, flags, l3_ifindex, slot)?
     };
-    let Front {
-        l3,
-        l2,
-        iif,
-        ip_len_max,
-    } = front;
-    match l3 {
-        L3::V4 => try_forward_ip::<V4, P>(ctx, iif, l2, ip_len_max, &cache, verify_l4),
-        L3::V6 => try_forward_ip::<V6, P>(ctx, iif, l2, ip_len_max, &cache, verify_l4),
+    match front.l3 {
+        L3::V4 => try_forward_ip::<V4, P>(ctx, &front, &cache, verify_l4),
+        L3::V6 => try_forward_ip::<V6, P>(ctx, &front, &cache, verify_l4),
     }
 }
 
@@ -129,6 +124,9 @@ struct Front {
     l3: L3,
     /// Bytes before the IP header (link-layer header, VLAN tag, PPPoE session).
     l2: usize,
+    /// Its VLAN tag is in its bytes (counted in `l2`), not in skb metadata (see
+    /// `encap::reframe`): always, for a tagged XDP frame.
+    tag_in_frame: bool,
     /// The device the IP layer sees it received on (a bridge, VLAN or PPP device over the
     /// port it arrived on, or that port).
     iif: u32,
@@ -152,12 +150,18 @@ fn ethernet_front<P: Packet>(
     let eth: *mut EthHdr = ptr_at_mut(ctx, 0)?;
     // SAFETY: ptr_at_mut checked that the header is inside the frame.
     let (ethertype, tpid_be) = unsafe { ((*eth).ethertype(), (*eth).ethertype_be) };
-    // The frame's VLAN tag (protocol, TCI: raw; the EtherType after it: host order).
-    let tag = if is_vlan_tpid(ethertype) {
+    // The frame's VLAN tag (protocol, TCI: raw; the EtherType after it: host order): on an
+    // skb in its metadata, with the frame's bytes untagged (the EtherType after the MACs is
+    // the one after the tag), else in the frame after the MACs.
+    let meta_tag = ctx.meta_vlan_tag();
+    let tag = if let Some((tpid_be, tci_be)) = meta_tag {
+        Some((tpid_be, tci_be, ethertype))
+    } else if is_vlan_tpid(ethertype) {
         Some(vlan::read_tag(ctx, tpid_be)?)
     } else {
         None
     };
+    let tag_in_frame = tag.is_some() && meta_tag.is_none();
     // A tagged frame for a managed VLAN device over the port it arrived on (`eth0.7`, or
     // `eth1.20` with eth1 in br-lan) is that device's: the kernel hands it over
     // (`vlan_do_receive`) before a bridge sees it.
@@ -216,7 +220,9 @@ fn ethernet_front<P: Packet>(
     }
     // Whatever device takes it, the IP header follows the tag the frame arrived with.
     let ethertype = if let Some((_, _, inner)) = tag {
-        l2 = ETH_HLEN + VLAN_HLEN;
+        if tag_in_frame {
+            l2 = ETH_HLEN + VLAN_HLEN;
+        }
         inner
     } else {
         ethertype
@@ -259,6 +265,7 @@ fn ethernet_front<P: Packet>(
     Ok(Front {
         l3,
         l2,
+        tag_in_frame,
         iif,
         ip_len_max,
     })
@@ -451,8 +458,8 @@ fn finish(
     }
 }
 
-/// Steps 4-11 for an IP packet of family `F` whose header is `l2` bytes into the frame (0 on
-/// a device without a link-layer header): checks, flow, FIB, egress, rewrite, counters,
+/// Steps 4-11 for an IP packet of family `F` whose header is `front.l2` bytes into the frame
+/// (0 on a device without a link-layer header): checks, flow, FIB, egress, rewrite, counters,
 /// redirect.
 #[expect(
     clippy::needless_borrows_for_generic_args,
@@ -461,12 +468,11 @@ fn finish(
 #[inline(always)]
 fn try_forward_ip<F: Family, P: Packet>(
     ctx: &P,
-    ifindex: u32,
-    l2: usize,
-    ip_len_max: usize,
+    front: &Front,
     cache: &FibCachePolicy,
     verify_l4: bool,
 ) -> Result<Forwarded, Reason> {
+    let (ifindex, l2, ip_len_max) = (front.iif, front.l2, front.ip_len_max);
     let h = F::header(ctx, l2, ip_len_max)?;
     let ports = l4_ports(ctx, h.proto, l2, F::HLEN, h.l4_len)?;
     let (sport, dport) = (ports.sport, ports.dport);
@@ -547,13 +553,13 @@ fn try_forward_ip<F: Family, P: Packet>(
     )?;
     let egress = redirect_to::<P>(&mut hop)?;
 
-    let out = reframe::<F::Hdr, P>(ctx, l2, h.len as usize, &egress.tag)?;
+    let out = reframe::<F::Hdr, P>(ctx, l2, front.tag_in_frame, h.len as usize, &egress.tag)?;
     let udp = h.proto == IPPROTO_UDP;
     let l4 = L4::at::<P>(ctx, out.l2 + F::HLEN, udp)?;
     // Every check passed: from here on the packet is ours.
     let dscp = kernel_dscp_to_set(fields.kernel_dscp, cache.dscp_rewrite);
     F::rewrite::<P>(out.eth, out.ip, l4, &nat, &hop, dscp);
-    write_l2(&out, &egress.tag, F::L3, h.len as usize);
+    write_l2(ctx, &out, &egress.tag, F::L3, h.len as usize);
     if P::SKB {
         // The transport checksum, through the skb helpers (after every direct write: they
         // invalidate packet pointers). The pseudo-header's part of the flow's diff is the

@@ -35,7 +35,7 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use xdp_router_common::{FASTPATH_TC_INDEX, Reason};
+use xdp_router_common::{FASTPATH_TC_INDEX, Reason, parse::VLAN_VID_MASK};
 
 use crate::packet::Packet;
 
@@ -85,23 +85,15 @@ pub fn xdp_router(ctx: XdpContext) -> u32 {
 #[classifier]
 pub fn xdp_router_tc(ctx: TcContext) -> i32 {
     // SAFETY: the context's skb pointer is valid for the program run.
-    let (ifindex, vlan_present, vlan_tci, vlan_proto) = unsafe {
-        let skb = ctx.skb.skb;
-        (
-            (*skb).ifindex,
-            (*skb).vlan_present,
-            (*skb).vlan_tci,
-            (*skb).vlan_proto,
-        )
-    };
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     let info = maps::IFACES.get_ptr(ifindex);
     if !handoff::for_tc(&ctx, info) {
         // Behind the XDP program, which counted this packet already.
         return TC_ACT_UNSPEC;
     }
-    if vlan_present != 0
-        && !handoff::has_handoff(info)
-        && vlan::device_of(ifindex, vlan_tci as u16 & 0x0fff, vlan_proto as u16).is_ok()
+    if !handoff::has_handoff(info)
+        && let Some((tpid_be, tci_be)) = ctx.meta_vlan_tag()
+        && vlan::device_of(ifindex, u16::from_be(tci_be) & VLAN_VID_MASK, tpid_be).is_ok()
     {
         // A frame for a managed VLAN device over this TC port: the kernel hands it to that
         // device (`vlan_do_receive`), untagged, and the TC fast path there counts it.
@@ -109,12 +101,7 @@ pub fn xdp_router_tc(ctx: TcContext) -> i32 {
     }
     let mut slot = stats::ingress_slot(info);
     let bytes = Packet::len(&ctx) as u64;
-    let result = if vlan_present != 0 {
-        // The VLAN tag is skb metadata (the kernel takes every received tag there before TC
-        // ingress) and no VLAN device over this port runs the TC fast path: the kernel's VLAN
-        // code has it.
-        Err(Reason::PassNotOnTc)
-    } else if !ctx.pull((bytes as usize).min(tc::TC_HEADER_PULL as usize)) {
+    let result = if !ctx.pull((bytes as usize).min(tc::TC_HEADER_PULL as usize)) {
         Err(Reason::PassMalformed)
     } else {
         flow::try_forward(&ctx, ifindex, info, &mut slot)

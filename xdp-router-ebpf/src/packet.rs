@@ -76,6 +76,21 @@ pub trait Packet: EbpfContext {
     /// will be cut into (as `ip_forward` checks with `skb_gso_validate_network_len`).
     fn mtu_len(&self, ip_len: u16, l3_off: usize, l4_off: usize, tcp: bool) -> u16;
 
+    /// The VLAN tag the kernel took out of the received frame into the skb's metadata
+    /// (protocol, TCI: raw): it takes every received tag there before TC ingress
+    /// (`skb_vlan_untag` in `__netif_receive_skb_core`), so the frame's bytes are untagged
+    /// and its IP header follows the Ethernet header. `None` for XDP, whose frames carry
+    /// their tags (a tag the NIC stripped, rx VLAN offload, is not visible to XDP at all).
+    fn meta_vlan_tag(&self) -> Option<(u16, u16)>;
+
+    /// Makes `want` (protocol, TCI: raw; `None`: untagged) the skb's metadata tag, the one
+    /// it leaves with: the egress device's transmit path puts it on the wire
+    /// (`validate_xmit_vlan`, or the driver's VLAN offload). No bytes move, so GSO and the
+    /// checksum state are untouched. Called after the rewrite, on an skb of an IP protocol,
+    /// where it cannot fail (see `encap::write_l2`). Every packet pointer is invalid
+    /// afterwards. Never for XDP.
+    fn set_meta_vlan_tag(&self, want: Option<(u16, u16)>);
+
     /// The packet's protocol as the kernel recorded it (`skb->protocol`, an EtherType, host
     /// order): the family of a packet received on a device without a link-layer header
     /// (`IFACE_F_L3`), which only the TC program runs on. Never for XDP.
@@ -171,6 +186,16 @@ impl Packet for XdpContext {
     #[inline(always)]
     fn mtu_len(&self, ip_len: u16, _l3_off: usize, _l4_off: usize, _tcp: bool) -> u16 {
         ip_len
+    }
+
+    #[inline(always)]
+    fn meta_vlan_tag(&self) -> Option<(u16, u16)> {
+        None
+    }
+
+    #[inline(always)]
+    fn set_meta_vlan_tag(&self, _want: Option<(u16, u16)>) {
+        // XDP frames carry their tags: `encap::write_l2` writes them.
     }
 
     #[inline(always)]

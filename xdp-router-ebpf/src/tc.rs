@@ -23,7 +23,7 @@ use aya_ebpf::{
     },
     helpers::{
         bpf_csum_level, bpf_csum_update, bpf_l4_csum_replace, bpf_redirect, bpf_skb_change_head,
-        bpf_skb_change_tail, bpf_skb_pull_data,
+        bpf_skb_change_tail, bpf_skb_pull_data, bpf_skb_vlan_pop, bpf_skb_vlan_push,
     },
     programs::TcContext,
 };
@@ -66,9 +66,10 @@ impl Packet for TcContext {
         // Only room in front of the IP header of a packet received without a link-layer header
         // (`IFACE_F_L3`), for the Ethernet header it leaves with: `bpf_skb_change_head` is
         // made for that (it moves the MAC header with the data and leaves the network header,
-        // protocol, checksum and GSO state as they are). Pushing or popping a VLAN tag or PPPoE
-        // header on an skb (bpf_skb_adjust_room with its offload and GSO rules) is not done
-        // yet: `encap::reframe` hands such packets to the kernel as `Reason::PassNotOnTc`.
+        // protocol, checksum and GSO state as they are). A VLAN tag is metadata on an skb
+        // (`set_meta_vlan_tag`); pushing or popping a PPPoE header (bpf_skb_adjust_room with
+        // its offload and GSO rules) is not done yet: `encap::reframe` hands such packets to
+        // the kernel as `Reason::PassNotOnTc`.
         if delta >= 0 {
             return false;
         }
@@ -187,6 +188,39 @@ impl Packet for TcContext {
             seg as u16
         } else {
             ip_len
+        }
+    }
+
+    #[inline(always)]
+    fn meta_vlan_tag(&self) -> Option<(u16, u16)> {
+        // SAFETY: the context's skb pointer is valid for the program run.
+        let (present, tci, proto) = unsafe {
+            let skb = self.skb.skb;
+            ((*skb).vlan_present, (*skb).vlan_tci, (*skb).vlan_proto)
+        };
+        // `vlan_proto` holds the raw (network order) value, `vlan_tci` the host-order TCI.
+        (present != 0).then(|| (proto as u16, (tci as u16).to_be()))
+    }
+
+    #[inline(always)]
+    fn set_meta_vlan_tag(&self, want: Option<(u16, u16)>) {
+        let have = self.meta_vlan_tag();
+        if have == want {
+            return;
+        }
+        let skb: *mut __sk_buff = self.as_ptr().cast();
+        // The received tag first: `skb_vlan_push` would move a present one into the bytes
+        // (Q-in-Q). With the metadata tag present and an IP protocol, `skb_vlan_pop` only
+        // clears it; should it fail, nothing is pushed on top of it.
+        // SAFETY: a helper on this program's own context.
+        if have.is_some() && unsafe { bpf_skb_vlan_pop(skb) } != 0 {
+            return;
+        }
+        if let Some((tpid_be, tci_be)) = want {
+            // With no tag present `skb_vlan_push` only sets the metadata (any protocol but
+            // 802.1ad becomes 802.1Q there; the daemon writes only those two).
+            // SAFETY: a helper on this program's own context.
+            unsafe { bpf_skb_vlan_push(skb, tpid_be, u16::from_be(tci_be)) };
         }
     }
 

@@ -216,9 +216,10 @@ pub enum DatapathConfig {
     Xdp,
     /// The TC ingress program (TCX, Linux 6.6+): the same fast path on socket buffers, after
     /// GRO; for devices without native XDP. Its redirects need no XDP transmit on the egress.
-    /// On interfaces managed for themselves and bridge ports: a VLAN device's parent and a
-    /// PPPoE session's lower device keep XDP for now, and packets whose VLAN tag or PPPoE
-    /// session changes on the way stay in the kernel (`not_on_tc_yet`).
+    /// On interfaces, bridge ports (tagged or not), VLAN devices and PPP devices (on the VLAN
+    /// or PPP device itself where the device under it has no native XDP); a packet whose
+    /// PPPoE session header would be pushed or popped on the way stays in the kernel
+    /// (`not_on_tc_yet`).
     Tc,
 }
 

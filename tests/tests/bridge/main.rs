@@ -44,6 +44,8 @@ struct Bed {
     h2: Netns,
     wan: Netns,
     dir: TempDir,
+    /// Global settings the daemon's config starts with (`datapath = "tc"`), if any.
+    global: String,
 }
 
 /// Packets received by `ifname` in `ns` (wire packets: GRO is off on the router's veths).
@@ -115,6 +117,7 @@ impl Bed {
             h2: Netns::new(&format!("{tag}2")),
             wan: Netns::new(&format!("{tag}w")),
             dir: TempDir::new(),
+            global: String::new(),
         };
         bed.router.veth("p1", &bed.h1, "eth0");
         bed.router.veth("p2", &bed.h2, "eth0");
@@ -165,11 +168,12 @@ impl Bed {
         fs::write(
             &config,
             format!(
-                "control_socket = \"{}\"\nxdp_mode = \"native\"\nflow_capacity = 4096\n\
+                "{}control_socket = \"{}\"\nxdp_mode = \"native\"\nflow_capacity = 4096\n\
                  keepalive_interval_ms = 2000\nlog_level = \"debug\"\n\
                  verdict_max_age_ms = {}\n\
                  [[interface]]\nname = \"eth0\"\nrole = \"wan\"\n\
                  {lan}",
+                self.global,
                 socket.display(),
                 // Verdicts kept, as on the `Testbed` (see `Testbed::verdict_max_age_ms`): the
                 // tests count every packet's reason.
@@ -187,14 +191,19 @@ impl Bed {
 
     /// Waits until the port `port` of br-lan is attached natively.
     fn wait_port(&self, port: &str) {
+        self.wait_port_on(port, "native");
+    }
+
+    /// Waits until the port `port` of br-lan runs the fast path in `mode` ("native", "tc").
+    fn wait_port_on(&self, port: &str, mode: &str) {
         let (st, ok) = self.daemon().wait_status(Duration::from_secs(5), |s| {
             s.interfaces.iter().any(|i| {
-                i.name == port && i.bridge.as_deref() == Some("br-lan") && i.attach_mode == "native"
+                i.name == port && i.bridge.as_deref() == Some("br-lan") && i.attach_mode == mode
             })
         });
         assert!(
             ok,
-            "port {port} of br-lan should be attached natively: {:?}\n{}",
+            "port {port} of br-lan should be attached {mode}: {:?}\n{}",
             st.interfaces,
             self.daemon().log_tail()
         );
@@ -306,8 +315,8 @@ fn measure_on(
 type Via<'a> = (&'a UdpSocket, &'a str, &'a str, &'a str);
 
 /// For each offloaded connection of `cases` (next sequence numbers in `seqs`): all of 30
-/// datagrams each way forwarded by XDP with netfilter seeing none; then, the negative control,
-/// with the fast path off none by XDP and the kernel's ESTABLISHED rule seeing them. The fast
+/// datagrams each way forwarded by the fast path with netfilter seeing none; then, the negative control,
+/// with the fast path off none by the fast path and the kernel's ESTABLISHED rule seeing them. The fast
 /// path is on again afterwards.
 fn on_and_off(bed: &Bed, server: SocketAddr, cases: &[Via], seqs: &mut [u64]) {
     for ((sock, port, counted_on, what), seq) in cases.iter().zip(seqs.iter_mut()) {
@@ -328,7 +337,7 @@ fn on_and_off(bed: &Bed, server: SocketAddr, cases: &[Via], seqs: &mut [u64]) {
     for ((sock, port, counted_on, what), seq) in cases.iter().zip(seqs.iter_mut()) {
         let [sent, orig, reply, _, est] = measure_on(bed, sock, server, seq, port, counted_on);
         println!(
-            "{what}, fast path off: {orig} original / {reply} reply by XDP; ESTABLISHED +{est}"
+            "{what}, fast path off: {orig} original / {reply} reply by the fast path; ESTABLISHED +{est}"
         );
         assert_eq!((orig, reply), (0, 0), "{what}: fast path off");
         assert!(
