@@ -440,7 +440,8 @@ impl Ports for Datapath {
     /// in `mode`, `IFACE_F_PPPOE_LOWER`, unless it is registered already), the PPP device's
     /// entry rewritten (`IFACE_F_PPPOE`, session ID, peer, lower device and its MAC), and the
     /// new key added last; a lower device managed only for the old session is released at
-    /// the end. On error the PPP device is left unbound.
+    /// the end. A session bound on TC (`bind_ppp_tc`) goes with its TC program and
+    /// `IFACE_F_L3`. On error the PPP device is left unbound.
     fn set_pppoe(
         &mut self,
         name: &str,
@@ -455,8 +456,9 @@ impl Ports for Datapath {
         // The PPP device's entry without a session: its packets go to the kernel.
         let unbound = |i: IfaceInfo| IfaceInfo {
             slot: i.slot,
-            // CCP seen (by the datapath) belongs to the session that goes.
-            flags: i.flags & !(IFACE_F_PPPOE | IFACE_F_PPP_CCP),
+            // CCP seen (by the datapath) belongs to the session that goes, and so does a TC
+            // binding's `IFACE_F_L3` (its packets then go to the kernel).
+            flags: i.flags & !(IFACE_F_PPPOE | IFACE_F_PPP_CCP | IFACE_F_L3),
             ..IfaceInfo::default()
         };
         if let Some(key) = old {
@@ -465,6 +467,12 @@ impl Ports for Datapath {
             let _ = self.pppoe.sessions.remove(&key);
             self.pppoe.devices.insert(ifindex, None);
         }
+        if self.links.tc.contains_key(&ifindex) {
+            // Bound on TC: nothing is sent into it or forwarded from it from here on.
+            info = unbound(info);
+            self.update_iface(ifindex, info)?;
+            self.detach_program(ifindex);
+        }
         let result = match session {
             Some(s) => self.bind_pppoe(name, ifindex, &mut info, s, mode),
             None => Ok(()),
@@ -472,9 +480,8 @@ impl Ports for Datapath {
         if session.is_none() || result.is_err() {
             self.update_iface(ifindex, unbound(info))?;
         }
-        if let Some(key) = old
-            && (result.is_err() || session.is_none_or(|s| s.lower.ifindex != key.lower_ifindex))
-        {
+        // Released unless a bound session still runs over it (this one, bound again there).
+        if let Some(key) = old {
             self.release_lower(key.lower_ifindex);
         }
         if let (Err(_), Some(s)) = (&result, session) {

@@ -32,6 +32,10 @@ pub struct PppoeBinding {
     /// When `lower` is a VLAN device: its VLAN ID and tag protocol, and its parent, where the
     /// program then runs.
     pub vlan: Option<((u16, u16), VlanParent)>,
+    /// CCP (compression, MPPE) has run on the PPP device: only the TC fast path on the PPP
+    /// device, between the kernel's PPP layer and the IP layer, may carry it (see
+    /// `sync::ppp_compression`).
+    pub ccp: bool,
 }
 
 /// The managed PPPoE sessions and PPP devices.
@@ -72,6 +76,21 @@ impl Datapath {
     ) -> anyhow::Result<()> {
         if let Some(because) = self.ppp_on_tc(name, s, mode)? {
             return self.bind_ppp_tc(name, ifindex, info, because);
+        }
+        if s.ccp {
+            // XDP would carry packets past the compressor and decompressor (and out
+            // unencrypted, under MPPE).
+            bail!(
+                "CCP (PPP compression or MPPE) runs on it: XDP cannot carry it, and the TC \
+                 fast path, which can, {}",
+                match &self.tc_unavailable {
+                    Some(why) => format!("is unavailable here ({why})"),
+                    None => format!(
+                        "is ruled out by datapath = \"xdp\" in {}",
+                        self.datapath_choice.of(name).1
+                    ),
+                }
+            );
         }
         let lower = &s.lower;
         match self.ifaces.get(&lower.ifindex, 0) {
@@ -155,9 +174,10 @@ impl Datapath {
     /// Whether the PPP device `name` runs the TC fast path itself for session `s`, and why
     /// (for `status`); `None`: XDP on the session's lower device (its VLAN parent for a
     /// session over a VLAN), which pops and pushes the PPPoE header. TC where `datapath =
-    /// "tc"` applies to the PPP device, and with `"auto"` where that device neither runs
-    /// native XDP already nor takes it (tried: where it takes it, the program stays for the
-    /// session, registered with it).
+    /// "tc"` applies to the PPP device, and with `"auto"` where CCP runs on the session (the
+    /// kernel's PPP layer then sees every packet) or where that device neither runs native
+    /// XDP already nor takes it (tried: where it takes it, the program stays for the session,
+    /// registered with it).
     fn ppp_on_tc(
         &mut self,
         name: &str,
@@ -172,6 +192,11 @@ impl Datapath {
             DatapathConfig::Tc => Ok(Some(format!(
                 "datapath = \"tc\" in {from}: on {name} itself (the kernel's PPPoE code \
                  removes and adds the session headers)"
+            ))),
+            DatapathConfig::Auto if s.ccp => Ok(Some(format!(
+                "datapath = \"auto\" in {from}, and CCP (PPP compression or MPPE) runs on its \
+                 session: on {name} itself, the kernel's PPP layer decompresses before it and \
+                 compresses after it"
             ))),
             DatapathConfig::Auto if mode == XdpModeConfig::Native => {
                 let host = s.vlan.as_ref().map_or(&s.lower, |(_, parent)| parent);
@@ -197,9 +222,8 @@ impl Datapath {
     /// link-layer header, as `wg0` (`IFACE_F_L3`, and `IFACE_F_NO_XDP_XMIT`: native-XDP
     /// ports hand what they route there to TC), the TC fast path at its ingress, where the
     /// kernel's PPPoE and PPP code delivers the session's packets, and packets routed out of
-    /// it redirected into it, where the same code encapsulates them. No `PPPOE` key: nothing
-    /// runs on the lower device. (A session on which CCP runs is never bound, on either path:
-    /// see `sync::ppp_compression`.)
+    /// it redirected into it, where the same code encapsulates them (and compresses or
+    /// encrypts them, where CCP runs). No `PPPOE` key: nothing runs on the lower device.
     fn bind_ppp_tc(
         &mut self,
         name: &str,

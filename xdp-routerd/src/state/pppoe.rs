@@ -303,5 +303,6 @@ pub(super) fn session_binding(
             };
             ((v.link.vid, v.link.tpid), parent)
         }),
+        ccp: s.ccp,
     }
 }

@@ -1,10 +1,11 @@
 //! Whether CCP runs on a PPP device: compression (Deflate, BSD-Compress) or MPPE encryption.
 //! A compressor and decompressor keep state across packets (a dictionary fed with every
 //! packet of the unit, `incomp` for the ones sent or received uncompressed; MPPE's key and
-//! coherency count), so a packet the fast path carries around the kernel's PPP layer
-//! desynchronises the two ends (and under MPPE would leave unencrypted). A PPP device on which
-//! CCP has run is therefore left to the kernel
-//! ([`crate::sync::pppoe::Unpaired::CompressionRuns`]).
+//! coherency count), so a packet the XDP fast path carried around the kernel's PPP layer would
+//! desynchronise the two ends (and under MPPE would leave unencrypted). A PPP device on which
+//! CCP has run ([`crate::sync::pppoe::SessionRead::ccp`]) is therefore carried only by the TC
+//! fast path on the PPP device itself, after the kernel's decompression and before its
+//! compression, or else left to the kernel.
 //!
 //! The kernel says so through `SIOCGPPPCSTATS` on the PPP device (`ppp_get_compstats` in
 //! `drivers/net/ppp/ppp_generic.c`): a `struct ppp_comp_stats`, all zero unless a compressor

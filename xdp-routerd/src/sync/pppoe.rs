@@ -112,9 +112,6 @@ pub enum Unpaired {
     LowerUnsupported(String, String),
     /// `/proc/net/pppoe` cannot be read.
     Unreadable(String),
-    /// CCP (PPP compression, MPPE encryption) has run on the PPP device: its compressor and
-    /// decompressor must see every packet (see [`ppp_compression`]).
-    CompressionRuns,
     /// Whether CCP runs on the PPP device cannot be read (`SIOCGPPPCSTATS`):
     /// in doubt the kernel carries it.
     CompressionUnknown(String),
@@ -141,10 +138,6 @@ impl fmt::Display for Unpaired {
                 write!(f, "its session runs over {d}, a {kind} device")
             }
             Unpaired::Unreadable(e) => write!(f, "cannot read {PROC_NET_PPPOE}: {e}"),
-            Unpaired::CompressionRuns => write!(
-                f,
-                "CCP (PPP compression or MPPE) runs on it: the fast path needs pppd's noccp"
-            ),
             Unpaired::CompressionUnknown(e) => {
                 write!(f, "cannot tell whether CCP runs on it: {e}")
             }
@@ -208,6 +201,10 @@ pub struct LowerRead {
 pub struct SessionRead {
     pub session: Session,
     pub lower: LowerRead,
+    /// CCP (PPP compression, MPPE encryption) has run on the PPP device: its compressor and
+    /// decompressor must see every packet (see [`ppp_compression`]), which only the TC fast
+    /// path on the PPP device itself leaves them.
+    pub ccp: bool,
 }
 
 /// What a read found for a managed PPP device.
@@ -221,8 +218,8 @@ pub type PppoeReads = BTreeMap<String, Found>;
 const LOWER_KINDS_UNSUPPORTED: [&str; 2] = ["bridge", "ppp"];
 
 /// Reads `/proc/net/pppoe` once and pairs each of `devices` (name and `pppoe_device`) with a
-/// session ([`pair`]), with what the state needs of its lower device; a device on which PPP
-/// compression has run keeps none ([`Unpaired::CompressionRuns`]). Blocking but short: a
+/// session ([`pair`]), with what the state needs of its lower device and whether CCP has run
+/// on it. Blocking but short: a
 /// procfs file, then a few sysfs/ioctl/netlink reads per paired device.
 pub fn read(devices: &[(String, Option<String>)]) -> PppoeReads {
     let sessions = match std::fs::read_to_string(PROC_NET_PPPOE) {
@@ -239,27 +236,28 @@ pub fn read(devices: &[(String, Option<String>)]) -> PppoeReads {
         .iter()
         .zip(paired)
         .map(|((name, _), p)| {
-            let found = p
-                .and_then(|s| compression_idle(name).map(|()| s))
-                .and_then(read_lower);
+            let found = p.and_then(|s| {
+                let ccp = ccp_has_run(name)?;
+                read_lower(s, ccp)
+            });
             (name.clone(), found)
         })
         .collect()
 }
 
-/// `Ok` when PPP compression has not run on the PPP device `name` (see [`ppp_compression`]).
-fn compression_idle(name: &str) -> Result<(), Unpaired> {
+/// Whether CCP (compression or MPPE) has run on the PPP device `name` (see
+/// [`ppp_compression`]).
+fn ccp_has_run(name: &str) -> Result<bool, Unpaired> {
     match ppp_compression::read(name) {
-        Ok(stats) if stats.compression_has_run() => Err(Unpaired::CompressionRuns),
-        Ok(_) => Ok(()),
+        Ok(stats) => Ok(stats.compression_has_run()),
         // Gone (ENODEV; the link notification follows), or no PPP device after all: either
         // way nothing the fast path should carry.
         Err(e) => Err(Unpaired::CompressionUnknown(e.to_string())),
     }
 }
 
-/// What the state needs of the device `session` runs over.
-fn read_lower(session: Session) -> Found {
+/// What the state needs of the device `session` runs over (`ccp`: see [`SessionRead`]).
+fn read_lower(session: Session, ccp: bool) -> Found {
     let name = &session.lower;
     let Some(ifindex) = netdev::ifindex(name) else {
         return Err(Unpaired::LowerMissing(name.clone()));
@@ -298,6 +296,7 @@ fn read_lower(session: Session) -> Found {
             vlan,
         },
         session,
+        ccp,
     })
 }
 
@@ -440,7 +439,6 @@ mod tests {
             Unpaired::LowerMissing("eth9".into()),
             Unpaired::LowerUnsupported("br0".into(), "bridge".into()),
             Unpaired::Unreadable("permission denied".into()),
-            Unpaired::CompressionRuns,
             Unpaired::CompressionUnknown("No such device (os error 19)".into()),
         ] {
             let text = u.to_string();

@@ -47,6 +47,7 @@ fn session_over_eth0(sid_be: u16) -> crate::sync::pppoe::PppoeReads {
                 mac: Some([2, 0, 0, 0, 0, 0x20]),
                 vlan: None,
             },
+            ccp: false,
         }),
     )])
 }
@@ -149,29 +150,30 @@ fn a_ppp_device_follows_its_pppoe_session() {
     assert_eq!(s.dp.pppoe, BTreeMap::from([((20, 0x0300), 13)]));
 }
 
-/// CCP found running on a bound PPP device (`SIOCGPPPCSTATS`): its session is unbound (nothing
-/// decapsulated or encapsulated any more, eth0 let go) and the status says why; the same read
-/// again changes nothing.
+/// CCP found running on a bound PPP device (`SIOCGPPPCSTATS`): the session is bound again,
+/// with `ccp` for the datapath (which binds it on TC, where the kernel's PPP layer sees every
+/// packet, or refuses it); the same read again changes nothing.
 #[test]
-fn a_ppp_device_on_which_ccp_runs_is_handed_back_to_the_kernel() {
+fn a_ppp_device_on_which_ccp_runs_is_bound_again_with_ccp() {
     let mut s = with_ppp0(false);
     s.apply_pppoe(&session_over_eth0(0x0100));
-    assert_eq!(s.dp.pppoe.len(), 1);
-    let ccp = BTreeMap::from([(
-        "ppp0".to_string(),
-        Err(crate::sync::pppoe::Unpaired::CompressionRuns),
-    )]);
-    assert!(!s.apply_pppoe(&ccp));
-    assert!(s.dp.pppoe.is_empty());
-    assert!(!s.dp.attached.contains_key(&20));
-    assert_eq!(flags(&s, 12) & IFACE_F_PPPOE, 0);
-    let why = s.ifaces[0].pppoe_status().unwrap().not_accelerated_because;
-    assert_eq!(
-        why.as_deref(),
-        Some("CCP (PPP compression or MPPE) runs on it: the fast path needs pppd's noccp")
+    assert_eq!(s.dp.ppp[&12].as_ref().map(|b| b.ccp), Some(false));
+    let mut ccp = session_over_eth0(0x0100);
+    if let Some(Ok(read)) = ccp.get_mut("ppp0") {
+        read.ccp = true;
+    }
+    s.apply_pppoe(&ccp);
+    assert_eq!(s.dp.ppp[&12].as_ref().map(|b| b.ccp), Some(true));
+    assert!(
+        s.ifaces[0]
+            .pppoe_status()
+            .unwrap()
+            .not_accelerated_because
+            .is_none()
     );
+    let bound = s.dp.ppp[&12].clone();
     assert!(!s.apply_pppoe(&ccp));
-    assert!(s.dp.pppoe.is_empty());
+    assert_eq!(s.dp.ppp[&12], bound);
 }
 
 /// A lower device that is in the config stays what it is: no IFACE_F_PPPOE_LOWER, its own
