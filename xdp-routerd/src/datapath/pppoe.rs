@@ -36,6 +36,10 @@ pub struct PppoeBinding {
     /// device, between the kernel's PPP layer and the IP layer, may carry it (see
     /// `sync::ppp_compression`).
     pub ccp: bool,
+    /// Why XDP cannot take the session's frames off the wire (a bridge under it), if so
+    /// (`sync::pppoe::SessionRead::not_for_xdp`): only the TC fast path on the PPP device
+    /// serves it.
+    pub not_for_xdp: Option<String>,
 }
 
 /// The managed PPPoE sessions and PPP devices.
@@ -77,19 +81,27 @@ impl Datapath {
         if let Some(because) = self.ppp_on_tc(name, s, mode)? {
             return self.bind_ppp_tc(name, ifindex, info, because);
         }
+        let tc_ruled_out = || match &self.tc_unavailable {
+            Some(why) => format!("is unavailable here ({why})"),
+            None => format!(
+                "is ruled out by datapath = \"xdp\" in {}",
+                self.datapath_choice.of(name).1
+            ),
+        };
         if s.ccp {
             // XDP would carry packets past the compressor and decompressor (and out
             // unencrypted, under MPPE).
             bail!(
                 "CCP (PPP compression or MPPE) runs on it: XDP cannot carry it, and the TC \
                  fast path, which can, {}",
-                match &self.tc_unavailable {
-                    Some(why) => format!("is unavailable here ({why})"),
-                    None => format!(
-                        "is ruled out by datapath = \"xdp\" in {}",
-                        self.datapath_choice.of(name).1
-                    ),
-                }
+                tc_ruled_out()
+            );
+        }
+        if let Some(why) = &s.not_for_xdp {
+            bail!(
+                "{why}: XDP cannot take its frames there, and the TC fast path on {name}, \
+                 which can, {}",
+                tc_ruled_out()
             );
         }
         let lower = &s.lower;
@@ -175,7 +187,8 @@ impl Datapath {
     /// (for `status`); `None`: XDP on the session's lower device (its VLAN parent for a
     /// session over a VLAN), which pops and pushes the PPPoE header. TC where `datapath =
     /// "tc"` applies to the PPP device, and with `"auto"` where CCP runs on the session (the
-    /// kernel's PPP layer then sees every packet) or where that device neither runs native
+    /// kernel's PPP layer then sees every packet), where XDP cannot serve the session's lower
+    /// device (a bridge: `PppoeBinding::not_for_xdp`) or where that device neither runs native
     /// XDP already nor takes it (tried: where it takes it, the program stays for the session,
     /// registered with it).
     fn ppp_on_tc(
@@ -197,6 +210,10 @@ impl Datapath {
                 "datapath = \"auto\" in {from}, and CCP (PPP compression or MPPE) runs on its \
                  session: on {name} itself, the kernel's PPP layer decompresses before it and \
                  compresses after it"
+            ))),
+            DatapathConfig::Auto if let Some(why) = &s.not_for_xdp => Ok(Some(format!(
+                "datapath = \"auto\" in {from}, and {why}, where XDP cannot take its frames: \
+                 on {name} itself"
             ))),
             DatapathConfig::Auto if mode == XdpModeConfig::Native => {
                 let host = s.vlan.as_ref().map_or(&s.lower, |(_, parent)| parent);

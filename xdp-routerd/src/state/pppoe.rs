@@ -304,5 +304,6 @@ pub(super) fn session_binding(
             ((v.link.vid, v.link.tpid), parent)
         }),
         ccp: s.ccp,
+        not_for_xdp: s.not_for_xdp(),
     }
 }

@@ -213,9 +213,40 @@ pub type Found = Result<SessionRead, Unpaired>;
 /// [`Found`]s by PPP device name.
 pub type PppoeReads = BTreeMap<String, Found>;
 
-/// Link kinds a session's lower device may not be: the program would not run on it natively
-/// (a bridge's frames are its ports', a PPP device has no Ethernet header).
-const LOWER_KINDS_UNSUPPORTED: [&str; 2] = ["bridge", "ppp"];
+/// Link kinds a session's lower device cannot be (a PPP device has no Ethernet header).
+const LOWER_KINDS_UNSUPPORTED: [&str; 1] = ["ppp"];
+
+/// Link kinds of a session's lower device (or, for a VLAN lower device, of its parent) where
+/// XDP cannot take the session's frames off the wire: a bridge's frames are its ports', and
+/// stacked VLANs are not popped. The TC fast path on the PPP device itself serves such a
+/// session.
+const LOWER_KINDS_NOT_FOR_XDP: [&str; 1] = ["bridge"];
+
+impl SessionRead {
+    /// Why XDP cannot take this session's frames off the wire (its lower device is a bridge,
+    /// or a VLAN device over a bridge or over another VLAN device), if so. Pure.
+    pub fn not_for_xdp(&self) -> Option<String> {
+        let lower = &self.session.lower;
+        if let Some(k) = self
+            .lower
+            .kind
+            .as_deref()
+            .filter(|k| LOWER_KINDS_NOT_FOR_XDP.contains(k))
+        {
+            return Some(format!("its session runs over {lower}, a {k} device"));
+        }
+        let v = self.lower.vlan.as_ref()?;
+        v.parent_kind
+            .as_deref()
+            .filter(|k| LOWER_KINDS_NOT_FOR_XDP.contains(k) || *k == "vlan")
+            .map(|k| {
+                format!(
+                    "its session runs over {lower}, a VLAN device over {}, a {k} device",
+                    v.parent_name
+                )
+            })
+    }
+}
 
 /// Reads `/proc/net/pppoe` once and pairs each of `devices` (name and `pppoe_device`) with a
 /// session ([`pair`]), with what the state needs of its lower device and whether CCP has run
@@ -273,17 +304,6 @@ fn read_lower(session: Session, ccp: bool) -> Found {
         // A VLAN device that cannot be read (logged) is no lower the program can serve.
         let v = super::vlan::read_with_parent(name)
             .ok_or_else(|| Unpaired::LowerMissing(name.clone()))?;
-        // Nor one over a bridge or another VLAN device: the program would run there.
-        if let Some(k) = v
-            .parent_kind
-            .as_deref()
-            .filter(|k| LOWER_KINDS_UNSUPPORTED.contains(k) || *k == "vlan")
-        {
-            return Err(Unpaired::LowerUnsupported(
-                v.parent_name.clone(),
-                k.to_string(),
-            ));
-        }
         Some(v)
     } else {
         None
@@ -428,6 +448,52 @@ mod tests {
         );
     }
 
+    /// XDP runs for a session over an Ethernet port or a VLAN device over one; over a bridge,
+    /// or a VLAN device over a bridge or another VLAN device, only TC can (the reason says
+    /// which device is what).
+    #[test]
+    fn a_session_over_a_bridge_is_not_for_xdp() {
+        use crate::sync::vlan::{VlanLink, VlanRead};
+        let read = |lower: &str, kind: Option<&str>, parent_kind: Option<&str>| SessionRead {
+            session: session(1, 0xaa, lower),
+            lower: LowerRead {
+                ifindex: 5,
+                kind: kind.map(str::to_string),
+                mac: None,
+                vlan: parent_kind.map(|k| VlanRead {
+                    link: VlanLink {
+                        parent: 4,
+                        vid: 7,
+                        tpid: 0x8100,
+                    },
+                    parent_name: "br-wan".into(),
+                    parent_kind: Some(k.to_string()).filter(|k| !k.is_empty()),
+                    parent_mac: None,
+                }),
+            },
+            ccp: false,
+        };
+        assert_eq!(read("eth0", None, None).not_for_xdp(), None);
+        assert_eq!(read("eth0.7", Some("vlan"), Some("")).not_for_xdp(), None);
+        assert_eq!(
+            read("br-wan", Some("bridge"), None)
+                .not_for_xdp()
+                .as_deref(),
+            Some("its session runs over br-wan, a bridge device")
+        );
+        assert_eq!(
+            read("br-wan.7", Some("vlan"), Some("bridge"))
+                .not_for_xdp()
+                .as_deref(),
+            Some("its session runs over br-wan.7, a VLAN device over br-wan, a bridge device")
+        );
+        assert!(
+            read("eth0.7.8", Some("vlan"), Some("vlan"))
+                .not_for_xdp()
+                .is_some()
+        );
+    }
+
     #[test]
     fn reasons_are_one_line() {
         for u in [
@@ -437,7 +503,7 @@ mod tests {
             Unpaired::SeveralOn("eth0".into(), 2),
             Unpaired::Claimed("ppp1".into()),
             Unpaired::LowerMissing("eth9".into()),
-            Unpaired::LowerUnsupported("br0".into(), "bridge".into()),
+            Unpaired::LowerUnsupported("ppp1".into(), "ppp".into()),
             Unpaired::Unreadable("permission denied".into()),
             Unpaired::CompressionUnknown("No such device (os error 19)".into()),
         ] {
