@@ -40,7 +40,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("curl", "curl"),
     ("systemd-analyze", "systemd"),
     ("setpriv", "util-linux"),
-    // tests/tests/pppoe.rs (in the guest): an access concentrator and the router's dialer.
+    // tests/tests/pppoe/ (in the guest): an access concentrator and the router's dialer.
     ("pppoe-server", "pppoe"),
     ("pppd", "ppp"),
     ("pppstats", "ppp"),

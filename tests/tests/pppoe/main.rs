@@ -9,8 +9,8 @@
 //! the PPPoE and PPP headers on the Ethernet port under the session (XDP counters equal to the
 //! datagrams sent, netfilter's ESTABLISHED rule not rising, every byte intact), and stops
 //! doing so when switched off (the negative control); with only the Ethernet port in the
-//! config, session frames stay with the kernel; with CCP (MPPE) negotiated, the PPP device
-//! is left to the kernel.
+//! config, session frames stay with the kernel; with CCP (MPPE) negotiated, the TC fast path
+//! on the PPP device carries it, or with XDP the kernel does (ccp.rs).
 
 use std::{
     fs,
@@ -23,12 +23,14 @@ use xdp_router_tests::{
     packet::verify_checksums,
     testbed::{
         Capture, HOST_IF, LAN_IF, PING_DGRAM, PING_TICK, ROUTER_LAN_V4, ROUTER_LAN_V6,
-        ROUTER_WAN_V4, ROUTER_WAN_V6, Status, TempDir, Testbed, UdpEcho, WAN_HOST_V4, WAN_HOST_V6,
-        WAN_IF, any_v4, assert_encapsulated_wan_left_to_kernel, measure_udp, offload_udp,
+        ROUTER_WAN_V4, ROUTER_WAN_V6, TempDir, Testbed, UdpEcho, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
+        any_v4, assert_encapsulated_wan_left_to_kernel, measure_udp, offload_udp,
         offload_udp_family, ping_pong, ready, traffic_is_fast_pathed, udp_and_tcp_are_intact,
         udp_payload, udp_socket, wait_until, wan_lan_interfaces, wan_v4,
     },
 };
+
+mod ccp;
 
 /// The router's PPP interface.
 const PPP_IF: &str = "ppp0";
@@ -682,166 +684,4 @@ fn wan_as_pppoe_ethernet_leaves_session_frames_to_the_kernel() {
         "PPPoE session",
         "pppoe_unknown_session",
     );
-}
-
-/// `pppstats -z` of the router's PPP device, on one line.
-fn pppstats(tb: &Testbed) -> String {
-    tb.router
-        .exec_ok("pppstats", &["-z", "-c", "1", PPP_IF])
-        .replace('\n', " | ")
-}
-
-/// The fast path's originals (on the LAN) and replies (on the PPP device) from `before` to
-/// `after`.
-fn ppp_forwarded(before: &Status, after: &Status) -> (u64, u64) {
-    let since = |iface: &str, reason: &str| {
-        after
-            .packets(iface, reason)
-            .saturating_sub(before.packets(iface, reason))
-    };
-    (
-        since(LAN_IF, "forwarded_original"),
-        since(PPP_IF, "forwarded_reply"),
-    )
-}
-
-/// Why the fast path carries nothing of the PPP device, per `status`.
-fn ppp_not_accelerated_because(tb: &Testbed) -> Option<String> {
-    tb.daemon()
-        .status()
-        .interfaces
-        .iter()
-        .find(|i| i.name == PPP_IF)
-        .and_then(|i| i.pppoe.as_ref())
-        .and_then(|p| p.not_accelerated_because.clone())
-}
-
-/// With MPPE negotiated on the session (CCP) and `datapath = "xdp"` on ppp0, the daemon leaves
-/// ppp0 to the kernel once its compressor has run (`SIOCGPPPCSTATS`): the status gives the
-/// reason, and UDP and TCP are intact with nothing forwarded by XDP; the kernel's compressor
-/// and decompressor see every packet (and nothing leaves unencrypted).
-#[test]
-#[ignore = "needs the pppoe and ppp_mppe modules: cargo xtask test runs it in a Debian-kernel guest"]
-fn ppp_device_with_compression_is_left_to_the_kernel_by_xdp() {
-    if !ready("ppp_device_with_compression_is_left_to_the_kernel_by_xdp") {
-        return;
-    }
-    let (mut tb, session) = pppoe_testbed("pc", Under::Port, Ccp::Mppe);
-    println!("router: pppstats -z {PPP_IF}: {}", pppstats(&tb));
-    tb.start_daemon_config(&format!(
-        "xdp_mode = \"native\"\n\
-         [[interface]]\nname = \"{PPP_IF}\"\nrole = \"wan\"\ndatapath = \"xdp\"\n\
-         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
-    ));
-    // Traffic both ways through the kernel's compressor (the set-up's pings ran it already).
-    let (first_before, first_after) = udp_and_tcp_are_intact(&tb, 6221, "PPPoE with MPPE");
-    let (orig, reply) = ppp_forwarded(&first_before, &first_after);
-    println!(
-        "PPPoE with MPPE, from the daemon's start: UDP and TCP intact; XDP forwarded {orig} \
-         original (on {LAN_IF}), {reply} reply (on {PPP_IF})"
-    );
-    let noticed = wait_until(Duration::from_secs(10), || {
-        ppp_not_accelerated_because(&tb)
-            .is_some_and(|w| w.contains("CCP (PPP compression or MPPE) runs on it"))
-    });
-    println!(
-        "status: {PPP_IF}: PPPoE not accelerated: {:?}",
-        ppp_not_accelerated_because(&tb)
-    );
-    assert!(
-        noticed,
-        "{PPP_IF} not left to the kernel within 10 s: {:?}; pppstats -z: {}; pppd log:\n{}",
-        ppp_not_accelerated_because(&tb),
-        pppstats(&tb),
-        session.client_log()
-    );
-    let (before, after) = udp_and_tcp_are_intact(&tb, 6223, "PPPoE with MPPE, left to the kernel");
-    let (orig, reply) = ppp_forwarded(&before, &after);
-    println!(
-        "PPPoE with MPPE, after the daemon noticed: UDP 205 datagrams each way and TCP 2 MiB \
-         intact; XDP forwarded {orig} original (on {LAN_IF}), {reply} reply (on {PPP_IF})"
-    );
-    assert_eq!(
-        (orig, reply),
-        (0, 0),
-        "XDP forwarded packets of a PPP device running CCP"
-    );
-}
-
-/// With MPPE negotiated on the session (CCP) and the default `datapath = "auto"`, the daemon
-/// binds ppp0 on TC once its compressor has run, although eth0 takes native XDP: the TC fast
-/// path on ppp0 receives what the kernel's PPP layer decrypted and redirects into ppp0, whose
-/// PPP layer encrypts. UDP and TCP are fast-pathed both ways and intact, the router's MPPE
-/// compressor counted at least every packet the fast path sent into ppp0 (nothing left
-/// unencrypted), and with the fast path off the kernel carries it all.
-#[test]
-#[ignore = "needs the pppoe and ppp_mppe modules: cargo xtask test runs it in a Debian-kernel guest"]
-fn ppp_device_with_compression_is_fast_pathed_on_tc() {
-    if !ready("ppp_device_with_compression_is_fast_pathed_on_tc") {
-        return;
-    }
-    let (mut tb, session) = pppoe_testbed("pm", Under::Port, Ccp::Mppe);
-    tb.start_daemon_config(&format!(
-        "xdp_mode = \"native\"\n{}",
-        wan_lan_interfaces(PPP_IF)
-    ));
-    let on_tc = || {
-        let st = tb.daemon().status();
-        let ppp = st.iface(PPP_IF);
-        (ppp.attach_mode == "tc").then(|| ppp.datapath_because.clone())
-    };
-    let bound = wait_until(Duration::from_secs(10), || on_tc().is_some());
-    println!(
-        "status: {PPP_IF}: {:?}; not accelerated: {:?}",
-        on_tc(),
-        ppp_not_accelerated_because(&tb)
-    );
-    assert!(
-        bound,
-        "{PPP_IF} not bound on TC within 10 s: {:?}; pppstats -z: {}; pppd log:\n{}",
-        ppp_not_accelerated_because(&tb),
-        pppstats(&tb),
-        session.client_log()
-    );
-    assert!(
-        on_tc()
-            .flatten()
-            .is_some_and(|w| w.contains("CCP (PPP compression or MPPE) runs on its session")),
-        "status should say why {PPP_IF} runs TC: {:?}",
-        on_tc()
-    );
-    let compressed = |tb: &Testbed| {
-        tb.router
-            .run(|| xdp_routerd::sync::ppp_compression::read(PPP_IF))
-            .unwrap_or_else(|e| panic!("SIOCGPPPCSTATS on {PPP_IF}: {e}"))
-            .c
-            .comp_packets
-    };
-    for (on, port) in [(true, 6225), (false, 6227)] {
-        tb.daemon().set_fastpath(on);
-        let c0 = compressed(&tb);
-        let (before, after) = udp_and_tcp_are_intact(&tb, port, "PPPoE with MPPE on TC");
-        let sent_encrypted = compressed(&tb).wrapping_sub(c0);
-        let (orig, reply) = ppp_forwarded(&before, &after);
-        let path = if on { "on" } else { "off" };
-        println!(
-            "PPPoE with MPPE, fast path {path}: UDP 205 datagrams each way and TCP 2 MiB intact; \
-             the fast path forwarded {orig} original (on {LAN_IF}, into {PPP_IF}), {reply} reply \
-             (on {PPP_IF}); the MPPE compressor sent {sent_encrypted} packets; pppstats -z: {}",
-            pppstats(&tb)
-        );
-        if on {
-            assert!(
-                orig >= 200 && reply >= 200,
-                "the TC fast path should carry the session's traffic both ways: {orig} / {reply}"
-            );
-            assert!(
-                u64::from(sent_encrypted) >= orig,
-                "every packet sent into {PPP_IF} must pass MPPE: {sent_encrypted} encrypted, \
-                 {orig} fast-pathed"
-            );
-        } else {
-            assert_eq!((orig, reply), (0, 0), "fast path off");
-        }
-    }
 }
