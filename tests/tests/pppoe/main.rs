@@ -523,13 +523,36 @@ fn fast_path_sends_what_the_kernel_sends_over_pppoe() {
     if !ready("fast_path_sends_what_the_kernel_sends_over_pppoe") {
         return;
     }
+    pppoe_differential("pk", "");
+}
+
+/// [`fast_path_sends_what_the_kernel_sends_over_pppoe`] with `datapath = "tc"`: the TC fast path
+/// on the LAN port and on ppp0 itself (the kernel's PPPoE and VLAN code encapsulating what it
+/// redirects into ppp0) sends what the kernel sends, byte for byte.
+#[test]
+#[ignore = "needs the pppoe and 8021q modules: cargo xtask test runs it in a Debian-kernel guest"]
+fn fast_path_sends_what_the_kernel_sends_over_pppoe_on_tc() {
+    if !ready("fast_path_sends_what_the_kernel_sends_over_pppoe_on_tc") {
+        return;
+    }
+    pppoe_differential("pq", "datapath = \"tc\"\n");
+}
+
+/// The differential over PPPoE over VLAN 7, with `global` at the top of the config.
+fn pppoe_differential(tag: &str, global: &str) {
     const N: u64 = 10;
     const FIRST: u64 = 1_000_000;
-    let (mut tb, _session) = pppoe_testbed("pk", Under::Vlan(7), Ccp::Off);
+    let (mut tb, _session) = pppoe_testbed(tag, Under::Vlan(7), Ccp::Off);
     tb.start_daemon_config(&format!(
-        "xdp_mode = \"native\"\n{}",
+        "{global}xdp_mode = \"native\"\n{}",
         wan_lan_interfaces(PPP_IF)
     ));
+    if !global.is_empty() {
+        let st = tb.daemon().status();
+        for i in [LAN_IF, PPP_IF] {
+            assert_eq!(st.iface(i).attach_mode, "tc", "{:?}", st.interfaces);
+        }
+    }
     let server = wan_v4(6250);
     let sock = udp_socket(&tb.lan, any_v4(), 64);
     let echo = UdpEcho::start(&tb.wan, server);
@@ -555,7 +578,7 @@ fn fast_path_sends_what_the_kernel_sends_over_pppoe() {
             after.packets_since(&before, PPP_IF, "forwarded_reply"),
         );
         println!(
-            "fast path {}: XDP forwarded {orig} original, {reply} reply of {N} each way",
+            "fast path {}: forwarded {orig} original, {reply} reply of {N} each way",
             if on { "on" } else { "off" }
         );
         assert_eq!((orig, reply), if on { (N, N) } else { (0, 0) });
