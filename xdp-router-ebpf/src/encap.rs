@@ -79,10 +79,10 @@ pub struct Reframed<T> {
 /// too: the kernel's redirect takes it off (`__bpf_redirect_no_mac`).
 ///
 /// On an skb the VLAN tag is metadata, received (see `Packet::meta_vlan_tag`) and sent: no
-/// byte moves for it, and [`write_l2`] sets the one `tag` names there. (Only an skb built from a tagged frame's bytes, as BPF_PROG_RUN builds it and
-/// a real TC ingress never sees, has its tag in the frame: it is rewritten there as on XDP.)
-/// Nothing else is pushed or popped on an skb yet but the Ethernet header of a packet
-/// received without one.
+/// byte moves for it, and [`write_l2`] sets the one `tag` names there. (Only an skb built
+/// from a tagged frame's bytes, as BPF_PROG_RUN builds it and a real TC ingress never sees,
+/// has its tag in the frame: it is rewritten there as on XDP.) Nothing else is pushed or
+/// popped on an skb yet but the Ethernet header of a packet received without one.
 ///
 /// Done before anything is written, so a failed resize passes the frame as received. Bytes
 /// beyond the datagram (Ethernet padding, garbage) are cut as the kernel trims the skb

@@ -315,9 +315,9 @@ fn measure_on(
 type Via<'a> = (&'a UdpSocket, &'a str, &'a str, &'a str);
 
 /// For each offloaded connection of `cases` (next sequence numbers in `seqs`): all of 30
-/// datagrams each way forwarded by the fast path with netfilter seeing none; then, the negative control,
-/// with the fast path off none by the fast path and the kernel's ESTABLISHED rule seeing them. The fast
-/// path is on again afterwards.
+/// datagrams each way forwarded by the fast path with netfilter seeing none; then, the
+/// negative control, with the fast path off none by the fast path and the kernel's
+/// ESTABLISHED rule seeing them. The fast path is on again afterwards.
 fn on_and_off(bed: &Bed, server: SocketAddr, cases: &[Via], seqs: &mut [u64]) {
     for ((sock, port, counted_on, what), seq) in cases.iter().zip(seqs.iter_mut()) {
         let [sent, orig, reply, wire, est] = measure_on(bed, sock, server, seq, port, counted_on);
@@ -337,7 +337,8 @@ fn on_and_off(bed: &Bed, server: SocketAddr, cases: &[Via], seqs: &mut [u64]) {
     for ((sock, port, counted_on, what), seq) in cases.iter().zip(seqs.iter_mut()) {
         let [sent, orig, reply, _, est] = measure_on(bed, sock, server, seq, port, counted_on);
         println!(
-            "{what}, fast path off: {orig} original / {reply} reply by the fast path; ESTABLISHED +{est}"
+            "{what}, fast path off: {orig} original / {reply} reply by the fast path; \
+             ESTABLISHED +{est}"
         );
         assert_eq!((orig, reply), (0, 0), "{what}: fast path off");
         assert!(
