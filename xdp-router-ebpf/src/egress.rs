@@ -22,8 +22,8 @@ pub struct Egress {
     pub action: u32,
     /// The headers to push between the MACs and the IP header (VLAN tag, PPPoE session).
     pub tag: EgressTag,
-    /// The egress has no link-layer header (`IFACE_F_L3`): the Ethernet header the frame is
-    /// given does not leave (the kernel's redirect takes it off).
+    /// The egress has no link-layer header (`IFACE_F_L3`, or from TC a PPPoE device): the
+    /// Ethernet header the frame is given does not leave (the kernel's redirect takes it off).
     pub no_link_header: bool,
 }
 
@@ -49,7 +49,7 @@ pub fn redirect_to<P: Packet>(hop: &mut NextHop) -> Result<Egress, Reason> {
         pppoe: false,
     };
     let target = if flags & IFACE_F_PPPOE != 0 {
-        pppoe::lower::<P>(info, flags, hop, &mut tag)?
+        pppoe::lower::<P>(egress, info, flags, hop, &mut tag)?
     } else if flags & IFACE_F_VLAN != 0 {
         vlan::parent::<P>(egress, info, flags, hop.dmac, &mut tag)?
     } else if flags & IFACE_F_BRIDGE != 0 {
@@ -71,6 +71,8 @@ pub fn redirect_to<P: Packet>(hop: &mut NextHop) -> Result<Egress, Reason> {
     Ok(Egress {
         action,
         tag,
-        no_link_header: flags & IFACE_F_L3 != 0,
+        // From TC a PPPoE device is sent into itself (see `pppoe::lower`), without a
+        // link-layer header as a device bound on TC (`IFACE_F_L3`).
+        no_link_header: flags & IFACE_F_L3 != 0 || (P::SKB && flags & IFACE_F_PPPOE != 0),
     })
 }

@@ -82,7 +82,7 @@ pub struct Reframed<T> {
 /// byte moves for it, and [`write_l2`] sets the one `tag` names there. (Only an skb built
 /// from a tagged frame's bytes, as BPF_PROG_RUN builds it and a real TC ingress never sees,
 /// has its tag in the frame: it is rewritten there as on XDP.) Nothing else is pushed or
-/// popped on an skb yet but the Ethernet header of a packet received without one.
+/// popped on an skb but the Ethernet header of a packet received without one.
 ///
 /// Done before anything is written, so a failed resize passes the frame as received. Bytes
 /// beyond the datagram (Ethernet padding, garbage) are cut as the kernel trims the skb
@@ -108,8 +108,9 @@ pub fn reframe<T, P: Packet>(
     if l2 != l2_in {
         if P::SKB && !(l2_in == 0 && l2 == ETH_HLEN) {
             // On skbs only the Ethernet header of a packet received without a link-layer
-            // header (`IFACE_F_L3`) is pushed yet; a PPPoE session pushed or popped
-            // (bpf_skb_adjust_room and its GSO and checksum rules) is not: the kernel does it.
+            // header (`IFACE_F_L3`) is pushed yet; a received PPPoE session header is not
+            // popped (`bpf_skb_adjust_room` takes only IP skbs): the kernel does it. (None is
+            // pushed: from TC a PPPoE device is sent into itself, see `pppoe::lower`.)
             return Err(Reason::PassNotOnTc);
         }
         // A positive delta pops received headers, a negative one makes room for new ones.

@@ -114,12 +114,17 @@ fn ccp_code<P: Packet>(ctx: &P, at: usize) -> Result<u8, Reason> {
     Ok(unsafe { *code })
 }
 
-/// The device a packet routed out of the PPPoE device `info` (flags `flags`) is sent from,
-/// once the PPP device's own egress and the lower device's allow a redirect: the lower
-/// device, or the parent of a VLAN lower device (whose tag goes to `tag`). The session's
-/// headers go to `tag` and its MACs (the lower device's, the peer's) to `hop`.
+/// The device a packet routed out of the PPPoE device `ifindex` (`IfaceInfo` `info`, flags
+/// `flags`) is sent from, once the PPP device's own egress and the lower device's allow a
+/// redirect: the lower device, or the parent of a VLAN lower device (whose tag goes to
+/// `tag`). The session's headers go to `tag` and its MACs (the lower device's, the peer's) to
+/// `hop`. From TC (`P::SKB`) the packet is redirected into the PPP device itself, whose
+/// transmit path (the kernel's PPP and PPPoE code, and the lower device's qdisc) encapsulates
+/// and sends it, as for a packet the kernel routed there: an skb's PPPoE header is not pushed
+/// here (see `encap::reframe`).
 #[inline(always)]
 pub fn lower<P: Packet>(
+    ifindex: u32,
     info: *const IfaceInfo,
     flags: u32,
     hop: &mut NextHop,
@@ -128,6 +133,9 @@ pub fn lower<P: Packet>(
     // The kernel sends a packet routed out of ppp0 through ppp0 (its qdisc, its egress
     // hooks), then encapsulated out of the lower device; ppp0 transmits nothing itself.
     check_egress::<P>(flags & !IFACE_F_NO_XDP_XMIT)?;
+    if P::SKB {
+        return Ok(ifindex);
+    }
     if flags & IFACE_F_PPP_CCP != 0 {
         // The kernel's compressor or encryption must see what goes into the session.
         return Err(Reason::PassPppoeCcp);

@@ -67,9 +67,10 @@ impl Packet for TcContext {
         // (`IFACE_F_L3`), for the Ethernet header it leaves with: `bpf_skb_change_head` is
         // made for that (it moves the MAC header with the data and leaves the network header,
         // protocol, checksum and GSO state as they are). A VLAN tag is metadata on an skb
-        // (`set_meta_vlan_tag`); pushing or popping a PPPoE header (bpf_skb_adjust_room with
-        // its offload and GSO rules) is not done yet: `encap::reframe` hands such packets to
-        // the kernel as `Reason::PassNotOnTc`.
+        // (`set_meta_vlan_tag`), and a PPPoE header is left to the kernel: a packet for a
+        // PPPoE device is sent into the PPP device (`pppoe::lower`), and a received one
+        // (`bpf_skb_adjust_room` takes only IP skbs) goes to the kernel as
+        // `Reason::PassNotOnTc` (`encap::reframe`).
         if delta >= 0 {
             return false;
         }

@@ -218,8 +218,8 @@ pub enum DatapathConfig {
     /// GRO; for devices without native XDP. Its redirects need no XDP transmit on the egress.
     /// On interfaces, bridge ports (tagged or not), VLAN devices and PPP devices (on the VLAN
     /// or PPP device itself where the device under it has no native XDP); a packet whose
-    /// PPPoE session header would be pushed or popped on the way stays in the kernel
-    /// (`not_on_tc_yet`).
+    /// PPPoE session header would be popped on the way (a session frame XDP hands over)
+    /// stays in the kernel (`not_on_tc_yet`).
     Tc,
 }
 

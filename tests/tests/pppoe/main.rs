@@ -418,6 +418,40 @@ fn wan_as_ppp_device_over_vlan_is_fast_pathed() {
     ppp_traffic_is_fast_pathed(&mut tb, &format!("{WAN_IF}.7"), LAN_IF, "auto", None);
 }
 
+/// A LAN port on the TC path (as a Wi-Fi or e1000e port is; here `datapath = "tc"` on the LAN
+/// veth) beside a session that XDP carries on the native WAN port: the TC program redirects
+/// what it routes into the session into ppp0 itself, whose PPPoE code encapsulates it and
+/// sends it out of eth0, and XDP on eth0 forwards the replies into the LAN port (a veth, which
+/// takes XDP frames). Both ways fast-pathed; with the fast path off the kernel carries both.
+#[test]
+#[ignore = "needs the pppoe module: cargo xtask test runs it in a Debian-kernel guest"]
+fn a_tc_lan_port_sends_into_a_session_on_xdp() {
+    if !ready("a_tc_lan_port_sends_into_a_session_on_xdp") {
+        return;
+    }
+    let (mut tb, _session) = pppoe_testbed("pl", Under::Port, Ccp::Off);
+    tb.start_daemon_config(&format!(
+        "xdp_mode = \"native\"\n\
+         [[interface]]\nname = \"{PPP_IF}\"\nrole = \"wan\"\n\
+         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\ndatapath = \"tc\"\n"
+    ));
+    let st = tb.daemon().status();
+    println!(
+        "status: {PPP_IF}: {}, {LAN_IF}: {}",
+        st.iface(PPP_IF).attach_mode,
+        st.iface(LAN_IF).attach_mode
+    );
+    assert_eq!(st.iface(PPP_IF).attach_mode, "lower", "{:?}", st.interfaces);
+    assert_eq!(st.iface(LAN_IF).attach_mode, "tc", "{:?}", st.interfaces);
+    traffic_is_fast_pathed(
+        &tb,
+        6209,
+        LAN_IF,
+        PPP_IF,
+        "from a TC LAN port into PPPoE on XDP",
+    );
+}
+
 /// PPPoE over a bridge the WAN port is in (`br-wan`): XDP cannot take the session's frames
 /// there (a bridge's frames are its ports'), so with the default `datapath = "auto"` the TC
 /// fast path runs on ppp0 itself, between the kernel's PPPoE code and its IP layer, and
