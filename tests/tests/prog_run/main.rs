@@ -188,17 +188,7 @@ fn on_tc(case: &Case) -> Option<Case> {
 /// leaves as a session frame on XDP, or XDP leaves it to the kernel because of the session's
 /// lower device (named so by `lower_egress_cases`) or CCP.
 fn into_pppoe(case: &Case) -> bool {
-    // The EtherType after any VLAN tags is PPPoE session's.
-    let session_frame = |f: &[u8]| {
-        let mut at = 12;
-        while let Some(&[a, b]) = f.get(at..at + 2) {
-            match u16::from_be_bytes([a, b]) {
-                0x8100 | 0x88a8 => at += 4,
-                t => return t == 0x8864,
-            }
-        }
-        false
-    };
+    let session_frame = |f: &[u8]| inner_ethertype(f).1 == Some(0x8864);
     let has_session = case
         .setup
         .ifaces
@@ -251,15 +241,23 @@ fn to_vlan_device(setup: &Setup, want: &[u8]) -> Option<Vec<u8>> {
 
 /// Length of a frame's Ethernet header with its VLAN tags and PPPoE session header.
 fn l2_len(frame: &[u8]) -> usize {
+    match inner_ethertype(frame) {
+        (at, Some(0x8864)) => at + 2 + 8,
+        (at, _) => at + 2,
+    }
+}
+
+/// The offset of `frame`'s EtherType after any VLAN tags, and that EtherType (`None`: the
+/// frame ends before it).
+fn inner_ethertype(frame: &[u8]) -> (usize, Option<u16>) {
     let mut at = 12;
     while let Some(&[a, b]) = frame.get(at..at + 2) {
         match u16::from_be_bytes([a, b]) {
             0x8100 | 0x88a8 => at += 4,
-            0x8864 => return at + 2 + 8,
-            _ => break,
+            t => return (at, Some(t)),
         }
     }
-    at + 2
+    (at, None)
 }
 
 /// The whole fixture table on the TC program (see [`on_tc`] for where TC differs): one

@@ -461,16 +461,18 @@ impl Ports for Datapath {
             flags: i.flags & !(IFACE_F_PPPOE | IFACE_F_PPP_CCP | IFACE_F_L3),
             ..IfaceInfo::default()
         };
-        if let Some(key) = old {
+        // Bound on XDP (a `PPPOE` key) or on TC (its TC program): nothing is sent into it
+        // from here on, then nothing of the old session is received as its.
+        let on_tc = self.links.tc.contains_key(&ifindex);
+        if old.is_some() || on_tc {
             info = unbound(info);
             self.update_iface(ifindex, info)?;
+        }
+        if let Some(key) = old {
             let _ = self.pppoe.sessions.remove(&key);
             self.pppoe.devices.insert(ifindex, None);
         }
-        if self.links.tc.contains_key(&ifindex) {
-            // Bound on TC: nothing is sent into it or forwarded from it from here on.
-            info = unbound(info);
-            self.update_iface(ifindex, info)?;
+        if on_tc {
             self.detach_program(ifindex);
         }
         let result = match session {

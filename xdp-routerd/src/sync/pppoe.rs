@@ -216,29 +216,20 @@ pub type PppoeReads = BTreeMap<String, Found>;
 /// Link kinds a session's lower device cannot be (a PPP device has no Ethernet header).
 const LOWER_KINDS_UNSUPPORTED: [&str; 1] = ["ppp"];
 
-/// Link kinds of a session's lower device (or, for a VLAN lower device, of its parent) where
-/// XDP cannot take the session's frames off the wire: a bridge's frames are its ports', and
-/// stacked VLANs are not popped. The TC fast path on the PPP device itself serves such a
-/// session.
-const LOWER_KINDS_NOT_FOR_XDP: [&str; 1] = ["bridge"];
-
 impl SessionRead {
-    /// Why XDP cannot take this session's frames off the wire (its lower device is a bridge,
-    /// or a VLAN device over a bridge or over another VLAN device), if so. Pure.
+    /// Why XDP cannot take this session's frames off the wire, if so: its lower device is a
+    /// bridge (a bridge's frames are its ports'), or a VLAN device over a bridge or over
+    /// another VLAN device (stacked tags are not popped). The TC fast path on the PPP device
+    /// itself serves such a session. Pure.
     pub fn not_for_xdp(&self) -> Option<String> {
         let lower = &self.session.lower;
-        if let Some(k) = self
-            .lower
-            .kind
-            .as_deref()
-            .filter(|k| LOWER_KINDS_NOT_FOR_XDP.contains(k))
-        {
-            return Some(format!("its session runs over {lower}, a {k} device"));
+        if self.lower.kind.as_deref() == Some("bridge") {
+            return Some(format!("its session runs over {lower}, a bridge device"));
         }
         let v = self.lower.vlan.as_ref()?;
         v.parent_kind
             .as_deref()
-            .filter(|k| LOWER_KINDS_NOT_FOR_XDP.contains(k) || *k == "vlan")
+            .filter(|k| matches!(*k, "bridge" | "vlan"))
             .map(|k| {
                 format!(
                     "its session runs over {lower}, a VLAN device over {}, a {k} device",
