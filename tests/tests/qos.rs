@@ -9,19 +9,17 @@
 //! --test-threads=1` after building the daemon (`cargo xtask test` does both).
 
 use std::{
-    io::{self, Read as _, Write as _},
-    net::{Shutdown, SocketAddr, TcpListener, TcpStream},
+    net::SocketAddr,
     process::Command,
     thread::sleep,
     time::{Duration, Instant},
 };
 
-use sha2::{Digest as _, Sha256};
 use xdp_router_tests::{
     netns,
     testbed::{
-        LAN_IF, Pattern, Plan, Snapshot, Testbed, Transfer, TransferResult, WAN_HOST_V4, WAN_IF,
-        assert_intact, fastpath_fraction, ready, wait_until,
+        LAN_IF, Plan, Snapshot, Testbed, Transfer, TransferResult, WAN_HOST_V4, WAN_IF,
+        assert_intact, download, fastpath_fraction, ready, wait_until,
     },
 };
 
@@ -138,58 +136,6 @@ fn timed_upload(tb: &Testbed, port: u16, secs: f64) -> (TransferResult, f64) {
     (r, bps)
 }
 
-/// A download: the LAN host connects to the WAN host, which sends `bytes` of [`Pattern`] data
-/// and closes. Returns (bytes, SHA-256) as (sent, received).
-fn download(tb: &Testbed, port: u16, bytes: u64) -> ((u64, [u8; 32]), (u64, [u8; 32])) {
-    let server = wan(port);
-    let listener = tb
-        .wan
-        .run(move || TcpListener::bind(server))
-        .unwrap_or_else(|e| panic!("bind {server} in the WAN host: {e}"));
-    let sender = std::thread::spawn(move || -> io::Result<(u64, [u8; 32])> {
-        let (mut s, _) = listener.accept()?;
-        s.set_write_timeout(Some(Duration::from_secs(20)))?;
-        let mut pattern = Pattern::new(bytes ^ 0xd0);
-        let mut hash = Sha256::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut sent = 0u64;
-        while sent < bytes {
-            let n = (bytes - sent).min(buf.len() as u64) as usize;
-            pattern.fill(&mut buf[..n]);
-            s.write_all(&buf[..n])?;
-            hash.update(&buf[..n]);
-            sent += n as u64;
-        }
-        s.shutdown(Shutdown::Write)?;
-        Ok((sent, hash.finalize().into()))
-    });
-    let mut client = tb
-        .lan
-        .run(move || TcpStream::connect_timeout(&server, Duration::from_secs(5)))
-        .unwrap_or_else(|e| panic!("connect to {server} from the LAN host: {e}"));
-    client
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("SO_RCVTIMEO");
-    let mut hash = Sha256::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut got = 0u64;
-    loop {
-        let n = client
-            .read(&mut buf)
-            .unwrap_or_else(|e| panic!("download read after {got} bytes: {e}"));
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-        got += n as u64;
-    }
-    let sent = sender
-        .join()
-        .expect("download sender panicked")
-        .unwrap_or_else(|e| panic!("download sender (WAN host): {e}"));
-    (sent, (got, hash.finalize().into()))
-}
-
 /// Share of the LAN host's packets in `[a, b]` that `reason` counted on the router's LAN side.
 fn lan_share(a: &Snapshot, b: &Snapshot, reason: &str) -> (u64, u64, f64) {
     let wire = b.rx_lan_since(a);
@@ -292,7 +238,7 @@ fn shaped_wan_egress_is_detected_and_followed_live() {
 
     // 4. A download leaves through the LAN side: still fast-pathed under the WAN shaper.
     let before = tb.snapshot();
-    let (sent, received) = download(&tb, 5202, 32 << 20);
+    let (sent, received) = download(&tb, wan(5202), 32 << 20);
     let after = tb.snapshot();
     assert_eq!(received, sent, "download bytes and SHA-256");
     let wire = after.rx_wan_since(&before);

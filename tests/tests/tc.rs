@@ -18,8 +18,8 @@ use std::net::IpAddr;
 use xdp_router_tests::{
     netns::Netns,
     testbed::{
-        self, LAN_IF, ROUTER_LAN_V4, ROUTER_LAN_V6, ROUTER_WAN_V4, Snapshot, Testbed, WAN_IF,
-        fastpath_fraction, interfaces_config, ready, traffic_is_fast_pathed, wan_v4, wan_v6,
+        self, LAN_IF, MACVLAN_LAN_IF, ROUTER_WAN_V4, Snapshot, Testbed, WAN_IF, fastpath_fraction,
+        interfaces_config, ready, traffic_is_fast_pathed, wan_v4, wan_v6,
     },
 };
 
@@ -217,48 +217,11 @@ fn tc_datapath_handles_partial_checksums_and_gso() {
     );
 }
 
-/// The router's LAN port as a macvlan over the LAN veth, a device without native XDP (the
-/// issue's stand-in for Realtek, Wi-Fi and USB NICs) and without XDP transmit: the test bed's
-/// LAN addresses and FORWARD rule moved onto it, and the LAN host's neighbour entries for the
-/// router made (and checked) to point at it.
-const MV: &str = "mv1";
+/// The macvlan LAN port ([`Testbed::macvlan_lan_port`]).
+const MV: &str = MACVLAN_LAN_IF;
 
-fn macvlan_lan_port(tb: &Testbed) {
-    tb.router.sh(&format!(
-        "ip addr flush dev {LAN_IF}
-         ip link add {MV} link {LAN_IF} type macvlan mode bridge
-         ip addr add {ROUTER_LAN_V4}/24 dev {MV}
-         ip addr add {ROUTER_LAN_V6}/64 dev {MV} nodad
-         ip link set {MV} up
-         sysctl -qw net.ipv4.conf.{LAN_IF}.arp_ignore=1
-         ethtool -K {MV} tx off rx off gro off gso off tso off >/dev/null 2>&1 || true
-         for t in iptables ip6tables; do $t -w -A FORWARD -i {MV} -o {WAN_IF} -j ACCEPT; done"
-    ));
-    tb.lan.sh(&format!(
-        "ip neigh flush dev {h}
-         ping -c1 -W2 {ROUTER_LAN_V4} >/dev/null
-         for i in 1 2 3 4 5; do ping -6 -c1 -W1 {ROUTER_LAN_V6} >/dev/null && exit 0; done
-         echo 'no IPv6 path to the macvlan' >&2; exit 1",
-        h = testbed::HOST_IF
-    ));
-    // The LAN host must reach the router through the macvlan: with the kernel's default
-    // `arp_ignore = 0` the lower veth answers ARP for the macvlan's address too, with its own
-    // MAC, and when its answer came last the host's IPv4 packets entered by the unmanaged
-    // veth (set to 1 above; IPv6 neighbour discovery answers per interface already).
-    let mv_mac = tb.router.sh(&format!("cat /sys/class/net/{MV}/address"));
-    let neigh = tb.lan.sh(&format!(
-        "ip neigh show {ROUTER_LAN_V4} dev {}",
-        testbed::HOST_IF
-    ));
-    assert!(
-        neigh.contains(mv_mac.trim()),
-        "the LAN host should resolve {ROUTER_LAN_V4} to {MV}'s MAC {}: {neigh}",
-        mv_mac.trim()
-    );
-}
-
-/// [`macvlan_lan_port`] with `datapath = "tc"` on both ports: the TC program forwards UDP (v4
-/// with MASQUERADE, v6) and TCP both ways, into the macvlan too (a TC redirect needs no XDP
+/// [`Testbed::macvlan_lan_port`] with `datapath = "tc"` on both ports: the TC program forwards UDP
+/// (v4 with MASQUERADE, v6) and TCP both ways, into the macvlan too (a TC redirect needs no XDP
 /// transmit), with the negative control.
 #[test]
 fn tc_datapath_accelerates_a_macvlan_lan_port() {
@@ -266,7 +229,7 @@ fn tc_datapath_accelerates_a_macvlan_lan_port() {
         return;
     }
     let mut tb = Testbed::new("tc3");
-    macvlan_lan_port(&tb);
+    tb.macvlan_lan_port(WAN_IF);
     tb.start_daemon_config(&tc_config(MV));
     let mv = tb.daemon().status().iface(MV).clone();
     assert_eq!(mv.attach_mode, "tc", "log:\n{}", tb.daemon().log_tail());
@@ -281,21 +244,21 @@ fn tc_datapath_accelerates_a_macvlan_lan_port() {
     );
 }
 
-/// [`macvlan_lan_port`] with the default `datapath = "auto"`: the macvlan refuses native XDP,
-/// so it gets the TC fast path (not generic XDP, which forwards nothing), and the WAN veth
-/// keeps native XDP with the TC program behind it. LAN → WAN: TC on the macvlan redirects to
-/// the WAN. WAN → LAN: XDP cannot redirect into the macvlan (no XDP transmit), so it hands
-/// the packet to the TC program on the same port (XDP metadata), which redirects it through the
-/// macvlan's transmit path; every reply is counted `forwarded_reply` on the WAN although XDP
-/// alone could forward none of them (it would count `egress_no_xdp_xmit`). With the fast path
-/// off, all of it goes through netfilter (the negative control in `traffic_is_fast_pathed`).
+/// [`Testbed::macvlan_lan_port`] with the default `datapath = "auto"`: the macvlan refuses native
+/// XDP, so it gets the TC fast path (not generic XDP, which forwards nothing), and the WAN veth
+/// keeps native XDP with the TC program behind it. LAN → WAN: TC on the macvlan redirects to the
+/// WAN. WAN → LAN: XDP cannot redirect into the macvlan (no XDP transmit), so it hands the packet
+/// to the TC program on the same port (XDP metadata), which redirects it through the macvlan's
+/// transmit path; every reply is counted `forwarded_reply` on the WAN although XDP alone could
+/// forward none of them (it would count `egress_no_xdp_xmit`). With the fast path off, all of it
+/// goes through netfilter (the negative control in `traffic_is_fast_pathed`).
 #[test]
 fn auto_datapath_puts_a_macvlan_lan_port_on_tc_behind_native_xdp() {
     if !ready("auto_datapath_puts_a_macvlan_lan_port_on_tc_behind_native_xdp") {
         return;
     }
     let mut tb = Testbed::new("tc4");
-    macvlan_lan_port(&tb);
+    tb.macvlan_lan_port(WAN_IF);
     tb.start_daemon_config(&interfaces_config(WAN_IF, MV));
     let st = tb.daemon().status();
     let (mv, wan) = (st.iface(MV), st.iface(WAN_IF));

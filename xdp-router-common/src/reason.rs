@@ -136,10 +136,10 @@ pub enum Reason {
     /// packet path) in a chain that established forwarded packets traverse, and the daemon
     /// holds them in the kernel (`per_packet_rules = "hold"`, `SETTINGS_F_HOLD_ALL`).
     PassPerPacketRule = 44,
-    /// The TC fast path (`datapath = "tc"`) does not handle this packet yet: a PPPoE session
-    /// frame handed over by XDP, whose session header it would have to pop (or, in an skb
-    /// built from a tagged frame's bytes, as BPF_PROG_RUN builds it, a VLAN tag in the
-    /// bytes); the kernel forwards it.
+    /// The TC fast path (`datapath = "tc"`, or behind XDP) does not handle this packet yet: a
+    /// GRO aggregate of PPPoE session frames (kernels with PPPoE GRO), whose session header
+    /// it does not take off (or, in an skb built from a tagged frame's bytes, as BPF_PROG_RUN
+    /// builds it, a VLAN tag in the bytes); the kernel forwards it.
     PassNotOnTc = 45,
     /// A frame in more than one buffer (XDP multi-buffer: on a port whose MTU is above what one
     /// page holds, ≈ 3,500 bytes, a longer frame arrives in fragments); the fast path forwards

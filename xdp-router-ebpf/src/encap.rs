@@ -82,7 +82,8 @@ pub struct Reframed<T> {
 /// byte moves for it, and [`write_l2`] sets the one `tag` names there. (Only an skb built
 /// from a tagged frame's bytes, as BPF_PROG_RUN builds it and a real TC ingress never sees,
 /// has its tag in the frame: it is rewritten there as on XDP.) Nothing else is pushed or
-/// popped on an skb but the Ethernet header of a packet received without one.
+/// popped on an skb but the Ethernet header of a packet received without one and a received
+/// session header ([`Packet::pop_session`], which needs the datagram's family `l3`).
 ///
 /// Done before anything is written, so a failed resize passes the frame as received. Bytes
 /// beyond the datagram (Ethernet padding, garbage) are cut as the kernel trims the skb
@@ -95,6 +96,7 @@ pub fn reframe<T, P: Packet>(
     l2_in: usize,
     tag_in_frame: bool,
     ip_len: usize,
+    l3: L3,
     tag: &EgressTag,
 ) -> Result<Reframed<T>, Reason> {
     let meta_tag = P::SKB && !tag_in_frame;
@@ -105,12 +107,16 @@ pub fn reframe<T, P: Packet>(
     };
     let session = if tag.pppoe { PPPOE_HLEN } else { 0 };
     let l2 = ETH_HLEN + vlan + session;
-    if l2 != l2_in {
+    if l2 == ETH_HLEN && l2_in == ETH_HLEN + PPPOE_HLEN {
+        // A session frame (untagged, or on an skb with its tag in metadata) leaving without
+        // a session header or a tag in its bytes.
+        ctx.pop_session(l3)?;
+    } else if l2 != l2_in {
         if P::SKB && !(l2_in == 0 && l2 == ETH_HLEN) {
             // On skbs only the Ethernet header of a packet received without a link-layer
-            // header (`IFACE_F_L3`) is pushed yet; a received PPPoE session header is not
-            // popped (`bpf_skb_adjust_room` takes only IP skbs): the kernel does it. (None is
-            // pushed: from TC a PPPoE device is sent into itself, see `pppoe::lower`.)
+            // header (`IFACE_F_L3`) is pushed, and the session header above popped. (None is
+            // pushed: from TC a PPPoE device is sent into itself, see `pppoe::lower`. A tag
+            // in the bytes is one of BPF_PROG_RUN's skbs.)
             return Err(Reason::PassNotOnTc);
         }
         // A positive delta pops received headers, a negative one makes room for new ones.

@@ -553,7 +553,14 @@ fn try_forward_ip<F: Family, P: Packet>(
     )?;
     let egress = redirect_to::<P>(&mut hop)?;
 
-    let out = reframe::<F::Hdr, P>(ctx, l2, front.tag_in_frame, h.len as usize, &egress.tag)?;
+    let out = reframe::<F::Hdr, P>(
+        ctx,
+        l2,
+        front.tag_in_frame,
+        h.len as usize,
+        F::L3,
+        &egress.tag,
+    )?;
     let udp = h.proto == IPPROTO_UDP;
     let l4 = L4::at::<P>(ctx, out.l2 + F::HLEN, udp)?;
     // Every check passed: from here on the packet is ours.

@@ -12,7 +12,10 @@ use aya_ebpf::{
     helpers::{bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
     programs::XdpContext,
 };
-use xdp_router_common::Reason;
+use xdp_router_common::{
+    Reason,
+    parse::{L3, PPPOE_HLEN},
+};
 
 use crate::maps::TX_PORTS;
 
@@ -90,6 +93,14 @@ pub trait Packet: EbpfContext {
     /// where it cannot fail (see `encap::write_l2`). Every packet pointer is invalid
     /// afterwards. Never for XDP.
     fn set_meta_vlan_tag(&self, want: Option<(u16, u16)>);
+
+    /// Takes a received PPPoE session header (the 8 bytes between the EtherType and the IP
+    /// header of family `l3`) out of a frame without a VLAN tag in its bytes: the frame is
+    /// then 8 bytes shorter, with its MACs in front (the caller rewrites them) and the IP
+    /// header at 14. On XDP the start moves (`bpf_xdp_adjust_head`); on an skb see `tc.rs`.
+    /// An error leaves the packet as received (see each implementation for the exception).
+    /// Every packet pointer is invalid afterwards.
+    fn pop_session(&self, l3: L3) -> Result<(), Reason>;
 
     /// The packet's protocol as the kernel recorded it (`skb->protocol`, an EtherType, host
     /// order): the family of a packet received on a device without a link-layer header
@@ -196,6 +207,17 @@ impl Packet for XdpContext {
     #[inline(always)]
     fn set_meta_vlan_tag(&self, _want: Option<(u16, u16)>) {
         // XDP frames carry their tags: `encap::write_l2` writes them.
+    }
+
+    #[inline(always)]
+    fn pop_session(&self, _l3: L3) -> Result<(), Reason> {
+        // The MACs are rewritten by the caller, so moving the start past the first 8 bytes
+        // is all it takes (256 bytes of headroom, a frame longer than the header).
+        if self.adjust_head(PPPOE_HLEN as i32) {
+            Ok(())
+        } else {
+            Err(Reason::PassMalformed)
+        }
     }
 
     #[inline(always)]

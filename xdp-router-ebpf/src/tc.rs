@@ -19,16 +19,22 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::{
-        __sk_buff, BPF_CSUM_LEVEL_QUERY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_REDIRECT,
+        __sk_buff, BPF_CSUM_LEVEL_QUERY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR,
+        BPF_F_RECOMPUTE_CSUM, TC_ACT_REDIRECT,
     },
     helpers::{
         bpf_csum_level, bpf_csum_update, bpf_l4_csum_replace, bpf_redirect, bpf_skb_change_head,
-        bpf_skb_change_tail, bpf_skb_pull_data, bpf_skb_vlan_pop, bpf_skb_vlan_push,
+        bpf_skb_change_tail, bpf_skb_pull_data, bpf_skb_store_bytes, bpf_skb_vlan_pop,
+        bpf_skb_vlan_push,
     },
     programs::TcContext,
 };
 use core::ffi::c_void;
-use xdp_router_common::checksum::fold;
+use xdp_router_common::{
+    Reason,
+    checksum::fold,
+    parse::{ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, L3},
+};
 
 use crate::packet::{L4ChecksumEdit, Packet, ptr_at_mut};
 
@@ -36,6 +42,29 @@ use crate::packet::{L4ChecksumEdit, Packet, ptr_at_mut};
 /// directly: Ethernet (14), VLAN tag (4), PPPoE (8), IPv6 (40), the TCP header up to its
 /// checksum and beyond (20), rounded up. Shorter packets are pulled whole.
 pub const TC_HEADER_PULL: u32 = 96;
+
+/// The end of a PPPoE session frame's headers: Ethernet (14), session header (6), PPP
+/// protocol (2).
+const SESSION_END: u32 = 22;
+
+/// Writes the 10 bytes from the EtherType to the end of an untagged session frame's headers
+/// (see `pop_session`): the EtherType outside the sum a `CHECKSUM_COMPLETE` skb carries (which
+/// at TC ingress starts after the MAC header), the rest with the sum updated. Cannot fail on a
+/// head made writable before.
+#[inline(always)]
+fn store_after_macs(skb: *mut __sk_buff, bytes: &[u8; 10]) {
+    // SAFETY: helpers on this program's own context, reading 2 and 8 bytes of `bytes`.
+    unsafe {
+        bpf_skb_store_bytes(skb, 12, bytes.as_ptr().cast(), 2, 0);
+        bpf_skb_store_bytes(
+            skb,
+            14,
+            bytes.as_ptr().add(2).cast(),
+            8,
+            u64::from(BPF_F_RECOMPUTE_CSUM),
+        );
+    }
+}
 
 /// A diff that changes nothing (0, or one's-complement -0): no helper call.
 #[inline(always)]
@@ -67,10 +96,8 @@ impl Packet for TcContext {
         // (`IFACE_F_L3`), for the Ethernet header it leaves with: `bpf_skb_change_head` is
         // made for that (it moves the MAC header with the data and leaves the network header,
         // protocol, checksum and GSO state as they are). A VLAN tag is metadata on an skb
-        // (`set_meta_vlan_tag`), and a PPPoE header is left to the kernel: a packet for a
-        // PPPoE device is sent into the PPP device (`pppoe::lower`), and a received one
-        // (`bpf_skb_adjust_room` takes only IP skbs) goes to the kernel as
-        // `Reason::PassNotOnTc` (`encap::reframe`).
+        // (`set_meta_vlan_tag`); a packet for a PPPoE device is sent into the PPP device
+        // (`pppoe::lower`), and a received session header is taken off by `pop_session`.
         if delta >= 0 {
             return false;
         }
@@ -223,6 +250,76 @@ impl Packet for TcContext {
             // SAFETY: a helper on this program's own context.
             unsafe { bpf_skb_vlan_push(skb, tpid_be, u16::from_be(tci_be)) };
         }
+    }
+
+    #[inline(always)]
+    fn pop_session(&self, l3: L3) -> Result<(), Reason> {
+        // `bpf_skb_adjust_room` takes only IP skbs, and nothing lets a program set
+        // `skb->protocol` (here ETH_P_PPP_SES), but the VLAN helpers move it along the tags
+        // they push and pop:
+        // 1. the 10 bytes from the EtherType to the IP header (EtherType, session header, PPP
+        //    protocol) are rewritten as two 802.1Q tags and the IP EtherType;
+        // 2. with a tag in the skb's metadata (the received one, else a placeholder pushed
+        //    there first), pushing another moves that one into the bytes in front of them
+        //    (`skb_vlan_push`), which sets `skb->protocol` to its protocol, a VLAN one;
+        // 3. four pops: each clears the metadata tag and moves the next tag out of the bytes
+        //    into the metadata (`skb_vlan_pop`), setting `skb->protocol` to the EtherType
+        //    after it (`vlan_set_encap_proto`); the third leaves the IP EtherType, the fourth
+        //    only clears the metadata.
+        // The frame is then 8 bytes shorter, untagged, with `skb->protocol` its family's.
+        if self.skb.gso_size() != 0 {
+            // A GRO aggregate of session frames (kernels with PPPoE GRO): not taken apart
+            // here.
+            return Err(Reason::PassNotOnTc);
+        }
+        let skb: *mut __sk_buff = self.as_ptr().cast();
+        let ethertype = match l3 {
+            L3::V4 => ETH_P_IP,
+            L3::V6 => ETH_P_IPV6,
+        };
+        // Writable in the head from here on (the entry pulled it; this unclones it), so the
+        // stores below cannot fail, nor the pops (`skb_ensure_writable` of what is already).
+        // SAFETY: a helper on this program's own context.
+        if unsafe { bpf_skb_pull_data(skb, SESSION_END) } != 0 {
+            return Err(Reason::PassMalformed);
+        }
+        let received: [u8; 10] = {
+            let p = ptr_at_mut::<[u8; 10], _>(self, 12)?;
+            // SAFETY: bounds checked by ptr_at_mut.
+            unsafe { *p }
+        };
+        let [tpid_hi, tpid_lo] = ETH_P_8021Q.to_be_bytes();
+        let [type_hi, type_lo] = ethertype.to_be_bytes();
+        let tags = [
+            tpid_hi, tpid_lo, 0, 0, tpid_hi, tpid_lo, 0, 0, type_hi, type_lo,
+        ];
+        store_after_macs(skb, &tags);
+        let had_tag = self.meta_vlan_tag().is_some();
+        if !had_tag {
+            // No tag present: only sets the metadata, cannot fail.
+            // SAFETY: a helper on this program's own context.
+            unsafe { bpf_skb_vlan_push(skb, ETH_P_8021Q.to_be(), 0) };
+        }
+        // SAFETY: a helper on this program's own context.
+        if unsafe { bpf_skb_vlan_push(skb, ETH_P_8021Q.to_be(), 0) } != 0 {
+            // No headroom for the tag (`skb_cow_head`): nothing moved. Back as received.
+            if !had_tag {
+                // SAFETY: a helper on this program's own context.
+                unsafe { bpf_skb_vlan_pop(skb) };
+            }
+            store_after_macs(skb, &received);
+            return Err(Reason::PassMalformed);
+        }
+        for _ in 0..4 {
+            // SAFETY: a helper on this program's own context.
+            unsafe { bpf_skb_vlan_pop(skb) };
+        }
+        if self.meta_vlan_tag().is_some() || self.l3_protocol() != ethertype {
+            // Cannot happen (see above); should it, the frame is not what the pipeline
+            // expects, and the kernel gets it as it now is.
+            return Err(Reason::PassMalformed);
+        }
+        Ok(())
     }
 
     #[inline(always)]

@@ -7,6 +7,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 pub const LAN_IF: &str = "eth1";
 /// The router's WAN interface (as in the example config).
 pub const WAN_IF: &str = "eth0";
+/// The router's LAN port as a macvlan over [`LAN_IF`] (see `Testbed::macvlan_lan_port`).
+pub const MACVLAN_LAN_IF: &str = "mv1";
 /// The only interface of each host.
 pub const HOST_IF: &str = "eth0";
 

@@ -12,8 +12,8 @@ use crate::netns::{self, Netns};
 
 use super::{
     addrs::{
-        HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, ROUTER_LAN_V4, ROUTER_LAN_V6, ROUTER_WAN_V4,
-        ROUTER_WAN_V6, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
+        HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, MACVLAN_LAN_IF, ROUTER_LAN_V4, ROUTER_LAN_V6,
+        ROUTER_WAN_V4, ROUTER_WAN_V6, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
     },
     daemon::Daemon,
     status::{Snapshot, established_packets},
@@ -197,6 +197,47 @@ impl Testbed {
     /// [`refuse_native_xdp_behind`]).
     pub fn refuse_native_xdp_on_the_lan_port(&self) {
         refuse_native_xdp_behind(&self.lan, HOST_IF);
+    }
+
+    /// Makes the router's LAN port a macvlan over the LAN veth ([`MACVLAN_LAN_IF`]), a device
+    /// without native XDP (the stand-in for Realtek, Wi-Fi and USB NICs) and without XDP
+    /// transmit: the LAN addresses move onto it, FORWARD accepts it towards `wan` (IPv4 and
+    /// IPv6), and the LAN host's neighbour entries for the router are made (and checked) to
+    /// point at it.
+    pub fn macvlan_lan_port(&self, wan: &str) {
+        self.router.sh(&format!(
+            "ip addr flush dev {LAN_IF}
+             ip link add {MV} link {LAN_IF} type macvlan mode bridge
+             ip addr add {ROUTER_LAN_V4}/24 dev {MV}
+             ip addr add {ROUTER_LAN_V6}/64 dev {MV} nodad
+             ip link set {MV} up
+             sysctl -qw net.ipv4.conf.{LAN_IF}.arp_ignore=1
+             ethtool -K {MV} tx off rx off gro off gso off tso off >/dev/null 2>&1 || true
+             for t in iptables ip6tables; do $t -w -A FORWARD -i {MV} -o {wan} -j ACCEPT; done",
+            MV = MACVLAN_LAN_IF
+        ));
+        self.lan.sh(&format!(
+            "ip neigh flush dev {HOST_IF}
+             ping -c1 -W2 {ROUTER_LAN_V4} >/dev/null
+             for i in 1 2 3 4 5; do ping -6 -c1 -W1 {ROUTER_LAN_V6} >/dev/null && exit 0; done
+             echo 'no IPv6 path to the macvlan' >&2; exit 1"
+        ));
+        // The LAN host must reach the router through the macvlan: with the kernel's default
+        // `arp_ignore = 0` the lower veth answers ARP for the macvlan's address too, with its
+        // own MAC, and when its answer came last the host's IPv4 packets entered by the
+        // unmanaged veth (set to 1 above; IPv6 neighbour discovery answers per interface
+        // already).
+        let mv_mac = self
+            .router
+            .sh(&format!("cat /sys/class/net/{MACVLAN_LAN_IF}/address"));
+        let neigh = self
+            .lan
+            .sh(&format!("ip neigh show {ROUTER_LAN_V4} dev {HOST_IF}"));
+        assert!(
+            neigh.contains(mv_mac.trim()),
+            "the LAN host should resolve {ROUTER_LAN_V4} to {MACVLAN_LAN_IF}'s MAC {}: {neigh}",
+            mv_mac.trim()
+        );
     }
 
     /// Writes a config to the temp dir, starts `xdp-routerd run` in the router namespace, waits

@@ -232,6 +232,61 @@ fn receive_all(mut s: TcpStream) -> io::Result<Side> {
     })
 }
 
+/// A download: the LAN host connects to the WAN host's `server`, which sends `bytes` of [`Pattern`] data
+/// and closes. Returns (bytes, SHA-256) as (sent, received).
+pub fn download(
+    tb: &Testbed,
+    server: SocketAddr,
+    bytes: u64,
+) -> ((u64, [u8; 32]), (u64, [u8; 32])) {
+    let listener = tb
+        .wan
+        .run(move || TcpListener::bind(server))
+        .unwrap_or_else(|e| panic!("bind {server} in the WAN host: {e}"));
+    let sender = std::thread::spawn(move || -> io::Result<(u64, [u8; 32])> {
+        let (mut s, _) = listener.accept()?;
+        s.set_write_timeout(Some(Duration::from_secs(20)))?;
+        let mut pattern = Pattern::new(bytes ^ 0xd0);
+        let mut hash = Sha256::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut sent = 0u64;
+        while sent < bytes {
+            let n = (bytes - sent).min(buf.len() as u64) as usize;
+            pattern.fill(&mut buf[..n]);
+            s.write_all(&buf[..n])?;
+            hash.update(&buf[..n]);
+            sent += n as u64;
+        }
+        s.shutdown(Shutdown::Write)?;
+        Ok((sent, hash.finalize().into()))
+    });
+    let mut client = tb
+        .lan
+        .run(move || TcpStream::connect_timeout(&server, Duration::from_secs(5)))
+        .unwrap_or_else(|e| panic!("connect to {server} from the LAN host: {e}"));
+    client
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("SO_RCVTIMEO");
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut got = 0u64;
+    loop {
+        let n = client
+            .read(&mut buf)
+            .unwrap_or_else(|e| panic!("download read after {got} bytes: {e}"));
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        got += n as u64;
+    }
+    let sent = sender
+        .join()
+        .expect("download sender panicked")
+        .unwrap_or_else(|e| panic!("download sender (WAN host): {e}"));
+    (sent, (got, hash.finalize().into()))
+}
+
 /// Datagram payload for sequence number `seq`: the number, then [`Pattern`] bytes seeded by it.
 pub fn udp_payload(seq: u64, len: usize) -> Vec<u8> {
     let mut p = vec![0u8; len.max(8)];

@@ -3,13 +3,11 @@
 //! carries them and the TC fast path on the PPP device, between the kernel's PPP layer and
 //! its IP layer, does.
 
-use std::time::Duration;
-
 use xdp_router_tests::testbed::{
     LAN_IF, Status, Testbed, ready, udp_and_tcp_are_intact, wait_until, wan_lan_interfaces,
 };
 
-use super::{Ccp, PPP_IF, Under, pppoe_testbed};
+use super::{Ccp, PPP_IF, Under, pppoe_testbed, promptly};
 
 /// `pppstats -z` of the router's PPP device, on one line.
 fn pppstats(tb: &Testbed) -> String {
@@ -67,7 +65,7 @@ fn ppp_device_with_compression_is_left_to_the_kernel_by_xdp() {
         "PPPoE with MPPE, from the daemon's start: UDP and TCP intact; XDP forwarded {orig} \
          original (on {LAN_IF}), {reply} reply (on {PPP_IF})"
     );
-    let noticed = wait_until(Duration::from_secs(10), || {
+    let noticed = wait_until(promptly(), || {
         ppp_not_accelerated_because(&tb)
             .is_some_and(|w| w.contains("CCP (PPP compression or MPPE) runs on it"))
     });
@@ -117,7 +115,7 @@ fn ppp_device_with_compression_is_fast_pathed_on_tc() {
         let ppp = st.iface(PPP_IF);
         (ppp.attach_mode == "tc").then(|| ppp.datapath_because.clone())
     };
-    let bound = wait_until(Duration::from_secs(10), || on_tc().is_some());
+    let bound = wait_until(promptly(), || on_tc().is_some());
     println!(
         "status: {PPP_IF}: {:?}; not accelerated: {:?}",
         on_tc(),

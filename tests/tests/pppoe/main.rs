@@ -25,12 +25,13 @@ use xdp_router_tests::{
         Capture, HOST_IF, LAN_IF, PING_DGRAM, PING_TICK, ROUTER_LAN_V4, ROUTER_LAN_V6,
         ROUTER_WAN_V4, ROUTER_WAN_V6, TempDir, Testbed, UdpEcho, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
         any_v4, assert_encapsulated_wan_left_to_kernel, measure_udp, offload_udp,
-        offload_udp_family, ping_pong, ready, traffic_is_fast_pathed, udp_and_tcp_are_intact,
-        udp_payload, udp_socket, wait_until, wan_lan_interfaces, wan_v4,
+        offload_udp_family, ping_pong, ready, time_scale, traffic_is_fast_pathed,
+        udp_and_tcp_are_intact, udp_payload, udp_socket, wait_until, wan_lan_interfaces, wan_v4,
     },
 };
 
 mod ccp;
+mod tc_lan;
 
 /// The router's PPP interface.
 const PPP_IF: &str = "ppp0";
@@ -73,6 +74,12 @@ impl Session {
     fn client_log(&self) -> String {
         fs::read_to_string(self.dir.path().join(CLIENT_LOG)).unwrap_or_else(|e| e.to_string())
     }
+}
+
+/// How long the daemon may take to follow a session change it reads every 2 s (a rebinding
+/// after a redial, CCP seen on the session): 10 s, times `XDP_ROUTER_TIME_SCALE`.
+fn promptly() -> Duration {
+    Duration::from_secs(10 * u64::from(time_scale()))
 }
 
 /// pppd's log in the router, in the session's directory.
@@ -418,40 +425,6 @@ fn wan_as_ppp_device_over_vlan_is_fast_pathed() {
     ppp_traffic_is_fast_pathed(&mut tb, &format!("{WAN_IF}.7"), LAN_IF, "auto", None);
 }
 
-/// A LAN port on the TC path (as a Wi-Fi or e1000e port is; here `datapath = "tc"` on the LAN
-/// veth) beside a session that XDP carries on the native WAN port: the TC program redirects
-/// what it routes into the session into ppp0 itself, whose PPPoE code encapsulates it and
-/// sends it out of eth0, and XDP on eth0 forwards the replies into the LAN port (a veth, which
-/// takes XDP frames). Both ways fast-pathed; with the fast path off the kernel carries both.
-#[test]
-#[ignore = "needs the pppoe module: cargo xtask test runs it in a Debian-kernel guest"]
-fn a_tc_lan_port_sends_into_a_session_on_xdp() {
-    if !ready("a_tc_lan_port_sends_into_a_session_on_xdp") {
-        return;
-    }
-    let (mut tb, _session) = pppoe_testbed("pl", Under::Port, Ccp::Off);
-    tb.start_daemon_config(&format!(
-        "xdp_mode = \"native\"\n\
-         [[interface]]\nname = \"{PPP_IF}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\ndatapath = \"tc\"\n"
-    ));
-    let st = tb.daemon().status();
-    println!(
-        "status: {PPP_IF}: {}, {LAN_IF}: {}",
-        st.iface(PPP_IF).attach_mode,
-        st.iface(LAN_IF).attach_mode
-    );
-    assert_eq!(st.iface(PPP_IF).attach_mode, "lower", "{:?}", st.interfaces);
-    assert_eq!(st.iface(LAN_IF).attach_mode, "tc", "{:?}", st.interfaces);
-    traffic_is_fast_pathed(
-        &tb,
-        6209,
-        LAN_IF,
-        PPP_IF,
-        "from a TC LAN port into PPPoE on XDP",
-    );
-}
-
 /// PPPoE over a bridge the WAN port is in (`br-wan`): XDP cannot take the session's frames
 /// there (a bridge's frames are its ports'), so with the default `datapath = "auto"` the TC
 /// fast path runs on ppp0 itself, between the kernel's PPPoE code and its IP layer, and
@@ -507,7 +480,7 @@ fn a_redialled_session_is_followed() {
         "pppd kept its ppp0: no redial"
     );
     // Bound again: the session line is back (after ppp0 went, it was gone).
-    let bound = wait_until(Duration::from_secs(10), || {
+    let bound = wait_until(promptly(), || {
         ppp_status(&tb).is_some_and(|e| e.starts_with("PPPoE session 0x"))
     });
     let after = ppp_status(&tb);

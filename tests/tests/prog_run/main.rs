@@ -145,7 +145,7 @@ fn on_tc(case: &Case) -> Option<Case> {
     // device's qdisc and hooks apply there, so neither the session header nor the lower
     // device's checks are the program's on that path. BPF_PROG_RUN returns only the frame
     // the redirect would strip; the guest tests send real traffic that way
-    // (`pppoe::a_tc_lan_port_sends_into_a_session_on_xdp`).
+    // (`pppoe::tc_lan::a_tc_lan_port_sends_into_a_session_on_xdp`).
     if into_pppoe(case) {
         return None;
     }
@@ -163,19 +163,22 @@ fn on_tc(case: &Case) -> Option<Case> {
     // VLAN device itself, untagged, whose transmit path tags it. (The kernel takes every
     // received tag into skb metadata before TC ingress, so a real skb never arrives with its
     // tag in its bytes; these skbs, built from the frame's bytes, do, and such a tag is
-    // rewritten in place as on XDP.) Pushing or popping bytes, a PPPoE header or a tag in the
-    // frame, is not done on skbs yet.
+    // rewritten in place as on XDP.) A received session header comes off an untagged frame
+    // (`Packet::pop_session`: the same frame as on XDP); no other bytes are pushed or popped
+    // on skbs: a PPPoE header pushed, or a tag in the frame's bytes popped or pushed.
     if let Expect::Redirect(reason, want) = &case.expect {
         let sent = match to_vlan_device(&case.setup, want) {
             Some(untagged) => untagged,
             None if !is_tagged(&case.frame) && is_tagged(want) => untag(want),
             None => want.clone(),
         };
-        let expect = if l2_len(&case.frame) == l2_len(&sent) {
-            Expect::Redirect(*reason, sent)
-        } else {
-            Expect::Pass(Reason::PassNotOnTc)
-        };
+        let session_popped = !is_tagged(&case.frame) && l2_len(&case.frame) == 22;
+        let expect =
+            if l2_len(&case.frame) == l2_len(&sent) || session_popped && l2_len(&sent) == 14 {
+                Expect::Redirect(*reason, sent)
+            } else {
+                Expect::Pass(Reason::PassNotOnTc)
+            };
         return Some(Case {
             expect,
             ..case.clone()

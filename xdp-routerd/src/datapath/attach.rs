@@ -276,11 +276,12 @@ impl Datapath {
     }
 
     /// Puts the TC fast path behind the XDP program ([`IFACE_F_TC_HANDOFF`]) on every
-    /// interface managed for itself that runs native XDP, once some interface runs the TC
-    /// datapath: XDP cannot redirect into such a port (no XDP transmit), so packets of
-    /// offloaded flows routed there are handed to the TC program at the same ingress instead of
-    /// the kernel. Left in place when the last TC port goes (the XDP program then has nothing
-    /// to hand over but to ports without XDP transmit, which TC serves as well).
+    /// interface that runs native XDP (managed for itself, a bridge's port, or the device
+    /// under a VLAN device or a PPPoE session), once some interface runs the TC datapath: XDP
+    /// cannot redirect into such a port (no XDP transmit), so packets of offloaded flows
+    /// routed there are handed to the TC program at the same ingress instead of the kernel.
+    /// Left in place when the last TC port goes (the XDP program then has nothing to hand over
+    /// but to ports without XDP transmit, which TC serves as well).
     pub(super) fn update_handoffs(&mut self) {
         if self.tc_unavailable.is_some() || !self.links.modes.values().any(|m| *m == AttachMode::Tc)
         {
@@ -290,11 +291,7 @@ impl Datapath {
             .links
             .modes
             .iter()
-            .filter(|(i, m)| {
-                **m == AttachMode::Native
-                    && self.links.armed.contains_key(i)
-                    && !self.links.tc.contains_key(i)
-            })
+            .filter(|(i, m)| **m == AttachMode::Native && !self.links.tc.contains_key(i))
             .map(|(i, _)| *i)
             .collect();
         for ifindex in natives {
