@@ -217,8 +217,9 @@ pub enum DatapathConfig {
     /// The TC ingress program (TCX, Linux 6.6+): the same fast path on socket buffers, after
     /// GRO; for devices without native XDP. Its redirects need no XDP transmit on the egress.
     /// On interfaces, bridge ports (tagged or not), VLAN devices and PPP devices (on the VLAN
-    /// or PPP device itself where the device under it has no native XDP), and behind XDP on a
-    /// PPPoE session's lower device for the session frames XDP hands over.
+    /// or PPP device itself where the device under it has no native XDP, or a PPP device has
+    /// no PPPoE session: L2TP, PPTP, a modem), and behind XDP on a PPPoE session's lower
+    /// device for the session frames XDP hands over.
     Tc,
 }
 

@@ -32,6 +32,7 @@ use xdp_router_tests::{
 
 mod ccp;
 mod tc_lan;
+mod unpaired;
 
 /// The router's PPP interface.
 const PPP_IF: &str = "ppp0";
@@ -291,8 +292,15 @@ fn pppoe_testbed(tag: &str, under: Under, ccp: Ccp) -> (Testbed, Session) {
         "no PPPoE session within 60 s: router links:\n{}",
         tb.router.exec_ok("ip", &["addr"])
     );
-    // IPv6 over the session: the global addresses on both PPP devices (the access
-    // concentrator's is the only PPP device in the WAN host's namespace).
+    wan_over_ppp0(&tb);
+    (tb, session)
+}
+
+/// Moves the test bed's WAN onto the router's ppp0, up with its IPv4 address (see
+/// [`ppp0_up`]): the global IPv6 addresses on both PPP devices (the peer's is the only PPP
+/// device in the WAN host's namespace), NAT and FORWARD rules naming ppp0, TCP's MSS clamped
+/// to the path MTU; the LAN host reaches the WAN host both ways.
+fn wan_over_ppp0(tb: &Testbed) {
     let host_ppp = tb
         .wan
         .exec_ok("sh", &["-c", "ip -o link show type ppp | cut -d: -f2"])
@@ -316,9 +324,8 @@ fn pppoe_testbed(tag: &str, under: Under, ccp: Ccp) -> (Testbed, Session) {
     tb.lan.sh(&format!(
         "for i in 1 2 3 4 5; do ping -c1 -W1 {WAN_HOST_V4} >/dev/null && break; done
          for i in 1 2 3 4 5; do ping -6 -c1 -W1 {WAN_HOST_V6} >/dev/null && exit 0; done
-         echo 'no path LAN -> WAN over PPPoE' >&2; exit 1"
+         echo 'no path LAN -> WAN over PPP' >&2; exit 1"
     ));
-    (tb, session)
 }
 
 /// With the PPP device as the WAN in the config (`name = "ppp0"`), the daemon finds the

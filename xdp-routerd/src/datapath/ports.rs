@@ -102,14 +102,17 @@ pub trait Ports: FlowTable {
         slot: u32,
         flags: u32,
     ) -> anyhow::Result<AttachMode>;
-    /// Binds the registered PPP device `ifindex` to `session`, or unbinds it (`None`).
+    /// Binds the registered PPP device `ifindex` to `session`, or, where no PPPoE session is
+    /// paired with it (`Err`: why), to the TC fast path on the device itself where its
+    /// `datapath` allows (see `Datapath::unpaired_ppp_on_tc`), else unbinds it. Returns
+    /// whether the fast path carries the device.
     fn set_pppoe(
         &mut self,
         name: &str,
         ifindex: u32,
-        session: Option<&PppoeBinding>,
+        session: Result<&PppoeBinding, &str>,
         mode: XdpModeConfig,
-    ) -> anyhow::Result<()>;
+    ) -> anyhow::Result<bool>;
     /// `mac` is behind `port` of `bridge` in VLAN `vid` (0: none; the FDB copy).
     fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], vid: u16, port: u32) -> anyhow::Result<()>;
     /// `mac` is no longer known to `bridge` in VLAN `vid`.
@@ -446,9 +449,9 @@ impl Ports for Datapath {
         &mut self,
         name: &str,
         ifindex: u32,
-        session: Option<&PppoeBinding>,
+        session: Result<&PppoeBinding, &str>,
         mode: XdpModeConfig,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<bool> {
         let Some(old) = self.pppoe.devices.get(&ifindex).copied() else {
             bail!("{name}: not a registered PPP device");
         };
@@ -476,17 +479,24 @@ impl Ports for Datapath {
             self.detach_program(ifindex);
         }
         let result = match session {
-            Some(s) => self.bind_pppoe(name, ifindex, &mut info, s, mode),
-            None => Ok(()),
+            Ok(s) => self
+                .bind_pppoe(name, ifindex, &mut info, s, mode)
+                .map(|()| true),
+            Err(why) => match self.unpaired_ppp_on_tc(name, why) {
+                Some(because) => self
+                    .bind_ppp_tc(name, ifindex, &mut info, because)
+                    .map(|()| true),
+                None => Ok(false),
+            },
         };
-        if session.is_none() || result.is_err() {
+        if !matches!(result, Ok(true)) {
             self.update_iface(ifindex, unbound(info))?;
         }
         // Released unless a bound session still runs over it (this one, bound again there).
         if let Some(key) = old {
             self.release_lower(key.lower_ifindex);
         }
-        if let (Err(_), Some(s)) = (&result, session) {
+        if let (Err(_), Ok(s)) = (&result, session) {
             self.release_lower(s.lower.ifindex);
         }
         result

@@ -235,13 +235,38 @@ impl Datapath {
         }
     }
 
-    /// Binds the PPP device `ifindex` on TC (see [`Datapath::ppp_on_tc`]): a device without a
-    /// link-layer header, as `wg0` (`IFACE_F_L3`, and `IFACE_F_NO_XDP_XMIT`: native-XDP
-    /// ports hand what they route there to TC), the TC fast path at its ingress, where the
-    /// kernel's PPPoE and PPP code delivers the session's packets, and packets routed out of
-    /// it redirected into it, where the same code encapsulates them (and compresses or
-    /// encrypts them, where CCP runs). No `PPPOE` key: nothing runs on the lower device.
-    fn bind_ppp_tc(
+    /// Whether the PPP device `name`, with no PPPoE session paired with it (`why`), runs the
+    /// TC fast path itself, and why (for `status`): with `datapath = "auto"` or `"tc"`, where
+    /// TC is available. The TC fast path on a PPP device needs no session: the kernel's PPP
+    /// layer delivers what it receives and takes what is sent into it, whatever channel
+    /// carries its frames (L2TP, PPTP, a serial or mobile modem, a PPPoE session the daemon
+    /// cannot pair: several in the namespace). Should a session be paired later, the device
+    /// is bound to it instead (`Ports::set_pppoe`).
+    pub(super) fn unpaired_ppp_on_tc(&self, name: &str, why: &str) -> Option<String> {
+        if self.tc_unavailable.is_some() {
+            return None;
+        }
+        let (choice, from) = self.datapath_choice.of(name);
+        let choice = match choice {
+            DatapathConfig::Xdp => return None,
+            DatapathConfig::Auto => "auto",
+            DatapathConfig::Tc => "tc",
+        };
+        Some(format!(
+            "datapath = \"{choice}\" in {from}, and no PPPoE session is paired with it ({why}): \
+             on {name} itself, where the kernel's PPP layer delivers and takes its packets \
+             whatever carries them (L2TP, PPTP, a serial modem)"
+        ))
+    }
+
+    /// Binds the PPP device `ifindex` on TC (see [`Datapath::ppp_on_tc`],
+    /// [`Datapath::unpaired_ppp_on_tc`]): a device without a link-layer header, as `wg0`
+    /// (`IFACE_F_L3`, and `IFACE_F_NO_XDP_XMIT`: native-XDP ports hand what they route there
+    /// to TC), the TC fast path at its ingress, where the kernel's PPP code (under it PPPoE's,
+    /// or another channel's) delivers the device's packets, and packets routed out of it
+    /// redirected into it, where the same code encapsulates them (and compresses or encrypts
+    /// them, where CCP runs). No `PPPOE` key: nothing runs on the lower device.
+    pub(super) fn bind_ppp_tc(
         &mut self,
         name: &str,
         ifindex: u32,
@@ -254,8 +279,7 @@ impl Datapath {
         self.update_handoffs();
         info!(
             interface = name,
-            ifindex,
-            "PPPoE session: the TC fast path runs on the PPP device, the kernel encapsulates"
+            ifindex, "PPP device: the TC fast path runs on it, the kernel's PPP layer encapsulates"
         );
         Ok(())
     }

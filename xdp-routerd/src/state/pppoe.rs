@@ -1,6 +1,7 @@
 //! The managed PPP devices' PPPoE sessions, as the state keeps them: what the last read of
 //! `/proc/net/pppoe` found for each ([`crate::sync::pppoe::read`]), the session bound in the
-//! datapath ([`State::apply_pppoe`]: bound, rebound or unbound), and the egress shaping and
+//! datapath ([`State::apply_pppoe`]: bound, rebound, or unbound, where no session is paired
+//! and the TC fast path on the device itself may carry it), and the egress shaping and
 //! hooks of the devices managed only for that session (its lower device and, for a VLAN lower
 //! device, that one's parent), which their flags come from.
 
@@ -47,6 +48,9 @@ pub struct PppoeState {
     pub bound: Option<SessionRead>,
     /// Why binding `found`'s session failed (status).
     pub bind_error: Option<String>,
+    /// No session is paired with the device, and the TC fast path runs on it itself
+    /// (`Ports::set_pppoe`: L2TP, PPTP, a serial modem, an ambiguous PPPoE session).
+    pub unpaired_on_tc: bool,
     /// The bound session's lower device.
     pub lower: Side,
     /// The parent of the bound session's lower device, when that is a VLAN device.
@@ -100,7 +104,7 @@ impl PppoeState {
     /// Why the fast path carries nothing of the PPP device (status); `None` while a session
     /// is bound.
     pub fn not_accelerated_because(&self) -> Option<String> {
-        if self.bound.is_some() {
+        if self.bound.is_some() || self.unpaired_on_tc {
             return None;
         }
         Some(match (&self.bind_error, &self.found) {
@@ -136,8 +140,9 @@ impl<D: Ports> State<D> {
 
     /// Binds each attached PPP device to the session a read found for it (`found`, by name;
     /// see [`crate::sync::pppoe::read`]): rebinds when the session (ID, peer, lower device)
-    /// changed, unbinds when it is gone or ambiguous (one warning per change). Returns
-    /// whether a session now runs over another device (its qdiscs and hooks must be read).
+    /// changed; when it is gone or ambiguous, hands the device to the TC fast path on itself
+    /// where the datapath allows, else unbinds it (one warning per change). Returns whether a
+    /// session now runs over another device (its qdiscs and hooks must be read).
     pub fn apply_pppoe(&mut self, found: &PppoeReads) -> bool {
         let configured: BTreeMap<u32, bool> = self
             .ifaces
@@ -169,11 +174,8 @@ impl<D: Ports> State<D> {
             p.bind_error = None;
             let want = f.as_ref().ok();
             let name = &m.cfg.name;
-            if want == p.bound.as_ref() {
-                // Nothing bound before or now, for another reason.
-                if let Err(why) = f {
-                    warn!(interface = %name, "{name}: not accelerated: {why}");
-                }
+            if want.is_none() && p.bound.is_none() && p.unpaired_on_tc {
+                // Still no session paired: the TC fast path on the device carries it still.
                 continue;
             }
             let mut slot = |i: u32| match configured.get(&i) {
@@ -184,10 +186,18 @@ impl<D: Ports> State<D> {
                     *next_slot - 1
                 }),
             };
-            let binding = want.map(|s| session_binding(s, xmit, &mut slot));
+            let binding = match f {
+                Ok(s) => Ok(session_binding(s, xmit, &mut slot)),
+                Err(why) => Err(why.to_string()),
+            };
             rebound = true;
-            match dp.set_pppoe(name, ifindex, binding.as_ref(), *xdp_mode) {
-                Ok(()) => {
+            match dp.set_pppoe(
+                name,
+                ifindex,
+                binding.as_ref().map_err(String::as_str),
+                *xdp_mode,
+            ) {
+                Ok(carried) => {
                     let lower = |b: &Option<SessionRead>| b.as_ref().map(|b| b.lower.ifindex);
                     if lower(&p.bound) != want.map(|s| s.lower.ifindex) {
                         p.lower = Default::default();
@@ -197,10 +207,15 @@ impl<D: Ports> State<D> {
                             want.is_some_and(|s| configured.get(&s.lower.ifindex) != Some(&true));
                     }
                     p.bound = want.cloned();
+                    p.unpaired_on_tc = want.is_none() && carried;
                     match f {
                         Ok(s) => {
                             info!(interface = %name, "{name}: {}: the fast path carries it", s.session)
                         }
+                        Err(why) if carried => info!(
+                            interface = %name,
+                            "{name}: {why}: the TC fast path on {name} itself carries it"
+                        ),
                         Err(why) => warn!(interface = %name, "{name}: not accelerated: {why}"),
                     }
                 }
@@ -208,6 +223,7 @@ impl<D: Ports> State<D> {
                     let e = format!("{e:#}");
                     error!(interface = %name, error = %e, "{name}: cannot bind its PPPoE session: not accelerated");
                     p.bound = None;
+                    p.unpaired_on_tc = false;
                     p.bind_error = Some(e);
                 }
             }

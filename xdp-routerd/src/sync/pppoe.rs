@@ -13,7 +13,8 @@
 //! integer, so session 1 prints as `00000100` on a little-endian host), `%pM` the access
 //! concentrator's MAC, `%8s` the lower device. The file does not say which PPP unit carries a
 //! session, so [`pair`] decides: a PPP device takes the one session there is, or the one on
-//! its `pppoe_device`; anything else is ambiguous and left to the kernel.
+//! its `pppoe_device`; anything else is unpaired (no session for XDP to take: the datapath
+//! may still run TC on the PPP device itself, see `Ports::set_pppoe`).
 //!
 //! It is read again on link notifications and every [`crate::tasks::pppoe::POLL`] (pppd can
 //! set a session up again under a new ID while `ppp0` stays, e.g. with `demand`). This module

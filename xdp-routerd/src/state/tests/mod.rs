@@ -63,6 +63,9 @@ struct FakeDp {
     ppp: BTreeMap<u32, Option<PppoeBinding>>,
     /// The `PPPOE` map: (lower ifindex, session ID as held) → PPP device.
     pppoe: BTreeMap<(u32, u16), u32>,
+    /// A PPP device without a paired session runs the TC fast path itself (as `datapath =
+    /// "auto"` with TC available); `false`: it stays unbound (`"xdp"`, or no TC).
+    unpaired_ppp_on_tc: bool,
 }
 
 impl FakeDp {
@@ -279,9 +282,9 @@ impl Ports for FakeDp {
         &mut self,
         _name: &str,
         ifindex: u32,
-        session: Option<&PppoeBinding>,
+        session: Result<&PppoeBinding, &str>,
         _mode: XdpModeConfig,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<bool> {
         let old = self
             .ppp
             .get_mut(&ifindex)
@@ -291,8 +294,16 @@ impl Ports for FakeDp {
             self.pppoe.remove(&(b.lower.ifindex, b.sid_be));
         }
         let entry = self.attached.get_mut(&ifindex).unwrap();
-        entry.1 &= !IFACE_F_PPPOE;
-        if let Some(b) = session {
+        entry.1 &= !(IFACE_F_PPPOE | IFACE_F_L3);
+        let carried = match session {
+            Ok(_) => true,
+            Err(_) if self.unpaired_ppp_on_tc => {
+                entry.1 |= IFACE_F_L3;
+                true
+            }
+            Err(_) => false,
+        };
+        if let Ok(b) = session {
             entry.1 |= IFACE_F_PPPOE;
             let l = &b.lower;
             self.attached.entry(l.ifindex).or_insert((
@@ -314,7 +325,7 @@ impl Ports for FakeDp {
         if let Some(b) = old {
             self.release_lower(b.lower.ifindex);
         }
-        Ok(())
+        Ok(carried)
     }
     fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], vid: u16, port: u32) -> anyhow::Result<()> {
         self.fdb.insert((bridge, mac, vid), port);

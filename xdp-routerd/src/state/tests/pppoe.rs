@@ -248,3 +248,43 @@ fn an_ambiguous_session_is_not_bound() {
         .unwrap();
     assert!(why.contains("pppoe_device"), "{why}");
 }
+
+/// Where the datapath runs TC on a PPP device without a paired session (L2TP, PPTP, a serial
+/// modem: nothing in /proc/net/pppoe), ppp0 is carried on TC and its status says nothing is
+/// left out; a session found later binds it over its lower device instead, and when that goes
+/// the device is carried on TC again.
+#[test]
+fn a_ppp_device_without_a_pppoe_session_is_carried_on_tc() {
+    let mut s = with_ppp0(false);
+    s.dp.unpaired_ppp_on_tc = true;
+    let not_accelerated =
+        |s: &State<FakeDp>| s.ifaces[0].pppoe_status().unwrap().not_accelerated_because;
+    assert!(!s.apply_pppoe(&no_session()));
+    assert_eq!(flags(&s, 12) & IFACE_F_L3, IFACE_F_L3, "on TC, as wg0");
+    assert!(s.ifaces[0].pppoe.as_ref().unwrap().unpaired_on_tc);
+    assert_eq!(not_accelerated(&s), None);
+    // The same (or another unpaired) read changes nothing.
+    assert!(!s.apply_pppoe(&no_session()));
+    assert_eq!(flags(&s, 12) & IFACE_F_L3, IFACE_F_L3);
+
+    // A session: bound over eth0, no longer on TC by itself.
+    assert!(s.apply_pppoe(&session_over_eth0(0x0100)));
+    assert_eq!(flags(&s, 12) & (IFACE_F_L3 | IFACE_F_PPPOE), IFACE_F_PPPOE);
+    assert!(!s.ifaces[0].pppoe.as_ref().unwrap().unpaired_on_tc);
+
+    // Gone again: on TC again, eth0 let go.
+    assert!(!s.apply_pppoe(&no_session()));
+    assert_eq!(flags(&s, 12) & (IFACE_F_L3 | IFACE_F_PPPOE), IFACE_F_L3);
+    assert!(!s.dp.attached.contains_key(&20));
+    assert_eq!(not_accelerated(&s), None);
+
+    // Where the datapath does not (`datapath = "xdp"`, no TC): unbound, and status says why.
+    s.dp.unpaired_ppp_on_tc = false;
+    s.apply_pppoe(&session_over_eth0(0x0200));
+    assert!(!s.apply_pppoe(&no_session()));
+    assert_eq!(flags(&s, 12) & (IFACE_F_L3 | IFACE_F_PPPOE), 0);
+    assert_eq!(
+        not_accelerated(&s).as_deref(),
+        Some("no PPPoE session in /proc/net/pppoe")
+    );
+}
