@@ -267,3 +267,65 @@ fn wan_as_vlan_parent_leaves_tagged_frames_to_the_kernel() {
     let (before, after) = udp_and_tcp_are_intact(&tb, 6107, &format!("VLAN {VID}"));
     assert_encapsulated_wan_left_to_kernel(&before, &after, "tagged", "vlan_unknown");
 }
+
+/// The inner VLAN of a stacked pair (`eth0.7.20`: VLAN 20 in VLAN 7, as some ISPs deliver
+/// double-tagged service): XDP on eth0 leaves double-tagged frames to the kernel
+/// (`vlan_q_in_q`), which untags them twice, and with `datapath = "auto"` the TC fast path
+/// runs on eth0.7.20 itself (native XDP is refused on its parent, a VLAN device); a packet
+/// redirected into it gets both tags from the two VLAN devices' transmit paths. The LAN port
+/// (native XDP) hands what it routes there to the TC program behind it. The inner VLAN's MTU
+/// is 1496, so that a full datagram with both tags fits the veth (1500 and one tag).
+#[test]
+#[ignore = "needs the 8021q module: cargo xtask test runs it in a Debian-kernel guest"]
+fn wan_on_stacked_vlans_is_fast_pathed_on_tc() {
+    if !ready("wan_on_stacked_vlans_is_fast_pathed_on_tc") {
+        return;
+    }
+    const INNER: u16 = 20;
+    let tb = Testbed::new("vs");
+    for (ns, v4, v6) in [
+        (&tb.router, ROUTER_WAN_V4, ROUTER_WAN_V6),
+        (&tb.wan, WAN_HOST_V4, WAN_HOST_V6),
+    ] {
+        let dev = if ns.name() == tb.router.name() {
+            WAN_IF
+        } else {
+            HOST_IF
+        };
+        move_onto_vlan(ns, dev, VID, v4.into(), v6.into());
+        let outer = vlan_of(dev);
+        ns.sh(&format!(
+            "ip addr flush dev {outer} scope global
+             ip link add link {outer} name {outer}.{INNER} mtu 1496 type vlan id {INNER}
+             ip addr add {v4}/24 dev {outer}.{INNER}
+             ip addr add {v6}/64 dev {outer}.{INNER} nodad
+             ip link set {outer}.{INNER} up
+             ethtool -K {outer}.{INNER} tx off rx off gro off gso off tso off >/dev/null 2>&1 || true"
+        ));
+    }
+    let wan = format!("{}.{INNER}", vlan_of(WAN_IF));
+    tb.wan.sh(&format!(
+        "ip -6 route replace default via {ROUTER_WAN_V6} dev {}.{INNER}",
+        vlan_of(HOST_IF)
+    ));
+    route_wan_through(&tb, LAN_IF, &wan, "over VLAN 20 in VLAN 7");
+    let mut tb = tb;
+    tb.start_daemon_config(&format!(
+        "xdp_mode = \"native\"\n{}",
+        wan_lan_interfaces(&wan)
+    ));
+    let st = tb.daemon().status();
+    let (w, lan) = (st.iface(&wan), st.iface(LAN_IF));
+    let text = tb.daemon().ctl(&["status"]).expect("status");
+    println!(
+        "status: {wan}: {} ({:?}); {LAN_IF}: {}, TC hand-over {}",
+        w.attach_mode, w.datapath_because, lan.attach_mode, lan.tc_handoff
+    );
+    assert_eq!(w.attach_mode, "tc", "{w:?}");
+    assert!(
+        !text.contains("not accelerated"),
+        "nothing should be left out:\n{text}"
+    );
+    assert_eq!((lan.attach_mode.as_str(), lan.tc_handoff), ("native", true));
+    traffic_is_fast_pathed(&tb, 6230, LAN_IF, &wan, "over VLAN 20 in VLAN 7");
+}

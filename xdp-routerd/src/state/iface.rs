@@ -255,27 +255,25 @@ impl Managed {
         true
     }
 
-    /// Why the fast path carries nothing of it, when it is a VLAN device it cannot accelerate
-    /// (a VLAN over a VLAN device: the program would run on the lower VLAN device, in generic
-    /// mode, where it only counts).
+    /// Why the fast path carries nothing of it, when it is an attached VLAN device it cannot
+    /// accelerate: a VLAN over a VLAN device is carried by the TC fast path on itself only
+    /// (the kernel takes both tags off before it); XDP would run on the lower VLAN device, in
+    /// generic mode, where it only counts.
     pub fn not_accelerated_because(&self) -> Option<String> {
         let v = self.vlan.as_ref()?;
-        (v.parent_kind.as_deref() == Some("vlan")).then(|| {
+        let on_xdp = self.mode.is_some_and(|m| m != AttachMode::Tc);
+        (on_xdp && v.parent_kind.as_deref() == Some("vlan")).then(|| {
             format!(
-                "a VLAN over the VLAN device {} (stacked VLANs): left to the kernel",
+                "a VLAN over the VLAN device {} (stacked VLANs), not on the TC fast path: \
+                 left to the kernel",
                 v.parent_name
             )
         })
     }
 
-    /// Records what its VLAN (if it is a VLAN device) is as read; a VLAN over a VLAN device
-    /// is warned about (see [`Managed::not_accelerated_because`]).
+    /// Records what its VLAN (if it is a VLAN device) is as read.
     pub(super) fn set_vlan(&mut self, vlan: Option<VlanRead>) {
         self.vlan = vlan;
-        if let Some(why) = self.not_accelerated_because() {
-            let name = &self.cfg.name;
-            warn!(interface = %name, "{name}: not accelerated: {why}");
-        }
     }
 
     /// Whether it is a VLAN device over a bridge (`br-lan.20`).

@@ -386,8 +386,10 @@ fn a_parent_bridge_goes_with_its_last_vlan_device() {
     );
 }
 
+/// A VLAN over a VLAN device (stacked VLANs) is carried only by the TC fast path on itself:
+/// attached otherwise, its status says it is left to the kernel.
 #[test]
-fn a_vlan_over_a_vlan_device_says_why_it_is_not_accelerated() {
+fn a_vlan_over_a_vlan_device_is_carried_on_tc_only() {
     let mut m = state().ifaces.remove(0);
     m.set_vlan(Some(VlanRead {
         link: VlanLink {
@@ -401,6 +403,12 @@ fn a_vlan_over_a_vlan_device_says_why_it_is_not_accelerated() {
     }));
     assert_eq!(
         m.not_accelerated_because().as_deref(),
-        Some("a VLAN over the VLAN device eth0.7 (stacked VLANs): left to the kernel")
+        Some(
+            "a VLAN over the VLAN device eth0.7 (stacked VLANs), not on the TC fast path: left \
+             to the kernel"
+        )
     );
+    // On the TC fast path on itself, it is carried.
+    m.mode = Some(AttachMode::Tc);
+    assert_eq!(m.not_accelerated_because(), None);
 }
