@@ -102,7 +102,7 @@ impl PppoeState {
     }
 
     /// Why the fast path carries nothing of the PPP device (status); `None` while a session
-    /// is bound.
+    /// is bound, or while the TC fast path carries the device without one.
     pub fn not_accelerated_because(&self) -> Option<String> {
         if self.bound.is_some() || self.unpaired_on_tc {
             return None;
