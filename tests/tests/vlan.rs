@@ -282,16 +282,11 @@ fn wan_on_stacked_vlans_is_fast_pathed_on_tc() {
         return;
     }
     const INNER: u16 = 20;
-    let tb = Testbed::new("vs");
-    for (ns, v4, v6) in [
-        (&tb.router, ROUTER_WAN_V4, ROUTER_WAN_V6),
-        (&tb.wan, WAN_HOST_V4, WAN_HOST_V6),
+    let mut tb = Testbed::new("vs");
+    for (ns, dev, v4, v6) in [
+        (&tb.router, WAN_IF, ROUTER_WAN_V4, ROUTER_WAN_V6),
+        (&tb.wan, HOST_IF, WAN_HOST_V4, WAN_HOST_V6),
     ] {
-        let dev = if ns.name() == tb.router.name() {
-            WAN_IF
-        } else {
-            HOST_IF
-        };
         move_onto_vlan(ns, dev, VID, v4.into(), v6.into());
         let outer = vlan_of(dev);
         ns.sh(&format!(
@@ -309,7 +304,6 @@ fn wan_on_stacked_vlans_is_fast_pathed_on_tc() {
         vlan_of(HOST_IF)
     ));
     route_wan_through(&tb, LAN_IF, &wan, "over VLAN 20 in VLAN 7");
-    let mut tb = tb;
     tb.start_daemon_config(&format!(
         "xdp_mode = \"native\"\n{}",
         wan_lan_interfaces(&wan)

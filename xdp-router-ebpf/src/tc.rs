@@ -33,7 +33,7 @@ use core::ffi::c_void;
 use xdp_router_common::{
     Reason,
     checksum::fold,
-    parse::{ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, L3},
+    parse::{ETH_HLEN, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, L3, PPPOE_HLEN},
 };
 
 use crate::packet::{L4ChecksumEdit, Packet, ptr_at_mut};
@@ -43,9 +43,9 @@ use crate::packet::{L4ChecksumEdit, Packet, ptr_at_mut};
 /// checksum and beyond (20), rounded up. Shorter packets are pulled whole.
 pub const TC_HEADER_PULL: u32 = 96;
 
-/// The end of a PPPoE session frame's headers: Ethernet (14), session header (6), PPP
-/// protocol (2).
-const SESSION_END: u32 = 22;
+/// The end of a PPPoE session frame's headers: Ethernet, then the session header and the PPP
+/// protocol.
+const SESSION_END: u32 = (ETH_HLEN + PPPOE_HLEN) as u32;
 
 /// Writes the 10 bytes from the EtherType to the end of an untagged session frame's headers
 /// (see `pop_session`): the EtherType outside the sum a `CHECKSUM_COMPLETE` skb carries (which

@@ -8,7 +8,7 @@ use std::process::Child;
 
 use xdp_router_tests::testbed::{
     HOST_IF, LAN_IF, ROUTER_WAN_V4, TempDir, Testbed, WAN_HOST_V4, WAN_IF, ready,
-    traffic_is_fast_pathed,
+    traffic_is_fast_pathed, wan_lan_interfaces,
 };
 
 use super::{PPP_IF, end, ppp0_up, spawn, wan_over_ppp0};
@@ -75,9 +75,8 @@ fn a_ppp_device_without_pppoe_is_fast_pathed_on_tc() {
     }
     let (mut tb, _link) = pty_testbed("pq");
     tb.start_daemon_config(&format!(
-        "xdp_mode = \"native\"\n\
-         [[interface]]\nname = \"{PPP_IF}\"\nrole = \"wan\"\n\
-         [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
+        "xdp_mode = \"native\"\n{}",
+        wan_lan_interfaces(PPP_IF)
     ));
     let st = tb.daemon().status();
     let (ppp, lan) = (st.iface(PPP_IF), st.iface(LAN_IF));
