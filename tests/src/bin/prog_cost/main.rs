@@ -37,7 +37,10 @@
 //! - `--compare OBJECT`: measure another `xdp-router` object file side by side (A/B, e.g. the
 //!   build of an older commit); `--compare-fib-direct`: this build loaded with
 //!   `FIB_LOOKUP_DIRECT`; `--compare-no-fib-cache`: this build with the per-flow FIB cache off
-//!   (`fib_cache_ms = 0`: every packet takes a full `bpf_fib_lookup`);
+//!   (`fib_cache_ms = 0`: every packet takes a full `bpf_fib_lookup`); `--compare-tc`: this
+//!   build's TC program (`xdp_router_tc`, the same pipeline at TC ingress) on the cases that
+//!   apply there (a case the TC path treats otherwise, e.g. a shaped egress it forwards, is
+//!   listed as not measured, with what it did);
 //! - `--only TEXT`: only the cases whose name contains TEXT (e.g. under `perf record`).
 //!
 //! Results and their analysis: `docs/datapath.md`.
@@ -60,9 +63,9 @@ use std::{
 
 use aya::{
     Ebpf,
-    programs::{Xdp, XdpMode},
+    programs::{SchedClassifier, Xdp, XdpMode},
 };
-use xdp_router_common::{FIB_LOOKUP_DIRECT, PROG_NAME};
+use xdp_router_common::{FIB_LOOKUP_DIRECT, PROG_NAME, TC_PROG_NAME};
 use xdp_router_tests::{
     fixture_net::{
         Bed, CLIENT_MAC, GW_MAC, Maps, WAN_MAC, build_topology, ifindex, load, load_object, mac,
@@ -74,7 +77,7 @@ use xdp_routerd::datapath::EBPF_OBJECT;
 use crate::{
     cases::{Case, LAN_HOST2, Subject, cases},
     opts::Opts,
-    sample::{sample, summarize},
+    sample::{Prog, sample, summarize},
     table::{Row, opts_line, print_table},
 };
 
@@ -117,6 +120,13 @@ extern "C" fn on_signal(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::Relaxed);
 }
 
+/// Which program of an object is measured.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Xdp,
+    Tc,
+}
+
 /// One loaded `xdp_router` object under test.
 struct Object {
     label: String,
@@ -124,6 +134,22 @@ struct Object {
     maps: Maps,
     /// Run the cases with the FIB cache as configured (else with it off).
     fib_cache: bool,
+    kind: Kind,
+}
+
+/// The measured program of `ebpf`.
+fn program(ebpf: &Ebpf, kind: Kind) -> Result<Prog<'_>, String> {
+    let name = match kind {
+        Kind::Xdp => PROG_NAME,
+        Kind::Tc => TC_PROG_NAME,
+    };
+    let p = ebpf
+        .program(name)
+        .ok_or_else(|| format!("no program {name}"))?;
+    Ok(match kind {
+        Kind::Xdp => Prog::Xdp(p.try_into().map_err(|e| format!("{name}: {e}"))?),
+        Kind::Tc => Prog::Tc(p.try_into().map_err(|e| format!("{name}: {e}"))?),
+    })
 }
 
 fn try_main() -> Result<(), String> {
@@ -135,30 +161,41 @@ fn try_main() -> Result<(), String> {
         &opts.compare,
         opts.compare_fib_direct,
         opts.compare_no_fib_cache,
+        opts.compare_tc,
     ) {
-        (Some(path), false, false) => Some((
+        (Some(path), false, false, false) => Some((
             path.display().to_string(),
             std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?,
             0,
             true,
+            Kind::Xdp,
         )),
-        (None, true, false) => Some((
+        (None, true, false, false) => Some((
             "this build, fib direct".to_owned(),
             EBPF_OBJECT.to_vec(),
             FIB_LOOKUP_DIRECT,
             true,
+            Kind::Xdp,
         )),
-        (None, false, true) => Some((
+        (None, false, true, false) => Some((
             "this build, no fib cache".to_owned(),
             EBPF_OBJECT.to_vec(),
             0,
             false,
+            Kind::Xdp,
         )),
-        (None, false, false) => None,
+        (None, false, false, true) => Some((
+            "this build at TC ingress".to_owned(),
+            EBPF_OBJECT.to_vec(),
+            0,
+            true,
+            Kind::Tc,
+        )),
+        (None, false, false, false) => None,
         _ => {
             return Err(
-                "--compare, --compare-fib-direct and --compare-no-fib-cache exclude \
-                        each other"
+                "--compare, --compare-fib-direct, --compare-no-fib-cache and --compare-tc \
+                 exclude each other"
                     .into(),
             );
         }
@@ -193,9 +230,10 @@ fn try_main() -> Result<(), String> {
     let (labels, rows) = router.run(move || -> Result<(Vec<String>, Vec<Row>), String> {
         let bed = Bed::here();
         let mut objects = vec![Object::new("this build", load())];
-        if let Some((label, bytes, fib_flags, fib_cache)) = &compare {
+        if let Some((label, bytes, fib_flags, fib_cache, kind)) = &compare {
             let mut o = Object::new(label, load_object(bytes, *fib_flags));
             o.fib_cache = *fib_cache;
+            o.kind = *kind;
             objects.push(o);
         }
         // See hold_dispatcher(): every measured program stays attached while measured.
@@ -205,7 +243,17 @@ fn try_main() -> Result<(), String> {
                 .map(|name| ifindex(name))
                 .ok_or("not enough idle veths to attach to")
         };
-        for o in &mut objects {
+        for o in objects.iter_mut().filter(|o| o.kind == Kind::Tc) {
+            let prog: &mut SchedClassifier = o
+                .ebpf
+                .program_mut(TC_PROG_NAME)
+                .ok_or_else(|| format!("{}: no program {TC_PROG_NAME}", o.label))?
+                .try_into()
+                .map_err(|e| format!("{}: {TC_PROG_NAME} is not TC: {e}", o.label))?;
+            prog.load()
+                .map_err(|e| format!("verifier rejected {TC_PROG_NAME}: {e}"))?;
+        }
+        for o in objects.iter_mut().filter(|o| o.kind == Kind::Xdp) {
             let prog: &mut Xdp = o
                 .ebpf
                 .program_mut(PROG_NAME)
@@ -230,6 +278,30 @@ fn try_main() -> Result<(), String> {
                     || only.as_deref().is_none_or(|o| c.name.contains(o))
             })
             .collect();
+        // What the TC program does otherwise than the XDP program on a case (one call, checked
+        // as a sample is): not measured on TC, and said below the table.
+        // skip[case][object] = why
+        let mut skip: Vec<Vec<Option<String>>> = Vec::new();
+        for case in &cases {
+            let mut per = Vec::new();
+            for o in objects.iter_mut() {
+                let why = match (o.kind, &case.subject) {
+                    (Kind::Tc, Subject::Router { .. }) => sample(
+                        program(&o.ebpf, o.kind)?,
+                        &baselines,
+                        &mut o.maps,
+                        case,
+                        o.fib_cache,
+                        1,
+                        1,
+                    )
+                    .err(),
+                    _ => None,
+                };
+                per.push(why);
+            }
+            skip.push(per);
+        }
         // all[case][object] = samples
         let mut all: Vec<Vec<Vec<f64>>> = cases
             .iter()
@@ -241,19 +313,16 @@ fn try_main() -> Result<(), String> {
         // Round robin over cases and objects, so that load from other processes spreads over
         // all rows and an A/B comparison sees the same conditions.
         for _ in 0..samples {
-            for (case, out) in cases.iter().zip(all.iter_mut()) {
-                for (o, out) in objects.iter_mut().zip(out.iter_mut()) {
+            for ((case, out), skip) in cases.iter().zip(all.iter_mut()).zip(&skip) {
+                for ((o, out), skip) in objects.iter_mut().zip(out.iter_mut()).zip(skip) {
                     if INTERRUPTED.load(Ordering::Relaxed) {
                         return Err("interrupted".to_owned());
                     }
-                    let prog: &Xdp = o
-                        .ebpf
-                        .program(PROG_NAME)
-                        .ok_or("program vanished")?
-                        .try_into()
-                        .map_err(|e| format!("{e}"))?;
+                    if skip.is_some() {
+                        continue;
+                    }
                     let ns = sample(
-                        prog,
+                        program(&o.ebpf, o.kind)?,
                         &baselines,
                         &mut o.maps,
                         case,
@@ -270,10 +339,18 @@ fn try_main() -> Result<(), String> {
         let rows = cases
             .iter()
             .zip(all.iter_mut())
-            .map(|(c, per)| Row {
+            .zip(skip)
+            .map(|((c, per), skip)| Row {
                 name: c.name,
                 bytes: c.frame.len(),
-                per_object: per.iter_mut().map(|s| summarize(s)).collect(),
+                per_object: per
+                    .iter_mut()
+                    .zip(skip)
+                    .map(|(s, why)| match why {
+                        None => Ok(summarize(s)),
+                        Some(why) => Err(why),
+                    })
+                    .collect(),
             })
             .collect();
         Ok((labels, rows))
@@ -288,6 +365,7 @@ impl Object {
             ebpf,
             maps,
             fib_cache: true,
+            kind: Kind::Xdp,
         }
     }
 }

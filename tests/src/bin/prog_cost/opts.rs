@@ -16,6 +16,8 @@ pub(super) struct Opts {
     pub(super) compare_fib_direct: bool,
     /// Compare with this build with the FIB cache off.
     pub(super) compare_no_fib_cache: bool,
+    /// Compare with this build's TC program (`xdp_router_tc`) on the same cases.
+    pub(super) compare_tc: bool,
     /// Only the cases whose name contains this (the baselines always run), e.g. to profile one
     /// path with `perf record`.
     pub(super) only: Option<String>,
@@ -30,6 +32,7 @@ impl Opts {
             compare: None,
             compare_fib_direct: false,
             compare_no_fib_cache: false,
+            compare_tc: false,
             only: None,
         };
         let mut args = std::env::args().skip(1);
@@ -46,6 +49,7 @@ impl Opts {
                 "--threads" => opts.threads = value("--threads")? as usize,
                 "--compare-fib-direct" => opts.compare_fib_direct = true,
                 "--compare-no-fib-cache" => opts.compare_no_fib_cache = true,
+                "--compare-tc" => opts.compare_tc = true,
                 "--only" => opts.only = Some(args.next().ok_or("--only needs a case name part")?),
                 "--compare" => {
                     opts.compare = Some(
@@ -57,7 +61,8 @@ impl Opts {
                 "-h" | "--help" => {
                     return Err(
                         "usage: prog-cost [--samples N (15)] [--calls N (1000)] [--threads N (1)] \
-                         [--compare OBJECT | --compare-fib-direct | --compare-no-fib-cache] [--only TEXT]"
+                         [--compare OBJECT | --compare-fib-direct | --compare-no-fib-cache | --compare-tc] \
+                         [--only TEXT]"
                             .to_owned(),
                     );
                 }

@@ -3,9 +3,11 @@
 
 use std::mem::size_of;
 
-use aya::programs::{TestRun, TestRunOptions, Xdp};
-use xdp_router_common::{PROG_NAME, stats_index};
-use xdp_router_tests::fixture_net::{Maps, XDP_REDIRECT, xdp_md};
+use aya::programs::{SchedClassifier, TestRun, TestRunOptions, Xdp};
+use xdp_router_common::{PROG_NAME, TC_PROG_NAME, stats_index};
+use xdp_router_tests::fixture_net::{
+    Maps, TC_ACT_REDIRECT, TC_ACT_UNSPEC, XDP_PASS, XDP_REDIRECT, sk_buff_ctx, xdp_md,
+};
 
 use crate::{
     cases::{Case, Subject},
@@ -15,23 +17,61 @@ use crate::{
 /// Program runs per BPF_PROG_RUN call: below the 254 TTL decrements a 255 frame allows.
 pub(super) const REPEAT: u32 = 250;
 
+/// The program a case runs on: the XDP program, or the same pipeline at TC ingress, on an skb
+/// the kernel builds from the frame for each call (linear, `CHECKSUM_NONE`).
+#[derive(Clone, Copy)]
+pub(super) enum Prog<'a> {
+    Xdp(&'a Xdp),
+    Tc(&'a SchedClassifier),
+}
+
+impl Prog<'_> {
+    /// The verdict this program returns where the XDP program returns `xdp`.
+    fn verdict(self, xdp: u32) -> u32 {
+        match (self, xdp) {
+            (Prog::Tc(_), XDP_REDIRECT) => TC_ACT_REDIRECT,
+            (Prog::Tc(_), XDP_PASS) => TC_ACT_UNSPEC,
+            _ => xdp,
+        }
+    }
+
+    /// `REPEAT` runs on `case`'s frame: (verdict, ns per run as the kernel measured it).
+    fn run(self, case: &Case) -> Result<(u32, u128), String> {
+        let (res, name) = match self {
+            Prog::Xdp(p) => (
+                p.test_run(TestRunOptions {
+                    data_in: Some(&case.frame),
+                    ctx_in: Some(&xdp_md(case.ingress, case.frame.len())),
+                    repeat: REPEAT,
+                    ..TestRunOptions::default()
+                }),
+                PROG_NAME,
+            ),
+            Prog::Tc(p) => (
+                p.test_run(TestRunOptions {
+                    data_in: Some(&case.frame),
+                    ctx_in: Some(&sk_buff_ctx(case.ingress)),
+                    repeat: REPEAT,
+                    ..TestRunOptions::default()
+                }),
+                TC_PROG_NAME,
+            ),
+        };
+        let res = res.map_err(|e| format!("BPF_PROG_RUN of {name}: {e}"))?;
+        Ok((res.return_value, res.duration.as_nanos()))
+    }
+}
+
 /// One thread's share of a sample: `calls` BPF_PROG_RUN calls of `REPEAT` runs each; returns
 /// the total ns the kernel measured.
-fn drive(prog: &Xdp, baselines: &[raw::RawXdp], case: &Case, calls: u32) -> Result<u128, String> {
+fn drive(prog: Prog, baselines: &[raw::RawXdp], case: &Case, calls: u32) -> Result<u128, String> {
     let ctx = xdp_md(case.ingress, case.frame.len());
     let mut total_ns: u128 = 0;
     for _ in 0..calls {
         let (ret, ns, want) = match &case.subject {
             Subject::Router { verdict, .. } => {
-                let res = prog
-                    .test_run(TestRunOptions {
-                        data_in: Some(&case.frame),
-                        ctx_in: Some(&ctx),
-                        repeat: REPEAT,
-                        ..TestRunOptions::default()
-                    })
-                    .map_err(|e| format!("BPF_PROG_RUN of {PROG_NAME}: {e}"))?;
-                (res.return_value, res.duration.as_nanos(), *verdict)
+                let (ret, ns) = prog.run(case)?;
+                (ret, ns, prog.verdict(*verdict))
             }
             Subject::Baseline { index, verdict } => {
                 let base = baselines
@@ -70,7 +110,7 @@ fn pin_to(cpu: usize) -> Result<(), String> {
 /// CPU n when there are several, all on the same flow); returns the mean ns per run. Checks
 /// that every run took the case's path and was counted (see the module docs).
 pub(super) fn sample(
-    prog: &Xdp,
+    prog: Prog,
     baselines: &[raw::RawXdp],
     maps: &mut Maps,
     case: &Case,

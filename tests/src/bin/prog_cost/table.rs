@@ -5,11 +5,12 @@ use crate::{
     sample::{REPEAT, Summary},
 };
 
-/// A row of the result table: a case and its summary per object (one for the baselines).
+/// A row of the result table: a case and its summary per object (one for the baselines), or
+/// why the case was not measured on that object.
 pub(super) struct Row {
     pub(super) name: &'static str,
     pub(super) bytes: usize,
-    pub(super) per_object: Vec<Summary>,
+    pub(super) per_object: Vec<Result<Summary, String>>,
 }
 
 pub(super) fn opts_line(samples: usize, calls: u32, threads: usize) -> String {
@@ -26,6 +27,7 @@ pub(super) fn print_table(
         rows.iter()
             .find(|r| r.name == name)
             .and_then(|r| r.per_object.get(object))
+            .and_then(|s| s.as_ref().ok())
             .map(|s| s.median)
     };
     let bare = median(BARE_REDIRECT, 0).ok_or("no bare redirect row")?;
@@ -39,7 +41,7 @@ pub(super) fn print_table(
     }
     println!();
     for r in rows {
-        let Some(s) = r.per_object.first() else {
+        let Some(Ok(s)) = r.per_object.first() else {
             continue;
         };
         print!(
@@ -51,14 +53,21 @@ pub(super) fn print_table(
             s.max,
             s.median - bare
         );
-        if let Some(o) = r.per_object.get(1) {
-            print!(
+        match r.per_object.get(1) {
+            Some(Ok(o)) => print!(
                 "  | {:>8.1} {:>+6.1}%",
                 o.median,
                 100.0 * (s.median - o.median) / o.median
-            );
+            ),
+            Some(Err(_)) => print!("  | {:>8} {:>7}", "n/a", ""),
+            None => {}
         }
         println!();
+    }
+    for r in rows {
+        if let (Some(other), Some(Err(why))) = (labels.get(1), r.per_object.get(1)) {
+            println!("n/a: {} not measured on {other}: {why}", r.name);
+        }
     }
     println!(
         "vs bare: extra ns per packet over the bare redirect. On the wire both also pay the \
