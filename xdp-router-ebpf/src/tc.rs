@@ -337,11 +337,22 @@ impl Packet for TcContext {
             0
         };
         let offset = edit.offset as u32;
+        // A UDP datagram without checksum (0) keeps none: the helpers below leave it and the
+        // skb alone (`BPF_F_MARK_MANGLED_0`). The ports changed all the same, and nothing
+        // compensates them: a `CHECKSUM_COMPLETE` sum takes their diff (the addresses' is
+        // compensated by the IPv4 header checksum).
+        let no_checksum = edit.udp
+            && ptr_at_mut::<u16, _>(self, edit.offset)
+                // SAFETY: bounds checked by ptr_at_mut.
+                .is_ok_and(|p| unsafe { *p } == 0);
         // Size 0 in the flags: `to` is a diff (inet_proto_csum_replace_by_diff). Failures
         // cannot happen here (the offset was bounds checked, the diffs are diffs); nothing to
         // undo if they did, the packet would leave with a wrong checksum and be dropped.
         // SAFETY: helpers on this program's own context.
         unsafe {
+            if no_checksum && !is_noop(edit.ports) {
+                bpf_csum_update(skb, edit.ports);
+            }
             if !is_noop(edit.pseudo) {
                 bpf_l4_csum_replace(
                     skb,

@@ -1,7 +1,11 @@
 //! Running the program once under BPF_PROG_RUN: the `xdp_md` context, the run, and the clock
 //! of the flows' `last_seen_ns`.
 
+use std::{io, os::fd::AsFd};
+
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions, Xdp};
+
+use crate::bpf_sys::{BPF_F_TEST_SKB_CHECKSUM_COMPLETE, test_run};
 
 /// CLOCK_MONOTONIC_COARSE now, in ns: the clock of the flows' `last_seen_ns`
 /// (`bpf_ktime_get_coarse_ns`), which advances once per tick.
@@ -82,4 +86,28 @@ pub fn try_run_tc(
         .map_err(|e| format!("{e:?}"))?;
     out.truncate(res.data_size_out as usize);
     Ok((res.return_value, out))
+}
+
+/// [`try_run_tc`] on an skb with `CHECKSUM_COMPLETE` (a sum over the packet from its network
+/// header in `skb->csum`, as drivers like mlx5 or virtio-net hand over): the run fails with
+/// `EBADMSG` when the program left `skb->csum` out of step with the packet (the kernel sums it
+/// again after the run; `BPF_F_TEST_SKB_CHECKSUM_COMPLETE`), and with `EINVAL` on kernels
+/// before 6.11, which lack the flag, or for frames the kernel builds no skb from.
+pub fn try_run_tc_checksum_complete(
+    prog: &SchedClassifier,
+    frame: &[u8],
+    ingress: u32,
+) -> io::Result<(u32, Vec<u8>)> {
+    let fd = prog.fd().map_err(io::Error::other)?;
+    let mut out = vec![0u8; frame.len() + 512];
+    let res = test_run(
+        fd.as_fd(),
+        frame,
+        Some(&mut out),
+        &sk_buff_ctx(ingress),
+        1,
+        BPF_F_TEST_SKB_CHECKSUM_COMPLETE,
+    )?;
+    out.truncate(res.data_size_out as usize);
+    Ok((res.retval, out))
 }

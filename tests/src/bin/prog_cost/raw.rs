@@ -3,12 +3,12 @@
 
 use std::{
     ffi::CString,
-    mem::size_of,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
 };
 
+use xdp_router_tests::bpf_sys::{bpf, test_run};
+
 const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
 /// `BPF_XDP` in `enum bpf_attach_type`.
 const BPF_XDP: u32 = 37;
@@ -124,45 +124,6 @@ struct ProgLoadAttr {
     expected_attach_type: u32,
 }
 
-/// `union bpf_attr` for BPF_PROG_TEST_RUN (`test`).
-#[repr(C)]
-#[derive(Default)]
-struct TestRunAttr {
-    prog_fd: u32,
-    retval: u32,
-    data_size_in: u32,
-    data_size_out: u32,
-    data_in: u64,
-    data_out: u64,
-    repeat: u32,
-    duration: u32,
-    ctx_size_in: u32,
-    ctx_size_out: u32,
-    ctx_in: u64,
-    ctx_out: u64,
-    flags: u32,
-    cpu: u32,
-    batch_size: u32,
-    _pad: u32,
-}
-
-fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<libc::c_long> {
-    // SAFETY: `attr` is a live, fully initialised bpf_attr prefix of the size passed.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut T as *mut libc::c_void,
-            size_of::<T>() as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
-}
-
 /// `union bpf_attr` for BPF_LINK_CREATE, up to `flags`.
 #[repr(C)]
 struct LinkCreateAttr {
@@ -229,16 +190,8 @@ impl RawXdp {
 
     /// BPF_PROG_RUN with `repeat` runs: (return value of the last run, mean ns per run).
     pub fn test_run(&self, data: &[u8], ctx: &[u8], repeat: u32) -> Result<(u32, u32), String> {
-        let mut attr = TestRunAttr {
-            prog_fd: self.fd.as_raw_fd() as u32,
-            data_size_in: data.len() as u32,
-            data_in: data.as_ptr() as u64,
-            repeat,
-            ctx_size_in: ctx.len() as u32,
-            ctx_in: ctx.as_ptr() as u64,
-            ..TestRunAttr::default()
-        };
-        bpf(BPF_PROG_TEST_RUN, &mut attr).map_err(|e| format!("BPF_PROG_RUN: {e}"))?;
-        Ok((attr.retval, attr.duration))
+        let out = test_run(self.fd.as_fd(), data, None, ctx, repeat, 0)
+            .map_err(|e| format!("BPF_PROG_RUN: {e}"))?;
+        Ok((out.retval, out.duration_ns))
     }
 }
