@@ -10,14 +10,16 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     process::Command,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use xdp_router_tests::{
     netns::Netns,
+    packet::verify_checksums,
     testbed::{
-        HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, ROUTER_LAN_V4, ROUTER_LAN_V6, Testbed, WAN_IF,
-        interfaces_config, ready, traffic_is_fast_pathed, wait_until,
+        Capture, HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, PING_DGRAM, PING_TICK, ROUTER_LAN_V4,
+        ROUTER_LAN_V6, Testbed, UdpEcho, WAN_IF, any_v4, interfaces_config, ping_pong, ready,
+        time_scale, traffic_is_fast_pathed, udp_payload, udp_socket, wait_until, wan_v4,
     },
 };
 
@@ -141,6 +143,8 @@ fn nic_testbed(tag: &str, bridged: bool) -> Testbed {
 /// MASQUERADE, v6) and TCP are fast-pathed both ways, intact, while netfilter's ESTABLISHED
 /// rule sees none of it; with the fast path off the same exchange goes through netfilter (the
 /// negative control in `traffic_is_fast_pathed`). Wire packets are the NIC's own counters.
+/// Then what the NIC verified leaves with correct NATed checksums
+/// ([`verified_checksums_leave_correct`]).
 #[test]
 #[ignore = "needs e1000e NICs: cargo xtask test runs it in the amd64 Debian-kernel guest"]
 fn e1000e_lan_port_gets_the_tc_fast_path() {
@@ -168,6 +172,89 @@ fn e1000e_lan_port_gets_the_tc_fast_path() {
         "{wan:?}"
     );
     traffic_is_fast_pathed(&tb, 7600, NIC, WAN_IF, "through an e1000e LAN port");
+    verified_checksums_leave_correct(&tb);
+}
+
+/// The e1000e verifies the transport checksum of what it receives, and its driver marks such a
+/// packet `CHECKSUM_UNNECESSARY` (counted in its `rx_csum_offload_good`): the TC program takes
+/// that checksum as it is, as conntrack does, and writes the NATed one directly, as on XDP.
+/// Datagrams from the LAN host, fast-pathed through the NIC and masqueraded, must reach the WAN
+/// host's wire with correct checksums: checked there, on the captured frames (the WAN host's
+/// own stack would take the router's mark for them through its veth).
+fn verified_checksums_leave_correct(tb: &Testbed) {
+    const N: u64 = 20;
+    const FIRST: u64 = 1_000_000;
+    let good = || {
+        let stats = tb.router.exec_ok("ethtool", &["-S", NIC]);
+        stats
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("rx_csum_offload_good: "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no rx_csum_offload_good in {NIC}'s stats:\n{stats}"))
+    };
+    let server = wan_v4(7650);
+    let sock = udp_socket(&tb.lan, any_v4(), 64);
+    let echo = UdpEcho::start(&tb.wan, server);
+    // Offloaded once a round of datagrams is fast-pathed whole (conntrack marks UDP ASSURED
+    // after 2 s with replies).
+    let limit = Duration::from_secs(10) * time_scale();
+    let deadline = Instant::now() + limit;
+    let mut seq = 0;
+    loop {
+        let before = tb.snapshot();
+        let pp = ping_pong(&sock, server, seq, 10, PING_DGRAM, PING_TICK);
+        seq += pp.sent;
+        assert_eq!((pp.good, pp.lost, pp.corrupt), (pp.sent, 0, 0), "{pp:?}");
+        if tb
+            .snapshot()
+            .packets_since(&before, NIC, "forwarded_original")
+            == pp.sent
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "UDP to {server} not fast-pathed within {limit:?}"
+        );
+    }
+    let cap = Capture::open(&tb.wan, HOST_IF);
+    let (before, good_before) = (tb.snapshot(), good());
+    let pp = ping_pong(&sock, server, FIRST, N, PING_DGRAM, PING_TICK);
+    let (after, good_after) = (tb.snapshot(), good());
+    assert_eq!((pp.good, pp.lost, pp.corrupt), (N, 0, 0), "{pp:?}");
+    let fast = after.packets_since(&before, NIC, "forwarded_original");
+    let mut frames = Vec::new();
+    while let Some(f) = cap.next_incoming(Duration::from_millis(300)) {
+        frames.push(f);
+    }
+    let ours: Vec<&Vec<u8>> = (FIRST..FIRST + N)
+        .filter_map(|s| {
+            let payload = udp_payload(s, PING_DGRAM);
+            frames
+                .iter()
+                .find(|f| f.windows(payload.len()).any(|w| w == payload))
+        })
+        .collect();
+    for f in &ours {
+        verify_checksums(f).unwrap_or_else(|e| panic!("{e}: {f:?}"));
+    }
+    println!(
+        "{N} datagrams through {NIC}: {fast} fast-pathed, {} verified by the NIC \
+         (rx_csum_offload_good), {} on the WAN host's wire with correct checksums",
+        good_after - good_before,
+        ours.len()
+    );
+    assert_eq!(fast, N, "every datagram fast-pathed");
+    assert!(
+        good_after - good_before >= N,
+        "the NIC should have verified every datagram's checksum"
+    );
+    assert_eq!(
+        ours.len() as u64,
+        N,
+        "every datagram on the WAN host's wire"
+    );
+    assert_eq!(echo.finish().corrupt, 0);
 }
 
 /// VLAN 10 over the e1000e NICs: the router's LAN addresses and FORWARD rule move from

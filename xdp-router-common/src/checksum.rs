@@ -35,14 +35,21 @@ pub const fn combine(a: u32, b: u32) -> u32 {
     fold(a as u64 + b as u64) as u32
 }
 
+/// Whether `diff` adds nothing: 0, or 0xffff (one's-complement -0, what an unchanged word
+/// gives).
+#[inline(always)]
+pub const fn is_noop(diff: u32) -> bool {
+    diff == 0 || fold(diff as u64) == 0xffff
+}
+
 /// Applies `diff` to the raw checksum field `check`: `~(~check + diff)` in one's complement.
 ///
-/// A diff that adds nothing (0, or 0xffff: one's-complement -0, what an unchanged word gives)
-/// leaves the field as it is: `~(~0xffff + 0xffff)` would turn a checksum field of 0xffff into
-/// 0x0000 (the same value in one's complement, but not the bytes the kernel forwards).
+/// A diff that adds nothing ([`is_noop`]) leaves the field as it is: `~(~0xffff + 0xffff)`
+/// would turn a checksum field of 0xffff into 0x0000 (the same value in one's complement, but
+/// not the bytes the kernel forwards).
 #[inline(always)]
 pub const fn apply(check: u16, diff: u32) -> u16 {
-    if fold(diff as u64) == 0xffff || diff == 0 {
+    if is_noop(diff) {
         return check;
     }
     !fold((!check) as u64 + diff as u64)

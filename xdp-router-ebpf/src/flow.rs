@@ -17,7 +17,7 @@ use xdp_router_common::{
     FlowCounters, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_INGRESS_HOOK, IFACE_F_L3,
     IFACE_F_PORT_NOT_FORWARDING, IFACE_F_PPPOE_LOWER, IFACE_F_VLAN_PARENT, IfaceInfo, Reason,
     SETTINGS_F_DSCP_REWRITE, SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL,
-    checksum::{combine, diff16, fold},
+    checksum::{combine, diff16, fold, is_noop},
     parse::{
         ETH_HLEN, ETH_P_PPP_SES, IPPROTO_TCP, IPPROTO_UDP, L3, PPPOE_HLEN, VLAN_HLEN, check_tcp,
         check_udp, check_vlan_tag, classify_ethertype, is_vlan_tpid,
@@ -509,8 +509,10 @@ fn try_forward_ip<F: Family, P: Packet>(
     };
     check_dscp(fields.kernel_dscp, F::dscp(&h), cache)?;
     check_ttl(fields.kernel_ttl, h.ttl)?;
-    // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID.
-    if verify_l4 && !ports.no_checksum {
+    // Only packets of offloaded flows pay for it; conntrack would mark the others INVALID. A
+    // checksum the device verified (an skb's CHECKSUM_UNNECESSARY) conntrack takes as it is,
+    // and so does the fast path: no pull, no sum.
+    if verify_l4 && !ports.no_checksum && !ctx.l4_checksum_verified() {
         let l4_off = l2 + F::HLEN;
         // An skb's segment may be partly in pages: pulled into the head to be summed (not a
         // GSO aggregate, longer than the sum covers anyway, and as a rule CHECKSUM_PARTIAL).
@@ -519,9 +521,9 @@ fn try_forward_ip<F: Family, P: Packet>(
             return Err(Reason::PassMalformed);
         }
         if let Err(reason) = verify::l4_checksum(ctx, l4_off, h.l4_len, F::pseudo(&h)) {
-            // A checksum the kernel does not verify either (an skb's CHECKSUM_UNNECESSARY or
-            // CHECKSUM_PARTIAL); never for XDP.
-            if !ctx.l4_checksum_offloaded(l4_off + check_offset(h.proto)) {
+            // A checksum the kernel does not verify either (an skb's CHECKSUM_PARTIAL); never
+            // for XDP.
+            if !ctx.l4_checksum_partial(l4_off + check_offset(h.proto)) {
                 return Err(reason);
             }
         }
@@ -562,12 +564,17 @@ fn try_forward_ip<F: Family, P: Packet>(
         &egress.tag,
     )?;
     let udp = h.proto == IPPROTO_UDP;
-    let l4 = L4::at::<P>(ctx, out.l2 + F::HLEN, udp)?;
+    // The transport checksum written directly, as on XDP, where no sum in the skb depends on
+    // it: an skb whose checksum the device verified (CHECKSUM_UNNECESSARY: the field is the
+    // full checksum, and the skb keeps no sum of the packet). Else, on an skb, through the
+    // helpers after the rewrite. Asked only where the NAT changes the checksum.
+    let direct = !P::SKB || (!is_noop(nat.l4_csum_diff) && ctx.l4_checksum_verified());
+    let l4 = L4::at::<P>(ctx, out.l2 + F::HLEN, udp, direct)?;
     // Every check passed: from here on the packet is ours.
     let dscp = kernel_dscp_to_set(fields.kernel_dscp, cache.dscp_rewrite);
     F::rewrite::<P>(out.eth, out.ip, l4, &nat, &hop, dscp);
     write_l2(ctx, &out, &egress.tag, F::L3, h.len as usize);
-    if P::SKB {
+    if !direct {
         // The transport checksum, through the skb helpers (after every direct write: they
         // invalidate packet pointers). The pseudo-header's part of the flow's diff is the
         // address rewrite; the rest is the ports'.

@@ -24,10 +24,11 @@ use crate::maps::TX_PORTS;
 /// written against the context itself.
 pub trait Packet: EbpfContext {
     /// The context is a socket buffer (TC): its checksum state is the kernel's (see
-    /// [`Packet::l4_checksum_offloaded`]), a redirect goes through the egress device's
-    /// qdisc and needs no XDP transmit, and its transport checksum is updated by the skb
-    /// helpers after the rewrite ([`Packet::update_l4_checksum`]). `false` for XDP, where every
-    /// branch on it folds away: the XDP program's code is what it was before TC existed.
+    /// [`Packet::l4_checksum_verified`], [`Packet::l4_checksum_partial`]), a redirect goes
+    /// through the egress device's qdisc and needs no XDP transmit, and its transport checksum
+    /// is updated by the skb helpers after the rewrite ([`Packet::update_l4_checksum`]) unless
+    /// the device verified it. `false` for XDP, where every branch on it folds away: the XDP
+    /// program's code is what it was before TC existed.
     const SKB: bool;
 
     /// Address of the packet's first byte.
@@ -61,12 +62,19 @@ pub trait Packet: EbpfContext {
     /// includes paged data beyond [`Packet::data_end`].
     fn len(&self) -> usize;
 
-    /// Whether the kernel already vouches for the transport checksum, so the pipeline does not
-    /// verify it: a driver that verified it (`CHECKSUM_UNNECESSARY`), or a checksum still to be
-    /// computed on transmit (`CHECKSUM_PARTIAL`: a locally generated or GRO-merged packet,
-    /// whose checksum field holds only the pseudo-header sum); conntrack does not verify
-    /// either (`nf_ip_checksum`). `check_off`: the checksum field's offset. Never for XDP.
-    fn l4_checksum_offloaded(&self, check_off: usize) -> bool;
+    /// Whether the device verified the transport checksum (an skb's `CHECKSUM_UNNECESSARY`):
+    /// conntrack does not verify it again (`nf_ip_checksum`), nor does the pipeline, and the
+    /// checksum field holds the full checksum with no sum of the packet in the skb to keep, so
+    /// the NAT rewrite writes it directly, as on XDP. Never for XDP: no driver's verdict
+    /// reaches an XDP program.
+    fn l4_checksum_verified(&self) -> bool;
+
+    /// Whether the transport checksum is still to be computed on transmit (an skb's
+    /// `CHECKSUM_PARTIAL`: a locally generated or GRO-merged packet, whose checksum field holds
+    /// only the pseudo-header sum), which conntrack does not verify either. Asked only of a
+    /// checksum the software check found wrong. `check_off`: the checksum field's offset.
+    /// Never for XDP.
+    fn l4_checksum_partial(&self, check_off: usize) -> bool;
 
     /// Makes the first `len` bytes of the packet direct-accessible (an skb's paged data pulled
     /// into its head); `false` when that failed. Every packet pointer is invalid afterwards.
@@ -184,8 +192,13 @@ impl Packet for XdpContext {
     }
 
     #[inline(always)]
-    fn l4_checksum_offloaded(&self, _check_off: usize) -> bool {
+    fn l4_checksum_verified(&self) -> bool {
         // A frame straight from the driver: no checksum state, the pipeline verifies.
+        false
+    }
+
+    #[inline(always)]
+    fn l4_checksum_partial(&self, _check_off: usize) -> bool {
         false
     }
 

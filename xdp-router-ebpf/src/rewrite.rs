@@ -27,11 +27,12 @@ pub struct L4 {
 }
 
 impl L4 {
-    /// The transport header at `offset` (TCP if `!udp`), already parsed and checked. For an
-    /// skb (`P::SKB`) only the ports: its checksum is left to `Packet::update_l4_checksum`.
+    /// The transport header at `offset` (TCP if `!udp`), already parsed and checked. Without
+    /// `direct` only the ports: the checksum is left to `Packet::update_l4_checksum` (an skb
+    /// whose checksum state needs the helpers, see `flow::try_forward_ip`).
     #[inline(always)]
-    pub fn at<P: Packet>(ctx: &P, offset: usize, udp: bool) -> Result<L4, Reason> {
-        if P::SKB {
+    pub fn at<P: Packet>(ctx: &P, offset: usize, udp: bool, direct: bool) -> Result<L4, Reason> {
+        if !direct {
             return Ok(L4 {
                 ports: ptr_at_mut(ctx, offset)?,
                 check: core::ptr::null_mut(),
@@ -102,7 +103,7 @@ fn rewrite_l4<P: Packet>(l4: L4, sport_be: u16, dport_be: u16, diff: u32) {
     unsafe {
         (*l4.ports).sport_be = sport_be;
         (*l4.ports).dport_be = dport_be;
-        if P::SKB {
+        if P::SKB && l4.check.is_null() {
             // `Packet::update_l4_checksum` updates it after the rewrite.
             return;
         }

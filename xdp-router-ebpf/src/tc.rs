@@ -12,7 +12,10 @@
 //!   packet that every uncompensated change must update. The rewrite therefore leaves the
 //!   transport checksum to `bpf_l4_csum_replace` (`BPF_F_PSEUDO_HDR` for the addresses,
 //!   `BPF_F_MARK_MANGLED_0` for UDP), which handles each state as `nf_nat`'s
-//!   `inet_proto_csum_replace4` does (see [`Packet::update_l4_checksum`]).
+//!   `inet_proto_csum_replace4` does (see [`Packet::update_l4_checksum`]). A
+//!   `CHECKSUM_UNNECESSARY` skb (its checksum verified by the device) has a full checksum in the
+//!   field and no sum of the packet: its checksum is neither summed by the pipeline (conntrack
+//!   does not either) nor updated through the helpers, but written directly, as on XDP.
 //! - A redirect is `bpf_redirect` to the egress device's transmit path (`dev_queue_xmit`): its
 //!   qdisc and TC egress programs run, and it needs no XDP transmit support.
 
@@ -32,7 +35,7 @@ use aya_ebpf::{
 use core::ffi::c_void;
 use xdp_router_common::{
     Reason,
-    checksum::fold,
+    checksum::{fold, is_noop},
     parse::{ETH_HLEN, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, L3, PPPOE_HLEN},
 };
 
@@ -64,12 +67,6 @@ fn store_after_macs(skb: *mut __sk_buff, bytes: &[u8; 10]) {
             u64::from(BPF_F_RECOMPUTE_CSUM),
         );
     }
-}
-
-/// A diff that changes nothing (0, or one's-complement -0): no helper call.
-#[inline(always)]
-fn is_noop(diff: u32) -> bool {
-    diff == 0 || fold(diff as u64) == 0xffff
 }
 
 impl Packet for TcContext {
@@ -136,14 +133,15 @@ impl Packet for TcContext {
     }
 
     #[inline(always)]
-    fn l4_checksum_offloaded(&self, check_off: usize) -> bool {
-        let skb: *mut __sk_buff = self.as_ptr().cast();
-        // CHECKSUM_UNNECESSARY: the driver verified it (the query answers its level, else
-        // -EACCES).
+    fn l4_checksum_verified(&self) -> bool {
+        // CHECKSUM_UNNECESSARY: the query answers its level, else -EACCES.
         // SAFETY: a helper on this program's own context.
-        if unsafe { bpf_csum_level(skb, u64::from(BPF_CSUM_LEVEL_QUERY)) } >= 0 {
-            return true;
-        }
+        unsafe { bpf_csum_level(self.as_ptr().cast(), u64::from(BPF_CSUM_LEVEL_QUERY)) >= 0 }
+    }
+
+    #[inline(always)]
+    fn l4_checksum_partial(&self, check_off: usize) -> bool {
+        let skb: *mut __sk_buff = self.as_ptr().cast();
         // CHECKSUM_PARTIAL cannot be queried; it is told by how the pseudo-header rule acts
         // on the field: adding a diff of 1 with BPF_F_PSEUDO_HDR gives `old + 1` for a partial
         // checksum (the field holds the pseudo-header's sum) and `old - 1` otherwise (a full

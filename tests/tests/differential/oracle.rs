@@ -31,6 +31,41 @@ fn tc_fast_path_forwards_exactly_what_the_kernel_forwards() {
     same_with_the_fast_path_off_and_on(&tb);
 }
 
+/// [`tc_fast_path_forwards_exactly_what_the_kernel_forwards`] with GRO on the router's ports:
+/// GRO verifies the transport checksum of what it receives and marks the packet
+/// `CHECKSUM_UNNECESSARY` (`skb_gro_incr_csum_unnecessary`), as a NIC does for a checksum it
+/// verified (r8169, e1000e, igb, mt7621: the ports the TC fast path is for); a bad one it leaves
+/// `CHECKSUM_NONE`. The kernel checks no transport checksum of such a packet (conntrack takes
+/// the mark), neither does the TC fast path, whose NAT writes the checksum field directly: the
+/// same frames must arrive.
+#[test]
+fn tc_fast_path_forwards_exactly_what_the_kernel_forwards_on_verified_checksums() {
+    if !ready(
+        "differential::tc_fast_path_forwards_exactly_what_the_kernel_forwards_on_verified_\
+         checksums",
+    ) {
+        return;
+    }
+    let mut tb = Testbed::new("du");
+    tb.router.sh(&format!(
+        "ethtool -K {LAN_IF} gro on >/dev/null && ethtool -K {WAN_IF} gro on >/dev/null"
+    ));
+    tb.start_daemon_config(&format!(
+        "datapath = \"tc\"\n{}",
+        wan_lan_interfaces(WAN_IF)
+    ));
+    for ifname in [LAN_IF, WAN_IF] {
+        let st = tb.daemon().status();
+        assert_eq!(st.iface(ifname).attach_mode, "tc", "{ifname}: {st:?}");
+        let features = tb.router.exec_ok("ethtool", &["-k", ifname]);
+        assert!(
+            features.contains("generic-receive-offload: on"),
+            "{ifname}: GRO should be on:\n{features}"
+        );
+    }
+    same_with_the_fast_path_off_and_on(&tb);
+}
+
 /// The corpus with the fast path off, then on, on the running daemon: every case must arrive
 /// the same (frames and bytes).
 fn same_with_the_fast_path_off_and_on(tb: &Testbed) {
