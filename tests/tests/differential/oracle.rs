@@ -20,6 +20,12 @@ fn tc_fast_path_forwards_exactly_what_the_kernel_forwards() {
         return;
     }
     let mut tb = Testbed::new("dt");
+    start_daemon_on_tc(&mut tb);
+    same_with_the_fast_path_off_and_on(&tb);
+}
+
+/// Starts the daemon with `datapath = "tc"` and checks both ports run the TC fast path.
+fn start_daemon_on_tc(tb: &mut Testbed) {
     tb.start_daemon_config(&format!(
         "datapath = \"tc\"\n{}",
         wan_lan_interfaces(WAN_IF)
@@ -28,7 +34,6 @@ fn tc_fast_path_forwards_exactly_what_the_kernel_forwards() {
         let st = tb.daemon().status();
         assert_eq!(st.iface(ifname).attach_mode, "tc", "{ifname}: {st:?}");
     }
-    same_with_the_fast_path_off_and_on(&tb);
 }
 
 /// [`tc_fast_path_forwards_exactly_what_the_kernel_forwards`] with GRO on the router's ports:
@@ -50,13 +55,8 @@ fn tc_fast_path_forwards_exactly_what_the_kernel_forwards_on_verified_checksums(
     tb.router.sh(&format!(
         "ethtool -K {LAN_IF} gro on >/dev/null && ethtool -K {WAN_IF} gro on >/dev/null"
     ));
-    tb.start_daemon_config(&format!(
-        "datapath = \"tc\"\n{}",
-        wan_lan_interfaces(WAN_IF)
-    ));
+    start_daemon_on_tc(&mut tb);
     for ifname in [LAN_IF, WAN_IF] {
-        let st = tb.daemon().status();
-        assert_eq!(st.iface(ifname).attach_mode, "tc", "{ifname}: {st:?}");
         let features = tb.router.exec_ok("ethtool", &["-k", ifname]);
         assert!(
             features.contains("generic-receive-offload: on"),
