@@ -1,13 +1,11 @@
 //! The TC table on `CHECKSUM_COMPLETE` skbs: see [`fixture_table_on_tc_with_checksum_complete`].
 
-use aya::programs::SchedClassifier;
-use xdp_router_common::TC_PROG_NAME;
-use xdp_router_tests::fixture_net::{Bed, load, run_tc, try_run_tc, try_run_tc_checksum_complete};
+use xdp_router_tests::fixture_net::{Bed, load, run_tc, try_run_tc_checksum_complete};
 
 use crate::{
-    case::Case,
-    cases, fixture_namespaces, on_tc,
+    cases, fixture_namespaces, load_tc,
     runner::{assert_all_ok, hex},
+    tc_cases,
 };
 
 /// The TC table's cases again on skbs with `CHECKSUM_COMPLETE`, as drivers like mlx5 or
@@ -36,19 +34,8 @@ fn fixture_table_on_tc_with_checksum_complete() {
     let outcome = router.run(|| {
         let bed = Bed::here();
         let (mut ebpf, mut maps) = load();
-        let prog: &mut SchedClassifier = ebpf
-            .program_mut(TC_PROG_NAME)
-            .expect("TC program present")
-            .try_into()
-            .expect("SchedClassifier program");
-        prog.load()
-            .unwrap_or_else(|e| panic!("verifier rejected {TC_PROG_NAME}: {e}\n{e:?}"));
-        let all = cases(&bed);
-        let tc: Vec<Case> = all
-            .iter()
-            .filter_map(on_tc)
-            .filter(|c| try_run_tc(prog, &c.frame, c.ingress).is_ok())
-            .collect();
+        let prog = load_tc(&mut ebpf);
+        let tc = tc_cases(prog, &cases(&bed));
         let probe = &tc.first().expect("TC cases").frame;
         if let Err(e) = try_run_tc_checksum_complete(prog, probe, bed.lan)
             && e.raw_os_error() == Some(libc::EINVAL)

@@ -276,22 +276,9 @@ fn fixture_table_on_tc() {
     let (results, skipped) = router.run(|| {
         let bed = Bed::here();
         let (mut ebpf, mut maps) = load();
-        let prog: &mut SchedClassifier = ebpf
-            .program_mut(TC_PROG_NAME)
-            .expect("TC program present")
-            .try_into()
-            .expect("SchedClassifier program");
-        prog.load()
-            .unwrap_or_else(|e| panic!("verifier rejected {TC_PROG_NAME}: {e}\n{e:?}"));
+        let prog = load_tc(&mut ebpf);
         let all = cases(&bed);
-        // BPF_PROG_RUN builds no skb from some malformed frames (shorter than the headers
-        // their EtherType promises) nor from frames longer than a page holds: those cases
-        // are the XDP table's only.
-        let tc: Vec<Case> = all
-            .iter()
-            .filter_map(on_tc)
-            .filter(|c| try_run_tc(prog, &c.frame, c.ingress).is_ok())
-            .collect();
+        let tc = tc_cases(prog, &all);
         let results = tc
             .iter()
             .map(|case| {
@@ -305,6 +292,28 @@ fn fixture_table_on_tc() {
     });
     println!("{} cases on TC, {skipped} not applicable", results.len());
     assert_all_ok(&results);
+}
+
+/// The TC program of `ebpf`, loaded (through the verifier).
+fn load_tc(ebpf: &mut aya::Ebpf) -> &mut SchedClassifier {
+    let prog: &mut SchedClassifier = ebpf
+        .program_mut(TC_PROG_NAME)
+        .expect("TC program present")
+        .try_into()
+        .expect("SchedClassifier program");
+    prog.load()
+        .unwrap_or_else(|e| panic!("verifier rejected {TC_PROG_NAME}: {e}\n{e:?}"));
+    prog
+}
+
+/// The cases of `all` as they apply on TC ([`on_tc`]). BPF_PROG_RUN builds no skb from some
+/// malformed frames (shorter than the headers their EtherType promises) nor from frames longer
+/// than a page holds: those cases are the XDP table's only.
+fn tc_cases(prog: &SchedClassifier, all: &[Case]) -> Vec<Case> {
+    all.iter()
+        .filter_map(on_tc)
+        .filter(|c| try_run_tc(prog, &c.frame, c.ingress).is_ok())
+        .collect()
 }
 
 /// `GLOBAL_FIB_FLAGS`: by default the FIB lookup honours policy rules (`ip rule`); loaded with
