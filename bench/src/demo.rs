@@ -22,12 +22,13 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::{
     Opts,
+    cpu::{CpuShare, CpuTimes},
     latency::EchoServer,
     packet::Family,
     router::{self, Daemon, Datapath},
     run::{check_stop, prepare, prime, stopped},
     tcp::{self, Iperf3Server, TcpMode},
-    testbed::{Names, Path, Testbed, Trial},
+    testbed::{GEN_CPU, Names, Path, ROUTER_CPU, Testbed, Trial},
 };
 
 /// Options of `xdp-router-bench lab`.
@@ -68,7 +69,7 @@ fn line_rate_pps(mbit: u32, frame: usize) -> f64 {
 
 /// CPU of the iperf3 endpoints: the generator's, so CPU1 stays the router's (the receiving
 /// host's softirq still runs there, after the router's NAPI poll).
-const TCP_CPU: Option<usize> = Some(crate::testbed::GEN_CPU);
+const TCP_CPU: Option<usize> = Some(GEN_CPU);
 
 /// One run of the lab: the kernel alone, or the fast path on one datapath.
 struct Side {
@@ -79,6 +80,11 @@ struct Side {
     tcp_mbps: f64,
     tcp_kernel: u64,
     tcp_xdp: u64,
+    /// CPU0 over the TCP transfer: both iperf3 processes.
+    tcp_endpoints: CpuShare,
+    /// CPU1 over the TCP transfer: its system time is the router's NAPI threads, its softirq
+    /// time the endpoints' receive.
+    tcp_router: CpuShare,
     /// One paced trial per [`FIXED_RATES`] entry.
     fixed: Vec<Trial>,
 }
@@ -249,7 +255,9 @@ fn measure(
     }
     check_stop()?;
     let k0 = tb.kernel_forwarded()?;
+    let cpu0 = [CpuTimes::read(GEN_CPU)?, CpuTimes::read(ROUTER_CPU)?];
     let run = tcp::run(&tb.lan, 1, TcpMode::Upload, secs.as_secs() as u32, TCP_CPU)?;
+    let cpu1 = [CpuTimes::read(GEN_CPU)?, CpuTimes::read(ROUTER_CPU)?];
     let k1 = tb.kernel_forwarded()?;
     let xdp2 = daemon.status()?.forwarded();
     if run.upload_mbps <= 0.0 {
@@ -285,6 +293,8 @@ fn measure(
         tcp_mbps: run.upload_mbps,
         tcp_kernel: k1.saturating_sub(k0),
         tcp_xdp: xdp2.saturating_sub(xdp1),
+        tcp_endpoints: cpu0[0].share_until(&cpu1[0]),
+        tcp_router: cpu0[1].share_until(&cpu1[1]),
         fixed,
     })
 }
@@ -306,6 +316,21 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
+/// How many times the kernel's cost `kernel` is this run's `cost` (both per packet or per
+/// Gbit/s); "—" where either is unknown.
+fn cheaper(kernel: Option<f64>, cost: Option<f64>) -> String {
+    match (kernel, cost) {
+        (Some(k), Some(c)) if c > 0.0 => format!("÷{:.2}", k / c),
+        _ => "—".into(),
+    }
+}
+
+/// The router's CPU1 system share (its NAPI threads) per Gbit/s of the TCP transfer.
+fn router_cpu_per_gbit(side: &Side) -> Option<f64> {
+    (side.tcp_mbps > 0.0 && side.tcp_router.system > 0.0)
+        .then(|| side.tcp_router.system / (side.tcp_mbps / 1e3))
+}
+
 /// The two small tables: the kernel's run first, then each fast-path run with its ratio to the
 /// kernel's.
 fn table(sides: &[Side], flows: u32, secs: u32) -> String {
@@ -321,7 +346,7 @@ fn table(sides: &[Side], flows: u32, secs: u32) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<24}{:>14}{:>14}{:>16}{:>26}{:>10}",
+        "{:<24}{:>14}{:>14}{:>16}{:>26}{:>22}",
         "", "delivered", "router CPU1", "router ns/pkt", "forwarded by kernel/fast", "vs kernel"
     );
     // The router's own CPU time per packet: CPU1's system share (the router's NAPI thread) over
@@ -330,46 +355,68 @@ fn table(sides: &[Side], flows: u32, secs: u32) -> String {
         side.udp
             .router_cpu
             .system_ns_per_packet(side.udp.delivered_pps)
-            .unwrap_or(0.0)
     };
     for side in sides {
         let vs = if std::ptr::eq(side, off) {
             String::new()
         } else {
-            ratio(side.udp.delivered_pps, off.udp.delivered_pps)
+            format!(
+                "{}  {:>6}",
+                ratio(side.udp.delivered_pps, off.udp.delivered_pps),
+                cheaper(router_ns(off), router_ns(side))
+            )
         };
         let row = format!(
-            "{:<24}{:>9.0} Kpps{:>12.0} %{:>13.0} ns{:>17.0} % /{:>4.0} %{:>10}",
+            "{:<24}{:>9.0} Kpps{:>12.0} %{:>13.0} ns{:>17.0} % /{:>4.0} %{:>22}",
             side.label,
             side.udp.delivered_pps / 1e3,
             side.udp.router_cpu.busy,
-            router_ns(side),
+            router_ns(side).unwrap_or(0.0),
             pct(side.udp.kernel_forwarded, side.udp.delivered),
             pct(side.udp_xdp, side.udp.delivered),
             vs,
         );
         let _ = writeln!(s, "{}", row.trim_end());
     }
+    s.push_str(
+        "(×: delivered packets; ÷N: the kernel spent N times this run's router ns/pkt, the \
+         router's own CPU per packet without the WAN host's receive that shares CPU1)\n",
+    );
     let _ = writeln!(
         s,
         "\n=== TCP LAN → WAN through the router: iperf3, 1 stream, {secs} s each"
     );
     let _ = writeln!(
         s,
-        "{:<24}{:>14}{:>38}{:>10}",
-        "", "throughput", "forwarded by kernel/fast (packets)", "vs kernel"
+        "{:<24}{:>14}{:>8}{:>8}{:>13}{:>13}{:>26}{:>22}",
+        "",
+        "throughput",
+        "CPU0",
+        "CPU1",
+        "router CPU1",
+        "per Gbit/s",
+        "forwarded by kernel/fast",
+        "vs kernel"
     );
     for side in sides {
         let total = side.tcp_kernel + side.tcp_xdp;
         let vs = if std::ptr::eq(side, off) {
             String::new()
         } else {
-            ratio(side.tcp_mbps, off.tcp_mbps)
+            format!(
+                "{}  {:>6}",
+                ratio(side.tcp_mbps, off.tcp_mbps),
+                cheaper(router_cpu_per_gbit(off), router_cpu_per_gbit(side))
+            )
         };
         let row = format!(
-            "{:<24}{:>7.2} Gbit/s{:>29.0} % /{:>4.0} %{:>10}",
+            "{:<24}{:>7.2} Gbit/s{:>6.0} %{:>6.0} %{:>11.1} %{:>11.1} %{:>17.0} % /{:>4.0} %{:>22}",
             side.label,
             side.tcp_mbps / 1e3,
+            side.tcp_endpoints.busy,
+            side.tcp_router.busy,
+            side.tcp_router.system,
+            router_cpu_per_gbit(side).unwrap_or(0.0),
             pct(side.tcp_kernel, total),
             pct(side.tcp_xdp, total),
             vs,
@@ -377,8 +424,13 @@ fn table(sides: &[Side], flows: u32, secs: u32) -> String {
         let _ = writeln!(s, "{}", row.trim_end());
     }
     s.push_str(
-        "(a TCP stream between namespaces of one machine is usually bound by the endpoints' own \
-         TCP stacks rather than by the router; the UDP table measures the router)\n",
+        "(CPU0, CPU1: busy. CPU0 runs both iperf3 processes; CPU1 the router's NAPI threads and, \
+         as softirq, the hosts' receive of what the router sends them (the WAN host's data, the \
+         LAN host's ACKs): where CPU1 is near 100 % it bounds the stream, and the router has only \
+         part of it. Router CPU1: its system time (the router's NAPI threads), also per Gbit/s \
+         of the stream; ×: throughput, ÷N: the kernel spent N times this run's router CPU per Gbit/s; \
+         forwarded: packets as each path counts them, a GRO aggregate as one in the kernel and on \
+         TC)\n",
     );
     s.push_str(&fixed_table(sides, secs));
     s
@@ -436,7 +488,67 @@ fn fixed_table(sides: &[Side], secs: u32) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{force_tc, line_rate_pps};
+    use super::{CpuShare, Side, Trial, force_tc, line_rate_pps, table};
+
+    /// A run whose router CPU1 had `system` % system time: at `pps` delivered 64 B packets
+    /// (96 % busy), and over a TCP stream of `mbps` (`tcp_system` % system time).
+    fn side(label: &str, pps: f64, system: f64, mbps: f64, tcp_system: f64) -> Side {
+        let share = |busy, system| CpuShare {
+            busy,
+            system,
+            softirq: busy - system,
+        };
+        let trial = Trial {
+            requested_pps: None,
+            sent: 0,
+            delivered: pps as u64,
+            secs: 1.0,
+            offered_pps: 0.0,
+            delivered_pps: pps,
+            loss: 0.0,
+            router_cpu: share(96.0, system),
+            kernel_forwarded: 0,
+        };
+        Side {
+            label: label.into(),
+            udp_xdp: trial.delivered,
+            udp: trial,
+            tcp_mbps: mbps,
+            tcp_kernel: 0,
+            tcp_xdp: 1,
+            tcp_endpoints: share(40.0, 30.0),
+            tcp_router: share(96.0, tcp_system),
+            fixed: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn ratios_are_to_the_kernels_run() {
+        // Kernel: 400 Kpps at 80 % system (2,000 ns/pkt); TCP 3 Gbit/s at 42 % (14 % per
+        // Gbit/s). TC: 1,000 Kpps at 72 % (720 ns/pkt); 4.5 Gbit/s at 31.5 % (7 %).
+        let sides = [
+            side("kernel", 400e3, 80.0, 3000.0, 42.0),
+            side("tc", 1000e3, 72.0, 4500.0, 31.5),
+        ];
+        let t = table(&sides, 8, 10);
+        let row = |label: &str, n: usize| {
+            t.lines()
+                .filter(|l| l.starts_with(label))
+                .nth(n)
+                .unwrap_or_else(|| panic!("no row {n} for {label} in\n{t}"))
+                .to_string()
+        };
+        let udp = row("tc", 0);
+        assert!(udp.contains("720 ns"), "{udp}");
+        assert!(udp.ends_with("×2.50   ÷2.78"), "{udp}");
+        let tcp = row("tc", 1);
+        assert!(tcp.contains("31.5 %"), "{tcp}");
+        assert!(tcp.contains("7.0 %"), "{tcp}");
+        assert!(tcp.ends_with("×1.50   ÷2.00"), "{tcp}");
+        // The kernel's own rows carry no ratio.
+        assert!(row("kernel", 0).ends_with("0 %"), "{t}");
+        assert!(row("kernel", 1).ends_with("0 %"), "{t}");
+    }
 
     #[test]
     fn line_rates_count_preamble_and_gap() {
