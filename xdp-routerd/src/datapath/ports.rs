@@ -113,6 +113,10 @@ pub trait Ports: FlowTable {
         session: Result<&PppoeBinding, &str>,
         mode: XdpModeConfig,
     ) -> anyhow::Result<bool>;
+    /// The PPP device `ifindex`, carried on TC with no PPPoE session paired with it, is still
+    /// unpaired, now because `why` (another count of sessions, say): only the reason `status`
+    /// gives changes; the device stays bound.
+    fn reword_unpaired_ppp(&mut self, name: &str, ifindex: u32, why: &str);
     /// `mac` is behind `port` of `bridge` in VLAN `vid` (0: none; the FDB copy).
     fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], vid: u16, port: u32) -> anyhow::Result<()>;
     /// `mac` is no longer known to `bridge` in VLAN `vid`.
@@ -149,6 +153,12 @@ impl Ports for Datapath {
             ..IfaceInfo::default()
         };
         self.register(name, ifindex, info, mode, true)
+    }
+
+    fn reword_unpaired_ppp(&mut self, name: &str, ifindex: u32, why: &str) {
+        if let Some(because) = self.unpaired_ppp_on_tc(name, why) {
+            self.links.datapath_because.insert(ifindex, because);
+        }
     }
 
     /// Detaches from `ifindex` (if attached) and forgets it in the maps. Used when an interface

@@ -174,8 +174,13 @@ impl<D: Ports> State<D> {
             p.bind_error = None;
             let want = f.as_ref().ok();
             let name = &m.cfg.name;
-            if want.is_none() && p.bound.is_none() && p.unpaired_on_tc {
-                // Still no session paired: the TC fast path on the device carries it still.
+            if let Err(why) = f
+                && p.bound.is_none()
+                && p.unpaired_on_tc
+            {
+                // Still no session paired: the TC fast path on the device carries it still;
+                // `status` says why it is unpaired now.
+                dp.reword_unpaired_ppp(name, ifindex, &why.to_string());
                 continue;
             }
             let mut slot = |i: u32| match configured.get(&i) {

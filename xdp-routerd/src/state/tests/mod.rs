@@ -66,6 +66,9 @@ struct FakeDp {
     /// A PPP device without a paired session runs the TC fast path itself (as `datapath =
     /// "auto"` with TC available); `false`: it stays unbound (`"xdp"`, or no TC).
     unpaired_ppp_on_tc: bool,
+    /// PPP device → why no session is paired with it, where it runs TC itself (its `status`
+    /// reason).
+    unpaired_why: BTreeMap<u32, String>,
 }
 
 impl FakeDp {
@@ -293,11 +296,13 @@ impl Ports for FakeDp {
         if let Some(b) = &old {
             self.pppoe.remove(&(b.lower.ifindex, b.sid_be));
         }
+        self.unpaired_why.remove(&ifindex);
         let entry = self.attached.get_mut(&ifindex).unwrap();
         entry.1 &= !(IFACE_F_PPPOE | IFACE_F_L3);
         let carried = match session {
             Ok(_) => true,
-            Err(_) if self.unpaired_ppp_on_tc => {
+            Err(why) if self.unpaired_ppp_on_tc => {
+                self.unpaired_why.insert(ifindex, why.to_string());
                 entry.1 |= IFACE_F_L3;
                 true
             }
@@ -326,6 +331,11 @@ impl Ports for FakeDp {
             self.release_lower(b.lower.ifindex);
         }
         Ok(carried)
+    }
+    fn reword_unpaired_ppp(&mut self, _name: &str, ifindex: u32, why: &str) {
+        if self.unpaired_ppp_on_tc {
+            self.unpaired_why.insert(ifindex, why.to_string());
+        }
     }
     fn fdb_learn(&mut self, bridge: u32, mac: [u8; 6], vid: u16, port: u32) -> anyhow::Result<()> {
         self.fdb.insert((bridge, mac, vid), port);

@@ -263,14 +263,32 @@ fn a_ppp_device_without_a_pppoe_session_is_carried_on_tc() {
     assert_eq!(flags(&s, 12) & IFACE_F_L3, IFACE_F_L3, "on TC, as wg0");
     assert!(s.ifaces[0].pppoe.as_ref().unwrap().unpaired_on_tc);
     assert_eq!(not_accelerated(&s), None);
-    // The same (or another unpaired) read changes nothing.
+    let why = |s: &State<FakeDp>| s.dp.unpaired_why.get(&12).cloned();
+    assert_eq!(
+        why(&s).as_deref(),
+        Some("no PPPoE session in /proc/net/pppoe")
+    );
+    // The same read changes nothing; another unpaired one only the reason status gives.
     assert!(!s.apply_pppoe(&no_session()));
     assert_eq!(flags(&s, 12) & IFACE_F_L3, IFACE_F_L3);
+    let several = BTreeMap::from([(
+        "ppp0".to_string(),
+        Err(crate::sync::pppoe::Unpaired::Several(2)),
+    )]);
+    assert!(!s.apply_pppoe(&several));
+    assert_eq!(flags(&s, 12) & IFACE_F_L3, IFACE_F_L3);
+    assert!(s.ifaces[0].pppoe.as_ref().unwrap().unpaired_on_tc);
+    assert!(
+        why(&s).is_some_and(|w| w.starts_with("2 PPPoE sessions")),
+        "{:?}",
+        why(&s)
+    );
 
     // A session: bound over eth0, no longer on TC by itself.
     assert!(s.apply_pppoe(&session_over_eth0(0x0100)));
     assert_eq!(flags(&s, 12) & (IFACE_F_L3 | IFACE_F_PPPOE), IFACE_F_PPPOE);
     assert!(!s.ifaces[0].pppoe.as_ref().unwrap().unpaired_on_tc);
+    assert_eq!(why(&s), None);
 
     // Gone again: on TC again, eth0 let go.
     assert!(!s.apply_pppoe(&no_session()));
