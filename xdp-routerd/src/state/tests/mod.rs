@@ -66,8 +66,7 @@ struct FakeDp {
     /// A PPP device without a paired session runs the TC fast path itself (as `datapath =
     /// "auto"` with TC available); `false`: it stays unbound (`"xdp"`, or no TC).
     unpaired_ppp_on_tc: bool,
-    /// PPP device → why no session is paired with it, where it runs TC itself (its `status`
-    /// reason).
+    /// PPP device on TC without a session → why none is paired (its `status` reason).
     unpaired_why: BTreeMap<u32, String>,
 }
 
