@@ -56,6 +56,12 @@ impl CpuShare {
         ns_per_packet(self.system, pps)
     }
 
+    /// System share (in percent) per Gbit/s of a stream of `mbps` Mbit/s; `None` without
+    /// traffic or system time.
+    pub fn system_per_gbit(&self, mbps: f64) -> Option<f64> {
+        (mbps > 0.0 && self.system > 0.0).then(|| self.system / (mbps / 1e3))
+    }
+
     /// Busy time per packet at `pps` packets/s, ns; `None` without packets or busy time.
     pub fn busy_ns_per_packet(&self, pps: f64) -> Option<f64> {
         ns_per_packet(self.busy, pps)

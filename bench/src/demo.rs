@@ -255,9 +255,9 @@ fn measure(
     }
     check_stop()?;
     let k0 = tb.kernel_forwarded()?;
-    let cpu0 = [CpuTimes::read(GEN_CPU)?, CpuTimes::read(ROUTER_CPU)?];
+    let cpu0 = both_cpus()?;
     let run = tcp::run(&tb.lan, 1, TcpMode::Upload, secs.as_secs() as u32, TCP_CPU)?;
-    let cpu1 = [CpuTimes::read(GEN_CPU)?, CpuTimes::read(ROUTER_CPU)?];
+    let cpu1 = both_cpus()?;
     let k1 = tb.kernel_forwarded()?;
     let xdp2 = daemon.status()?.forwarded();
     if run.upload_mbps <= 0.0 {
@@ -308,27 +308,24 @@ fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
-fn ratio(a: f64, b: f64) -> String {
-    if b > 0.0 {
-        format!("×{:.2}", a / b)
+/// A fast-path run against the kernel's: its rate over the kernel's (×) and the kernel's
+/// router CPU cost over its own (÷; per packet or per Gbit/s); "—" where one is unknown.
+fn vs_kernel(rate: f64, kernel_rate: f64, cost: Option<f64>, kernel_cost: Option<f64>) -> String {
+    let times = if kernel_rate > 0.0 {
+        format!("×{:.2}", rate / kernel_rate)
     } else {
         "—".into()
-    }
-}
-
-/// How many times the kernel's cost `kernel` is this run's `cost` (both per packet or per
-/// Gbit/s); "—" where either is unknown.
-fn cheaper(kernel: Option<f64>, cost: Option<f64>) -> String {
-    match (kernel, cost) {
+    };
+    let less = match (kernel_cost, cost) {
         (Some(k), Some(c)) if c > 0.0 => format!("÷{:.2}", k / c),
         _ => "—".into(),
-    }
+    };
+    format!("{times}  {less:>6}")
 }
 
-/// The router's CPU1 system share (its NAPI threads) per Gbit/s of the TCP transfer.
-fn router_cpu_per_gbit(side: &Side) -> Option<f64> {
-    (side.tcp_mbps > 0.0 && side.tcp_router.system > 0.0)
-        .then(|| side.tcp_router.system / (side.tcp_mbps / 1e3))
+/// CPU0 and CPU1 now.
+fn both_cpus() -> Result<[CpuTimes; 2]> {
+    Ok([CpuTimes::read(GEN_CPU)?, CpuTimes::read(ROUTER_CPU)?])
 }
 
 /// The two small tables: the kernel's run first, then each fast-path run with its ratio to the
@@ -360,10 +357,11 @@ fn table(sides: &[Side], flows: u32, secs: u32) -> String {
         let vs = if std::ptr::eq(side, off) {
             String::new()
         } else {
-            format!(
-                "{}  {:>6}",
-                ratio(side.udp.delivered_pps, off.udp.delivered_pps),
-                cheaper(router_ns(off), router_ns(side))
+            vs_kernel(
+                side.udp.delivered_pps,
+                off.udp.delivered_pps,
+                router_ns(side),
+                router_ns(off),
             )
         };
         let row = format!(
@@ -398,15 +396,18 @@ fn table(sides: &[Side], flows: u32, secs: u32) -> String {
         "forwarded by kernel/fast",
         "vs kernel"
     );
+    // The router's CPU1 system share (its NAPI threads) per Gbit/s of the TCP transfer.
+    let router_per_gbit = |side: &Side| side.tcp_router.system_per_gbit(side.tcp_mbps);
     for side in sides {
         let total = side.tcp_kernel + side.tcp_xdp;
         let vs = if std::ptr::eq(side, off) {
             String::new()
         } else {
-            format!(
-                "{}  {:>6}",
-                ratio(side.tcp_mbps, off.tcp_mbps),
-                cheaper(router_cpu_per_gbit(off), router_cpu_per_gbit(side))
+            vs_kernel(
+                side.tcp_mbps,
+                off.tcp_mbps,
+                router_per_gbit(side),
+                router_per_gbit(off),
             )
         };
         let row = format!(
@@ -416,7 +417,7 @@ fn table(sides: &[Side], flows: u32, secs: u32) -> String {
             side.tcp_endpoints.busy,
             side.tcp_router.busy,
             side.tcp_router.system,
-            router_cpu_per_gbit(side).unwrap_or(0.0),
+            router_per_gbit(side).unwrap_or(0.0),
             pct(side.tcp_kernel, total),
             pct(side.tcp_xdp, total),
             vs,
