@@ -117,7 +117,12 @@ pub fn xdp_router_tc(ctx: TcContext) -> i32 {
             fwd.action as i32
         }
         Err(reason) => {
-            stats::count(slot, reason, bytes);
+            // Behind XDP without the hand-over's mark, XDP counted what it did not hand over
+            // (see `handoff.rs`). Looked up again rather than kept across the pipeline: the
+            // stack is full.
+            if !handoff::unmarked(maps::IFACES.get_ptr(ifindex)) {
+                stats::count(slot, reason, Packet::len(&ctx) as u64);
+            }
             TC_ACT_UNSPEC
         }
     }

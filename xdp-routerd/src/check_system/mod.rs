@@ -14,6 +14,7 @@ use self::judge::{CAP_BPF, CAP_PERFMON, Device, Facts, Version, has_cap};
 use crate::{
     config::Config,
     datapath::Datapath,
+    kernel_features,
     sync::{nlsocket::request_socket, xdp_xmit},
 };
 
@@ -80,6 +81,7 @@ pub fn gather(config: Option<&Config>) -> Facts {
     let btf = Path::new("/sys/kernel/btf/vmlinux").exists();
     // Nothing loads without these two.
     let privileged = has_cap(cap_eff, CAP_BPF) && has_cap(cap_eff, CAP_PERFMON);
+    let kernel_features = privileged.then(kernel_features::probe);
     let ebpf_load = privileged.then(|| {
         Datapath::load(16)
             .map(drop)
@@ -111,6 +113,7 @@ pub fn gather(config: Option<&Config>) -> Facts {
         btf,
         cap_eff,
         ebpf_load,
+        features: kernel_features,
         conntrack,
         netdev_family: features.is_some(),
         devices,

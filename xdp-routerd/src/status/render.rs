@@ -113,6 +113,16 @@ impl Status {
                 " (marked flows stay in the kernel: Linux < 6.10)"
             }
         );
+        let missing: Vec<_> = self.kernel.missing().collect();
+        if missing.is_empty() {
+            let _ = writeln!(
+                s,
+                "kernel: every optional feature the fast path uses is there"
+            );
+        }
+        for (feature, why) in missing {
+            let _ = writeln!(s, "kernel: no {feature} ({why}): {}", feature.without());
+        }
         if r.verdict_max_age_ms == 0 {
             let _ = writeln!(
                 s,
