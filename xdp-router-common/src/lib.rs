@@ -61,6 +61,11 @@ pub const STAMP_PROG_NAME: &str = "xdp_router_stamp";
 /// whose datapath is TC (`datapath = "tc"`): the same pipeline as [`PROG_NAME`].
 pub const TC_PROG_NAME: &str = "xdp_router_tc";
 
+/// Name of the XDP program the daemon runs once with `BPF_PROG_RUN` to ask whether this
+/// kernel's `bpf_fib_lookup` takes [`FIB_LOOKUP_MARK`]; its return value is the helper's
+/// answer (`-EINVAL`: no).
+pub const FIB_MARK_PROBE_PROG_NAME: &str = "xdp_router_fibm";
+
 /// Name of the program's load-time global (`u32`, default 0) with extra `bpf_fib_lookup` flags;
 /// only [`FIB_LOOKUP_DIRECT`] is honoured. Set it with `EbpfLoader::override_global` before the
 /// object is loaded (the verifier then prunes on the constant).

@@ -153,6 +153,13 @@ pub fn xdp_router_stamp(ctx: TcContext) -> i32 {
     TC_ACT_UNSPEC
 }
 
+/// Probe, run once by the daemon with `BPF_PROG_RUN` and never attached: returns what
+/// `bpf_fib_lookup` answers with `BPF_FIB_LOOKUP_MARK` (see `fib::probe_mark`).
+#[xdp]
+pub fn xdp_router_fibm(ctx: XdpContext) -> u32 {
+    fib::probe_mark(&ctx)
+}
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

@@ -1,7 +1,9 @@
-//! The optional kernel features the fast path uses, found by asking this kernel (a probe load of
-//! a tiny program), and what the absence of each one turns off. Distribution kernels backport
-//! and remove features, so a version number decides only where nothing can be asked yet
-//! ([`Feature::FibLookupMark`]).
+//! The optional kernel features the fast path uses, found by asking this kernel, and what the
+//! absence of each one turns off. Distribution kernels backport and remove features, so no
+//! version number decides: [`probe`] loads a tiny program that calls a helper (aya's helper
+//! probe), and [`probe_fib_mark`] runs the object's probe program, whose `bpf_fib_lookup` call
+//! tells whether the kernel takes the mark (the kernel version stands in for that answer only
+//! where the object could not be loaded).
 //!
 //! [`probe`] runs once, before the eBPF object is loaded: a missing feature becomes a load-time
 //! constant of the object (the verifier then prunes the code that needs it), a `warn` line in
@@ -11,11 +13,13 @@
 use std::fmt;
 
 use aya::{
-    programs::ProgramType,
+    Ebpf,
+    programs::{ProgramType, TestRun as _, TestRunOptions, Xdp},
     sys::{BpfHelper, is_helper_supported},
     util::KernelVersion,
 };
 use serde::{Deserialize, Serialize};
+use xdp_router_common::FIB_MARK_PROBE_PROG_NAME;
 
 /// An optional kernel feature.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -109,6 +113,13 @@ impl KernelFeatures {
             .map_or(&Availability::Available, |(_, a)| a)
     }
 
+    /// Replaces what is known of `feature` with `answer`.
+    pub fn set(&mut self, feature: Feature, answer: Availability) {
+        if let Some((_, a)) = self.features.iter_mut().find(|(f, _)| *f == feature) {
+            *a = answer;
+        }
+    }
+
     /// Whether the fast path may use `feature`.
     pub fn usable(&self, feature: Feature) -> bool {
         self.get(feature).usable()
@@ -123,8 +134,9 @@ impl KernelFeatures {
     }
 }
 
-/// Asks this kernel about every feature. Needs the privileges to load a BPF program (a failed
-/// probe is [`Availability::Unknown`], never an error).
+/// Asks this kernel about every feature that needs no eBPF object ([`Feature::FibLookupMark`]:
+/// by version until [`probe_fib_mark`] asks the object). Needs the privileges to load a BPF
+/// program (a failed probe is [`Availability::Unknown`], never an error).
 pub fn probe() -> KernelFeatures {
     KernelFeatures {
         features: Feature::ALL.iter().map(|f| (*f, probe_one(*f))).collect(),
@@ -138,6 +150,45 @@ fn probe_one(feature: Feature) -> Availability {
             "bpf_xdp_adjust_meta",
         ),
         Feature::FibLookupMark => since(KernelVersion::current(), KernelVersion::new(6, 10, 0)),
+    }
+}
+
+/// Runs the loaded (not yet verified) object's probe program once (`BPF_PROG_RUN`): whether
+/// `bpf_fib_lookup` takes `BPF_FIB_LOOKUP_MARK` here. The program is unloaded again.
+pub fn probe_fib_mark(ebpf: &mut Ebpf) -> Availability {
+    let mut run = || -> anyhow::Result<u32> {
+        let prog: &mut Xdp = ebpf
+            .program_mut(FIB_MARK_PROBE_PROG_NAME)
+            .ok_or_else(|| anyhow::anyhow!("no program {FIB_MARK_PROBE_PROG_NAME}"))?
+            .try_into()?;
+        prog.load()?;
+        // An Ethernet header's worth of zeroes: the program reads nothing of it.
+        let frame = [0u8; 64];
+        let ran = prog.test_run(TestRunOptions {
+            data_in: Some(&frame),
+            ..TestRunOptions::default()
+        });
+        let _ = prog.unload();
+        Ok(ran?.return_value)
+    };
+    match run() {
+        Ok(rc) => fib_mark_answer(rc),
+        Err(e) => Availability::Unknown(format!("running the probe program failed: {e:#}")),
+    }
+}
+
+/// What the probe program's return value (`bpf_fib_lookup`'s, a negative errno as `u32`) says.
+/// Pure.
+pub fn fib_mark_answer(rc: u32) -> Availability {
+    match -(rc as i32) {
+        libc::EAFNOSUPPORT => Availability::Available,
+        libc::EINVAL => {
+            Availability::Missing("bpf_fib_lookup refuses BPF_FIB_LOOKUP_MARK (EINVAL)".to_owned())
+        }
+        e => Availability::Unknown(format!(
+            "bpf_fib_lookup answered the probe with {}",
+            std::io::Error::from_raw_os_error(e)
+        )),
     }
 }
 
@@ -174,6 +225,24 @@ mod tests {
         let failed = helper(Err(aya::programs::ProgramError::UnexpectedProgramType), "h");
         assert!(matches!(&failed, Availability::Unknown(w) if w.contains("probing h failed")));
         assert!(!failed.usable());
+    }
+
+    #[test]
+    fn the_fib_lookups_answer_says_whether_it_takes_the_mark() {
+        let rc = |errno: i32| (-errno) as u32;
+        assert_eq!(
+            fib_mark_answer(rc(libc::EAFNOSUPPORT)),
+            Availability::Available
+        );
+        assert!(matches!(
+            fib_mark_answer(rc(libc::EINVAL)),
+            Availability::Missing(_)
+        ));
+        assert!(matches!(fib_mark_answer(0), Availability::Unknown(_)));
+        assert!(matches!(
+            fib_mark_answer(rc(libc::ENOENT)),
+            Availability::Unknown(_)
+        ));
     }
 
     #[test]

@@ -463,8 +463,9 @@ mod tests {
         let mut f = facts();
         f.kernel = Some(Version(6, 1, 0));
         assert_eq!(requirements(&f)[0].level, Level::Fail);
+        // What a 6.8 kernel lacks (the FIB lookup's mark) is the probe's line, not the version's.
         f.kernel = Some(Version(6, 8, 0));
-        assert_eq!(requirements(&f)[0].level, Level::Warn);
+        assert_eq!(requirements(&f)[0].level, Level::Ok);
         f.btf = false;
         f.cap_eff = Some(1 << CAP_NET_ADMIN);
         f.ebpf_load = None;

@@ -114,10 +114,7 @@ impl Datapath {
         {
             bail!("Linux {v} is too old: xdp-routerd needs 5.9 or newer (XDP bpf_link)");
         }
-        let features = kernel_features::probe();
-        for (feature, why) in features.missing() {
-            warn!(%feature, why, lost = feature.without(), "kernel feature missing");
-        }
+        let mut features = kernel_features::probe();
         let xdp_meta = u8::from(features.usable(Feature::XdpMetadata));
         let mut loader = EbpfLoader::new();
         for map in flows::SIZED_MAPS {
@@ -125,6 +122,13 @@ impl Datapath {
         }
         loader.override_global(GLOBAL_XDP_META, &xdp_meta, true);
         let mut ebpf = loader.load(object).map_err(explain_load_error)?;
+        features.set(
+            Feature::FibLookupMark,
+            kernel_features::probe_fib_mark(&mut ebpf),
+        );
+        for (feature, why) in features.missing() {
+            warn!(%feature, why, lost = feature.without(), "kernel feature missing");
+        }
         let prog: &mut Xdp = ebpf
             .program_mut(PROG_NAME)
             .ok_or_else(|| anyhow!("eBPF object has no program {PROG_NAME}"))?

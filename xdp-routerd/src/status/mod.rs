@@ -476,6 +476,7 @@ mod tests {
             ruleset: RulesetStatus::default(),
             age_ms: 0,
             per_packet: PerPacketStatus::default(),
+            kernel: KernelFeatures::all_available(),
         }
     }
 

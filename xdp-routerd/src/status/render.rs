@@ -311,6 +311,30 @@ mod tests {
         );
     }
 
+    /// A kernel without a feature says what it lacks and what that costs, one line each.
+    #[test]
+    fn a_missing_kernel_feature_is_a_line_of_its_own() {
+        use crate::kernel_features::{Availability, Feature};
+        let mut st = status(&[]);
+        assert!(
+            st.render()
+                .contains("kernel: every optional feature the fast path uses is there\n")
+        );
+        st.kernel.set(
+            Feature::XdpMetadata,
+            Availability::Missing("refused".into()),
+        );
+        let text = st.render();
+        assert!(
+            text.contains(&format!(
+                "kernel: no xdp_metadata (refused): {}\n",
+                Feature::XdpMetadata.without()
+            )),
+            "{text}"
+        );
+        assert!(!text.contains("every optional feature"), "{text}");
+    }
+
     fn ppp0(pppoe: PppoeStatus, encap: Option<&str>) -> IfaceStatus {
         IfaceStatus {
             name: "ppp0".into(),
