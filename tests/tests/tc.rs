@@ -279,6 +279,7 @@ fn auto_datapath_puts_a_macvlan_lan_port_on_tc_behind_native_xdp() {
         ("native", true),
         "the WAN keeps native XDP with the TC program behind it: {wan:?}"
     );
+    st.note_unmarked_handoff("tc::auto_datapath_puts_a_macvlan_lan_port_on_tc_behind_native_xdp");
     let text = tb.daemon().ctl(&["status"]).expect("status");
     assert!(
         text.contains("xdp native + tc hand-over"),
@@ -333,6 +334,7 @@ fn auto_datapath_takes_tc_where_native_xdp_is_refused() {
         lan.datapath_because
     );
     assert_eq!(wan.attach_mode, "native");
+    st.note_unmarked_handoff("tc::auto_datapath_takes_tc_where_native_xdp_is_refused");
     let errors = host_csum_errors(&tb);
     traffic_is_fast_pathed(
         &tb,

@@ -194,6 +194,7 @@ fn wan_as_a_tunnel_device_runs_the_tc_fast_path() {
     );
     assert_eq!(mode(TUNNEL), ("tc".into(), false), "{st:?}");
     assert_eq!(mode(LAN_IF), ("native".into(), true), "{st:?}");
+    st.note_unmarked_handoff("tunnel::wan_as_a_tunnel_device_runs_the_tc_fast_path");
     traffic_is_fast_pathed(&tb, 6305, LAN_IF, TUNNEL, "through a VXLAN WAN on TC");
 }
 
@@ -384,6 +385,7 @@ fn wan_as_an_l3_device_is_fast_pathed() {
         ("native", true),
         "{st:?}"
     );
+    st.note_unmarked_handoff("tunnel::wan_as_an_l3_device_is_fast_pathed");
     traffic_is_fast_pathed(&tb, 6307, LAN_IF, "tun0", "through an L3 WAN (TUN)");
     let skipped = path_not_managed(&tb.snapshot().status);
     drop(tb);

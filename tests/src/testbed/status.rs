@@ -2,8 +2,9 @@
 //! snapshots, and the FORWARD chain's packet counters.
 
 use serde::Deserialize;
+use xdp_routerd::kernel_features::{Feature, KernelFeatures};
 
-use crate::netns::Netns;
+use crate::netns::{Netns, degraded};
 
 use super::addrs::{LAN_IF, WAN_IF};
 
@@ -75,6 +76,9 @@ pub struct Status {
     /// Rules that must see every packet.
     #[serde(default)]
     pub per_packet: PerPacketSummary,
+    /// The optional kernel features the datapath was loaded for.
+    #[serde(default = "KernelFeatures::all_available")]
+    pub kernel: KernelFeatures,
 }
 
 /// The `per_packet` object of `status --json`.
@@ -237,6 +241,20 @@ impl Status {
             .find(|r| r.interface == iface && r.reason == reason)
             .map(|r| r.packets)
             .unwrap_or_else(|| panic!("status has no counter row ({iface}, {reason}): {self:?}"))
+    }
+
+    /// Says (a `DEGRADED` note, see [`degraded`]) that `test` checks the hand-over to the TC
+    /// program behind XDP without its mark, where this kernel has no XDP metadata and some
+    /// interface runs the hand-over.
+    pub fn note_unmarked_handoff(&self, test: &str) {
+        if !self.kernel.usable(Feature::XdpMetadata) && self.interfaces.iter().any(|i| i.tc_handoff)
+        {
+            degraded(
+                test,
+                "this kernel refuses XDP metadata to XDP programs: the hand-over from XDP to \
+                 the TC program behind it runs without its mark (checked here)",
+            );
+        }
     }
 
     /// Fast-path forwarded packets (both directions) that entered on `iface`.

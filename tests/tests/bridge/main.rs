@@ -622,6 +622,7 @@ fn a_bridge_port_without_native_xdp_gets_the_tc_fast_path() {
             .is_some_and(|w| w.contains("fewer RX queues")),
         "status should say why: {p2:?}"
     );
+    st.note_unmarked_handoff("bridge::a_bridge_port_without_native_xdp_gets_the_tc_fast_path");
 
     let (server, echo, [s1, s2], mut seqs) = bed.two_offloaded(9998, any_v4());
     on_and_off(

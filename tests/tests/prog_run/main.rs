@@ -39,15 +39,14 @@ use crate::{
 };
 use aya::programs::{SchedClassifier, Xdp};
 use xdp_router_common::{
-    Counter, FIB_LOOKUP_DIRECT, FibCache, IFACE_F_BRIDGE, IFACE_F_NO_XDP_XMIT, IFACE_F_PPP_CCP,
-    IFACE_F_PPPOE, IFACE_F_TC_HANDOFF, PROG_NAME, Reason, TC_PROG_NAME, XDP_TC_HANDOFF,
-    stats_index,
+    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_BRIDGE, IFACE_F_PPP_CCP, IFACE_F_PPPOE, PROG_NAME, Reason,
+    TC_PROG_NAME, stats_index,
 };
 use xdp_router_tests::{
     fixture_net::{
-        Bed, GW_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, Maps, Setup, TC_ACT_UNSPEC, WAN_MAC,
-        XDP_PASS, XDP_REDIRECT, build_topology, flow, lan_pkt, load, load_object, object, routed,
-        run, run_tc, try_run_tc, v4, v6, wan_pkt,
+        Bed, GW_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, Setup, WAN_MAC, XDP_PASS, XDP_REDIRECT,
+        build_topology, flow, lan_pkt, load, load_object, object, routed, run, try_run_tc, v4, v6,
+        wan_pkt,
     },
     netns::{Netns, require_root},
     packet::{
