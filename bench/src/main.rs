@@ -8,6 +8,7 @@ mod churn;
 mod cpu;
 mod ctnl;
 mod demo;
+mod generator;
 mod lab;
 mod latency;
 mod napi;

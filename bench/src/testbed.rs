@@ -20,7 +20,8 @@ use xdp_router_testbed::netns::{self, Netns};
 
 use crate::{
     cpu::{CpuShare, CpuTimes},
-    lab::{Generator, Sink, ifindex},
+    generator::Generator,
+    lab::{Sink, ifindex},
     packet::{Family, FrameSpec},
     pin::{pin_pid, set_fifo},
     search::Outcome,
