@@ -274,6 +274,7 @@ impl Testbed {
         wan.sh(&format!("echo 1 > /sys/class/net/{sd}/threaded"))?;
         let lan_gen = Generator::new(&lan, "lk", GEN_CPU)?;
         let wan_gen = Generator::new(&wan, "wk", GEN_CPU)?;
+        eprintln!("generator: {}", lan_gen.kind());
         let (l0_idx, gd_idx) = lan.enter(|| Ok((ifindex("l0")?, ifindex("gd")?)))?;
         let w0_idx = wan.enter(|| ifindex("w0"))?;
         let rw_idx = rtr.enter(|| ifindex(rw))?;

@@ -1,17 +1,17 @@
 //! The live-frames generator: the lab's `lab_gen` program run by `BPF_PROG_RUN` with
-//! `BPF_F_TEST_XDP_LIVE_FRAMES`; it rewrites the headers of every frame from the config's
-//! template, sets the flow's port and redirects the frame out of the stream's interface.
+//! `BPF_F_TEST_XDP_LIVE_FRAMES`; it rewrites every frame as [`super::frames`] describes and
+//! redirects it out of the stream's interface.
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf,
     maps::Array,
-    programs::{TestRun as _, TestRunAttrs, TestRunOptions, Xdp, XdpMode},
+    programs::{ProgramError, TestRun as _, TestRunAttrs, TestRunOptions, Xdp, XdpMode},
 };
 use xdp_router_common::lab::{GenConfig, LAB_GEN_PROG, MAP_LAB_GEN};
 use xdp_router_testbed::netns::{Netns, enter_netns};
 
-use super::pacing::Pacer;
+use super::{errno_name, pacing::Pacer};
 use crate::lab::{attach, load};
 
 /// Live-frames batch (frames per page-pool refill and redirect flush). Every call builds a new
@@ -52,6 +52,24 @@ impl LiveFrames {
             .ok_or_else(|| anyhow!("lab object has no program {LAB_GEN_PROG}"))?
             .try_into()
             .with_context(|| format!("{LAB_GEN_PROG} is not an XDP program"))
+    }
+
+    /// Whether this kernel runs the program on live frames: one call with one frame, which the
+    /// program aborts (its config is still empty, no flows), so nothing is sent. `Err` holds
+    /// the errno name of the refusal (EPERM where live frames are not permitted).
+    pub fn probe(&self) -> Result<Result<(), String>> {
+        let frame = [0u8; 64];
+        let opts = TestRunOptions {
+            data_in: Some(&frame),
+            repeat: 1,
+            attrs: TestRunAttrs::new().xdp_live_frames(1),
+            ..TestRunOptions::new()
+        };
+        Ok(match self.prog()?.test_run(opts) {
+            Ok(_) => Ok(()),
+            Err(ProgramError::SyscallError(e)) => Err(errno_name(&e.io_error)),
+            Err(e) => Err(e.to_string()),
+        })
     }
 
     /// Runs `frame` through the program as `cfg` says, in bursts of `pacer` (one call each);
