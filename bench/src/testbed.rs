@@ -20,7 +20,7 @@ use xdp_router_testbed::netns::{self, Netns};
 
 use crate::{
     cpu::{CpuShare, CpuTimes},
-    generator::Generator,
+    generator::{GenKind, Generator},
     lab::{Sink, ifindex},
     packet::{Family, FrameSpec},
     pin::{pin_pid, set_fifo},
@@ -295,6 +295,11 @@ impl Testbed {
         };
         tb.pin_napi_threads()?;
         Ok(tb)
+    }
+
+    /// Which generator sends the frames (the same on both hosts: one kernel probed twice).
+    pub fn generator(&self) -> &GenKind {
+        self.lan_gen.kind()
     }
 
     /// MACs of the router's interfaces towards the LAN and WAN hosts and of the WAN host.

@@ -44,6 +44,16 @@ impl fmt::Display for GenKind {
     }
 }
 
+/// Share of the generator's own rate (flat out over the direct pair into a bare sink) from
+/// which a rate measured through the router is the generator's limit, not the router's.
+const BOUND_SHARE: f64 = 0.9;
+
+/// Whether `pps` is within 10 % of (or above) the generator's own rate `ceiling_pps`: a
+/// generator-bound figure, a lower bound of what the router can do.
+pub fn generator_bound(pps: f64, ceiling_pps: f64) -> bool {
+    ceiling_pps > 0.0 && pps >= BOUND_SHARE * ceiling_pps
+}
+
 /// What one generator run did.
 #[derive(Clone, Copy, Debug)]
 pub struct GenRun {
@@ -169,6 +179,15 @@ fn errno_name(e: &io::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_near_the_ceiling_are_generator_bound() {
+        assert!(generator_bound(900_000.0, 1_000_000.0));
+        assert!(generator_bound(1_050_000.0, 1_000_000.0));
+        assert!(!generator_bound(899_000.0, 1_000_000.0));
+        // No ceiling measured: nothing is marked.
+        assert!(!generator_bound(1_000.0, 0.0));
+    }
 
     #[test]
     fn the_kind_names_the_generator_and_the_refusal() {
