@@ -106,6 +106,30 @@ pub fn require_root(test: &str) -> bool {
     skip(test, "needs root (network namespaces, BPF, iptables)")
 }
 
+/// Says loudly that `test` checks a degraded path because this kernel lacks a feature (`why`:
+/// what it lacks and what runs instead): a `DEGRADED` line, printed and appended to the file
+/// named by `XDP_ROUTER_SKIP_LOG`, which `cargo xtask test` lists in its summary as a note (not
+/// a skip: the degraded path is what the test checks, and it fails if that is wrong).
+pub fn degraded(test: &str, why: &str) {
+    let msg = format!("DEGRADED {test}: {why}");
+    eprintln!("\n*** {msg} ***\n");
+    append_to_skip_log(&msg);
+}
+
+/// Appends `line` to the file named by `XDP_ROUTER_SKIP_LOG`, if set.
+fn append_to_skip_log(line: &str) {
+    if let Some(path) = std::env::var_os("XDP_ROUTER_SKIP_LOG") {
+        use std::io::Write as _;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
 /// Skips `test` loudly and returns false: prints a SKIP line and appends it to the file named by
 /// `XDP_ROUTER_SKIP_LOG` (so `cargo xtask test` can list skips in its summary). Panics instead
 /// when `CI` is set, since in CI a skip is a failure.
@@ -115,15 +139,6 @@ pub fn skip(test: &str, why: &str) -> bool {
         panic!("{msg}; CI is set, so a skip is a failure");
     }
     eprintln!("\n*** {msg} ***\n");
-    if let Some(path) = std::env::var_os("XDP_ROUTER_SKIP_LOG") {
-        use std::io::Write as _;
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(f, "{msg}");
-        }
-    }
+    append_to_skip_log(&msg);
     false
 }

@@ -61,10 +61,19 @@ pub const STAMP_PROG_NAME: &str = "xdp_router_stamp";
 /// whose datapath is TC (`datapath = "tc"`): the same pipeline as [`PROG_NAME`].
 pub const TC_PROG_NAME: &str = "xdp_router_tc";
 
+/// Name of the XDP program the daemon runs once with `BPF_PROG_RUN` to ask whether this
+/// kernel's `bpf_fib_lookup` takes [`FIB_LOOKUP_MARK`]; its return value is the helper's
+/// answer (`-EINVAL`: no).
+pub const FIB_MARK_PROBE_PROG_NAME: &str = "xdp_router_fibm";
+
 /// Name of the program's load-time global (`u32`, default 0) with extra `bpf_fib_lookup` flags;
 /// only [`FIB_LOOKUP_DIRECT`] is honoured. Set it with `EbpfLoader::override_global` before the
 /// object is loaded (the verifier then prunes on the constant).
 pub const GLOBAL_FIB_FLAGS: &str = "FIB_FLAGS";
+/// The eBPF object's global (`u8`, 1 as built) saying whether XDP programs may use XDP metadata
+/// (`bpf_xdp_adjust_meta`): the daemon loads 0 where the kernel refuses the helper, and the
+/// hand-over to the TC program behind XDP then works without its mark (`handoff.rs`).
+pub const GLOBAL_XDP_META: &str = "XDP_META";
 
 /// `BPF_FIB_LOOKUP_DIRECT`: look up the main table (or the ingress VRF's) directly instead of
 /// going through the FIB rules. Saves ~20 ns per IPv6 packet (the kernel otherwise looks up the

@@ -19,12 +19,11 @@ use crate::{
 /// anything. A redirect from TC (`P::SKB`) goes through the device's transmit path
 /// (`dev_queue_xmit`): it needs no XDP transmit.
 #[inline(always)]
+///
+/// The transmit check comes last: a packet XDP passes as `egress_no_xdp_xmit` is one the TC
+/// fast path behind it could send (`handoff.rs`), the shaping and hook checks being the same
+/// on both.
 pub fn check_egress<P: Packet>(flags: u32) -> Result<(), Reason> {
-    if !P::SKB && flags & IFACE_F_NO_XDP_XMIT != 0 {
-        // The device would drop a redirected frame (no ndo_xdp_xmit, or a veth whose peer
-        // has neither XDP nor GRO): the kernel's own output path can send it.
-        return Err(Reason::PassEgressNoXdpXmit);
-    }
     // From TC the qdisc would run, but with the skb's priority and mark as received: a
     // classification the kernel's forward path would have set (mangle rules, CLASSIFY) is
     // not applied, so a shaped link stays with the kernel on both paths.
@@ -37,6 +36,11 @@ pub fn check_egress<P: Packet>(flags: u32) -> Result<(), Reason> {
         // tc egress filters do run, the netdev egress chain does not: `nf_skip_egress` is set
         // around TC ingress.)
         return Err(Reason::PassEgressHook);
+    }
+    if !P::SKB && flags & IFACE_F_NO_XDP_XMIT != 0 {
+        // The device would drop a redirected frame (no ndo_xdp_xmit, or a veth whose peer
+        // has neither XDP nor GRO): the kernel's own output path can send it.
+        return Err(Reason::PassEgressNoXdpXmit);
     }
     Ok(())
 }

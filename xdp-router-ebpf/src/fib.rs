@@ -4,7 +4,10 @@
 
 use core::mem::{size_of, transmute};
 
-use aya_ebpf::{bindings::bpf_fib_lookup, helpers::bpf_fib_lookup as fib_lookup};
+use aya_ebpf::{
+    EbpfContext as _, bindings::bpf_fib_lookup, helpers::bpf_fib_lookup as fib_lookup,
+    programs::XdpContext,
+};
 use xdp_router_common::{
     FIB_LOOKUP_MARK, FibCache, IFACE_F_L3, IFACE_F_PPPOE, Reason,
     parse::{check_fib_result, fib},
@@ -238,4 +241,25 @@ fn has_no_neighbours(ifindex: u32) -> bool {
     IFACES
         .get_ptr(ifindex)
         .is_some_and(|i| unsafe { (*i).flags } & (IFACE_F_PPPOE | IFACE_F_L3) != 0)
+}
+
+/// The daemon's probe for `BPF_FIB_LOOKUP_MARK` (see the `xdp_router_fibm` program): the answer
+/// of `bpf_fib_lookup` with that flag alone and no address family. The kernel checks the flags
+/// first (`-EINVAL` for one it does not know), then the family (`-EAFNOSUPPORT`), so the
+/// answer tells whether this kernel takes the mark, whatever its version says.
+#[inline(always)]
+pub fn probe_mark(ctx: &XdpContext) -> u32 {
+    // SAFETY: bpf_fib_lookup is a #[repr(C)] struct of integers and unions of integers: all
+    // zeroes is a valid value.
+    let mut params: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+    // SAFETY: a helper on this program's own context and a stack struct of the size given.
+    let rc = unsafe {
+        fib_lookup(
+            ctx.as_ptr().cast(),
+            &mut params,
+            size_of::<bpf_fib_lookup>() as i32,
+            FIB_LOOKUP_MARK,
+        )
+    };
+    rc as u32
 }

@@ -117,7 +117,12 @@ pub fn xdp_router_tc(ctx: TcContext) -> i32 {
             fwd.action as i32
         }
         Err(reason) => {
-            stats::count(slot, reason, bytes);
+            // Behind XDP without the hand-over's mark, XDP counted what it did not hand over
+            // (see `handoff.rs`). Looked up again rather than kept across the pipeline: the
+            // stack is full.
+            if !handoff::unmarked(maps::IFACES.get_ptr(ifindex)) {
+                stats::count(slot, reason, Packet::len(&ctx) as u64);
+            }
             TC_ACT_UNSPEC
         }
     }
@@ -146,6 +151,13 @@ pub fn xdp_router_arm3(ctx: TcContext) -> i32 {
 pub fn xdp_router_stamp(ctx: TcContext) -> i32 {
     let _ = stamp::try_stamp(&ctx);
     TC_ACT_UNSPEC
+}
+
+/// Probe, run once by the daemon with `BPF_PROG_RUN` and never attached: returns what
+/// `bpf_fib_lookup` answers with `BPF_FIB_LOOKUP_MARK` (see `fib::probe_mark`).
+#[xdp]
+pub fn xdp_router_fibm(ctx: XdpContext) -> u32 {
+    fib::probe_mark(&ctx)
 }
 
 #[cfg(not(test))]

@@ -6,6 +6,7 @@ pub mod control;
 pub mod daemon;
 pub mod datapath;
 pub mod flows;
+pub mod kernel_features;
 pub mod metrics;
 pub mod paths;
 pub mod signals;

@@ -10,12 +10,16 @@ use aya::{
 };
 use xdp_router_common::{
     BridgeVlanKey, Counter, FdbKey, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
-    GLOBAL_FIB_FLAGS, IfaceInfo, MAP_BRIDGE_FDB, MAP_BRIDGE_VLANS, MAP_FLOWS_V4, MAP_FLOWS_V6,
-    MAP_IFACES, MAP_PPPOE, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAP_VLANS, PROG_NAME, PppoeKey,
-    SETTINGS_F_DSCP_REWRITE, SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL, Settings, VlanKey,
+    GLOBAL_FIB_FLAGS, GLOBAL_XDP_META, IfaceInfo, MAP_BRIDGE_FDB, MAP_BRIDGE_VLANS, MAP_FLOWS_V4,
+    MAP_FLOWS_V6, MAP_IFACES, MAP_PPPOE, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAP_VLANS,
+    PROG_NAME, PppoeKey, SETTINGS_F_DSCP_REWRITE, SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL,
+    Settings, VlanKey,
 };
 
-use xdp_routerd::datapath::flows::BatchAttr;
+use xdp_routerd::{
+    datapath::flows::BatchAttr,
+    kernel_features::{self, Feature},
+};
 
 use super::{
     flow::{ARMED, FlowEntry},
@@ -72,16 +76,30 @@ pub fn object() -> std::borrow::Cow<'static, [u8]> {
     }
 }
 
+/// Whether this kernel lets XDP programs use XDP metadata (the daemon's probe): what the
+/// object is loaded with by [`load`] and [`load_object`], as the daemon loads it.
+pub fn kernel_has_xdp_meta() -> bool {
+    kernel_features::probe().usable(Feature::XdpMetadata)
+}
+
 /// Loads the object (see [`object`]) and the program (the verifier runs here).
 pub fn load() -> (Ebpf, Maps) {
     load_object(&object(), 0)
 }
 
 /// Loads an `xdp_router` object (e.g. an older build to compare with) and its program, with
-/// `fib_flags` as its `GLOBAL_FIB_FLAGS` (ignored by objects without it).
+/// `fib_flags` as its `GLOBAL_FIB_FLAGS` (ignored by objects without it) and XDP metadata as
+/// this kernel allows.
 pub fn load_object(object: &[u8], fib_flags: u32) -> (Ebpf, Maps) {
+    load_with(object, fib_flags, kernel_has_xdp_meta())
+}
+
+/// [`load_object`] with `GLOBAL_XDP_META` set to `xdp_meta` (ignored by objects without it):
+/// `false` loads the hand-over without its mark on any kernel.
+pub fn load_with(object: &[u8], fib_flags: u32, xdp_meta: bool) -> (Ebpf, Maps) {
     let mut ebpf = EbpfLoader::new()
         .override_global(GLOBAL_FIB_FLAGS, &fib_flags, false)
+        .override_global(GLOBAL_XDP_META, &u8::from(xdp_meta), false)
         .load(object)
         .unwrap_or_else(|e| panic!("load eBPF object: {e:#}"));
     let prog: &mut Xdp = ebpf

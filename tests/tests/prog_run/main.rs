@@ -13,7 +13,8 @@
 //!
 //! The table is split by subject, one module each: `ip` (forwarding and NAT), `ingress`,
 //! `flow` and `route` (what the fast path refuses, and where), `bridge`, `bridge_vlan`, `vlan`,
-//! `pppoe`, `kernel_checks`, `checksum_complete` (the TC table on `CHECKSUM_COMPLETE` skbs);
+//! `pppoe`, `kernel_checks`, `checksum_complete` (the TC table on `CHECKSUM_COMPLETE` skbs),
+//! `handoff` (from XDP to the TC program behind it, with and without the mark);
 //! `case` holds the case type and its constructors, `runner` the check of one case.
 
 mod bridge;
@@ -21,6 +22,7 @@ mod bridge_vlan;
 mod case;
 mod checksum_complete;
 mod flow;
+mod handoff;
 mod ingress;
 mod ip;
 mod kernel_checks;
@@ -620,99 +622,4 @@ fn fib_cache_is_used_only_while_valid() {
         results
     });
     assert_all_ok(&results);
-}
-
-/// The hand-over to the TC program behind XDP (`IFACE_F_TC_HANDOFF`, `handoff.rs`): a packet of
-/// an armed flow whose egress cannot transmit XDP frames leaves XDP untouched, with
-/// `XDP_TC_HANDOFF` in front of it as metadata (BPF_PROG_RUN returns the metadata with the
-/// frame) and nothing counted; the TC program counts it when it takes it. Without the flag on
-/// the ingress, the same packet is counted `egress_no_xdp_xmit` and gets no metadata (the
-/// control). The TC program on a hand-over port leaves a packet without the metadata alone,
-/// uncounted (XDP counted it): each packet counted once.
-#[test]
-fn xdp_hands_packets_for_ports_without_xdp_transmit_to_tc() {
-    let Some((router, _hosts)) = fixture_namespaces(
-        "prog_run::xdp_hands_packets_for_ports_without_xdp_transmit_to_tc",
-        "dpo",
-    ) else {
-        return;
-    };
-    let errs = router.run(|| {
-        let b = Bed::here();
-        let (mut ebpf, mut maps) = load();
-        let (good4, _) = case::good_packets();
-        let frame = good4.frame();
-        let no_xmit = Setup::managed(&b, vec![routed(b.lan, &good4, false)])
-            .with_iface_flags(b.wan, IFACE_F_NO_XDP_XMIT);
-        let mut errs = Vec::new();
-        let counted = |maps: &Maps, before: &[Counter]| -> Vec<String> {
-            maps.stats()
-                .iter()
-                .zip(before)
-                .enumerate()
-                .filter(|(_, (a, b))| a != b)
-                .map(|(i, _)| {
-                    let r = Reason::from_u32(i as u32 % Reason::COUNT);
-                    format!(
-                        "slot {} {}",
-                        i as u32 / Reason::COUNT,
-                        r.map_or("?", Reason::name)
-                    )
-                })
-                .collect()
-        };
-        {
-            let xdp: &Xdp = ebpf
-                .program(PROG_NAME)
-                .expect("program present")
-                .try_into()
-                .expect("XDP program");
-            // The control: no TC program behind.
-            maps.apply(&no_xmit);
-            let before = maps.stats();
-            let (verdict, out) = run(xdp, &frame, b.lan);
-            let moved = counted(&maps, &before);
-            let want = vec![format!("slot {LAN_SLOT} egress_no_xdp_xmit")];
-            if verdict != XDP_PASS || out != frame || moved != want {
-                errs.push(format!(
-                    "without the hand-over: verdict {verdict}, frame {}, counted {moved:?}; want \
-                     XDP_PASS, unchanged, {want:?}",
-                    if out == frame { "unchanged" } else { "changed" }
-                ));
-            }
-            // With the TC program behind.
-            maps.apply(&no_xmit.clone().with_iface_flags(b.lan, IFACE_F_TC_HANDOFF));
-            let before = maps.stats();
-            let (verdict, out) = run(xdp, &frame, b.lan);
-            let moved = counted(&maps, &before);
-            let mut want_out = XDP_TC_HANDOFF.to_ne_bytes().to_vec();
-            want_out.extend_from_slice(&frame);
-            if verdict != XDP_PASS || out != want_out || !moved.is_empty() {
-                errs.push(format!(
-                    "hand-over: verdict {verdict}, counted {moved:?}, out {}; want XDP_PASS, \
-                     nothing counted, the mark then the frame unchanged: {}",
-                    hex(&out),
-                    hex(&want_out)
-                ));
-            }
-        }
-        let tc: &mut SchedClassifier = ebpf
-            .program_mut(TC_PROG_NAME)
-            .expect("TC program present")
-            .try_into()
-            .expect("SchedClassifier program");
-        tc.load()
-            .unwrap_or_else(|e| panic!("verifier rejected {TC_PROG_NAME}: {e}\n{e:?}"));
-        let before = maps.stats();
-        let (verdict, out) = run_tc(tc, &frame, b.lan);
-        let moved = counted(&maps, &before);
-        if verdict != TC_ACT_UNSPEC || out != frame || !moved.is_empty() {
-            errs.push(format!(
-                "TC behind XDP, no mark: verdict {verdict}, counted {moved:?}; want \
-                 TC_ACT_UNSPEC, nothing counted, frame unchanged"
-            ));
-        }
-        errs
-    });
-    assert!(errs.is_empty(), "{errs:#?}");
 }

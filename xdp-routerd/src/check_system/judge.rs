@@ -3,7 +3,7 @@
 
 use std::fmt::{self, Write as _};
 
-use crate::sync::xdp_xmit::NETDEV_XDP_ACT_NDO_XMIT;
+use crate::{kernel_features::KernelFeatures, sync::xdp_xmit::NETDEV_XDP_ACT_NDO_XMIT};
 
 /// How a requirement stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -86,6 +86,9 @@ pub struct Facts {
     /// `Ok` when the eBPF object loaded (the verifier accepted both programs), else the load
     /// error's one line; `None` when not tried (no privileges).
     pub ebpf_load: Option<Result<(), String>>,
+    /// What the probe found of the optional kernel features; `None` when not tried (no
+    /// privileges).
+    pub features: Option<KernelFeatures>,
     /// `net.netfilter.nf_conntrack_{max,acct,events,checksum}`; `None` when conntrack is not
     /// loaded.
     pub conntrack: Option<[Option<u64>; 4]>,
@@ -133,15 +136,6 @@ pub fn requirements(f: &Facts) -> Vec<Line> {
             format!(
                 "Linux {v} {}: the arming program needs TCX links (6.6); without them no flow is \
                  fast-pathed",
-                f.machine
-            ),
-        ),
-        Some(v) if v < Version(6, 10, 0) => line(
-            Level::Warn,
-            "kernel",
-            format!(
-                "Linux {v} {}: bpf_fib_lookup takes no packet mark before 6.10: marked flows stay \
-                 in the kernel",
                 f.machine
             ),
         ),
@@ -195,6 +189,13 @@ pub fn requirements(f: &Facts) -> Vec<Line> {
             "not tried without the privileges above".into(),
         ),
     });
+    for (feature, why) in f.features.iter().flat_map(KernelFeatures::missing) {
+        out.push(line(
+            Level::Warn,
+            feature.name(),
+            format!("{why}: {}", feature.without()),
+        ));
+    }
     out.push(match f.conntrack {
         None => line(
             Level::Warn,
@@ -364,6 +365,7 @@ mod tests {
             btf: true,
             cap_eff: Some(u64::MAX >> 23),
             ebpf_load: Some(Ok(())),
+            features: Some(KernelFeatures::all_available()),
             conntrack: Some([Some(262_144), Some(0), Some(1), Some(1)]),
             netdev_family: true,
             devices: vec![
@@ -442,12 +444,28 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_kernel_feature_warns_with_what_it_costs() {
+        use crate::kernel_features::{Availability, Feature};
+        let mut f = facts();
+        let mut k = KernelFeatures::all_available();
+        k.features[0].1 = Availability::Missing("refused".into());
+        f.features = Some(k);
+        let lines = requirements(&f);
+        let l = lines.iter().find(|l| l.what == "xdp_metadata").unwrap();
+        assert_eq!(l.level, Level::Warn);
+        assert!(l.detail.starts_with("refused: "));
+        assert!(l.detail.ends_with(Feature::XdpMetadata.without()));
+        assert!(lines.iter().all(|l| l.what != "fib_lookup_mark"));
+    }
+
+    #[test]
     fn old_kernels_missing_btf_and_capabilities_fail() {
         let mut f = facts();
         f.kernel = Some(Version(6, 1, 0));
         assert_eq!(requirements(&f)[0].level, Level::Fail);
+        // What a 6.8 kernel lacks (the FIB lookup's mark) is the probe's line, not the version's.
         f.kernel = Some(Version(6, 8, 0));
-        assert_eq!(requirements(&f)[0].level, Level::Warn);
+        assert_eq!(requirements(&f)[0].level, Level::Ok);
         f.btf = false;
         f.cap_eff = Some(1 << CAP_NET_ADMIN);
         f.ebpf_load = None;

@@ -14,6 +14,7 @@ use self::judge::{CAP_BPF, CAP_PERFMON, Device, Facts, Version, has_cap};
 use crate::{
     config::Config,
     datapath::Datapath,
+    kernel_features,
     sync::{nlsocket::request_socket, xdp_xmit},
 };
 
@@ -80,11 +81,17 @@ pub fn gather(config: Option<&Config>) -> Facts {
     let btf = Path::new("/sys/kernel/btf/vmlinux").exists();
     // Nothing loads without these two.
     let privileged = has_cap(cap_eff, CAP_BPF) && has_cap(cap_eff, CAP_PERFMON);
-    let ebpf_load = privileged.then(|| {
+    // What the daemon would find: the object's own probes where it loads, else those that
+    // need no object.
+    let loaded = privileged.then(|| {
         Datapath::load(16)
-            .map(drop)
+            .map(|dp| dp.kernel_features().clone())
             .map_err(|e| format!("{e:#}").replace('\n', " "))
     });
+    let ebpf_load = loaded
+        .as_ref()
+        .map(|l| l.as_ref().map(drop).map_err(Clone::clone));
+    let kernel_features = loaded.map(|l| l.unwrap_or_else(|_| kernel_features::probe()));
     let conntrack = Path::new("/proc/sys/net/netfilter/nf_conntrack_max")
         .exists()
         .then(|| {
@@ -111,6 +118,7 @@ pub fn gather(config: Option<&Config>) -> Facts {
         btf,
         cap_eff,
         ebpf_load,
+        features: kernel_features,
         conntrack,
         netdev_family: features.is_some(),
         devices,

@@ -19,11 +19,13 @@ use aya::{
 };
 use tracing::warn;
 use xdp_router_common::{
-    ARM_L3_PROG_NAME, ARM_PROG_NAME, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP,
-    IFACE_F_L3, IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER, IFACE_F_TC_HANDOFF,
-    IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_IFACES, MAP_TX_PORTS, PROG_NAME,
-    STAMP_PROG_NAME, TC_PROG_NAME,
+    ARM_L3_PROG_NAME, ARM_PROG_NAME, GLOBAL_XDP_META, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT,
+    IFACE_F_GENERIC_XDP, IFACE_F_L3, IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER,
+    IFACE_F_TC_HANDOFF, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_IFACES, MAP_TX_PORTS,
+    PROG_NAME, STAMP_PROG_NAME, TC_PROG_NAME,
 };
+
+use crate::kernel_features::{self, Feature, KernelFeatures};
 
 pub mod attach;
 pub mod bridge;
@@ -31,6 +33,7 @@ pub mod flows;
 pub mod ports;
 pub mod pppoe;
 pub mod settings;
+pub mod verifier;
 pub mod vlan;
 
 pub use attach::{AttachMode, DatapathChoice, native_attach_failure};
@@ -66,6 +69,8 @@ pub struct Datapath {
     datapath_choice: attach::DatapathChoice,
     /// Why the TC fast path cannot be attached anywhere (the kernel rejected it), if so.
     tc_unavailable: Option<String>,
+    /// What the kernel lacks of the optional features, found before the object was loaded.
+    features: KernelFeatures,
 }
 
 /// The `IFACE_F_*` bits the datapath owns, kept when the state rewrites an interface's flags:
@@ -109,25 +114,37 @@ impl Datapath {
         {
             bail!("Linux {v} is too old: xdp-routerd needs 5.9 or newer (XDP bpf_link)");
         }
+        let mut features = kernel_features::probe();
+        let xdp_meta = u8::from(features.usable(Feature::XdpMetadata));
         let mut loader = EbpfLoader::new();
         for map in flows::SIZED_MAPS {
             loader.map_max_entries(map, flow_capacity);
         }
+        loader.override_global(GLOBAL_XDP_META, &xdp_meta, true);
         let mut ebpf = loader.load(object).map_err(explain_load_error)?;
+        features.set(
+            Feature::FibLookupMark,
+            kernel_features::probe_fib_mark(&mut ebpf),
+        );
+        for (feature, why) in features.missing() {
+            warn!(%feature, why, lost = feature.without(), "kernel feature missing");
+        }
         let prog: &mut Xdp = ebpf
             .program_mut(PROG_NAME)
             .ok_or_else(|| anyhow!("eBPF object has no program {PROG_NAME}"))?
             .try_into()?;
         prog.load()
-            .map_err(|e| anyhow!("the kernel rejected the XDP program: {e:#}"))?;
+            .map_err(|e| verifier::refusal("the kernel rejected the XDP program", PROG_NAME, e))?;
         let arm: &mut SchedClassifier = ebpf
             .program_mut(ARM_PROG_NAME)
             .ok_or_else(|| anyhow!("eBPF object has no program {ARM_PROG_NAME}"))?
             .try_into()?;
         arm.load().map_err(|e| {
-            anyhow!(
+            verifier::refusal(
                 "the kernel rejected the TC arming program (it needs CONFIG_XFRM for \
-                     bpf_skb_get_xfrm_state): {e:#}"
+                 bpf_skb_get_xfrm_state)",
+                ARM_PROG_NAME,
+                e,
             )
         })?;
         let arm3: &mut SchedClassifier = ebpf
@@ -135,23 +152,34 @@ impl Datapath {
             .ok_or_else(|| anyhow!("eBPF object has no program {ARM_L3_PROG_NAME}"))?
             .try_into()?;
         arm3.load().map_err(|e| {
-            anyhow!("the kernel rejected the TC arming program for PPP devices: {e:#}")
+            verifier::refusal(
+                "the kernel rejected the TC arming program for PPP devices",
+                ARM_L3_PROG_NAME,
+                e,
+            )
         })?;
         let stamp: &mut SchedClassifier = ebpf
             .program_mut(STAMP_PROG_NAME)
             .ok_or_else(|| anyhow!("eBPF object has no program {STAMP_PROG_NAME}"))?
             .try_into()?;
-        stamp
-            .load()
-            .map_err(|e| anyhow!("the kernel rejected the TC DSCP stamp program: {e:#}"))?;
+        stamp.load().map_err(|e| {
+            verifier::refusal(
+                "the kernel rejected the TC DSCP stamp program",
+                STAMP_PROG_NAME,
+                e,
+            )
+        })?;
         // The TC fast path: only interfaces configured for it need it, so a kernel that rejects
         // it stops only those (with this reason), not the daemon.
         let tc_unavailable = match ebpf
             .program_mut(TC_PROG_NAME)
             .ok_or_else(|| anyhow!("eBPF object has no program {TC_PROG_NAME}"))
             .and_then(|p| Ok(<&mut SchedClassifier>::try_from(p)?))
-            .and_then(|p| Ok(p.load()?))
-        {
+            .and_then(|p| {
+                p.load().map_err(|e| {
+                    verifier::refusal("the kernel rejected the TC fast path", TC_PROG_NAME, e)
+                })
+            }) {
             Ok(()) => None,
             Err(e) => {
                 warn!(error = %format!("{e:#}"), "the kernel rejected the TC fast path program: interfaces with datapath = \"tc\" cannot be managed");
@@ -162,17 +190,26 @@ impl Datapath {
             ifaces: take(&mut ebpf, MAP_IFACES)?,
             tx_ports: take(&mut ebpf, MAP_TX_PORTS)?,
             flows: flows::FlowMaps::take(&mut ebpf, flow_capacity)?,
-            settings: settings::SettingsMaps::take(&mut ebpf)?,
+            settings: settings::SettingsMaps::take(
+                &mut ebpf,
+                features.usable(Feature::FibLookupMark),
+            )?,
             links: attach::Links::default(),
             bridges: bridge::BridgeMaps::take(&mut ebpf)?,
             vlans: vlan::VlanMaps::take(&mut ebpf)?,
             pppoe: pppoe::PppoeMaps::take(&mut ebpf)?,
             datapath_choice: attach::DatapathChoice::default(),
             tc_unavailable,
+            features,
             ebpf,
         };
         dp.settings.write()?;
         Ok(dp)
+    }
+
+    /// The optional kernel features the object was loaded for.
+    pub fn kernel_features(&self) -> &KernelFeatures {
+        &self.features
     }
 
     /// The `IFACES` entry of `ifindex`; an error when it is not registered.

@@ -8,7 +8,6 @@ use anyhow::Context as _;
 use aya::{
     Ebpf,
     maps::{Array, MapData, PerCpuArray},
-    util::KernelVersion,
 };
 use xdp_router_common::{
     Counter, MAP_SETTINGS, MAP_STATS, Reason, SETTINGS_F_DSCP_REWRITE, SETTINGS_F_FIB_MARK,
@@ -62,10 +61,9 @@ pub(super) struct SettingsMaps {
 impl SettingsMaps {
     /// Takes `SETTINGS` and `STATS` out of `ebpf`; the settings start as the program should
     /// first see them (not written yet: see [`SettingsMaps::write`]).
-    pub(super) fn take(ebpf: &mut Ebpf) -> anyhow::Result<SettingsMaps> {
-        // bpf_fib_lookup takes the packet mark from Linux 6.10 (BPF_FIB_LOOKUP_MARK); before,
-        // marked flow directions are never armed (policy routing by mark stays in the kernel).
-        let fib_mark = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 10, 0));
+    /// `fib_mark`: `bpf_fib_lookup` takes the packet mark (`BPF_FIB_LOOKUP_MARK`); without it,
+    /// marked flow directions are never armed (policy routing by mark stays in the kernel).
+    pub(super) fn take(ebpf: &mut Ebpf, fib_mark: bool) -> anyhow::Result<SettingsMaps> {
         Ok(SettingsMaps {
             map: take(ebpf, MAP_SETTINGS)?,
             current: Settings {

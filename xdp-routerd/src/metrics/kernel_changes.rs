@@ -1,5 +1,6 @@
 //! Kernel changes that touch every flow: FIB cache invalidations (and the FIB cache's age
-//! limit) and firewall ruleset changes (each disarms every flow).
+//! limit) and firewall ruleset changes (each disarms every flow); and which optional kernel
+//! features the datapath was loaded with.
 
 use std::fmt;
 
@@ -38,6 +39,18 @@ pub(super) fn encode(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt:
         "Longest the fast path forwards a flow direction after the kernel last forwarded one of its packets (verdict_max_age_ms); 0 = until the ruleset changes.",
         Some(&Unit::Seconds),
         [(vec![], s.ruleset.verdict_max_age_ms as f64 / 1000.0)],
+    )?;
+    gauges(
+        enc,
+        "kernel_feature",
+        "1 when the kernel has the optional feature and the datapath uses it, else 0 (what is lost without it: xdp-routerd status, check-system).",
+        None,
+        s.kernel.features.iter().map(|(f, a)| {
+            (
+                vec![("feature", f.name().to_owned())],
+                u64::from(a.usable()),
+            )
+        }),
     )?;
     Ok(())
 }

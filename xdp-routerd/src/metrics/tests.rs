@@ -11,6 +11,7 @@ use crate::flows::{
     per_packet::{PerPacketKind, PerPacketMode, PerPacketRule},
     rule_origin::RuleOrigin,
 };
+use crate::kernel_features::{Availability, Feature, KernelFeatures};
 use crate::status::{
     BridgeVlanStatus, BridgeVlansStatus, ConntrackStatus, CounterRow, DscpRewriteStatus,
     FibCacheStatus, FlowCounts, IfaceStatus, PerPacketStatus, PppoeStatus, RulesetStatus,
@@ -172,6 +173,15 @@ fn sample_status() -> Status {
                 blocker: None,
             },
         },
+        kernel: KernelFeatures {
+            features: vec![
+                (
+                    Feature::XdpMetadata,
+                    Availability::Missing("refused".into()),
+                ),
+                (Feature::FibLookupMark, Availability::Available),
+            ],
+        },
     }
 }
 
@@ -287,6 +297,17 @@ fn encodes_every_family_with_values_from_the_status() {
     assert_eq!(value(&t, "xdp_router_fib_cache_invalidations_total"), 6.0);
     assert_eq!(value(&t, "xdp_router_fib_cache_max_age_seconds"), 0.1);
     assert_eq!(value(&t, "xdp_router_verdict_max_age_seconds"), 1.0);
+    assert_eq!(
+        value(&t, r#"xdp_router_kernel_feature{feature="xdp_metadata"}"#),
+        0.0
+    );
+    assert_eq!(
+        value(
+            &t,
+            r#"xdp_router_kernel_feature{feature="fib_lookup_mark"}"#
+        ),
+        1.0
+    );
     assert_eq!(value(&t, "xdp_router_ruleset_changes_total"), 3.0);
     assert_eq!(
         value(&t, r#"xdp_router_ruleset_per_packet_rules{kind="log"}"#),

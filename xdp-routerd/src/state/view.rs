@@ -280,6 +280,7 @@ impl State<Datapath> {
             ruleset: self.dp.ruleset_status().into(),
             age_ms: 0,
             per_packet: self.per_packet_status(),
+            kernel: self.dp.kernel_features().clone(),
         })
     }
 

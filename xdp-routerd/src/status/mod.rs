@@ -17,6 +17,7 @@ use crate::{
         dscp_rewrite::{DscpBlocker, RulePlace},
         per_packet::{PerPacketMode, PerPacketRule},
     },
+    kernel_features::KernelFeatures,
 };
 
 /// `status --json`.
@@ -46,6 +47,9 @@ pub struct Status {
     /// Rules that must see every packet, and whether they hold every packet in the kernel.
     #[serde(default)]
     pub per_packet: PerPacketStatus,
+    /// The optional kernel features the datapath was loaded for.
+    #[serde(default = "KernelFeatures::all_available")]
+    pub kernel: KernelFeatures,
 }
 
 /// Rules in the firewall ruleset that must see every packet (`per_packet_rules`; see
@@ -472,6 +476,7 @@ mod tests {
             ruleset: RulesetStatus::default(),
             age_ms: 0,
             per_packet: PerPacketStatus::default(),
+            kernel: KernelFeatures::all_available(),
         }
     }
 

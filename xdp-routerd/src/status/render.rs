@@ -113,6 +113,16 @@ impl Status {
                 " (marked flows stay in the kernel: Linux < 6.10)"
             }
         );
+        let missing: Vec<_> = self.kernel.missing().collect();
+        if missing.is_empty() {
+            let _ = writeln!(
+                s,
+                "kernel: every optional feature the fast path uses is there"
+            );
+        }
+        for (feature, why) in missing {
+            let _ = writeln!(s, "kernel: no {feature} ({why}): {}", feature.without());
+        }
         if r.verdict_max_age_ms == 0 {
             let _ = writeln!(
                 s,
@@ -299,6 +309,30 @@ mod tests {
             st.render()
                 .starts_with("(the daemon is busy: these figures are 1250 ms old)\nfast path:")
         );
+    }
+
+    /// A kernel without a feature says what it lacks and what that costs, one line each.
+    #[test]
+    fn a_missing_kernel_feature_is_a_line_of_its_own() {
+        use crate::kernel_features::{Availability, Feature};
+        let mut st = status(&[]);
+        assert!(
+            st.render()
+                .contains("kernel: every optional feature the fast path uses is there\n")
+        );
+        st.kernel.set(
+            Feature::XdpMetadata,
+            Availability::Missing("refused".into()),
+        );
+        let text = st.render();
+        assert!(
+            text.contains(&format!(
+                "kernel: no xdp_metadata (refused): {}\n",
+                Feature::XdpMetadata.without()
+            )),
+            "{text}"
+        );
+        assert!(!text.contains("every optional feature"), "{text}");
     }
 
     fn ppp0(pppoe: PppoeStatus, encap: Option<&str>) -> IfaceStatus {
