@@ -68,17 +68,32 @@ pub fn attach_pass(ns: &Netns, ifname: &str) -> Result<Attached> {
     Ok(Attached { _ebpf: ebpf })
 }
 
-/// Attaches the bare redirect to `ifname` (native): every frame gets `cfg`'s MACs and goes out
-/// of `cfg.ifindex`.
-pub fn attach_redirect(ns: &Netns, ifname: &str, cfg: RedirectConfig) -> Result<Attached> {
-    let mut ebpf = load(LAB_REDIRECT_PROG)?;
-    let mut map: Array<_, RedirectConfig> = Array::try_from(
-        ebpf.map_mut(MAP_LAB_REDIR)
-            .ok_or_else(|| anyhow!("lab object has no map {MAP_LAB_REDIR}"))?,
-    )?;
-    map.set(0, cfg, 0).context("writing the redirect config")?;
-    attach(&mut ebpf, LAB_REDIRECT_PROG, ns, ifname, XdpMode::Driver)?;
-    Ok(Attached { _ebpf: ebpf })
+/// The bare redirect on one interface, its config writable while attached.
+pub struct Redirect {
+    ebpf: Ebpf,
+}
+
+impl Redirect {
+    /// Attaches the bare redirect to `ifname` (native): every frame gets `cfg`'s MACs and goes
+    /// out of `cfg.ifindex`.
+    pub fn attach(ns: &Netns, ifname: &str, cfg: RedirectConfig) -> Result<Redirect> {
+        let mut r = Redirect {
+            ebpf: load(LAB_REDIRECT_PROG)?,
+        };
+        r.set(cfg)?;
+        attach(&mut r.ebpf, LAB_REDIRECT_PROG, ns, ifname, XdpMode::Driver)?;
+        Ok(r)
+    }
+
+    /// Sends every frame from now on as `cfg` says.
+    pub fn set(&mut self, cfg: RedirectConfig) -> Result<()> {
+        let mut map: Array<_, RedirectConfig> = Array::try_from(
+            self.ebpf
+                .map_mut(MAP_LAB_REDIR)
+                .ok_or_else(|| anyhow!("lab object has no map {MAP_LAB_REDIR}"))?,
+        )?;
+        map.set(0, cfg, 0).context("writing the redirect config")
+    }
 }
 
 /// The counting sink on one interface: counts and drops benchmark UDP, passes the rest.

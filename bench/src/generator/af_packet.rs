@@ -1,15 +1,24 @@
 //! The AF_PACKET generator, for kernels that refuse live-frames `BPF_PROG_RUN`: the stream's
 //! frames (the bytes `lab_gen` would send, see [`super::frames`]) written into the
-//! `PACKET_TX_RING` (TPACKET_V2) of a raw packet socket in the host's namespace, bound to the
-//! interface the eBPF generator redirects out of, and handed straight to its driver
-//! (`PACKET_QDISC_BYPASS`), as a redirect is. A virtio-net header before every frame
-//! (`PACKET_VNET_HDR`, see [`vnet_hdr`]) makes the kernel copy the frame into the socket
-//! buffer rather than attach the ring's page, which the veth would otherwise copy into a fresh
-//! page for every frame: that raised the generator's rate here from ≈ 0.7 to ≈ 1 Mpps.
+//! `PACKET_TX_RING` (TPACKET_V2) of a raw packet socket in the host's namespace and sent
+//! (`PACKET_QDISC_BYPASS`: straight to the driver) into the host's spare veth pair, whose other
+//! end runs the lab's bare redirect: it redirects every frame out of the interface `lab_gen`
+//! redirects out of, so the router receives XDP frames, as from `lab_gen`. (Sent out of that
+//! interface directly, frames reach the router as socket buffers, which its veth copies into
+//! XDP buffers one by one: that copy took 58 % of the router's XDP thread here.)
 //!
-//! A frame the receiving veth refuses because its ring is full (`send` fails with `ENOBUFS`)
-//! counts as sent and lost, as a redirect into a full ring does for the live-frames generator;
-//! the kernel leaves that frame queued, so it goes out again with the next `send`.
+//! The spare pair's receive runs in its own NAPI thread on the generator's CPU at real-time
+//! priority: woken by the first frame of a `send`, it runs when the `send` returns (on a kernel
+//! without full preemption, as here) and takes all its frames in one poll, so the router's
+//! thread is woken once per batch, as with `lab_gen`, not once per frame (as a softirq, which
+//! runs after every frame, the generator reached a third of the rate here).
+//! A virtio-net header before every frame (`PACKET_VNET_HDR`, see [`vnet_hdr`]) makes the
+//! kernel copy the frame into the socket buffer rather than attach the ring's page, which the
+//! veth would otherwise copy into a fresh page for every frame.
+//!
+//! Frames the router cannot take are dropped by the redirect, counted as sent, as with
+//! `lab_gen`. A full spare veth (`send` fails with `ENOBUFS`; the kernel keeps the frame
+//! queued) only slows the generator down: the frame goes out with the next `send`.
 
 use std::{
     io,
@@ -20,10 +29,15 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use xdp_router_common::lab::GenConfig;
+use xdp_router_common::lab::{GenConfig, RedirectConfig};
 use xdp_router_testbed::netns::Netns;
 
 use super::{frames::FlowFrames, pacing::Pacer};
+use crate::{
+    lab::{Redirect, ifindex},
+    napi,
+    pin::{pin_pid, set_fifo},
+};
 
 /// Bytes of one ring slot: the TPACKET_V2 and virtio-net headers and the largest frame (1514 B,
 /// veth MTU 1500).
@@ -49,28 +63,31 @@ pub const UNPACED_CHUNK: u32 = SLOTS as u32;
 /// Socket send buffer: every slot in flight at once (a frame's socket buffer is charged at
 /// about 1 KiB plus the frame) fits, so only the ring limits the frames in flight.
 const SNDBUF: usize = SLOTS * 4096;
-/// Longest time the ring may make no progress (no frame taken, none refused, no slot back)
-/// before the run fails.
+/// Real-time priority of the spare pair's NAPI thread on the generator's CPU (the router's NAPI
+/// threads on its own CPU have 50).
+const HOP_PRIO: i32 = 10;
+/// Longest time the ring may make no progress (no frame taken, no slot back) before the run
+/// fails.
 const STALL: Duration = Duration::from_secs(2);
 
 /// What one `send` call on the ring did.
 #[derive(Debug, PartialEq, Eq)]
 enum Kick {
-    /// The kernel took the queued frames (all of them unless the send buffer ran out).
+    /// The kernel took the queued frames (all of them unless a buffer ran out).
     Sent,
-    /// The receiver refused the frame at the kernel's head (`ENOBUFS`); it stays queued.
-    Refused,
-    /// The socket's send buffer is full (`EAGAIN`); the frames stay queued.
-    Busy,
+    /// The spare veth's ring (`ENOBUFS`) or the socket's send buffer (`EAGAIN`) is full; the
+    /// frames stay queued.
+    Full,
 }
 
 /// The AF_PACKET sender of one namespace.
 pub struct AfPacket {
     fd: OwnedFd,
     ring: NonNull<u8>,
-    ns_name: String,
-    /// Interface the socket is bound to (0: none yet).
-    ifindex: u32,
+    /// The bare redirect on the spare pair's other end.
+    hop: Redirect,
+    /// `<interface> in <namespace>`, for messages.
+    iface: String,
     /// Next slot to fill.
     head: usize,
     /// Filled slots the kernel has not taken yet: the `queued` slots before `head`.
@@ -105,9 +122,39 @@ fn set_opt<T>(fd: &OwnedFd, level: i32, name: i32, value: &T, what: &str) -> Res
 }
 
 impl AfPacket {
-    /// A raw packet socket with a TX ring in namespace `ns` (bound to an interface per run).
-    pub fn new(ns: &Netns) -> Result<AfPacket> {
-        let fd = ns.enter(|| {
+    /// A raw packet socket with a TX ring in namespace `ns`, sending into `spare_if`, one end
+    /// of a veth pair that is down; `spare_peer`, its other end, gets the bare redirect and a
+    /// NAPI thread on CPU `cpu`, the sender's. Both are brought up without IPv6 (no router
+    /// solicitations or reports to redirect).
+    pub fn new(ns: &Netns, spare_if: &str, spare_peer: &str, cpu: usize) -> Result<AfPacket> {
+        ns.sh(&format!(
+            "sysctl -qw net.ipv6.conf.{spare_if}.disable_ipv6=1 \
+             net.ipv6.conf.{spare_peer}.disable_ipv6=1 && \
+             ip link set {spare_if} up && ip link set {spare_peer} up"
+        ))?;
+        // No target yet: a frame would be dropped (redirect to ifindex 0) until a run sets one.
+        let hop = Redirect::attach(ns, spare_peer, RedirectConfig::default())?;
+        // The XDP program gave the veth its NAPI instance; now give that a thread.
+        ns.sh(&format!("echo 1 > /sys/class/net/{spare_peer}/threaded"))?;
+        match ns.enter(|| napi::thread_pids(ifindex(spare_peer)?)) {
+            Ok(threads) if !threads.is_empty() => {
+                for t in threads {
+                    pin_pid(t, cpu)?;
+                    set_fifo(t, HOP_PRIO)?;
+                }
+            }
+            // Before Linux 6.8 the kernel does not say which thread is ours (`lk1` is no
+            // unique name): the pair's receive stays a softirq, after every frame.
+            found => {
+                ns.sh(&format!("echo 0 > /sys/class/net/{spare_peer}/threaded"))?;
+                eprintln!(
+                    "note: no NAPI thread of {spare_peer} found ({}): it forwards the AF_PACKET \
+                     generator's frames one by one, as a softirq, so the generator is slower",
+                    found.map_or_else(|e| format!("{e:#}"), |_| "none started".into())
+                );
+            }
+        }
+        let (fd, idx) = ns.enter(|| {
             // Protocol 0: the socket receives nothing.
             // SAFETY: plain socket(2) call.
             let raw =
@@ -120,7 +167,7 @@ impl AfPacket {
                 );
             }
             // SAFETY: a new descriptor nothing else owns.
-            Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+            Ok((unsafe { OwnedFd::from_raw_fd(raw) }, ifindex(spare_if)?))
         })?;
         let v2 = libc::tpacket_versions::TPACKET_V2 as libc::c_int;
         set_opt(
@@ -183,19 +230,21 @@ impl AfPacket {
                 io::Error::last_os_error()
             );
         }
-        Ok(AfPacket {
+        let g = AfPacket {
             fd,
             ring: NonNull::new(map.cast()).context("mmap returned NULL")?,
-            ns_name: ns.name().to_owned(),
-            ifindex: 0,
+            hop,
+            iface: format!("{spare_if} in {}", ns.name()),
             head: 0,
             queued: 0,
             seq: 0,
-        })
+        };
+        g.bind(idx)?;
+        Ok(g)
     }
 
-    /// Sends the frames of `cfg` and `frame` out of `cfg.ifindex` in the bursts of `pacer`;
-    /// returns the frames sent, refused ones included.
+    /// Sends the frames of `cfg` and `frame` out of `cfg.ifindex` (through the spare pair) in
+    /// the bursts of `pacer`; returns the frames sent.
     pub fn run(&mut self, cfg: &GenConfig, frame: &[u8], pacer: &Pacer) -> Result<u64> {
         let frames = FlowFrames::new(cfg, frame)?;
         if frames.len() > MAX_FRAME {
@@ -204,18 +253,26 @@ impl AfPacket {
                 frames.len()
             );
         }
-        self.bind(cfg.ifindex)?;
+        // The redirect writes the MACs every frame already has.
+        let mac = |at: usize| {
+            let mut m = [0; 6];
+            m.copy_from_slice(&cfg.template[at..at + 6]);
+            m
+        };
+        self.hop.set(RedirectConfig {
+            ifindex: cfg.ifindex,
+            dst_mac: mac(0),
+            src_mac: mac(6),
+        })?;
         let mut sent = 0u64;
         while let Some(n) = pacer.next(sent) {
-            sent += self.burst(&frames, n)?;
+            self.burst(&frames, n)?;
+            sent += u64::from(n);
         }
         Ok(sent)
     }
 
-    fn bind(&mut self, ifindex: u32) -> Result<()> {
-        if self.ifindex == ifindex {
-            return Ok(());
-        }
+    fn bind(&self, ifindex: u32) -> Result<()> {
         // SAFETY: sockaddr_ll is plain data.
         let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sa.sll_family = libc::AF_PACKET as u16;
@@ -230,20 +287,17 @@ impl AfPacket {
         };
         if r != 0 {
             bail!(
-                "AF_PACKET generator: binding to interface {ifindex} in {}: {}",
-                self.ns_name,
+                "AF_PACKET generator: binding to {}: {}",
+                self.iface,
                 io::Error::last_os_error()
             );
         }
-        self.ifindex = ifindex;
         Ok(())
     }
 
-    /// Sends `n` frames, `KICK` per `send`, until the kernel has taken all of them; returns
-    /// the frames sent: `n` plus one per refusal.
-    fn burst(&mut self, frames: &FlowFrames<'_>, n: u32) -> Result<u64> {
+    /// Sends `n` frames, `KICK` per `send`, until the kernel has taken all of them.
+    fn burst(&mut self, frames: &FlowFrames<'_>, n: u32) -> Result<()> {
         let mut filled = 0u32;
-        let mut sent = 0u64;
         let mut progress = Instant::now();
         while filled < n || self.queued > 0 {
             let mut batch = 0;
@@ -253,34 +307,27 @@ impl AfPacket {
                 batch += 1;
             }
             if self.queued == 0 {
-                // Every slot is in flight (held by the receiver): wait for one to come back.
+                // Every slot is in flight: wait for one to come back.
                 if self.wait_writable()? {
                     progress = Instant::now();
                 }
             } else {
                 let kick = self.kick()?;
-                let taken = self.collect();
-                sent += taken;
-                if kick == Kick::Refused {
-                    sent += 1;
-                }
-                if taken > 0 || kick == Kick::Refused {
+                if self.collect() > 0 {
                     progress = Instant::now();
-                } else {
+                } else if kick == Kick::Full {
                     std::thread::yield_now();
                 }
             }
             if progress.elapsed() > STALL {
                 bail!(
-                    "AF_PACKET generator: no frame left the TX ring on interface {} in {} for \
-                     {} s",
-                    self.ifindex,
-                    self.ns_name,
+                    "AF_PACKET generator: no frame left the TX ring on {} for {} s",
+                    self.iface,
                     STALL.as_secs()
                 );
             }
         }
-        Ok(sent)
+        Ok(())
     }
 
     /// Status word of slot `i` (the first field of its `tpacket2_hdr`).
@@ -329,18 +376,13 @@ impl AfPacket {
         }
         let e = io::Error::last_os_error();
         match e.raw_os_error() {
-            Some(libc::ENOBUFS) => Ok(Kick::Refused),
-            Some(libc::EAGAIN) => Ok(Kick::Busy),
-            _ => bail!(
-                "AF_PACKET generator: send on interface {} in {}: {e}",
-                self.ifindex,
-                self.ns_name
-            ),
+            Some(libc::ENOBUFS | libc::EAGAIN) => Ok(Kick::Full),
+            _ => bail!("AF_PACKET generator: send on {}: {e}", self.iface),
         }
     }
 
-    /// Counts and forgets the queued frames the kernel has taken (in ring order, up to the
-    /// first one still waiting).
+    /// Forgets the queued frames the kernel has taken (in ring order, up to the first one still
+    /// waiting); returns how many.
     fn collect(&mut self) -> u64 {
         let mut taken = 0;
         while self.queued > 0 {

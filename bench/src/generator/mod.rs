@@ -85,16 +85,19 @@ pub struct Generator {
 
 impl Generator {
     /// A generator for namespace `ns`, whose frames are sent from CPU `cpu`: live frames where
-    /// the kernel runs them (the program then stays attached to `spare_if`, a veth that stays
-    /// down, see [`LiveFrames::new`]), else an AF_PACKET TX ring.
-    pub fn new(ns: &Netns, spare_if: &str, cpu: usize) -> Result<Generator> {
+    /// the kernel runs them (the program then stays attached to `spare_if`, one end of a veth
+    /// pair that stays down, see [`LiveFrames::new`]), else an AF_PACKET TX ring sending
+    /// through that pair, `spare_peer` its other end, from the same CPU (see
+    /// [`AfPacket::new`]).
+    pub fn new(ns: &Netns, spare_if: &str, spare_peer: &str, cpu: usize) -> Result<Generator> {
         let live = LiveFrames::new(ns, spare_if)?;
         let (sender, kind) = match live.probe()? {
             Ok(()) => (Sender::LiveFrames(live), GenKind::LiveFrames),
             Err(refused) => {
+                // Detaches the program from `spare_if`.
                 drop(live);
                 (
-                    Sender::AfPacket(AfPacket::new(ns)?),
+                    Sender::AfPacket(AfPacket::new(ns, spare_if, spare_peer, cpu)?),
                     GenKind::AfPacket { refused },
                 )
             }
@@ -124,8 +127,7 @@ impl Generator {
         self.run_frames(cfg, frame, rate, duration, u64::MAX)
     }
 
-    /// Sends `count` frames at `rate` frames/s (the AF_PACKET generator counts a frame the
-    /// receiver refused, and sends it again, so it may send a few more).
+    /// Sends `count` frames at `rate` frames/s.
     pub fn send(&mut self, cfg: &GenConfig, frame: &[u8], rate: f64, count: u64) -> Result<GenRun> {
         self.run_frames(cfg, frame, Some(rate), Duration::from_secs(3600), count)
     }

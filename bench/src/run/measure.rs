@@ -9,7 +9,7 @@ use xdp_router_common::lab::RedirectConfig;
 
 use crate::{
     generator::GenKind,
-    lab::{attach_pass, attach_redirect},
+    lab::{Redirect, attach_pass},
     latency::EchoServer,
     report::{GenCeiling, Report, TcpRow},
     router::{self, Daemon},
@@ -84,7 +84,7 @@ pub(super) fn measure(
             tb.names.rl, tb.names.rw
         );
         let (src_mac, dst_mac) = tb.redirect_macs();
-        let _redirect = attach_redirect(
+        let _redirect = Redirect::attach(
             &tb.rtr,
             &tb.names.rl,
             RedirectConfig {
