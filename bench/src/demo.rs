@@ -3,14 +3,15 @@
 //!
 //! The benchmark's testbed with the router's interfaces named like the example config (`eth1`
 //! LAN, `eth0` WAN), a home router's firewall, and `xdp-routerd run --config
-//! config/xdp-routerd.toml` (the example config, unchanged). Then, fast path off, on (XDP on the
-//! lab's veths), and on with the daemon restarted with `datapath = "tc"` (the path of ports
-//! without native XDP; `--no-tc` leaves it out): 64-byte UDP from the live-frames generator over
-//! a few primed, offloaded flows at full offered rate, an iperf3 TCP transfer, and the router's
-//! CPU at two fixed offered rates (a 100 Mbit/s line full of 64-byte frames, a 1 Gbit/s line of
-//! 1518-byte ones: what a home router's owner compares), each run's figures also as a ratio to
-//! the kernel's. Everything is removed at the end, on error and on Ctrl-C.
-
+//! config/xdp-routerd.toml` (the example config, unchanged). First the generator alone (live
+//! frames, or AF_PACKET where the kernel refuses them): its own rate into a bare sink, the
+//! ceiling of what the lab can measure. Then, fast path off, on (XDP on the lab's veths), and on
+//! with the daemon restarted with `datapath = "tc"` (the path of ports without native XDP;
+//! `--no-tc` leaves it out): 64-byte UDP over a few primed, offloaded flows at full offered
+//! rate, an iperf3 TCP transfer, and the router's CPU at two fixed offered rates (a 100 Mbit/s
+//! line full of 64-byte frames, a 1 Gbit/s line of 1518-byte ones: what a home router's owner
+//! compares), each run's figures also as a ratio to the kernel's. Everything is removed at the
+//! end, on error and on Ctrl-C.
 use std::{
     fmt::Write as _,
     fs,
@@ -23,6 +24,7 @@ use anyhow::{Context as _, Result, bail};
 use crate::{
     Opts,
     cpu::{CpuShare, CpuTimes},
+    generator::generator_bound,
     latency::EchoServer,
     packet::Family,
     router::{self, Daemon, Datapath},
@@ -128,6 +130,7 @@ fn lab(args: &LabArgs, bin: &FsPath, config: &FsPath, dir: &FsPath, flows: u32) 
     let secs = Duration::from_secs(u64::from(args.seconds));
     eprintln!("building the lab: lan ⇄ eth1 router eth0 ⇄ wan (network namespaces)");
     let mut tb = Testbed::create(Names::example_config()).context("building the lab")?;
+    let alone = generator_alone(&mut tb, secs, flows)?;
     let (rl, rw) = (tb.names.rl.clone(), tb.names.rw.clone());
     router::apply_home_router(&tb.rtr, &rl, &rw)?;
     eprintln!(
@@ -164,12 +167,37 @@ fn lab(args: &LabArgs, bin: &FsPath, config: &FsPath, dir: &FsPath, flows: u32) 
     }
     drop((iperf, echo));
     drop(tb);
-    print!("{}", table(&sides, flows, args.seconds));
+    print!("{}", table(&sides, &alone, flows, args.seconds));
     println!(
         "\n=== xdp-routerd status (after the last run)\n{}",
         status.trim_end()
     );
     Ok(())
+}
+
+/// The generator on its own: which one the kernel allows, and its rate flat out over the direct
+/// pair into a bare sink (no router), the ceiling of every rate measured through the router.
+struct GeneratorAlone {
+    /// Which generator (live frames, or AF_PACKET and why).
+    kind: String,
+    /// Delivered into the bare sink, frames/s.
+    pps: f64,
+}
+
+/// Measures [`GeneratorAlone`] with the lab's UDP stream.
+fn generator_alone(tb: &mut Testbed, secs: Duration, flows: u32) -> Result<GeneratorAlone> {
+    eprintln!(
+        "the generator alone: {UDP_FRAME}-byte UDP flat out over the direct pair into a bare sink"
+    );
+    let spec = tb.spec(Path::Direct, Family::Ipv4, UDP_FRAME, flows, false);
+    let trial = tb.trial(Path::Direct, &spec, None, secs)?;
+    if trial.delivered == 0 {
+        bail!("nothing arrived at the bare sink over the direct pair: the generator is broken");
+    }
+    Ok(GeneratorAlone {
+        kind: tb.generator().to_string(),
+        pps: trial.delivered_pps,
+    })
 }
 
 /// The config `text` with `datapath = "tc"` as its global setting (a global `datapath` line of
@@ -328,9 +356,9 @@ fn both_cpus() -> Result<[CpuTimes; 2]> {
     Ok([CpuTimes::read(GEN_CPU)?, CpuTimes::read(ROUTER_CPU)?])
 }
 
-/// The two small tables: the kernel's run first, then each fast-path run with its ratio to the
-/// kernel's.
-fn table(sides: &[Side], flows: u32, secs: u32) -> String {
+/// The three small tables: the kernel's run first, then each fast-path run with its ratio to the
+/// kernel's; UDP rates within 10 % of the generator's own (`alone`) are marked "≥".
+fn table(sides: &[Side], alone: &GeneratorAlone, flows: u32, secs: u32) -> String {
     let mut s = String::new();
     let Some(off) = sides.first() else {
         return s;
@@ -340,6 +368,12 @@ fn table(sides: &[Side], flows: u32, secs: u32) -> String {
         "\n=== {UDP_FRAME}-byte UDP LAN → WAN through the router: {flows} flows, generator flat \
          out ({:.1} Mpps offered), {secs} s each",
         sides.iter().map(|d| d.udp.offered_pps).sum::<f64>() / sides.len() as f64 / 1e6
+    );
+    let _ = writeln!(
+        s,
+        "generator: {}; alone, flat out into a bare sink (direct pair, no router): {:.0} Kpps",
+        alone.kind,
+        alone.pps / 1e3
     );
     let _ = writeln!(
         s,
@@ -364,10 +398,15 @@ fn table(sides: &[Side], flows: u32, secs: u32) -> String {
                 router_ns(off),
             )
         };
+        let bound = if generator_bound(side.udp.delivered_pps, alone.pps) {
+            "≥"
+        } else {
+            ""
+        };
         let row = format!(
-            "{:<24}{:>9.0} Kpps{:>12.0} %{:>13.0} ns{:>17.0} % /{:>4.0} %{:>22}",
+            "{:<24}{:>9} Kpps{:>12.0} %{:>13.0} ns{:>17.0} % /{:>4.0} %{:>22}",
             side.label,
-            side.udp.delivered_pps / 1e3,
+            format!("{bound}{:.0}", side.udp.delivered_pps / 1e3),
             side.udp.router_cpu.busy,
             router_ns(side).unwrap_or(0.0),
             pct(side.udp.kernel_forwarded, side.udp.delivered),
@@ -377,8 +416,10 @@ fn table(sides: &[Side], flows: u32, secs: u32) -> String {
         let _ = writeln!(s, "{}", row.trim_end());
     }
     s.push_str(
-        "(×: delivered packets; ÷N: the kernel spent N times this run's router ns/pkt, the \
-         router's own CPU per packet without the WAN host's receive that shares CPU1)\n",
+        "(≥: within 10 % of the generator's own rate, so generator-bound: the router may be \
+         faster, and its × a lower bound; ×: delivered packets; ÷N: the kernel spent N times \
+         this run's router ns/pkt, the router's own CPU per packet without the WAN host's \
+         receive that shares CPU1)\n",
     );
     let _ = writeln!(
         s,
@@ -489,7 +530,7 @@ fn fixed_table(sides: &[Side], secs: u32) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{CpuShare, Side, Trial, force_tc, line_rate_pps, table};
+    use super::{CpuShare, GeneratorAlone, Side, Trial, force_tc, line_rate_pps, table};
 
     /// A run whose router CPU1 had `system` % system time: at `pps` delivered 64 B packets
     /// (96 % busy), and over a TCP stream of `mbps` (`tcp_system` % system time).
@@ -531,7 +572,19 @@ mod tests {
             side("kernel", 400e3, 80.0, 3000.0, 42.0),
             side("tc", 1000e3, 72.0, 4500.0, 31.5),
         ];
-        let t = table(&sides, 8, 10);
+        // The generator alone delivers 1,050 Kpps: TC's 1,000 Kpps is generator-bound.
+        let alone = GeneratorAlone {
+            kind: "AF_PACKET TX ring".into(),
+            pps: 1050e3,
+        };
+        let t = table(&sides, &alone, 8, 10);
+        assert!(
+            t.contains(
+                "generator: AF_PACKET TX ring; alone, flat out into a bare sink (direct \
+                        pair, no router): 1050 Kpps"
+            ),
+            "{t}"
+        );
         let row = |label: &str, n: usize| {
             t.lines()
                 .filter(|l| l.starts_with(label))
@@ -540,7 +593,9 @@ mod tests {
                 .to_string()
         };
         let udp = row("tc", 0);
+        assert!(udp.contains("≥1000 Kpps"), "{udp}");
         assert!(udp.contains("720 ns"), "{udp}");
+        assert!(row("kernel", 0).contains(" 400 Kpps"), "{t}");
         assert!(udp.ends_with("×2.50   ÷2.78"), "{udp}");
         let tcp = row("tc", 1);
         assert!(tcp.contains("31.5 %"), "{tcp}");

@@ -1,5 +1,6 @@
 //! xdp-router-bench: A/B benchmark (RFC 2544 style) of xdp-router's XDP fast path against
-//! kernel forwarding, on a netns testbed with a BPF_PROG_RUN live-frames generator.
+//! kernel forwarding, on a netns testbed with a BPF_PROG_RUN live-frames generator (an AF_PACKET
+//! TX ring where the kernel refuses live frames).
 //!
 //! `cargo xtask bench [args]` runs `xdp-router-bench [args]`; `cargo xtask test` runs
 //! `xdp-router-bench quick`; `cargo xtask lab` runs `xdp-router-bench lab`. See
@@ -8,6 +9,7 @@ mod churn;
 mod cpu;
 mod ctnl;
 mod demo;
+mod generator;
 mod lab;
 mod latency;
 mod napi;

@@ -1,5 +1,5 @@
-//! Benchmark frames: the initial live-frame buffer and the generator's header template, with
-//! valid IPv4 and UDP checksums for every flow (see [`GenConfig`]).
+//! Benchmark frames: a generator stream's initial frame and header template, with valid IPv4
+//! and UDP checksums for every flow (see [`GenConfig`]).
 
 use std::net::IpAddr;
 
@@ -75,7 +75,7 @@ impl FrameSpec {
         }
     }
 
-    /// The initial frame buffer (FCS excluded) for `BPF_PROG_RUN`, headers of flow 0 in place.
+    /// The initial frame buffer (FCS excluded), headers of flow 0 in place.
     pub fn frame(&self) -> Result<Vec<u8>> {
         let family = self.family();
         if self.frame_size < family.min_frame() {
@@ -201,6 +201,7 @@ fn udp_checksum(frame: &[u8], l4: usize) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generator::frames::FlowFrames;
 
     fn spec(src: &str, dst: &str, size: usize, vary_dst: bool) -> FrameSpec {
         FrameSpec {
@@ -216,20 +217,6 @@ mod tests {
         }
     }
 
-    /// Applies the generator's rewrite for flow `i` the way the eBPF program does.
-    fn rewrite(cfg: &GenConfig, frame: &mut [u8], i: u32) {
-        let (n, l4) = if cfg.family == GEN_FAMILY_V4 {
-            (44, 34)
-        } else {
-            (64, 54)
-        };
-        frame[..n].copy_from_slice(&cfg.template[..n]);
-        let port = cfg.port_base.wrapping_add((i % cfg.flows) as u16);
-        let off = l4 + if cfg.vary_dst != 0 { 2 } else { 0 };
-        frame[off..off + 2].copy_from_slice(&port.to_be_bytes());
-        frame[l4 + 8..l4 + 10].copy_from_slice(&(!port).to_be_bytes());
-    }
-
     fn udp_ok(frame: &[u8], l4: usize) -> bool {
         let udp = &frame[l4..];
         let len = (udp.len() as u16).to_be_bytes();
@@ -243,10 +230,12 @@ mod tests {
                 for vary_dst in [false, true] {
                     let s = spec(src, dst, size, vary_dst);
                     let cfg = s.gen_config(7).unwrap();
-                    let mut frame = s.frame().unwrap();
-                    assert_eq!(frame.len(), size - FCS_LEN);
+                    let initial = s.frame().unwrap();
+                    assert_eq!(initial.len(), size - FCS_LEN);
+                    let frames = FlowFrames::new(&cfg, &initial).unwrap();
+                    let mut frame = vec![0; initial.len()];
                     for i in [0, 1, 2, 999, 1000, 123_456] {
-                        rewrite(&cfg, &mut frame, i);
+                        frames.write(i, &mut frame);
                         assert!(udp_ok(&frame, l4), "{src} size {size} flow {i}");
                         if l4 == 34 {
                             assert_eq!(internet_checksum(&[&frame[14..34]]), 0);

@@ -7,6 +7,11 @@
 //!  gd  10.0.9.1  fd00:9::1  <----------------- veth (no router) ---------------->  sd<pid> 10.0.9.2
 //!  lk/lk1 spare veth (down)                                                  wk/wk1 spare veth (down)
 //! ```
+//! The spare pairs keep the live-frames generator program attached (see `Generator::new`); where
+//! the kernel refuses live frames, the AF_PACKET generator sends into `lk`/`wk` and the bare
+//! redirect on `lk1`/`wk1` forwards the frames out of `l0`/`gd`/`w0`, so they reach the router
+//! as XDP frames, as live frames do.
+//!
 //! CPU0 runs the generators, CPU1 the router: the NAPI threads of `rl`/`rw` (and `sd` for the
 //! generator ceiling) are threaded and pinned there; the sinks on `l0`/`w0` run as softirq right
 //! after the router's poll on the same CPU.
@@ -20,7 +25,8 @@ use xdp_router_testbed::netns::{self, Netns};
 
 use crate::{
     cpu::{CpuShare, CpuTimes},
-    lab::{Generator, Sink, ifindex},
+    generator::{GenKind, Generator},
+    lab::{Sink, ifindex},
     packet::{Family, FrameSpec},
     pin::{pin_pid, set_fifo},
     search::Outcome,
@@ -271,8 +277,9 @@ impl Testbed {
         // The ceiling sink's NAPI exists now (XDP attached): thread it and pin it to the router
         // CPU, so the generator has CPU0 to itself in the ceiling measurement.
         wan.sh(&format!("echo 1 > /sys/class/net/{sd}/threaded"))?;
-        let lan_gen = Generator::new(&lan, "lk", GEN_CPU)?;
-        let wan_gen = Generator::new(&wan, "wk", GEN_CPU)?;
+        let lan_gen = Generator::new(&lan, "lk", "lk1", GEN_CPU)?;
+        let wan_gen = Generator::new(&wan, "wk", "wk1", GEN_CPU)?;
+        eprintln!("generator: {}", lan_gen.kind());
         let (l0_idx, gd_idx) = lan.enter(|| Ok((ifindex("l0")?, ifindex("gd")?)))?;
         let w0_idx = wan.enter(|| ifindex("w0"))?;
         let rw_idx = rtr.enter(|| ifindex(rw))?;
@@ -293,6 +300,11 @@ impl Testbed {
         };
         tb.pin_napi_threads()?;
         Ok(tb)
+    }
+
+    /// Which generator sends the frames (the same on both hosts: one kernel probed twice).
+    pub fn generator(&self) -> &GenKind {
+        self.lan_gen.kind()
     }
 
     /// MACs of the router's interfaces towards the LAN and WAN hosts and of the WAN host.

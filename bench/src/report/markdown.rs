@@ -17,12 +17,13 @@ impl Report {
         let _ = writeln!(o, "# xdp-router A/B benchmark\n");
         let _ = writeln!(
             o,
-            "- Machine: {} CPUs, {}, kernel {}\n- Command: `{}`\n- Trials: {} ms, {} paced steps \
-             per search (a lossy rate is retried {} time(s)), loss limit {} %, {} flows per \
-             stream, S3 shaper {} Mbit/s\n- Fast path: {}\n- Duration: {:.0} s{}",
+            "- Machine: {} CPUs, {}, kernel {}\n- Generator: {}\n- Command: `{}`\n- Trials: {} ms, \
+             {} paced steps per search (a lossy rate is retried {} time(s)), loss limit {} %, {} \
+             flows per stream, S3 shaper {} Mbit/s\n- Fast path: {}\n- Duration: {:.0} s{}",
             m.cpus,
             m.cpu_model,
             m.kernel,
+            m.generator,
             m.command,
             m.trial_ms,
             m.steps,
@@ -69,15 +70,11 @@ impl Report {
                     m.loss_limit_pct
                 );
                 head(&mut o, "row");
-                let _ = write!(o, "| generator alone, flat out (offered) |");
+                let _ = write!(o, "| generator alone, flat out into a bare sink |");
                 for s in &sizes {
-                    match self
-                        .generator
-                        .iter()
-                        .find(|g| g.family == family && g.size == *s)
-                    {
+                    match self.generator_at(family, *s) {
                         Some(g) => {
-                            let p = g.trial.offered_pps;
+                            let p = g.pps();
                             let _ = write!(o, " {:.0} / {:.0} |", p / 1e3, mbps(p, *s));
                         }
                         None => o.push_str(" – |"),
@@ -89,7 +86,10 @@ impl Report {
                     for s in &sizes {
                         match self.cell(&row, family, *s) {
                             Some(c) => {
-                                let ge = if c.generator_limited || c.pacing_short {
+                                let ge = if c.generator_limited
+                                    || c.pacing_short
+                                    || self.generator_bound(family, *s, c.ndr_pps)
+                                {
                                     "≥"
                                 } else {
                                     ""
@@ -115,15 +115,30 @@ impl Report {
                 family.name()
             );
             head(&mut o, "row");
+            let _ = write!(o, "| generator alone, flat out into a bare sink |");
+            for s in &sizes {
+                match self.generator_at(family, *s) {
+                    Some(g) => {
+                        let _ = write!(o, " {:.0} |", g.pps() / 1e3);
+                    }
+                    None => o.push_str(" – |"),
+                }
+            }
+            o.push('\n');
             for row in self.rows() {
                 let _ = write!(o, "| {row} |");
                 for s in &sizes {
                     match self.cell(&row, family, *s) {
                         Some(c) => {
                             let cpu = c.overload_cpu;
+                            let ge = if self.generator_bound(family, *s, c.overload_pps) {
+                                "≥"
+                            } else {
+                                ""
+                            };
                             let _ = write!(
                                 o,
-                                " {:.0} — {:.0} ({:.0}/{:.0}/{:.0}) — {:.0} % |",
+                                " {ge}{:.0} — {:.0} ({:.0}/{:.0}/{:.0}) — {:.0} % |",
                                 c.overload_pps / 1e3,
                                 cpu.busy,
                                 cpu.system,
@@ -285,7 +300,9 @@ impl Report {
         }
         let _ = writeln!(
             o,
-            "\n\"≥\": lower bound, the generator (not the router) was the limit. Frame sizes \
+            "\n\"≥\": lower bound, the generator (not the router) was the limit: even flat out \
+             nothing was lost, the paced generator fell short of the rate asked, or the rate is \
+             within 10 % of the generator's own (the \"generator alone\" row). Frame sizes \
              include the FCS; Mbps = pps × size × 8."
         );
         o
@@ -310,9 +327,9 @@ mod tests {
     use crate::{
         cpu::CpuShare,
         latency::{ModeSamples, Schedule},
-        report::{Cell, LatencyDiff, LatencyRow},
+        report::{Cell, GenCeiling, LatencyDiff, LatencyRow},
         router::Scenario,
-        testbed::Path,
+        testbed::{Path, Trial},
     };
 
     fn cell(row: &str, size: usize, ndr: f64) -> Cell {
@@ -351,6 +368,43 @@ mod tests {
         let svg = r.svg();
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert!(svg.ends_with("</svg>\n"));
+    }
+
+    #[test]
+    fn rates_near_the_generators_own_are_lower_bounds() {
+        let alone = Trial {
+            requested_pps: None,
+            sent: 1_000_000,
+            delivered: 1_000_000,
+            secs: 1.0,
+            offered_pps: 1_000_000.0,
+            delivered_pps: 1_000_000.0,
+            loss: 0.0,
+            router_cpu: CpuShare::default(),
+            kernel_forwarded: 0,
+        };
+        let mut r = Report {
+            generator: vec![GenCeiling {
+                family: Family::Ipv4,
+                size: 64,
+                trial: alone,
+            }],
+            throughput: vec![
+                cell("S1 kernel", 64, 500_000.0),
+                cell("S1 fast path", 64, 950_000.0),
+            ],
+            ..Report::default()
+        };
+        r.meta.generator = "AF_PACKET TX ring".into();
+        let md = r.markdown();
+        assert!(md.contains("- Generator: AF_PACKET TX ring\n"), "{md}");
+        assert!(md.contains("| generator alone, flat out into a bare sink | 1000 / 512 |"));
+        assert!(md.contains("| S1 kernel | 500 / 256 |"), "{md}");
+        assert!(md.contains("| S1 fast path | ≥950 / ≥486 |"), "{md}");
+        // The overload table too, with the generator's own rate as its first row.
+        assert!(md.contains("| generator alone, flat out into a bare sink | 1000 |"));
+        assert!(md.contains("| S1 fast path | ≥950 — "), "{md}");
+        assert!(md.contains("| S1 kernel | 500 — "), "{md}");
     }
 
     #[test]

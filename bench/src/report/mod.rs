@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::{
     cpu::CpuShare,
+    generator::generator_bound,
     latency::{self, Bootstrap, DiffCi, Latency, ModeSamples, Schedule, Verdict},
     packet::Family,
     router::{Datapath, Scenario},
@@ -91,6 +92,8 @@ pub struct Meta {
     pub daemon: Option<String>,
     /// The fast path of the fast-path rows (with a daemon).
     pub datapath: Option<Datapath>,
+    /// The traffic generator (live frames, or AF_PACKET where the kernel refuses them).
+    pub generator: String,
 }
 
 /// The generator's own ceiling at one frame size.
@@ -102,6 +105,13 @@ pub struct GenCeiling {
     pub size: usize,
     /// The flat-out trial.
     pub trial: Trial,
+}
+
+impl GenCeiling {
+    /// The generator's own rate: what it delivered into the bare sink, frames/s.
+    pub fn pps(&self) -> f64 {
+        self.trial.delivered_pps
+    }
 }
 
 /// One NDR search.
@@ -308,6 +318,20 @@ impl Report {
         self.throughput
             .iter()
             .find(|c| c.row == row && c.family == family && c.size == size)
+    }
+
+    /// Whether `pps` at `family` and `size` is within 10 % of the generator's own rate there
+    /// (see [`generator_bound`]).
+    pub fn generator_bound(&self, family: Family, size: usize, pps: f64) -> bool {
+        self.generator_at(family, size)
+            .is_some_and(|g| generator_bound(pps, g.pps()))
+    }
+
+    /// The generator's own ceiling at `family` and `size`.
+    pub fn generator_at(&self, family: Family, size: usize) -> Option<&GenCeiling> {
+        self.generator
+            .iter()
+            .find(|g| g.family == family && g.size == size)
     }
 
     fn rows(&self) -> Vec<String> {

@@ -8,7 +8,8 @@ use anyhow::{Context as _, Result, bail};
 use xdp_router_common::lab::RedirectConfig;
 
 use crate::{
-    lab::{attach_pass, attach_redirect},
+    generator::GenKind,
+    lab::{Redirect, attach_pass},
     latency::EchoServer,
     report::{GenCeiling, Report, TcpRow},
     router::{self, Daemon},
@@ -23,9 +24,6 @@ use super::{
     trials::{check_offload, prime, search_cell, shaping_check, xdp_forwarded},
 };
 
-/// Below this flat-out rate the generator itself is disturbed (see the warning in `measure`).
-const GEN_SANE_PPS: f64 = 2e6;
-
 pub(super) fn measure(
     plan: &Plan,
     tb: &mut Testbed,
@@ -34,7 +32,7 @@ pub(super) fn measure(
     out_dir: &std::path::Path,
 ) -> Result<()> {
     // 1. The generator alone.
-    eprintln!("generator ceiling (direct pair, no router)");
+    eprintln!("generator ceiling (direct pair into a bare sink, no router)");
     for &family in &plan.families {
         for &size in plan.sizes(family) {
             check_stop()?;
@@ -51,18 +49,27 @@ pub(super) fn measure(
         }
     }
 
+    // Offered below these rates, the generator itself is disturbed: (its rate here when the
+    // machine is quiet, the floor, the likely cause).
+    let (quiet, floor, why) = match tb.generator() {
+        GenKind::LiveFrames => (
+            "≈ 5–10 Mpps",
+            2e6,
+            "another process is probably running XDP BPF_PROG_RUN or attaching XDP programs \
+             (they serialise on the kernel's XDP dispatcher mutex) or hogging CPU0",
+        ),
+        GenKind::AfPacket { .. } => ("≈ 1 Mpps", 4e5, "another process is probably hogging CPU0"),
+    };
     if let Some(g) = report
         .generator
         .iter()
         .map(|g| g.trial.offered_pps)
         .reduce(f64::min)
-        && g < GEN_SANE_PPS
+        && g < floor
     {
         let msg = format!(
-            "the generator alone reached only {:.0} Kpps (≈ 5–10 Mpps when the machine is \
-             quiet): another process is probably running XDP BPF_PROG_RUN or attaching XDP \
-             programs (they serialise on the kernel's XDP dispatcher mutex) or hogging CPU0; \
-             the numbers of this run are not meaningful",
+            "the generator alone reached only {:.0} Kpps ({quiet} when the machine is quiet): \
+             {why}; the numbers of this run are not meaningful",
             g / 1e3
         );
         eprintln!("warning: {msg}");
@@ -77,7 +84,7 @@ pub(super) fn measure(
             tb.names.rl, tb.names.rw
         );
         let (src_mac, dst_mac) = tb.redirect_macs();
-        let _redirect = attach_redirect(
+        let _redirect = Redirect::attach(
             &tb.rtr,
             &tb.names.rl,
             RedirectConfig {

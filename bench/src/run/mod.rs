@@ -64,6 +64,7 @@ pub fn run(o: &Opts, quick: bool, command: String) -> Result<Report> {
     eprintln!("results go to {}", out_dir.display());
 
     let mut tb = Testbed::create(Names::bench()).context("building the testbed")?;
+    report.meta.generator = tb.generator().to_string();
     let result = measure(&plan, &mut tb, &mut report, daemon_bin.as_ref(), &out_dir);
     report.meta.duration_secs = started.elapsed().as_secs_f64();
     // A quick run is too short for NDR searches and targets to mean anything: it checks what it
@@ -117,6 +118,8 @@ fn meta(plan: &Plan, command: String, daemon: Option<&PathBuf>) -> Meta {
         shaper_mbit: plan.shaper_mbit,
         daemon: daemon.map(|d| d.display().to_string()),
         datapath: daemon.map(|_| plan.datapath),
+        // Known once the testbed has probed the kernel.
+        generator: String::new(),
     }
 }
 
