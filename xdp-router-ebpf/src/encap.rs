@@ -56,15 +56,16 @@ pub struct EgressTag {
     pub pppoe: bool,
 }
 
-/// The frame as it leaves: its Ethernet header, the VLAN tag to write after the MACs (when
-/// the egress is a VLAN device, or a PPPoE session over one), the EtherType after it, the
-/// PPPoE header after that (when the egress is a PPPoE device) and the IP header, all
-/// re-derived after the resize.
+/// The frame as it leaves: its Ethernet header, the EtherType (after the MACs, or after the
+/// VLAN tag when the egress is a VLAN device or a PPPoE session over one) and the IP header,
+/// all re-derived after the resize. The VLAN tag (after the MACs, `tag_in_frame`) and the
+/// PPPoE header (when the egress is a PPPoE device, ending where `l2` does) are derived by
+/// [`write_l2`], which says why.
 pub struct Reframed<T> {
     pub eth: *mut EthHdr,
-    tag: Option<*mut VlanTag>,
+    /// A VLAN tag goes into the frame after the MACs.
+    tag_in_frame: bool,
     ethertype: *mut u16,
-    pppoe: Option<*mut PppoeHdr>,
     pub ip: *mut T,
     /// Length of the Ethernet header, tag and PPPoE header as the frame leaves.
     pub l2: usize,
@@ -141,21 +142,12 @@ pub fn reframe<T, P: Packet>(
             return Err(Reason::PassMalformed);
         }
     }
-    let tag_ptr = if vlan != 0 {
-        Some(ptr_at_mut(ctx, 12)?)
-    } else {
-        None
-    };
-    let pppoe_ptr = if tag.pppoe {
-        Some(ptr_at_mut(ctx, ETH_HLEN + vlan)?)
-    } else {
-        None
-    };
+    // The VLAN tag and the PPPoE header lie before the IP header, whose check below covers
+    // them: `write_l2` cannot fail.
     Ok(Reframed {
         eth: ptr_at_mut(ctx, 0)?,
-        tag: tag_ptr,
+        tag_in_frame: vlan != 0,
         ethertype: ptr_at_mut(ctx, 12 + vlan)?,
-        pppoe: pppoe_ptr,
         ip: ptr_at_mut(ctx, l2)?,
         l2,
         meta_tag,
@@ -170,10 +162,22 @@ pub fn reframe<T, P: Packet>(
 /// the egress's, if any, set; with the received tag present and an IP protocol neither
 /// helper can fail (`skb_vlan_pop` only clears it, `skb_vlan_push` only sets one where none
 /// is), so nothing is left to undo.
+///
+/// The VLAN tag's and the session header's pointers are derived here, not kept from `reframe`
+/// beside a flag saying whether there is one: LLVM keeps such a flag as a value it already
+/// has (`tag.tpid_be`, `flags & IFACE_F_PPPOE`) in a stack slot, and a verifier without
+/// commit 8ecfc371d829 ("bpf: Assign ID to scalars on spill", 2024: 6.12 has it, Debian 12's
+/// 6.1 does not) does not narrow a spilled copy when the register it came from is compared.
+/// So on 6.1 it followed these branches on paths where the pointer's stack slot, shared
+/// with another value, held a number (`l2`), and refused the program ("R2 invalid mem access
+/// 'scalar'"). Checked again here, the pointers are valid on every path a verifier walks;
+/// `reframe` checked the IP header after them, so on a real egress these checks never fail.
 #[inline(always)]
 pub fn write_l2<T, P: Packet>(ctx: &P, out: &Reframed<T>, tag: &EgressTag, l3: L3, ip_len: usize) {
-    if let Some(t) = out.tag {
-        // SAFETY: bounds checked by ptr_at_mut in `reframe`.
+    if out.tag_in_frame
+        && let Ok(t) = ptr_at_mut::<VlanTag, P>(ctx, 12)
+    {
+        // SAFETY: bounds checked by ptr_at_mut just above.
         unsafe {
             (*t).tpid_be = tag.tpid_be;
             (*t).tci_be = tag.tci_be;
@@ -183,8 +187,10 @@ pub fn write_l2<T, P: Packet>(ctx: &P, out: &Reframed<T>, tag: &EgressTag, l3: L
         L3::V4 => (ETH_P_IP, PPP_IP),
         L3::V6 => (ETH_P_IPV6, PPP_IPV6),
     };
-    if let Some(h) = out.pppoe {
-        // SAFETY: bounds checked by ptr_at_mut in `reframe`.
+    if tag.pppoe
+        && let Ok(h) = ptr_at_mut::<PppoeHdr, P>(ctx, out.l2 - PPPOE_HLEN)
+    {
+        // SAFETY: bounds checked by ptr_at_mut just above (the EtherType's in `reframe`).
         unsafe {
             *out.ethertype = ETH_P_PPP_SES.to_be();
             (*h).ver_type = PPPOE_VER_TYPE;
