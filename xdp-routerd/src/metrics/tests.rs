@@ -7,9 +7,8 @@ use std::{
 
 use super::*;
 use crate::flows::{
-    dscp_rewrite::RulePlace,
     per_packet::{PerPacketKind, PerPacketMode, PerPacketRule},
-    rule_origin::RuleOrigin,
+    rule_origin::{RuleOrigin, RulePlace},
 };
 use crate::kernel_features::{Availability, Feature, KernelFeatures};
 use crate::status::{

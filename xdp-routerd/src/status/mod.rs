@@ -14,8 +14,9 @@ use crate::{
     flows::{
         Skip,
         accounting::Traffic,
-        dscp_rewrite::{DscpBlocker, RulePlace},
+        dscp_rewrite::DscpBlocker,
         per_packet::{PerPacketMode, PerPacketRule},
+        rule_origin::RulePlace,
     },
     kernel_features::KernelFeatures,
 };
