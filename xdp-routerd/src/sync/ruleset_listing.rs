@@ -85,6 +85,12 @@ pub(super) struct NftTable {
 }
 
 impl NftTable {
+    /// Where the named verdict map `name` sends packets: `Some(None)` when it is listed without
+    /// its elements (any chain of the table); `None` when the table has no such verdict map.
+    pub(super) fn verdict_map(&self, name: &str) -> Option<Option<&BTreeSet<String>>> {
+        self.verdict_maps.get(name).map(Option::as_ref)
+    }
+
     /// The chains `from` and every chain reachable from them, in name order.
     pub(super) fn reachable(&self, from: &BTreeSet<String>) -> BTreeSet<String> {
         let mut seen: BTreeSet<String> = BTreeSet::new();
@@ -114,7 +120,7 @@ impl NftTable {
 }
 
 /// Every `jump`/`goto` target anywhere in `v`.
-fn jump_targets(v: &Value, out: &mut BTreeSet<String>) {
+pub(super) fn jump_targets(v: &Value, out: &mut BTreeSet<String>) {
     match v {
         Value::Object(o) => {
             for (k, inner) in o {
@@ -132,7 +138,7 @@ fn jump_targets(v: &Value, out: &mut BTreeSet<String>) {
 }
 
 /// Every named set or map referenced (`"@name"`) anywhere in `v`.
-fn set_refs(v: &Value, out: &mut BTreeSet<String>) {
+pub(super) fn set_refs(v: &Value, out: &mut BTreeSet<String>) {
     match v {
         Value::String(s) => {
             if let Some(name) = s.strip_prefix('@') {
@@ -147,7 +153,7 @@ fn set_refs(v: &Value, out: &mut BTreeSet<String>) {
 
 /// The chains of `table` that established forwarded packets traverse, as the kernel's
 /// iptables hooks run them (legacy tables: `nat` sees first packets only).
-fn legacy_entry_chains(table: &str) -> &'static [&'static str] {
+pub(super) fn legacy_entry_chains(table: &str) -> &'static [&'static str] {
     match table {
         "raw" => &["PREROUTING"],
         "mangle" => &["PREROUTING", "FORWARD", "POSTROUTING"],
@@ -194,6 +200,42 @@ pub(super) struct LegacyRule<T> {
     pub(super) found: T,
 }
 
+/// The chains of one table of an `iptables-save` listing: each chain's rules (their words
+/// after the chain name), in order, by chain name; chains without rules too.
+pub(super) type SaveChains = BTreeMap<String, Vec<Vec<String>>>;
+
+/// The tables of an `iptables-save` / `ip6tables-save` listing, by name (`filter`).
+pub(super) fn save_tables(listing: &str) -> BTreeMap<String, SaveChains> {
+    let mut tables: BTreeMap<String, SaveChains> = BTreeMap::new();
+    let mut table = String::new();
+    for line in listing.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.trim().to_string();
+            tables.entry(table.clone()).or_default();
+        } else if let Some(decl) = line.strip_prefix(':') {
+            // `:FORWARD DROP [0:0]`, `:ufw-user-forward - [0:0]`.
+            if let Some(chain) = decl.split_whitespace().next() {
+                tables
+                    .entry(table.clone())
+                    .or_default()
+                    .entry(chain.to_string())
+                    .or_default();
+            }
+        } else if let Some(rest) = line.strip_prefix("-A ") {
+            let words = save_words(rest);
+            if let Some((chain, words)) = words.split_first() {
+                tables
+                    .entry(table.clone())
+                    .or_default()
+                    .entry(chain.clone())
+                    .or_default()
+                    .push(words.to_vec());
+            }
+        }
+    }
+    tables
+}
+
 /// The rules of an `iptables-save` / `ip6tables-save` listing that established forwarded
 /// packets traverse: those of [`legacy_entry_chains`] and of the user chains they jump or go
 /// to, in the order they are reached. `judge` reads a rule's words after the chain name and
@@ -202,31 +244,12 @@ pub(super) fn legacy_walk<T>(
     listing: &str,
     judge: impl Fn(&[String]) -> (T, Option<String>),
 ) -> Vec<LegacyRule<T>> {
-    // table → chain → (found, jump target) per rule, in order.
-    type Chains<T> = BTreeMap<String, Vec<(T, Option<String>)>>;
-    let mut tables: BTreeMap<String, Chains<T>> = BTreeMap::new();
-    let mut table = String::new();
-    for line in listing.lines() {
-        if let Some(t) = line.strip_prefix('*') {
-            table = t.trim().to_string();
-            continue;
-        }
-        let Some(rest) = line.strip_prefix("-A ") else {
-            continue;
-        };
-        let words = save_words(rest);
-        let Some((chain, words)) = words.split_first() else {
-            continue;
-        };
-        tables
-            .entry(table.clone())
-            .or_default()
-            .entry(chain.clone())
-            .or_default()
-            .push(judge(words));
-    }
     let mut out = Vec::new();
-    for (table, mut chains) in tables {
+    for (table, chains) in save_tables(listing) {
+        let mut chains: BTreeMap<String, Vec<(T, Option<String>)>> = chains
+            .into_iter()
+            .map(|(name, rules)| (name, rules.iter().map(|w| judge(w)).collect()))
+            .collect();
         let mut todo: Vec<String> = legacy_entry_chains(&table)
             .iter()
             .map(|c| c.to_string())
