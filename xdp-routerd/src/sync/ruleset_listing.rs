@@ -10,6 +10,11 @@ use serde_json::Value;
 /// The nftables hooks whose chains see every packet of an established forwarded connection.
 const FORWARD_PATH_HOOKS: [&str; 4] = ["prerouting", "forward", "postrouting", "ingress"];
 
+/// `NF_IP_PRI_CONNTRACK` (uapi/linux/netfilter_ipv4.h; the same for IPv6): a prerouting chain
+/// of this priority or lower may run before conntrack has looked the packet up, when `ct
+/// state` still reads `invalid` (nft_ct_get_eval, conntrack_mt).
+const PRI_CONNTRACK: i64 = -200;
+
 /// The tables of an nftables JSON listing, by (family, table).
 pub(super) type NftTables = BTreeMap<(String, String), NftTable>;
 
@@ -36,6 +41,15 @@ pub(super) fn nft_tables(text: &str) -> Result<NftTables, String> {
             let t = tables.entry(key(c)).or_default();
             if hook.is_some_and(|h| FORWARD_PATH_HOOKS.contains(&h)) && !nat {
                 t.entry_chains.insert(name.to_string());
+                let prio = c.get("prio").and_then(Value::as_i64);
+                let early = match hook {
+                    Some("ingress") => true,
+                    Some("prerouting") => prio.is_none_or(|p| p <= PRI_CONNTRACK),
+                    _ => false,
+                };
+                if early {
+                    t.before_conntrack.insert(name.to_string());
+                }
             } else if hook.is_some() && !nat {
                 t.other_base_chains.insert(name.to_string());
             }
@@ -77,6 +91,9 @@ pub(super) struct NftTable {
     pub(super) entry_chains: BTreeSet<String>,
     /// Base chains at other hooks (not nat): `input`, `output`, a netdev `egress`, …
     pub(super) other_base_chains: BTreeSet<String>,
+    /// The entry chains that may run before conntrack (`ingress`; `prerouting` at
+    /// [`PRI_CONNTRACK`] or lower, as the `raw` table): `ct state` tests there prove nothing.
+    pub(super) before_conntrack: BTreeSet<String>,
     /// Every chain's rules (their `expr` arrays), in order.
     pub(super) chains: BTreeMap<String, Vec<Value>>,
     /// Named verdict maps → the chains their elements jump or go to; `None` when the listing

@@ -34,14 +34,17 @@ pub(super) fn per_packet_rules(tables: &NftTables, xt: &XtOptions) -> Vec<PerPac
             // carries no IP.
             _ => continue,
         };
+        // Chains a packet may reach before conntrack saw it: their state tests prove nothing.
+        let early = t.reachable(&t.before_conntrack);
         let chains: BTreeMap<String, Vec<RuleFacts>> = t
             .chains
             .iter()
             .map(|(chain, rules)| {
+                let ct_known = !early.contains(chain);
                 let facts = rules
                     .iter()
                     .enumerate()
-                    .map(|(i, expr)| nft_rule(expr, t, xt.rule(family, table, chain, i)))
+                    .map(|(i, expr)| nft_rule(expr, t, xt.rule(family, table, chain, i), ct_known))
                     .collect();
                 (chain.clone(), facts)
             })
@@ -53,9 +56,11 @@ pub(super) fn per_packet_rules(tables: &NftTables, xt: &XtOptions) -> Vec<PerPac
 }
 
 /// One rule of `table`; `save` is its `iptables-nft-save` words when iptables-nft wrote it
-/// and both listings agree (see [`XtOptions`]).
-fn nft_rule(expr: &Value, table: &NftTable, save: Option<&[String]>) -> RuleFacts {
+/// and both listings agree (see [`XtOptions`]); `ct_known`: conntrack has seen the packet
+/// (else a state test is `Maybe`).
+fn nft_rule(expr: &Value, table: &NftTable, save: Option<&[String]>, ct_known: bool) -> RuleFacts {
     let mut parts = Parts::default();
+    let known = |m: Match| if ct_known { m } else { Match::Maybe };
     let mut branches: Option<Vec<Branch>> = None;
     // The conntrack matches of `save`, in order, for the `xt` conntrack matches of `expr`.
     let mut save_ct = save
@@ -75,7 +80,8 @@ fn nft_rule(expr: &Value, table: &NftTable, save: Option<&[String]>) -> RuleFact
                 continue;
             }
             "match" => {
-                parts.push(ct_state::nft_match(inner).unwrap_or(Match::Maybe), kinds);
+                let test = ct_state::nft_match(inner).map_or(Match::Maybe, known);
+                parts.push(test, kinds);
                 continue;
             }
             "xt" => {
@@ -86,7 +92,7 @@ fn nft_rule(expr: &Value, table: &NftTable, save: Option<&[String]>) -> RuleFact
                             "conntrack" | "state" => save_ct
                                 .next()
                                 .and_then(|(n, opts)| ct_state::iptables_match(n, opts))
-                                .unwrap_or(Match::Maybe),
+                                .map_or(Match::Maybe, known),
                             "comment" => Match::All,
                             _ => Match::Maybe,
                         };
@@ -106,7 +112,7 @@ fn nft_rule(expr: &Value, table: &NftTable, save: Option<&[String]>) -> RuleFact
             }
             "vmap" => {
                 parts.push(Match::All, kinds);
-                branches = Some(vmap_branches(inner, &parts.test, table));
+                branches = Some(vmap_branches(inner, &parts.test, table, ct_known));
                 break;
             }
             _ => match verdict(e) {
@@ -160,14 +166,17 @@ fn verdict(e: &Value) -> Option<Action> {
 /// The branches of a `vmap` statement after the rule's other tests (`before`): one per element
 /// of a map on `ct state` (what the element's key does with an established packet) or of an
 /// anonymous map on anything else (`Maybe`); a named map's listed targets (`Maybe`), or any
-/// chain of the table when it is listed without elements.
-fn vmap_branches(vmap: &Value, before: &Match, table: &NftTable) -> Vec<Branch> {
+/// chain of the table when it is listed without elements. `ct_known` as for [`nft_rule`].
+fn vmap_branches(vmap: &Value, before: &Match, table: &NftTable, ct_known: bool) -> Vec<Branch> {
     let branch = |test: Match, v: &Value| Branch {
         test: before.clone().and(test),
         action: verdict(v).unwrap_or(Action::Continue),
     };
     if let Some(elems) = ct_state::nft_vmap(vmap) {
-        return elems.into_iter().map(|(t, v)| branch(t, v)).collect();
+        return elems
+            .into_iter()
+            .map(|(t, v)| branch(if ct_known { t } else { Match::Maybe }, v))
+            .collect();
     }
     match vmap.get("data") {
         Some(Value::String(name)) => {

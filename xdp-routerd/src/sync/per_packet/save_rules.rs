@@ -80,8 +80,9 @@ pub(super) fn parts(words: &[String]) -> Option<Vec<SavePart<'_>>> {
     Some(out)
 }
 
-/// One rule of a table whose chains are `is_chain`.
-fn save_rule(words: &[String], is_chain: impl Fn(&str) -> bool) -> RuleFacts {
+/// One rule of a table whose chains are `is_chain`; `ct_known`: conntrack has seen the packet
+/// (else a state test is `Maybe`).
+fn save_rule(words: &[String], is_chain: impl Fn(&str) -> bool, ct_known: bool) -> RuleFacts {
     let Some(split) = parts(words) else {
         return unsplit_rule(words, is_chain);
     };
@@ -95,7 +96,8 @@ fn save_rule(words: &[String], is_chain: impl Fn(&str) -> bool) -> RuleFacts {
             }
             SavePart::Match(name, options) => {
                 let test = match ct_state::iptables_match(name, options) {
-                    Some(t) => t,
+                    Some(t) if ct_known => t,
+                    Some(_) => Match::Maybe,
                     None if name == "comment" => Match::All,
                     None => Match::Maybe,
                 };
@@ -161,12 +163,15 @@ fn unsplit_rule(words: &[String], is_chain: impl Fn(&str) -> bool) -> RuleFacts 
 pub fn parse_legacy_save(listing: &str, origin: RuleOrigin) -> Vec<PerPacketRule> {
     let mut out = Vec::new();
     for (table, chains) in save_tables(listing) {
+        // The raw table's chains run before conntrack (NF_IP_PRI_RAW < NF_IP_PRI_CONNTRACK):
+        // `ct state` still reads `invalid` there.
+        let ct_known = table != "raw";
         let facts: BTreeMap<String, Vec<RuleFacts>> = chains
             .iter()
             .map(|(name, rules)| {
                 let rules = rules
                     .iter()
-                    .map(|w| save_rule(w, |c| chains.contains_key(c)))
+                    .map(|w| save_rule(w, |c| chains.contains_key(c), ct_known))
                     .collect();
                 (name.clone(), rules)
             })
@@ -216,6 +221,7 @@ mod tests {
         let f = save_rule(
             &save_words("-m comment --comment -m -m limit --limit 1/s -j sub"),
             |c| c == "sub",
+            true,
         );
         assert_eq!(
             f.walk.branches,

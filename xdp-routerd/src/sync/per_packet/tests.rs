@@ -304,3 +304,39 @@ fn quoted_words_are_one_word() {
     );
     assert_eq!(rules, vec![]);
 }
+
+/// Before conntrack (a `prerouting` chain at priority raw, the legacy `raw` table) `ct state`
+/// reads `invalid` for every packet: a state test there proves nothing either way.
+#[test]
+fn state_tests_before_conntrack_prove_nothing() {
+    let text = r#"{"nftables": [
+ {"chain": {"family": "inet", "table": "t", "name": "raw", "type": "filter", "hook": "prerouting", "prio": -300, "policy": "accept"}},
+ {"rule": {"family": "inet", "table": "t", "chain": "raw", "expr": [{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": "invalid"}}, {"log": null}]}},
+ {"rule": {"family": "inet", "table": "t", "chain": "raw", "expr": [{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": "established"}}, {"accept": null}]}},
+ {"rule": {"family": "inet", "table": "t", "chain": "raw", "expr": [{"limit": {"rate": 1, "per": "second"}}, {"log": null}]}},
+ {"chain": {"family": "inet", "table": "t", "name": "mangle", "type": "filter", "hook": "prerouting", "prio": -150, "policy": "accept"}},
+ {"rule": {"family": "inet", "table": "t", "chain": "mangle", "expr": [{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": "invalid"}}, {"log": null}]}}
+]}"#;
+    let rules = parse_nft_json(text).unwrap();
+    assert_eq!(
+        reasons(&rules),
+        vec![Some("matches ct state invalid only".into()), None, None]
+    );
+    assert_eq!(
+        summary(&rules)
+            .into_iter()
+            .map(|(c, p, _)| format!("{c} {p}"))
+            .collect::<Vec<_>>(),
+        vec!["inet t mangle 1", "inet t raw 1", "inet t raw 3"]
+    );
+    let legacy = "*raw\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -m conntrack --ctstate INVALID -j LOG\nCOMMIT\n*mangle\n:FORWARD ACCEPT [0:0]\n-A FORWARD -m conntrack --ctstate INVALID -j LOG\nCOMMIT\n";
+    let rules = parse_legacy_save(legacy, RuleOrigin::LegacyIpv4);
+    assert_eq!(
+        reasons(&rules),
+        vec![Some("matches ct state invalid only".into()), None]
+    );
+    assert_eq!(
+        rules[1].to_string(),
+        "iptables-legacy raw PREROUTING rule 1 uses log"
+    );
+}
