@@ -211,11 +211,17 @@ fn read_with(nft: &str, saves: [&str; 2]) -> PerPacketRules {
     // more than the rules; verdict maps are then taken to reach every chain of their table).
     match output(nft, &["-t", "-j", "list", "ruleset"]).and_then(|t| nft_tables(&t)) {
         Ok(tables) => {
+            // Without the options first: iptables-nft-save runs only for a family where a
+            // rule holds flows and conntrack matches could prove it does not (a large
+            // ruleset without such rules, kube-proxy's, is not listed twice).
+            let unread = nft_rules::per_packet_rules(&tables, &XtOptions::default());
+            let holds_in = |origin| unread.iter().any(|r| r.origin == origin && r.holds());
             // Read after nft: a change in between is a new commit, which the ruleset task
             // reads again; the pairing refuses a table whose two listings disagree.
             let mut xt = XtOptions::default();
-            for (family, tool) in ["ip", "ip6"].into_iter().zip(saves) {
-                if !xt_options::wanted(&tables, family) {
+            let families = [("ip", RuleOrigin::NftIp), ("ip6", RuleOrigin::NftIp6)];
+            for ((family, origin), tool) in families.into_iter().zip(saves) {
+                if !holds_in(origin) || !xt_options::wanted(&tables, family) {
                     continue;
                 }
                 match output(tool, &[]) {

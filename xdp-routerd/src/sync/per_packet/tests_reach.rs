@@ -231,3 +231,74 @@ fn disagreeing_listings_prove_nothing() {
     assert_eq!(rules, vec!["ip filter FORWARD rule 3 uses log"]);
     assert!(held);
 }
+
+/// `read` asks `iptables-nft-save` only for a family where a rule holds without the options
+/// and a conntrack match could change that, and pairs what it lists (fake tools: shell
+/// scripts that print the captured listings and leave a mark when run).
+#[test]
+fn read_asks_iptables_nft_save_only_where_it_can_prove_something() {
+    let dir = std::env::temp_dir().join(format!("xr-read-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = |name: &str, text: &str| {
+        let data = dir.join(format!("{name}.out"));
+        std::fs::write(&data, text).unwrap();
+        let path = dir.join(name);
+        let mark = dir.join(format!("{name}.ran"));
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\ntouch '{}'\ncat '{}'\n",
+                mark.display(),
+                data.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let ran = |name: &str| dir.join(format!("{name}.ran")).exists();
+    for (listing, ran4, ran6, held) in [
+        (UFW_LOW, true, true, false),
+        // The v6 table has no per-packet rule: nothing to prove there.
+        (LOG_END, true, false, false),
+        // The LOG rule holds whatever the accept's options say: still read, still held.
+        (LOG_FIRST, true, false, true),
+    ] {
+        for f in std::fs::read_dir(&dir).unwrap() {
+            std::fs::remove_file(f.unwrap().path()).unwrap();
+        }
+        let (v4, v6) = listing.1.split_once("====\n").unwrap();
+        let nft = script("nft", listing.0);
+        let saves = [script("save4", v4), script("save6", v6)];
+        let found = read_with(&nft, [&saves[0], &saves[1]]);
+        let nft_rules: Vec<&PerPacketRule> = found
+            .rules
+            .iter()
+            .filter(|r| matches!(r.origin, RuleOrigin::NftIp | RuleOrigin::NftIp6))
+            .collect();
+        assert!(!nft_rules.is_empty());
+        assert_eq!(found.unproven, Vec::<String>::new());
+        assert_eq!((ran("save4"), ran("save6")), (ran4, ran6), "{nft_rules:?}");
+        assert_eq!(nft_rules.iter().any(|r| r.holds()), held, "{nft_rules:?}");
+    }
+    // No conntrack match, nothing to pair: fw4 is native nftables.
+    for f in std::fs::read_dir(&dir).unwrap() {
+        std::fs::remove_file(f.unwrap().path()).unwrap();
+    }
+    let nft = script("nft", FW4_LOG_FIRST);
+    let saves = [script("save4", ""), script("save6", "")];
+    read_with(&nft, [&saves[0], &saves[1]]);
+    assert_eq!((ran("save4"), ran("save6")), (false, false));
+    // A save tool that cannot run leaves the conntrack matches unread, said once.
+    let nft = script("nft", LOG_FIRST.0);
+    let found = read_with(&nft, ["/nonexistent/iptables-nft-save", &saves[1]]);
+    assert_eq!(found.unproven.len(), 1, "{:?}", found.unproven);
+    assert!(
+        found.unproven[0].starts_with("cannot run `/nonexistent/iptables-nft-save`"),
+        "{:?}",
+        found.unproven
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
