@@ -8,10 +8,62 @@ use crate::netns::{Netns, degraded};
 
 use super::addrs::{LAN_IF, WAN_IF};
 
-/// Packet count of the FORWARD chain's `ESTABLISHED,RELATED` rule (`iptables -vnxL FORWARD`).
+/// Packet count of the FORWARD path's `ESTABLISHED,RELATED` rule (`iptables -vnxL`): in
+/// FORWARD itself, or in a chain FORWARD jumps to (ufw's `ufw-before-forward`).
 pub fn established_packets(ns: &Netns, iptables: &str) -> u64 {
-    let out = ns.exec_ok(iptables, &["-w", "-vnxL", "FORWARD"]);
-    parse_established(&out).unwrap_or_else(|| panic!("no ESTABLISHED rule in {iptables}:\n{out}"))
+    find_established(ns, iptables, "FORWARD", 2).unwrap_or_else(|| {
+        let out = ns.exec_ok(iptables, &["-w", "-vnxL", "FORWARD"]);
+        panic!("no ESTABLISHED rule on the FORWARD path of {iptables}:\n{out}")
+    })
+}
+
+/// The first `ESTABLISHED` rule's packets in `chain` or, `depth` jumps deep, the chains its
+/// rules jump to, in rule order.
+fn find_established(ns: &Netns, iptables: &str, chain: &str, depth: u32) -> Option<u64> {
+    let out = ns.exec(iptables, &["-w", "-vnxL", chain]);
+    if !out.status.success() {
+        return None;
+    }
+    let listing = String::from_utf8_lossy(&out.stdout);
+    if let Some(n) = parse_established(&listing) {
+        return Some(n);
+    }
+    if depth == 0 {
+        return None;
+    }
+    rule_targets(&listing)
+        .into_iter()
+        .find_map(|t| find_established(ns, iptables, t, depth - 1))
+}
+
+/// The target column of every rule in `iptables -vnxL CHAIN` output, but the verdicts.
+pub fn rule_targets(listing: &str) -> Vec<&str> {
+    listing
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter(|t| !matches!(*t, "ACCEPT" | "DROP" | "REJECT" | "RETURN" | "LOG"))
+        .collect()
+}
+
+/// Packets the rule at `position` (1-based) of `chain` in `table` counted
+/// (`iptables -t TABLE -vnxL CHAIN --line-numbers`).
+pub fn rule_packets(ns: &Netns, iptables: &str, table: &str, chain: &str, position: u32) -> u64 {
+    let out = ns.exec_ok(
+        iptables,
+        &["-w", "-t", table, "-vnxL", chain, "--line-numbers"],
+    );
+    parse_rule_packets(&out, position)
+        .unwrap_or_else(|| panic!("no rule {position} in {iptables} -t {table} {chain}:\n{out}"))
+}
+
+/// The pkts column of rule `position` in `iptables -vnxL CHAIN --line-numbers` output.
+pub fn parse_rule_packets(listing: &str, position: u32) -> Option<u64> {
+    listing.lines().skip(2).find_map(|l| {
+        let mut cols = l.split_whitespace();
+        let num: u32 = cols.next()?.parse().ok()?;
+        (num == position).then(|| cols.next()?.parse().ok())?
+    })
 }
 
 /// The pkts column of the first rule mentioning ESTABLISHED in `iptables -vnxL` output.
@@ -99,6 +151,9 @@ pub struct PerPacketSummary {
 /// One rule of [`PerPacketSummary::rules`].
 #[derive(Debug, Clone, Deserialize)]
 pub struct PerPacketRuleSummary {
+    /// `nft_ip`, `nft_ip6`, `nft_inet`, `legacy_ipv4`, …
+    #[serde(default)]
+    pub origin: String,
     /// Table (`filter`).
     pub table: String,
     /// Chain (`FORWARD`).
@@ -107,6 +162,9 @@ pub struct PerPacketRuleSummary {
     pub position: u32,
     /// What it does per packet.
     pub kinds: Vec<String>,
+    /// Why it holds no flow (`{"why": "after_verdict", …}`); null while it holds flows.
+    #[serde(default)]
+    pub not_held_because: Option<serde_json::Value>,
 }
 
 /// The `ruleset` object of `status --json`.
@@ -353,6 +411,28 @@ mod tests {
         assert_eq!(parse_established(listing), Some(12345));
         assert_eq!(parse_established("Chain FORWARD (policy ACCEPT)\n"), None);
         assert_eq!(parse_forward_total(listing), Some(3 + 12345 + 7));
+    }
+
+    #[test]
+    fn rule_counters_and_jump_targets_are_parsed() {
+        let ufw = "Chain FORWARD (policy DROP 0 packets, 0 bytes)
+num      pkts      bytes target     prot opt in     out     source               destination
+1          10       1000 ufw-before-logging-forward  all  --  *      *       0.0.0.0/0            0.0.0.0/0
+2          10       1000 ufw-before-forward  all  --  *      *       0.0.0.0/0            0.0.0.0/0
+3           0          0 LOG        all  --  *      *       0.0.0.0/0            0.0.0.0/0            LOG flags 0 level 4 prefix \"drop: \"
+";
+        assert_eq!(parse_rule_packets(ufw, 2), Some(10));
+        assert_eq!(parse_rule_packets(ufw, 3), Some(0));
+        assert_eq!(parse_rule_packets(ufw, 4), None);
+        let plain = ufw
+            .replace("num ", "")
+            .replace("\n1 ", "\n")
+            .replace("\n2 ", "\n")
+            .replace("\n3 ", "\n");
+        assert_eq!(
+            rule_targets(&plain),
+            vec!["ufw-before-logging-forward", "ufw-before-forward"]
+        );
     }
 
     #[test]

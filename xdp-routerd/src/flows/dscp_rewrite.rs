@@ -23,33 +23,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::rule_origin::RuleOrigin;
-
-/// Where a rule is, as an admin finds it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct RulePlace {
-    pub origin: RuleOrigin,
-    /// The table (`mangle`, an nftables table's name).
-    pub table: String,
-    /// The chain.
-    pub chain: String,
-    /// 1-based position in the chain (see `PerPacketRule::position`).
-    pub position: u32,
-}
-
-impl fmt::Display for RulePlace {
-    /// `inet mangle forward rule 2`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {} {} rule {}",
-            self.origin.name(),
-            self.table,
-            self.chain,
-            self.position
-        )
-    }
-}
+use super::rule_origin::RulePlace;
 
 /// Why the ruleset's DSCP rewrites may differ between packets of one flow: the first rule found
 /// that matches per packet, or sets a DSCP that is not a constant.
@@ -84,6 +58,7 @@ pub fn fast_path_may_rewrite(found: &DscpRewrites, readable: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flows::rule_origin::RuleOrigin;
 
     fn place(position: u32) -> RulePlace {
         RulePlace {

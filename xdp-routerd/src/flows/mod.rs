@@ -318,6 +318,7 @@ mod map_entries;
 pub mod per_packet;
 mod resync;
 pub mod rule_origin;
+pub mod rule_reach;
 mod skip;
 mod stored;
 #[cfg(test)]

@@ -12,15 +12,17 @@
 //! of the raw, mangle, filter and security tables; nat chains see only a connection's first
 //! packet), such a rule would see a fast-pathed flow's first packet and nothing after it. The
 //! daemon finds them (`sync::per_packet` reads the ruleset) and, unless the config says
-//! `per_packet_rules = "ignore"`, keeps every flow in the kernel while one exists: the rules
-//! are not narrowed to the flows they can match (a rule's own matches can depend on anything,
-//! so narrowing is not done; correctness first).
+//! `per_packet_rules = "ignore"`, keeps every flow in the kernel while one that a packet of an
+//! established connection can reach exists ([`super::rule_reach`]: a rule after
+//! `ct state established,related accept`, or one that matches `ct state new` only, holds
+//! nothing). The rules are not narrowed to the flows they can match (a rule's own matches can
+//! depend on anything, so narrowing is not done; correctness first).
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{dscp_rewrite::DscpRewrites, rule_origin::RuleOrigin};
+use super::{dscp_rewrite::DscpRewrites, rule_origin::RuleOrigin, rule_reach::NotHeld};
 
 /// What a rule does per packet that XDP cannot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -135,6 +137,17 @@ pub struct PerPacketRule {
     pub position: u32,
     /// What it does per packet (at least one, sorted, no duplicates).
     pub kinds: Vec<PerPacketKind>,
+    /// Why no packet of an established connection reaches what it does per packet; `None`: one
+    /// may, and the rule holds flows (what every rule did before this was read).
+    #[serde(default)]
+    pub not_held_because: Option<NotHeld>,
+}
+
+impl PerPacketRule {
+    /// Whether it holds flows in the kernel.
+    pub fn holds(&self) -> bool {
+        self.not_held_because.is_none()
+    }
 }
 
 impl fmt::Display for PerPacketRule {
@@ -164,6 +177,10 @@ pub struct PerPacketRules {
     pub unreadable: Vec<String>,
     /// The DSCP rewrites found in the same read (see [`super::dscp_rewrite`]).
     pub dscp: DscpRewrites,
+    /// Parts of the ruleset read without all their options (one line each: iptables-nft's
+    /// conntrack matches when `iptables-nft-save` cannot list them): the rules behind them are
+    /// taken as reachable.
+    pub unproven: Vec<String>,
 }
 
 /// `per_packet_rules` in the config: what the daemon does about such rules.
@@ -191,9 +208,11 @@ impl PerPacketMode {
     }
 }
 
-/// Whether the datapath must send every packet to the kernel, for `found` under `mode`.
+/// Whether the datapath must send every packet to the kernel, for `found` under `mode`: a rule
+/// holds flows, or the ruleset could not be read.
 pub fn hold(mode: PerPacketMode, found: &PerPacketRules) -> bool {
-    mode == PerPacketMode::Hold && (!found.rules.is_empty() || !found.unreadable.is_empty())
+    mode == PerPacketMode::Hold
+        && (found.rules.iter().any(PerPacketRule::holds) || !found.unreadable.is_empty())
 }
 
 /// How many of `rules` use each kind, for every kind (zeros included).
@@ -210,6 +229,7 @@ pub fn count_by_kind(rules: &[PerPacketRule]) -> Vec<(PerPacketKind, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flows::rule_reach::CtState;
 
     fn rule(kinds: Vec<PerPacketKind>) -> PerPacketRule {
         PerPacketRule {
@@ -218,6 +238,7 @@ mod tests {
             chain: "FORWARD".into(),
             position: 1,
             kinds,
+            not_held_because: None,
         }
     }
 
@@ -239,6 +260,24 @@ mod tests {
         for f in [&none, &one, &blind] {
             assert!(!hold(PerPacketMode::Ignore, f));
         }
+        // A rule no established packet reaches holds nothing.
+        let mut unreached = one.clone();
+        unreached.rules[0].not_held_because = Some(NotHeld::CtState {
+            states: [CtState::New].into_iter().collect(),
+        });
+        assert!(!hold(PerPacketMode::Hold, &unreached));
+        unreached.rules.push(rule(vec![PerPacketKind::Log]));
+        assert!(hold(PerPacketMode::Hold, &unreached));
+    }
+
+    /// A status written before rules carried `not_held_because` reads as "holds".
+    #[test]
+    fn a_rule_without_the_reason_field_holds() {
+        let old = r#"{"origin": "nft_ip", "table": "filter", "chain": "FORWARD",
+                      "position": 3, "kinds": ["log"]}"#;
+        let r: PerPacketRule = serde_json::from_str(old).unwrap();
+        assert!(r.holds());
+        assert_eq!(r.to_string(), "ip filter FORWARD rule 3 uses log");
     }
 
     #[test]

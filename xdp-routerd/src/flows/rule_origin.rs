@@ -1,6 +1,9 @@
-//! Which ruleset a firewall rule was read from: the nftables family of its table, or the
-//! legacy tool. Shared by the rules that hold flows in the kernel ([`super::per_packet`]) and
-//! the DSCP rewrites the fast path applies ([`super::dscp_rewrite`]).
+//! Which ruleset a firewall rule was read from (the nftables family of its table, or the
+//! legacy tool) and where it is in it. Shared by the rules that hold flows in the kernel
+//! ([`super::per_packet`]) and the DSCP rewrites the fast path applies
+//! ([`super::dscp_rewrite`]).
+
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
@@ -36,5 +39,31 @@ impl RuleOrigin {
             RuleOrigin::LegacyIpv4 => "iptables-legacy",
             RuleOrigin::LegacyIpv6 => "ip6tables-legacy",
         }
+    }
+}
+
+/// Where a rule is, as an admin finds it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RulePlace {
+    pub origin: RuleOrigin,
+    /// The table (`mangle`, an nftables table's name).
+    pub table: String,
+    /// The chain.
+    pub chain: String,
+    /// 1-based position in the chain (see `PerPacketRule::position`).
+    pub position: u32,
+}
+
+impl fmt::Display for RulePlace {
+    /// `inet mangle forward rule 2`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} {} rule {}",
+            self.origin.name(),
+            self.table,
+            self.chain,
+            self.position
+        )
     }
 }

@@ -7,7 +7,10 @@ use std::fmt;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use super::family::gauges;
-use crate::{flows::per_packet::count_by_kind, status::Status};
+use crate::{
+    flows::per_packet::{PerPacketRule, count_by_kind},
+    status::Status,
+};
 
 /// Encodes this subsystem's families of one status snapshot.
 pub(super) fn encode(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
@@ -18,6 +21,16 @@ pub(super) fn encode(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt:
         "Firewall rules that must see every packet, by what they do (limit, hashlimit, quota, queue, log, ...), in chains that forwarded packets traverse.",
         None,
         count_by_kind(&p.rules)
+            .into_iter()
+            .map(|(k, n)| (vec![("kind", k.name().to_string())], n)),
+    )?;
+    let holding: Vec<PerPacketRule> = p.rules.iter().filter(|r| r.holds()).cloned().collect();
+    gauges(
+        enc,
+        "ruleset_per_packet_rules_holding",
+        "Of those, the rules a packet of an established connection can reach, which hold flows in the kernel (the others come after an established accept or match another conntrack state), by kind.",
+        None,
+        count_by_kind(&holding)
             .into_iter()
             .map(|(k, n)| (vec![("kind", k.name().to_string())], n)),
     )?;

@@ -7,9 +7,9 @@ use std::{
 
 use super::*;
 use crate::flows::{
-    dscp_rewrite::RulePlace,
     per_packet::{PerPacketKind, PerPacketMode, PerPacketRule},
-    rule_origin::RuleOrigin,
+    rule_origin::{RuleOrigin, RulePlace},
+    rule_reach::{CtState, NotHeld},
 };
 use crate::kernel_features::{Availability, Feature, KernelFeatures};
 use crate::status::{
@@ -145,6 +145,7 @@ fn sample_status() -> Status {
                     chain: "FORWARD".into(),
                     position: 1,
                     kinds: vec![PerPacketKind::Hashlimit],
+                    not_held_because: None,
                 },
                 PerPacketRule {
                     origin: RuleOrigin::NftInet,
@@ -152,6 +153,7 @@ fn sample_status() -> Status {
                     chain: "forward".into(),
                     position: 3,
                     kinds: vec![PerPacketKind::Limit, PerPacketKind::Log],
+                    not_held_because: None,
                 },
                 PerPacketRule {
                     origin: RuleOrigin::LegacyIpv4,
@@ -159,9 +161,13 @@ fn sample_status() -> Status {
                     chain: "POSTROUTING".into(),
                     position: 2,
                     kinds: vec![PerPacketKind::Log],
+                    not_held_because: Some(NotHeld::CtState {
+                        states: [CtState::New].into_iter().collect(),
+                    }),
                 },
             ],
             unreadable: vec![],
+            unproven: vec![],
             dscp_rewrite: DscpRewriteStatus {
                 fast_path: true,
                 setters: vec![RulePlace {
@@ -317,6 +323,14 @@ fn encodes_every_family_with_values_from_the_status() {
         value(
             &t,
             r#"xdp_router_ruleset_per_packet_rules{kind="hashlimit"}"#
+        ),
+        1.0
+    );
+    // The log rule at mangle POSTROUTING matches ct state new only.
+    assert_eq!(
+        value(
+            &t,
+            r#"xdp_router_ruleset_per_packet_rules_holding{kind="log"}"#
         ),
         1.0
     );

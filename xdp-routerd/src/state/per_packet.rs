@@ -14,7 +14,7 @@ use crate::{
     datapath::Datapath,
     flows::{
         dscp_rewrite,
-        per_packet::{self, PerPacketMode, PerPacketRules},
+        per_packet::{self, PerPacketMode, PerPacketRule, PerPacketRules},
     },
     status::{DscpRewriteStatus, PerPacketStatus},
 };
@@ -79,6 +79,7 @@ impl State<Datapath> {
             reading: self.per_packet.reading || self.per_packet.found.is_none(),
             rules: found.rules,
             unreadable: found.unreadable,
+            unproven: found.unproven,
             dscp_rewrite: DscpRewriteStatus {
                 fast_path: self.dp.dscp_rewrite(),
                 setters: found.dscp.setters,
@@ -88,18 +89,42 @@ impl State<Datapath> {
     }
 }
 
-/// One log line for what a read found (called when it differs from the previous read).
-fn log_found(mode: PerPacketMode, found: &PerPacketRules) {
-    let mut names: Vec<String> = found
-        .rules
+/// The first [`LOGGED_RULES`] of `rules` (with why each holds nothing, where it does not), and
+/// how many more.
+fn named(rules: &[&PerPacketRule]) -> String {
+    let mut names: Vec<String> = rules
         .iter()
         .take(LOGGED_RULES)
-        .map(ToString::to_string)
+        .map(|r| match &r.not_held_because {
+            Some(why) => format!("{r} ({why})"),
+            None => r.to_string(),
+        })
         .collect();
-    if found.rules.len() > LOGGED_RULES {
-        names.push(format!("and {} more", found.rules.len() - LOGGED_RULES));
+    if rules.len() > LOGGED_RULES {
+        names.push(format!("and {} more", rules.len() - LOGGED_RULES));
     }
-    let rules = names.join(", ");
+    names.join(", ")
+}
+
+/// One log line for what a read found (called when it differs from the previous read).
+fn log_found(mode: PerPacketMode, found: &PerPacketRules) {
+    let (holding, not_holding): (Vec<&PerPacketRule>, Vec<&PerPacketRule>) =
+        found.rules.iter().partition(|r| r.holds());
+    let rules = named(&holding);
+    if !not_holding.is_empty() {
+        debug!(
+            rules = %named(&not_holding),
+            "rules that must see every packet but that no packet of an established connection \
+             reaches hold no flow"
+        );
+    }
+    if !found.unproven.is_empty() {
+        info!(
+            unproven = %found.unproven.join("; "),
+            "parts of the firewall ruleset were read without their options: the rules after \
+             them are taken as reachable by established packets"
+        );
+    }
     match mode {
         PerPacketMode::Hold if !found.unreadable.is_empty() => warn!(
             unreadable = %found.unreadable.join("; "),
@@ -107,13 +132,13 @@ fn log_found(mode: PerPacketMode, found: &PerPacketRules) {
              packet: every packet goes through the kernel (install nftables, or set \
              per_packet_rules = \"ignore\" to accept flowtable semantics)"
         ),
-        PerPacketMode::Hold if !found.rules.is_empty() => info!(
+        PerPacketMode::Hold if !holding.is_empty() => info!(
             rules,
             "the firewall ruleset has rules that must see every packet: every packet goes \
              through the kernel while they exist (per_packet_rules = \"ignore\" accepts \
              flowtable semantics instead)"
         ),
-        PerPacketMode::Ignore if !found.rules.is_empty() || !found.unreadable.is_empty() => {
+        PerPacketMode::Ignore if !holding.is_empty() || !found.unreadable.is_empty() => {
             warn!(
                 rules,
                 unreadable = %found.unreadable.join("; "),
@@ -122,7 +147,9 @@ fn log_found(mode: PerPacketMode, found: &PerPacketRules) {
                  carries"
             )
         }
-        _ => debug!("the firewall ruleset has no rules that must see every packet"),
+        _ => debug!(
+            "the firewall ruleset has no rule that holds flows (none that must see every packet reachable by established packets)"
+        ),
     }
     match &found.dscp.blocker {
         Some(b) if !found.dscp.setters.is_empty() => info!(

@@ -14,8 +14,9 @@ use crate::{
     flows::{
         Skip,
         accounting::Traffic,
-        dscp_rewrite::{DscpBlocker, RulePlace},
+        dscp_rewrite::DscpBlocker,
         per_packet::{PerPacketMode, PerPacketRule},
+        rule_origin::RulePlace,
     },
     kernel_features::KernelFeatures,
 };
@@ -58,15 +59,19 @@ pub struct Status {
 pub struct PerPacketStatus {
     /// `per_packet_rules` from the config.
     pub mode: PerPacketMode,
-    /// Every packet goes to the kernel now (`per_packet_rule_in_ruleset`): such rules exist or
-    /// the ruleset could not be read (under `hold`), or a change is being read.
+    /// Every packet goes to the kernel now (`per_packet_rule_in_ruleset`): such a rule holds
+    /// flows or the ruleset could not be read (under `hold`), or a change is being read.
     pub held: bool,
     /// A ruleset change has not been read yet (held meanwhile under `hold`).
     pub reading: bool,
-    /// The rules found, in ruleset order.
+    /// The rules found, in ruleset order, each with why it holds no flow where it does not.
     pub rules: Vec<PerPacketRule>,
     /// Why a part of the ruleset could not be read.
     pub unreadable: Vec<String>,
+    /// Parts of the ruleset read without all their options (rules behind them are taken as
+    /// reachable).
+    #[serde(default)]
+    pub unproven: Vec<String>,
     /// DSCP rewrites, found in the same read.
     #[serde(default)]
     pub dscp_rewrite: DscpRewriteStatus,
@@ -142,9 +147,14 @@ impl From<datapath::Ruleset> for RulesetStatus {
 
 impl PerPacketStatus {
     /// `status`'s line: `held in the kernel: ip filter FORWARD rule 1 uses hashlimit, …`;
-    /// `None` when there is nothing to say (no such rule, nothing held).
+    /// `None` when there is nothing to say (no rule that holds flows, nothing held).
     pub fn line(&self) -> Option<String> {
-        let mut what: Vec<String> = self.rules.iter().map(ToString::to_string).collect();
+        let mut what: Vec<String> = self
+            .rules
+            .iter()
+            .filter(|r| r.holds())
+            .map(ToString::to_string)
+            .collect();
         what.extend(
             self.unreadable
                 .iter()
@@ -166,6 +176,26 @@ impl PerPacketStatus {
                 format!("to be held in the kernel: {}", what.join(", "))
             }
         })
+    }
+
+    /// `status`'s line for the rules that hold no flow, each with why: `not holding flows: ip
+    /// filter FORWARD rule 3 uses log (after an established accept at ip filter FORWARD rule
+    /// 1)`; and for the parts of the ruleset read without all their options. `None` when there
+    /// are neither.
+    pub fn not_held_line(&self) -> Option<String> {
+        let rules: Vec<String> = self
+            .rules
+            .iter()
+            .filter_map(|r| Some(format!("{r} ({})", r.not_held_because.as_ref()?)))
+            .collect();
+        let mut parts = Vec::new();
+        if !rules.is_empty() {
+            parts.push(format!("not holding flows: {}", rules.join(", ")));
+        }
+        if !self.unproven.is_empty() {
+            parts.push(format!("taken as reachable: {}", self.unproven.join(", ")));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
     }
 }
 
@@ -482,7 +512,11 @@ mod tests {
 
     #[test]
     fn the_per_packet_line_names_the_rules_and_what_is_done_about_them() {
-        use crate::flows::{per_packet::PerPacketKind, rule_origin::RuleOrigin};
+        use crate::flows::{
+            per_packet::PerPacketKind,
+            rule_origin::RuleOrigin,
+            rule_reach::{EstablishedVerdict, NotHeld},
+        };
         let mut p = PerPacketStatus::default();
         assert_eq!(p.line(), None, "nothing found, nothing held");
         p.held = true;
@@ -498,11 +532,57 @@ mod tests {
             chain: "FORWARD".into(),
             position: 1,
             kinds: vec![PerPacketKind::Hashlimit],
+            not_held_because: None,
         });
         assert_eq!(
             p.line().as_deref(),
             Some("held in the kernel: ip filter FORWARD rule 1 uses hashlimit")
         );
+        assert_eq!(p.not_held_line(), None);
+        // A rule after the established accept is named on the other line, with why.
+        p.rules.push(PerPacketRule {
+            origin: RuleOrigin::NftIp,
+            table: "filter".into(),
+            chain: "FORWARD".into(),
+            position: 3,
+            kinds: vec![PerPacketKind::Log],
+            not_held_because: Some(NotHeld::AfterVerdict {
+                verdict: EstablishedVerdict::Accept,
+                at: crate::flows::rule_origin::RulePlace {
+                    origin: RuleOrigin::NftIp,
+                    table: "filter".into(),
+                    chain: "FORWARD".into(),
+                    position: 2,
+                },
+            }),
+        });
+        assert_eq!(
+            p.line().as_deref(),
+            Some("held in the kernel: ip filter FORWARD rule 1 uses hashlimit")
+        );
+        assert_eq!(
+            p.not_held_line().as_deref(),
+            Some(
+                "not holding flows: ip filter FORWARD rule 3 uses log (after an established \
+                 accept at ip filter FORWARD rule 2)"
+            )
+        );
+        p.rules.remove(0);
+        assert_eq!(p.line(), None, "no rule holds flows");
+        let json = serde_json::to_value(&p).unwrap();
+        assert_eq!(
+            json["rules"][0]["not_held_because"]["why"], "after_verdict",
+            "{json}"
+        );
+        // A status without the new fields (an older daemon) still reads, every rule holding.
+        let mut old = json.clone();
+        old.as_object_mut().unwrap().remove("unproven");
+        old["rules"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("not_held_because");
+        let back: PerPacketStatus = serde_json::from_value(old).unwrap();
+        assert!(back.rules[0].holds());
         p.rules.clear();
         p.unreadable
             .push("cannot run `nft`: No such file or directory".into());

@@ -150,6 +150,9 @@ impl Status {
         if let Some(line) = self.per_packet.line() {
             let _ = writeln!(s, "{line}");
         }
+        if let Some(line) = self.per_packet.not_held_line() {
+            let _ = writeln!(s, "{line}");
+        }
         if let Some(line) = self.per_packet.dscp_rewrite.line() {
             let _ = writeln!(s, "{line}");
         }

@@ -17,8 +17,8 @@ use super::ruleset_listing::{
     syn_fin_rst_only,
 };
 use crate::flows::{
-    dscp_rewrite::{DscpBlocker, DscpRewrites, RulePlace},
-    rule_origin::RuleOrigin,
+    dscp_rewrite::{DscpBlocker, DscpRewrites},
+    rule_origin::{RuleOrigin, RulePlace},
 };
 
 /// What one rule does as far as DSCP rewrites go.

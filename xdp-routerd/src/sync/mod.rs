@@ -8,6 +8,7 @@
 //! netlink datagram into messages) and [`netdev`] (a device's ifindex, name and MAC).
 pub mod bridge;
 pub mod conntrack;
+mod ct_state;
 pub mod ctnetlink;
 pub mod datagram;
 pub mod dscp_rewrite;
@@ -22,6 +23,7 @@ pub mod qdisc;
 pub mod routes;
 pub mod rtnl;
 mod ruleset_listing;
+mod ruleset_walk;
 pub mod sysctl;
 pub mod vlan;
 pub mod xdp_xmit;

@@ -10,6 +10,11 @@ use serde_json::Value;
 /// The nftables hooks whose chains see every packet of an established forwarded connection.
 const FORWARD_PATH_HOOKS: [&str; 4] = ["prerouting", "forward", "postrouting", "ingress"];
 
+/// `NF_IP_PRI_CONNTRACK` (uapi/linux/netfilter_ipv4.h; the same for IPv6): a prerouting chain
+/// of this priority or lower may run before conntrack has looked the packet up, when `ct
+/// state` still reads `invalid` (nft_ct_get_eval, conntrack_mt).
+const PRI_CONNTRACK: i64 = -200;
+
 /// The tables of an nftables JSON listing, by (family, table).
 pub(super) type NftTables = BTreeMap<(String, String), NftTable>;
 
@@ -36,6 +41,15 @@ pub(super) fn nft_tables(text: &str) -> Result<NftTables, String> {
             let t = tables.entry(key(c)).or_default();
             if hook.is_some_and(|h| FORWARD_PATH_HOOKS.contains(&h)) && !nat {
                 t.entry_chains.insert(name.to_string());
+                let prio = c.get("prio").and_then(Value::as_i64);
+                let early = match hook {
+                    Some("ingress") => true,
+                    Some("prerouting") => prio.is_none_or(|p| p <= PRI_CONNTRACK),
+                    _ => false,
+                };
+                if early {
+                    t.before_conntrack.insert(name.to_string());
+                }
             } else if hook.is_some() && !nat {
                 t.other_base_chains.insert(name.to_string());
             }
@@ -77,6 +91,9 @@ pub(super) struct NftTable {
     pub(super) entry_chains: BTreeSet<String>,
     /// Base chains at other hooks (not nat): `input`, `output`, a netdev `egress`, …
     pub(super) other_base_chains: BTreeSet<String>,
+    /// The entry chains that may run before conntrack (`ingress`; `prerouting` at
+    /// [`PRI_CONNTRACK`] or lower, as the `raw` table): `ct state` tests there prove nothing.
+    pub(super) before_conntrack: BTreeSet<String>,
     /// Every chain's rules (their `expr` arrays), in order.
     pub(super) chains: BTreeMap<String, Vec<Value>>,
     /// Named verdict maps → the chains their elements jump or go to; `None` when the listing
@@ -85,6 +102,12 @@ pub(super) struct NftTable {
 }
 
 impl NftTable {
+    /// Where the named verdict map `name` sends packets: `Some(None)` when it is listed without
+    /// its elements (any chain of the table); `None` when the table has no such verdict map.
+    pub(super) fn verdict_map(&self, name: &str) -> Option<Option<&BTreeSet<String>>> {
+        self.verdict_maps.get(name).map(Option::as_ref)
+    }
+
     /// The chains `from` and every chain reachable from them, in name order.
     pub(super) fn reachable(&self, from: &BTreeSet<String>) -> BTreeSet<String> {
         let mut seen: BTreeSet<String> = BTreeSet::new();
@@ -114,7 +137,7 @@ impl NftTable {
 }
 
 /// Every `jump`/`goto` target anywhere in `v`.
-fn jump_targets(v: &Value, out: &mut BTreeSet<String>) {
+pub(super) fn jump_targets(v: &Value, out: &mut BTreeSet<String>) {
     match v {
         Value::Object(o) => {
             for (k, inner) in o {
@@ -132,7 +155,7 @@ fn jump_targets(v: &Value, out: &mut BTreeSet<String>) {
 }
 
 /// Every named set or map referenced (`"@name"`) anywhere in `v`.
-fn set_refs(v: &Value, out: &mut BTreeSet<String>) {
+pub(super) fn set_refs(v: &Value, out: &mut BTreeSet<String>) {
     match v {
         Value::String(s) => {
             if let Some(name) = s.strip_prefix('@') {
@@ -147,7 +170,7 @@ fn set_refs(v: &Value, out: &mut BTreeSet<String>) {
 
 /// The chains of `table` that established forwarded packets traverse, as the kernel's
 /// iptables hooks run them (legacy tables: `nat` sees first packets only).
-fn legacy_entry_chains(table: &str) -> &'static [&'static str] {
+pub(super) fn legacy_entry_chains(table: &str) -> &'static [&'static str] {
     match table {
         "raw" => &["PREROUTING"],
         "mangle" => &["PREROUTING", "FORWARD", "POSTROUTING"],
@@ -194,6 +217,42 @@ pub(super) struct LegacyRule<T> {
     pub(super) found: T,
 }
 
+/// The chains of one table of an `iptables-save` listing: each chain's rules (their words
+/// after the chain name), in order, by chain name; chains without rules too.
+pub(super) type SaveChains = BTreeMap<String, Vec<Vec<String>>>;
+
+/// The tables of an `iptables-save` / `ip6tables-save` listing, by name (`filter`).
+pub(super) fn save_tables(listing: &str) -> BTreeMap<String, SaveChains> {
+    let mut tables: BTreeMap<String, SaveChains> = BTreeMap::new();
+    let mut table = String::new();
+    for line in listing.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.trim().to_string();
+            tables.entry(table.clone()).or_default();
+        } else if let Some(decl) = line.strip_prefix(':') {
+            // `:FORWARD DROP [0:0]`, `:ufw-user-forward - [0:0]`.
+            if let Some(chain) = decl.split_whitespace().next() {
+                tables
+                    .entry(table.clone())
+                    .or_default()
+                    .entry(chain.to_string())
+                    .or_default();
+            }
+        } else if let Some(rest) = line.strip_prefix("-A ") {
+            let words = save_words(rest);
+            if let Some((chain, words)) = words.split_first() {
+                tables
+                    .entry(table.clone())
+                    .or_default()
+                    .entry(chain.clone())
+                    .or_default()
+                    .push(words.to_vec());
+            }
+        }
+    }
+    tables
+}
+
 /// The rules of an `iptables-save` / `ip6tables-save` listing that established forwarded
 /// packets traverse: those of [`legacy_entry_chains`] and of the user chains they jump or go
 /// to, in the order they are reached. `judge` reads a rule's words after the chain name and
@@ -202,31 +261,12 @@ pub(super) fn legacy_walk<T>(
     listing: &str,
     judge: impl Fn(&[String]) -> (T, Option<String>),
 ) -> Vec<LegacyRule<T>> {
-    // table → chain → (found, jump target) per rule, in order.
-    type Chains<T> = BTreeMap<String, Vec<(T, Option<String>)>>;
-    let mut tables: BTreeMap<String, Chains<T>> = BTreeMap::new();
-    let mut table = String::new();
-    for line in listing.lines() {
-        if let Some(t) = line.strip_prefix('*') {
-            table = t.trim().to_string();
-            continue;
-        }
-        let Some(rest) = line.strip_prefix("-A ") else {
-            continue;
-        };
-        let words = save_words(rest);
-        let Some((chain, words)) = words.split_first() else {
-            continue;
-        };
-        tables
-            .entry(table.clone())
-            .or_default()
-            .entry(chain.clone())
-            .or_default()
-            .push(judge(words));
-    }
     let mut out = Vec::new();
-    for (table, mut chains) in tables {
+    for (table, chains) in save_tables(listing) {
+        let mut chains: BTreeMap<String, Vec<(T, Option<String>)>> = chains
+            .into_iter()
+            .map(|(name, rules)| (name, rules.iter().map(|w| judge(w)).collect()))
+            .collect();
         let mut todo: Vec<String> = legacy_entry_chains(&table)
             .iter()
             .map(|c| c.to_string())

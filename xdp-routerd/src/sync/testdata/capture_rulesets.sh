@@ -1,0 +1,54 @@
+#!/bin/sh
+# Captures `nft -t -j list ruleset` (NAME.json) and `iptables-save`, `====`, `ip6tables-save`
+# (NAME_save.txt) of the router rulesets the per-packet reach tests read, each built in a scratch
+# network namespace as the tool itself builds it: the test bed's router ruleset with a LOG rule at
+# the end of FORWARD or first in it; ufw (Debian's package, run in the namespace with its own copy
+# of /etc/ufw and /etc/default) with `default deny routed`, `route allow in on eth1 out on eth0`
+# and logging low, medium and high; fw4_style.nft and fw4_log_first.nft from OUTDIR.
+# Usage (root, ufw installed, iptables = iptables-nft): capture_rulesets.sh OUTDIR
+set -e
+OUT=$1
+N=xrcap
+fresh() {
+  ip netns del $N 2>/dev/null || true
+  rm -rf /etc/netns/$N
+  ip netns add $N
+  ip netns exec $N sh -c 'ip link add eth0 type veth peer name p0; ip link add eth1 type veth peer name p1
+    for i in lo eth0 eth1; do ip link set $i up; done
+    sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1'
+}
+dump() { # name
+  ip netns exec $N nft -t -j list ruleset > $OUT/$1.json
+  { ip netns exec $N iptables-save; echo ====; ip netns exec $N ip6tables-save; } | grep -v '^# \(Generated\|Completed\)' > $OUT/$1_save.txt
+}
+router() { # the test bed's router ruleset (tests/src/testbed/topology.rs)
+  ip netns exec $N sh -c 'iptables -w -t nat -A POSTROUTING -o eth0 -j MASQUERADE
+    for t in iptables ip6tables; do
+      $t -w -P FORWARD DROP
+      $t -w -A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+      $t -w -A FORWARD -i eth1 -o eth0 -j ACCEPT
+    done'
+}
+fresh; router
+ip netns exec $N iptables -w -A FORWARD -j LOG --log-prefix "drop: "
+dump router_log_end
+fresh; router
+ip netns exec $N iptables -w -I FORWARD 1 -j LOG --log-prefix "drop: "
+dump router_log_first
+
+for level in low medium high; do
+  fresh
+  mkdir -p /etc/netns/$N; cp -a /etc/ufw /etc/netns/$N/ufw; cp -a /etc/default /etc/netns/$N/default
+  ip netns exec $N sh -c "iptables -w -t nat -A POSTROUTING -o eth0 -j MASQUERADE
+    ufw default deny routed >/dev/null && ufw route allow in on eth1 out on eth0 >/dev/null &&
+    ufw logging $level >/dev/null && ufw --force enable >/dev/null && ufw status verbose | head -3"
+  dump ufw_$level
+  ip netns exec $N ufw --force disable >/dev/null
+done
+
+fresh
+ip netns exec $N nft -f $OUT/fw4_style.nft
+dump fw4_style
+ip netns exec $N nft -f $OUT/fw4_log_first.nft
+dump fw4_log_first
+ip netns del $N; rm -rf /etc/netns/$N
