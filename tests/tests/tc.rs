@@ -349,3 +349,111 @@ fn auto_datapath_takes_tc_where_native_xdp_is_refused() {
         "the hosts dropped packets with bad checksums"
     );
 }
+
+/// The lines of `tc filter show dev <ifname> <dir>` in the router that name one of the daemon's
+/// classic tc entry points (`xr_cls_*`): its filters on a kernel without TCX links.
+fn classic_filters(tb: &Testbed, ifname: &str, dir: &str) -> Vec<String> {
+    tb.router
+        .exec_ok("tc", &["filter", "show", "dev", ifname, dir])
+        .lines()
+        .filter(|l| l.contains(" xr_cls_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// SIGKILL with the TC datapath. With TCX links (Linux 6.6) the TC programs go with the
+/// process. Without them (Debian 12's 6.1) they are classic tc filters, which stay: they must
+/// then do nothing, since the daemon's program array empties with its last descriptor
+/// (`datapath/tc_links.rs`), so the kernel's FORWARD chain carries the rest of a paced transfer
+/// intact. The next daemon removes the filters left behind (one of each of its own remains),
+/// and a clean exit leaves none.
+#[test]
+fn tc_datapath_fails_open_on_sigkill() {
+    if !ready("tc_datapath_fails_open_on_sigkill") {
+        return;
+    }
+    let mut tb = Testbed::new("tc6");
+    start_tc(&mut tb);
+    let hook = tb.daemon().status().iface(LAN_IF).tc_hook.clone();
+    println!("{LAN_IF}: TC programs attached as {hook:?}");
+    let classic = match hook.as_deref() {
+        Some("classic tc") => true,
+        Some("tcx") => false,
+        other => panic!("status should say how the TC programs are attached, not {other:?}"),
+    };
+    let own = [
+        (LAN_IF, "ingress", "xr_cls_tc"),
+        (LAN_IF, "egress", "xr_cls_arm"),
+        (WAN_IF, "ingress", "xr_cls_tc"),
+        (WAN_IF, "egress", "xr_cls_arm"),
+    ];
+    let count = |tb: &Testbed, (ifname, dir, entry): (&str, &str, &str)| {
+        classic_filters(tb, ifname, dir)
+            .iter()
+            .filter(|l| l.contains(&format!(" {entry} ")))
+            .count()
+    };
+    println!(
+        "tc filter show dev {LAN_IF} ingress:\n{}",
+        tb.router
+            .exec_ok("tc", &["filter", "show", "dev", LAN_IF, "ingress"])
+    );
+    for at in own {
+        assert_eq!(count(&tb, at), usize::from(classic), "{at:?}");
+    }
+    // Paced and long (≈ 43 s at most): stopped 1 s after the kill.
+    let t = testbed::Transfer::start_offloaded(
+        &tb,
+        wan_v4(7600),
+        testbed::Plan {
+            bytes: 1 << 30,
+            rate: Some(24 << 20),
+        },
+    );
+    let a = tb.snapshot();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let fwd = tb
+        .snapshot()
+        .packets_since(&a, LAN_IF, "forwarded_original");
+    assert!(
+        fwd > 1000,
+        "before the kill only {fwd} packets forwarded by the TC program in 1 s"
+    );
+    let est_before = testbed::established_packets(&tb.router, "iptables");
+    tb.daemon.as_mut().expect("daemon").kill9();
+    for at in own {
+        assert_eq!(
+            count(&tb, at),
+            usize::from(classic),
+            "after the kill, {at:?}: a classic filter stays, a TCX link goes"
+        );
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    t.stop();
+    let r = t.finish();
+    testbed::assert_intact(&r);
+    let est = testbed::established_packets(&tb.router, "iptables") - est_before;
+    assert!(
+        est > 1000,
+        "after the kill the kernel's FORWARD ESTABLISHED rule saw only {est} packets: what is \
+         left of the TC programs still forwards"
+    );
+    start_tc(&mut tb);
+    for at in own {
+        assert_eq!(
+            count(&tb, at),
+            usize::from(classic),
+            "{at:?} after the restart: {:?}\n{}",
+            classic_filters(&tb, at.0, at.1),
+            tb.daemon().log_tail()
+        );
+    }
+    assert!(tb.daemon.as_mut().expect("daemon").stop(), "a clean exit");
+    for (ifname, dir, _) in own {
+        let left = classic_filters(&tb, ifname, dir);
+        assert!(
+            left.is_empty(),
+            "a clean exit left {ifname} {dir}: {left:?}"
+        );
+    }
+}

@@ -61,6 +61,52 @@ pub const STAMP_PROG_NAME: &str = "xdp_router_stamp";
 /// whose datapath is TC (`datapath = "tc"`): the same pipeline as [`PROG_NAME`].
 pub const TC_PROG_NAME: &str = "xdp_router_tc";
 
+/// Classic tc (clsact qdisc + cls_bpf filter, for kernels without TCX links, Linux < 6.6):
+/// the programs the filters run, one per TC program, each only a tail call through
+/// [`MAP_CLASSIC_TC`] into its TC program (at the [`ClassicSlot`] of the same name). A filter
+/// is no bpf_link and outlives the daemon; the kernel empties a program array when the last
+/// file descriptor on it closes, so after the daemon is gone a filter left behind tail-calls
+/// into nothing and passes every packet on untouched (see the daemon's `datapath/tc_links.rs`).
+pub const CLASSIC_TC_PROG_NAME: &str = "xr_cls_tc";
+/// See [`CLASSIC_TC_PROG_NAME`]: for [`ARM_PROG_NAME`].
+pub const CLASSIC_ARM_PROG_NAME: &str = "xr_cls_arm";
+/// See [`CLASSIC_TC_PROG_NAME`]: for [`ARM_L3_PROG_NAME`].
+pub const CLASSIC_ARM_L3_PROG_NAME: &str = "xr_cls_arm3";
+/// See [`CLASSIC_TC_PROG_NAME`]: for [`STAMP_PROG_NAME`].
+pub const CLASSIC_STAMP_PROG_NAME: &str = "xr_cls_stamp";
+/// The program array the classic tc programs tail-call through (see [`CLASSIC_TC_PROG_NAME`]).
+pub const MAP_CLASSIC_TC: &str = "CLASSIC_TC";
+/// The handle of each of the daemon's classic tc filters (`tc filter show` prints `0x7872`,
+/// "xr"): with [`CLASSIC_TC_PREFS`], how the daemon knows its own filters.
+pub const CLASSIC_TC_HANDLE: u32 = 0x7872;
+/// The priority ("pref") of the daemon's classic tc filter running each entry point: fixed, the
+/// TC fast path's below the DSCP stamp's (it runs first on ingress, as among TCX programs).
+pub const CLASSIC_TC_PREFS: [(&str, u16); 4] = [
+    (CLASSIC_TC_PROG_NAME, 0x7870),
+    (CLASSIC_STAMP_PROG_NAME, 0x7871),
+    (CLASSIC_ARM_PROG_NAME, 0x7872),
+    (CLASSIC_ARM_L3_PROG_NAME, 0x7872),
+];
+
+/// Slots of [`MAP_CLASSIC_TC`]: the TC program each classic tc program tail-calls into.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassicSlot {
+    /// [`TC_PROG_NAME`].
+    Tc = 0,
+    /// [`ARM_PROG_NAME`].
+    Arm = 1,
+    /// [`ARM_L3_PROG_NAME`].
+    ArmL3 = 2,
+    /// [`STAMP_PROG_NAME`].
+    Stamp = 3,
+}
+
+impl ClassicSlot {
+    /// Entries of [`MAP_CLASSIC_TC`].
+    pub const COUNT: u32 = 4;
+}
+
 /// Name of the XDP program the daemon runs once with `BPF_PROG_RUN` to ask whether this
 /// kernel's `bpf_fib_lookup` takes [`FIB_LOOKUP_MARK`]; its return value is the helper's
 /// answer (`-EINVAL`: no).

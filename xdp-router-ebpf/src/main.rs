@@ -10,6 +10,7 @@
 
 mod arm;
 mod bridge;
+mod classic;
 mod egress;
 mod encap;
 mod family;
@@ -35,7 +36,7 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use xdp_router_common::{FASTPATH_TC_INDEX, Reason, parse::VLAN_VID_MASK};
+use xdp_router_common::{ClassicSlot, FASTPATH_TC_INDEX, Reason, parse::VLAN_VID_MASK};
 
 use crate::packet::Packet;
 
@@ -158,6 +159,32 @@ pub fn xdp_router_stamp(ctx: TcContext) -> i32 {
 #[xdp]
 pub fn xdp_router_fibm(ctx: XdpContext) -> u32 {
     fib::probe_mark(&ctx)
+}
+
+/// The TC fast path ([`xdp_router_tc`]) as a classic tc filter, on kernels without TCX links
+/// (see `classic.rs`).
+#[classifier]
+pub fn xr_cls_tc(ctx: TcContext) -> i32 {
+    classic::enter(&ctx, ClassicSlot::Tc)
+}
+
+/// The arming program ([`xdp_router_arm`]) as a classic tc filter (see `classic.rs`).
+#[classifier]
+pub fn xr_cls_arm(ctx: TcContext) -> i32 {
+    classic::enter(&ctx, ClassicSlot::Arm)
+}
+
+/// The arming program for devices without a link-layer header ([`xdp_router_arm3`]) as a
+/// classic tc filter (see `classic.rs`).
+#[classifier]
+pub fn xr_cls_arm3(ctx: TcContext) -> i32 {
+    classic::enter(&ctx, ClassicSlot::ArmL3)
+}
+
+/// The DSCP stamp ([`xdp_router_stamp`]) as a classic tc filter (see `classic.rs`).
+#[classifier]
+pub fn xr_cls_stamp(ctx: TcContext) -> i32 {
+    classic::enter(&ctx, ClassicSlot::Stamp)
 }
 
 #[cfg(not(test))]

@@ -120,8 +120,9 @@ fn packages() -> anyhow::Result<()> {
 }
 
 /// What the guest steps of the tests need (xtask/src/guest/): qemu and a static busybox for
-/// virtme-ng, virtme-ng itself (PyPI: Debian 12 does not package it), Debian's amd64 kernel
-/// with the modules this one lacks, and the arm64 guest's emulator and cross tools.
+/// virtme-ng, virtme-ng itself (PyPI: Debian 12 does not package it), Debian's amd64 kernels
+/// (6.12, with the modules this one lacks, and Debian 12's own 6.1), and the arm64 guest's
+/// emulator and cross tools.
 fn guest() -> anyhow::Result<()> {
     let mut missing = Vec::new();
     if cmd::which("qemu-system-x86_64").is_none() {
@@ -150,6 +151,31 @@ fn guest() -> anyhow::Result<()> {
     match crate::guest::amd64::kernel() {
         Some(k) => println!("  guest kernel {}", k.display()),
         None => missing.push(crate::guest::amd64::KERNEL_PACKAGE),
+    }
+    // Debian 12's own kernel for its guest step (xtask/src/guest/deb12.rs): the newest
+    // `linux-image-6.1.0-<N>-amd64` apt knows.
+    let deb12 = match crate::guest::deb12::kernel() {
+        Some(k) => {
+            println!("  Debian 12 guest kernel {}", k.display());
+            None
+        }
+        None => {
+            let names =
+                cmd::output(Command::new("apt-cache").args(["pkgnames", "linux-image-6.1.0-"]))
+                    .unwrap_or_default();
+            let newest = crate::guest::deb12::newest_package(&names).map(str::to_owned);
+            if newest.is_none() {
+                // The step says so when it runs.
+                println!(
+                    "  no linux-image-6.1.0-<N>-amd64 known to apt (Debian 12's kernel, for the \
+                     Debian 12 guest step): add bookworm to the apt sources"
+                );
+            }
+            newest
+        }
+    };
+    if let Some(p) = &deb12 {
+        missing.push(p);
     }
     let pip = || {
         Command::new("python3")

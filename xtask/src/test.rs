@@ -1,6 +1,7 @@
 //! `cargo xtask test`: unit tests, the release daemon build, the privileged tests (as root, one
 //! thread) and beside them the same kind of tests in a Debian-kernel guest (VLAN, PPPoE, IPsec:
-//! modules this kernel lacks), the arm64 package and the fixtures and core tests in an arm64
+//! modules this kernel lacks), check-system and the core end-to-end tests in a guest on Debian
+//! 12's own kernel (6.1), the arm64 package and the fixtures and core tests in an arm64
 //! guest, the Debian packages (built twice, installed, run and purged in a clean root), the
 //! quick benchmark, a 1-minute soak and the small scale benchmark; then a summary.
 //! Exits non-zero when any step failed.
@@ -28,12 +29,16 @@ pub struct TestArgs {
     /// qemu-system-aarch64; see xtask/src/guest/arm64.rs).
     #[arg(long)]
     no_arm64: bool,
+    /// Skip the Debian 12 guest (check-system and the core end-to-end tests on Debian 12's own
+    /// 6.1 kernel; see xtask/src/guest/deb12.rs).
+    #[arg(long)]
+    no_deb12: bool,
     /// Skip the packages step (the Debian packages built, installed in a clean root, purged;
     /// see xtask/src/packages.rs).
     #[arg(long)]
     no_packages: bool,
-    /// Only the release daemon build and the two guests (`-- <filter>` narrows the amd64
-    /// guest's tests; `--no-arm64` leaves the arm64 guest out).
+    /// Only the release daemon build and the guests (`-- <filter>` narrows the amd64 guest's
+    /// tests; `--no-deb12` and `--no-arm64` leave the Debian 12 and arm64 guests out).
     #[arg(long, conflicts_with = "no_guest")]
     guest_only: bool,
     /// Only the release daemon build and the packages step.
@@ -207,7 +212,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
                 Err(e) => (Err(e), 0.0),
             };
             let t = Instant::now();
-            let outcome = once_more_if_unfinished(outcome, &mut notes, || boot_alone(bin));
+            let outcome = once_more_if_unfinished("amd64", outcome, &mut notes, || boot_alone(bin));
             Step {
                 name: "guest tests (beside)",
                 outcome: guest_outcome(outcome),
@@ -219,7 +224,8 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         Guest::Alone(bin) => {
             println!("\n==== guest tests");
             let t = Instant::now();
-            let outcome = once_more_if_unfinished(boot_alone(bin), &mut notes, || boot_alone(bin));
+            let outcome =
+                once_more_if_unfinished("amd64", boot_alone(bin), &mut notes, || boot_alone(bin));
             Step {
                 name: "guest tests",
                 outcome: guest_outcome(outcome),
@@ -228,6 +234,34 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         }
     };
     steps.push(guest_step);
+    // Debian 12's own kernel (6.1: no TCX links, the oldest verifier): check-system and the
+    // core end-to-end tests against the release daemon, on its own after the amd64 guest and
+    // the privileged tests (an emulator beside them slows both: see the arm64 guest).
+    let deb12_step = match (&daemon, cmd::is_root()) {
+        _ if args.no_deb12 => not_run(DEB12_STEP, "--no-deb12"),
+        _ if args.packages_only || args.arm64_only => not_run(DEB12_STEP, only.unwrap_or_default()),
+        (None, _) => not_run(DEB12_STEP, "the daemon did not build"),
+        (Some(_), false) => Step {
+            name: DEB12_STEP,
+            outcome: Outcome::Failed("not root".into()),
+            secs: 0.0,
+        },
+        (Some(bin), true) => {
+            println!("\n==== {DEB12_STEP}");
+            let t = Instant::now();
+            let boot = || {
+                crate::guest::deb12::prepare(bin)
+                    .and_then(|p| p.boot(&skip_log, &mut std::io::stdout()))
+            };
+            let outcome = once_more_if_unfinished("Debian 12", boot(), &mut notes, boot);
+            Step {
+                name: DEB12_STEP,
+                outcome: guest_outcome(outcome),
+                secs: t.elapsed().as_secs_f64(),
+            }
+        }
+    };
+    steps.push(deb12_step);
     // The arm64 guest: its package and tests cross-built (≈ 4 min from a fresh target
     // directory; the first run also makes its root, ≈ 5 min), then booted. After the amd64
     // guest, not beside it: both emulators keep two cores busy (side by side, each took twice
@@ -397,6 +431,9 @@ fn run_bench(args: &[&str]) -> anyhow::Result<()> {
     cmd::run_keeping_tail(&mut c)
 }
 
+/// The Debian 12 guest step's name in the summary.
+const DEB12_STEP: &str = "Debian 12 guest (6.1)";
+
 /// How the amd64 guest step runs.
 enum Guest<'a> {
     /// It does not (the step says why).
@@ -410,8 +447,10 @@ enum Guest<'a> {
 
 /// The outcome of `first`, or when that guest ended before its tests finished (a guest kernel
 /// panic, the emulator's exit: [`crate::guest::Unfinished`]), of booting it `again` once, on
-/// its own; the first boot's end goes into `notes` (a test failure or a timeout is not retried).
+/// its own; the first boot's end goes into `notes`, naming the `which` guest (a test failure or
+/// a timeout is not retried).
 fn once_more_if_unfinished(
+    which: &str,
     first: anyhow::Result<Vec<String>>,
     notes: &mut Vec<String>,
     again: impl FnOnce() -> anyhow::Result<Vec<String>>,
@@ -420,7 +459,7 @@ fn once_more_if_unfinished(
         Err(e) if e.downcast_ref::<crate::guest::Unfinished>().is_some() => {
             println!("guest: {e:#}\nguest: booting it once more, on its own");
             notes.push(format!(
-                "the amd64 guest was booted twice; the first boot: {e:#}"
+                "the {which} guest was booted twice; the first boot: {e:#}"
             ));
             again()
         }

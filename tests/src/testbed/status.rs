@@ -235,6 +235,9 @@ pub struct IfaceStatus {
     /// The TC fast path runs behind native XDP here (hand-over to ports without XDP transmit).
     #[serde(default)]
     pub tc_handoff: bool,
+    /// How its TC programs are attached: `tcx` or `classic tc` (null when it has none).
+    #[serde(default)]
+    pub tc_hook: Option<String>,
     /// For a bridge port: its bridge.
     #[serde(default)]
     pub bridge: Option<String>,

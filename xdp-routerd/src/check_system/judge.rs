@@ -3,7 +3,9 @@
 
 use std::fmt::{self, Write as _};
 
-use crate::{kernel_features::KernelFeatures, sync::xdp_xmit::NETDEV_XDP_ACT_NDO_XMIT};
+use crate::{
+    datapath::TcHook, kernel_features::KernelFeatures, sync::xdp_xmit::NETDEV_XDP_ACT_NDO_XMIT,
+};
 
 /// How a requirement stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -86,6 +88,9 @@ pub struct Facts {
     /// `Ok` when the eBPF object loaded (the verifier accepted both programs), else the load
     /// error's one line; `None` when not tried (no privileges).
     pub ebpf_load: Option<Result<(), String>>,
+    /// How the kernel takes the TC programs (a TCX link tried on `lo`), or why that attempt
+    /// failed; `None` when not tried (no privileges, or the object did not load).
+    pub tc_hook: Option<Result<TcHook, String>>,
     /// What the probe found of the optional kernel features; `None` when not tried (no
     /// privileges).
     pub features: Option<KernelFeatures>,
@@ -106,6 +111,26 @@ pub const CAP_BPF: u32 = 39;
 /// Whether the effective capability mask `cap_eff` (unknown: no) has capability `bit`.
 pub fn has_cap(cap_eff: Option<u64>, bit: u32) -> bool {
     cap_eff.is_some_and(|c| c & (1 << bit) != 0)
+}
+
+/// What the kernel line says of the TC programs' attachments on Linux `v`, from the TCX
+/// attempt `probe` (by the version where none was made).
+fn tc_hook_line(v: Version, probe: Option<&Result<TcHook, String>>) -> (Level, String) {
+    const CLASSIC: &str = "the TC programs go in as classic tc filters (clsact qdisc, cls_bpf; \
+                           inert once the daemon is gone)";
+    match probe {
+        Some(Ok(TcHook::Tcx)) => (Level::Ok, "TC programs as TCX links".into()),
+        Some(Ok(TcHook::Classic)) => (Level::Ok, format!("no TCX links: {CLASSIC}")),
+        Some(Err(e)) => (
+            Level::Warn,
+            format!(
+                "TCX links could not be tried ({e}): the daemon tries them and falls back to \
+                 classic tc filters"
+            ),
+        ),
+        None if v < Version(6, 6, 0) => (Level::Ok, format!("no TCX links before 6.6: {CLASSIC}")),
+        None => (Level::Ok, "TC programs as TCX links (6.6)".into()),
+    }
 }
 
 /// The requirement lines of `facts`, in a fixed order.
@@ -130,16 +155,10 @@ pub fn requirements(f: &Facts) -> Vec<Line> {
                 f.machine
             ),
         ),
-        Some(v) if v < Version(6, 6, 0) => line(
-            Level::Fail,
-            "kernel",
-            format!(
-                "Linux {v} {}: the arming program needs TCX links (6.6); without them no flow is \
-                 fast-pathed",
-                f.machine
-            ),
-        ),
-        Some(v) => line(Level::Ok, "kernel", format!("Linux {v} {}", f.machine)),
+        Some(v) => {
+            let (level, tc) = tc_hook_line(v, f.tc_hook.as_ref());
+            line(level, "kernel", format!("Linux {v} {}: {tc}", f.machine))
+        }
     });
     out.push(if f.btf {
         line(Level::Ok, "btf", "/sys/kernel/btf/vmlinux".into())
@@ -365,6 +384,7 @@ mod tests {
             btf: true,
             cap_eff: Some(u64::MAX >> 23),
             ebpf_load: Some(Ok(())),
+            tc_hook: Some(Ok(TcHook::Tcx)),
             features: Some(KernelFeatures::all_available()),
             conntrack: Some([Some(262_144), Some(0), Some(1), Some(1)]),
             netdev_family: true,
@@ -461,7 +481,7 @@ mod tests {
     #[test]
     fn old_kernels_missing_btf_and_capabilities_fail() {
         let mut f = facts();
-        f.kernel = Some(Version(6, 1, 0));
+        f.kernel = Some(Version(5, 8, 0));
         assert_eq!(requirements(&f)[0].level, Level::Fail);
         // What a 6.8 kernel lacks (the FIB lookup's mark) is the probe's line, not the version's.
         f.kernel = Some(Version(6, 8, 0));
@@ -474,6 +494,39 @@ mod tests {
         assert_eq!(lines[2].level, Level::Fail);
         assert!(lines[2].detail.contains("CAP_BPF CAP_PERFMON"), "{lines:?}");
         assert_eq!(lines[3].level, Level::Fail);
+    }
+
+    /// Without TCX links (Debian 12's 6.1) the TC programs go in as classic tc filters: the
+    /// kernel line says which one this kernel takes, from the attempt, else from the version.
+    #[test]
+    fn the_kernel_line_says_tcx_or_classic_tc() {
+        let mut f = facts();
+        let kernel = |f: &Facts| requirements(f).swap_remove(0);
+        assert_eq!(
+            kernel(&f).detail,
+            "Linux 6.12.0 x86_64: TC programs as TCX links"
+        );
+        f.kernel = Some(Version(6, 1, 0));
+        f.tc_hook = Some(Ok(TcHook::Classic));
+        let l = kernel(&f);
+        assert_eq!(l.level, Level::Ok);
+        assert!(
+            l.detail.starts_with(
+                "Linux 6.1.0 x86_64: no TCX links: the TC programs go in as classic tc filters"
+            ),
+            "{l:?}"
+        );
+        f.tc_hook = None;
+        let l = kernel(&f);
+        assert_eq!(l.level, Level::Ok);
+        assert!(l.detail.contains("no TCX links before 6.6: "), "{l:?}");
+        f.tc_hook = Some(Err("a TCX link on lo: EPERM".into()));
+        let l = kernel(&f);
+        assert_eq!(l.level, Level::Warn);
+        assert!(
+            l.detail.contains("falls back to classic tc filters"),
+            "{l:?}"
+        );
     }
 
     #[test]

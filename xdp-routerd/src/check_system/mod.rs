@@ -85,13 +85,16 @@ pub fn gather(config: Option<&Config>) -> Facts {
     // need no object.
     let loaded = privileged.then(|| {
         Datapath::load(16)
-            .map(|dp| dp.kernel_features().clone())
+            .map(|mut dp| (dp.kernel_features().clone(), dp.probe_tc_hook()))
             .map_err(|e| format!("{e:#}").replace('\n', " "))
     });
     let ebpf_load = loaded
         .as_ref()
         .map(|l| l.as_ref().map(drop).map_err(Clone::clone));
-    let kernel_features = loaded.map(|l| l.unwrap_or_else(|_| kernel_features::probe()));
+    let tc_hook = loaded
+        .as_ref()
+        .and_then(|l| l.as_ref().ok().map(|(_, h)| h.clone()));
+    let kernel_features = loaded.map(|l| l.map_or_else(|_| kernel_features::probe(), |(k, _)| k));
     let conntrack = Path::new("/proc/sys/net/netfilter/nf_conntrack_max")
         .exists()
         .then(|| {
@@ -118,6 +121,7 @@ pub fn gather(config: Option<&Config>) -> Facts {
         btf,
         cap_eff,
         ebpf_load,
+        tc_hook,
         features: kernel_features,
         conntrack,
         netdev_family: features.is_some(),

@@ -1,26 +1,19 @@
 //! Attaching the programs: the XDP program (native, or generic when native is refused or
 //! configured) or, where the config asks for it (`datapath = "tc"`), the same fast path at TC
-//! ingress; the TC egress arming programs and, beside each Ethernet one, the TC ingress
-//! DSCP stamp, all as bpf_links owned by this process, and taking them off again.
+//! ingress; the XDP links are bpf_links owned by this process. The TC programs' attachments
+//! (TCX links, or classic tc filters where the kernel has none) are in [`super::tc_links`].
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context as _, anyhow, bail};
-use aya::programs::{
-    LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode,
-    links::LinkType,
-    loaded_links,
-    tc::{SchedClassifierLinkId, TcAttachOptions},
-    xdp::XdpLinkId,
-};
-use tracing::{debug, error, info, warn};
+use aya::programs::{Xdp, XdpMode, links::LinkType, loaded_links, xdp::XdpLinkId};
+use tracing::{debug, info, warn};
 use xdp_router_common::{
     ARM_PROG_NAME, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT,
     IFACE_F_TC_HANDOFF, IfaceInfo, MAP_IFACES, MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME,
-    STAMP_PROG_NAME, TC_PROG_NAME,
 };
 
-use super::{Datapath, Ports as _, VlanParent};
+use super::{Datapath, Ports as _, VlanParent, tc_links::TcLink};
 use crate::config::{DatapathConfig, XdpModeConfig};
 
 /// How the program ended up attached to an interface.
@@ -78,18 +71,20 @@ pub(super) struct Links {
     pub(super) modes: BTreeMap<u32, AttachMode>,
     /// Why the interfaces in generic mode did not get native XDP (config asked for native).
     pub(super) generic_because: BTreeMap<u32, String>,
-    /// TC egress (TCX) links of the arming programs, with the program's name
-    /// ([`ARM_PROG_NAME`], or [`ARM_L3_PROG_NAME`](xdp_router_common::ARM_L3_PROG_NAME) on a PPP device).
-    pub(super) armed: BTreeMap<u32, (&'static str, SchedClassifierLinkId)>,
-    /// TC ingress (TCX) links of the DSCP stamp program ([`STAMP_PROG_NAME`]), beside each
-    /// Ethernet arming program.
-    pub(super) stamped: BTreeMap<u32, SchedClassifierLinkId>,
-    /// TC ingress (TCX) links of the TC fast path ([`TC_PROG_NAME`]), on interfaces whose
-    /// datapath is TC (their mode in `modes` is [`AttachMode::Tc`]).
-    pub(super) tc: BTreeMap<u32, SchedClassifierLinkId>,
+    /// TC egress links of the arming programs ([`ARM_PROG_NAME`], or
+    /// [`ARM_L3_PROG_NAME`](xdp_router_common::ARM_L3_PROG_NAME) on a PPP device).
+    pub(super) armed: BTreeMap<u32, TcLink>,
+    /// TC ingress links of the DSCP stamp program
+    /// ([`STAMP_PROG_NAME`](xdp_router_common::STAMP_PROG_NAME)), beside each Ethernet arming
+    /// program.
+    pub(super) stamped: BTreeMap<u32, TcLink>,
+    /// TC ingress links of the TC fast path
+    /// ([`TC_PROG_NAME`](xdp_router_common::TC_PROG_NAME)), on interfaces whose datapath is TC
+    /// (their mode in `modes` is [`AttachMode::Tc`]) or behind native XDP (the hand-over).
+    pub(super) tc: BTreeMap<u32, TcLink>,
     /// Why each attached interface runs the datapath it runs (for `status`).
     pub(super) datapath_because: BTreeMap<u32, String>,
-    /// The name each registered interface had when it was registered (TCX attachments are by
+    /// The name each registered interface had when it was registered (TC attachments are by
     /// name).
     pub(super) names: BTreeMap<u32, String>,
 }
@@ -315,6 +310,7 @@ impl Datapath {
             .cloned()
             .unwrap_or_else(|| ifindex.to_string());
         let link = self.attach_tc_link(&name)?;
+        let hook = link.hook;
         self.links.tc.insert(ifindex, link);
         let info = self.iface(ifindex)?;
         self.update_iface(
@@ -326,7 +322,9 @@ impl Datapath {
         )?;
         info!(
             interface = name,
-            ifindex, "TC fast path attached behind XDP (hand-over to ports without XDP transmit)"
+            ifindex,
+            hook = hook.as_str(),
+            "TC fast path attached behind XDP (hand-over to ports without XDP transmit)"
         );
         Ok(())
     }
@@ -335,71 +333,6 @@ impl Datapath {
     /// [`Datapath::update_handoffs`]).
     pub fn tc_handoff(&self, ifindex: u32) -> bool {
         self.mode_of(ifindex) == Some(AttachMode::Native) && self.links.tc.contains_key(&ifindex)
-    }
-
-    /// Attaches the arming program `prog` ([`ARM_PROG_NAME`], or [`ARM_L3_PROG_NAME`](xdp_router_common::ARM_L3_PROG_NAME) for a
-    /// device without a link-layer header) to the egress of `name` as a TCX bpf_link (Linux
-    /// 6.6), owned by this process like the XDP links. Without it no flow direction is ever
-    /// armed: the kernel keeps forwarding every packet of that interface's flows (correct, not
-    /// faster). With the Ethernet arming program, the DSCP stamp goes on the ingress (see
-    /// [`STAMP_PROG_NAME`]); without it, the kernel keeps applying its DSCP rewrites itself.
-    pub(super) fn attach_arming(&mut self, name: &str, ifindex: u32, prog: &'static str) {
-        if prog == ARM_PROG_NAME && !self.links.stamped.contains_key(&ifindex) {
-            match self.attach_tcx(name, STAMP_PROG_NAME, TcAttachType::Ingress) {
-                Ok(link) => {
-                    self.links.stamped.insert(ifindex, link);
-                }
-                Err(e) => warn!(
-                    interface = name,
-                    error = %format!("{e:#}"),
-                    "{name}: cannot attach the TC ingress DSCP stamp: DSCP rewrites of flows \
-                     entering here stay in the kernel"
-                ),
-            }
-        }
-        match self.attach_tcx(name, prog, TcAttachType::Egress) {
-            Ok(link) => {
-                self.links.armed.insert(ifindex, (prog, link));
-            }
-            Err(e) => error!(
-                interface = name,
-                error = %format!("{e:#}"),
-                "{name}: cannot attach the TC egress arming program (TCX, Linux >= 6.6 needed): \
-                 no flow through {name} is fast-pathed, the kernel forwards them all"
-            ),
-        }
-    }
-
-    /// Attaches the TC program `prog` to `name` at `at` as a TCX bpf_link.
-    fn attach_tcx(
-        &mut self,
-        name: &str,
-        prog: &'static str,
-        at: TcAttachType,
-    ) -> anyhow::Result<SchedClassifierLinkId> {
-        let p = self
-            .ebpf
-            .program_mut(prog)
-            .ok_or_else(|| anyhow!("eBPF object has no program {prog}"))?;
-        let p = <&mut SchedClassifier>::try_from(p)?;
-        // A netlink (clsact) attachment would outlive the daemon: TCX links only.
-        Ok(p.attach_with_options(name, at, TcAttachOptions::TcxOrder(LinkOrder::default()))?)
-    }
-
-    /// Attaches the TC fast path ([`TC_PROG_NAME`]) to the ingress of `name` as a TCX
-    /// bpf_link, first among the TCX ingress programs (before the DSCP stamp: a packet it
-    /// forwards needs no stamp).
-    pub(super) fn attach_tc_program(&mut self, name: &str, ifindex: u32) -> anyhow::Result<()> {
-        let link = self.attach_tc_link(name)?;
-        self.links.tc.insert(ifindex, link);
-        self.links.modes.insert(ifindex, AttachMode::Tc);
-        info!(
-            interface = name,
-            ifindex,
-            mode = "tc",
-            "TC fast path attached (TCX ingress)"
-        );
-        Ok(())
     }
 
     /// Makes the TC fast path run on `ifindex` (`name`), a device that gets it instead of XDP
@@ -450,30 +383,6 @@ impl Datapath {
                 Ok(Some(why))
             }
         }
-    }
-
-    /// The TCX ingress link of the TC fast path on `ifindex` (`name` for messages), first
-    /// among the TCX ingress programs.
-    fn attach_tc_link(&mut self, name: &str) -> anyhow::Result<SchedClassifierLinkId> {
-        if let Some(why) = &self.tc_unavailable {
-            bail!("{name}: datapath \"tc\": the TC fast path did not load: {why}");
-        }
-        let p = self
-            .ebpf
-            .program_mut(TC_PROG_NAME)
-            .ok_or_else(|| anyhow!("eBPF object has no program {TC_PROG_NAME}"))?;
-        let p = <&mut SchedClassifier>::try_from(p)?;
-        p.attach_with_options(
-            name,
-            TcAttachType::Ingress,
-            TcAttachOptions::TcxOrder(LinkOrder::first()),
-        )
-        .map_err(|e| {
-            anyhow!(
-                "{name}: cannot attach the TC fast path at TC ingress (TCX, Linux >= 6.6 \
-                 needed): {e}"
-            )
-        })
     }
 
     /// Attaches the XDP program to `ifindex` in `mode` (native falling back to generic, with
@@ -588,26 +497,6 @@ impl Datapath {
         Ok(n)
     }
 
-    /// Detaches the arming program (and the DSCP stamp) from `ifindex`, if attached there.
-    pub(super) fn detach_arming(&mut self, ifindex: u32) {
-        if let Some(link) = self.links.stamped.remove(&ifindex)
-            && let Some(Ok(prog)) = self
-                .ebpf
-                .program_mut(STAMP_PROG_NAME)
-                .map(<&mut SchedClassifier>::try_from)
-        {
-            let _ = prog.detach(link);
-        }
-        if let Some((name, link)) = self.links.armed.remove(&ifindex)
-            && let Some(Ok(prog)) = self
-                .ebpf
-                .program_mut(name)
-                .map(<&mut SchedClassifier>::try_from)
-        {
-            let _ = prog.detach(link);
-        }
-    }
-
     /// Takes the XDP program off `ifindex` and forgets its mode (see
     /// [`Datapath::attach_program`]).
     pub(super) fn detach_program(&mut self, ifindex: u32) {
@@ -616,14 +505,7 @@ impl Datapath {
         {
             let _ = prog.detach(link);
         }
-        if let Some(link) = self.links.tc.remove(&ifindex)
-            && let Some(Ok(prog)) = self
-                .ebpf
-                .program_mut(TC_PROG_NAME)
-                .map(<&mut SchedClassifier>::try_from)
-        {
-            let _ = prog.detach(link);
-        }
+        self.detach_tc_program(ifindex);
         self.links.datapath_because.remove(&ifindex);
         self.links.generic_because.remove(&ifindex);
         self.links.modes.remove(&ifindex);

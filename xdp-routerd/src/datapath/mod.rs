@@ -2,11 +2,13 @@
 //!
 //! One [`Datapath`] owns everything the kernel holds for us. Attachments are bpf_links owned by
 //! this process, so when it exits for any reason (SIGTERM, panic, SIGKILL) the kernel detaches
-//! the program and carries every packet itself.
+//! the program and carries every packet itself; on kernels without TCX links the TC programs
+//! are classic tc filters instead, which stay but turn inert with the process ([`tc_links`]).
 //!
 //! This file loads the object and takes every map handle once; the rest is split by concern:
 //! [`ports`] (the [`Ports`] interface the state drives: registering, attaching and detaching
-//! interfaces of every kind), [`attach`] (XDP and TC links, native or generic), [`flows`] (the
+//! interfaces of every kind), [`attach`] (XDP links, native or generic), [`tc_links`] (the TC
+//! programs: TCX links or classic tc filters), [`flows`] (the
 //! flow maps and their batches), [`settings`] (the fast-path switch, generations, FIB cache,
 //! counters), and one file per device kind: [`bridge`], [`vlan`], [`pppoe`].
 
@@ -33,6 +35,7 @@ pub mod flows;
 pub mod ports;
 pub mod pppoe;
 pub mod settings;
+pub mod tc_links;
 pub mod verifier;
 pub mod vlan;
 
@@ -40,6 +43,7 @@ pub use attach::{AttachMode, DatapathChoice, native_attach_failure};
 pub use ports::{NO_LINK_LAYER_TC, Ports};
 pub use pppoe::PppoeBinding;
 pub use settings::{FibCache, Ruleset};
+pub use tc_links::TcHook;
 pub use vlan::VlanParent;
 
 /// The xdp-router eBPF object, built by build.rs (aya-build) and embedded in the binary.
@@ -69,6 +73,8 @@ pub struct Datapath {
     datapath_choice: attach::DatapathChoice,
     /// Why the TC fast path cannot be attached anywhere (the kernel rejected it), if so.
     tc_unavailable: Option<String>,
+    /// TCX or classic tc: what the kernel took so far.
+    tc_attach: tc_links::TcAttach,
     /// What the kernel lacks of the optional features, found before the object was loaded.
     features: KernelFeatures,
 }
@@ -200,6 +206,7 @@ impl Datapath {
             pppoe: pppoe::PppoeMaps::take(&mut ebpf)?,
             datapath_choice: attach::DatapathChoice::default(),
             tc_unavailable,
+            tc_attach: tc_links::TcAttach::default(),
             features,
             ebpf,
         };

@@ -126,6 +126,10 @@ impl State<Datapath> {
                     .and_then(|i| self.dp.datapath_because(i))
                     .map(str::to_string),
                 tc_handoff: m.ifindex.is_some_and(|i| self.dp.tc_handoff(i)),
+                tc_hook: m
+                    .ifindex
+                    .and_then(|i| self.dp.tc_hook(i))
+                    .map(|h| h.as_str().into()),
                 generic_because: m
                     .ifindex
                     .and_then(|i| self.dp.generic_because(i))
@@ -170,6 +174,7 @@ impl State<Datapath> {
                     ),
                     datapath_because: None,
                     tc_handoff: self.dp.tc_handoff(v.link.parent),
+                    tc_hook: self.dp.tc_hook(v.link.parent).map(|h| h.as_str().into()),
                     generic_because: self.dp.generic_because(v.link.parent).map(str::to_string),
                     bridge: None,
                     fdb_entries: pb.map(|_| self.dp.fdb_len(v.link.parent) as u64),
@@ -245,6 +250,11 @@ impl State<Datapath> {
                     },
                     datapath_because: None,
                     tc_handoff: self.dp.tc_handoff(runs_on),
+                    tc_hook: self
+                        .dp
+                        .tc_hook(d.ifindex)
+                        .or_else(|| self.dp.tc_hook(runs_on))
+                        .map(|h| h.as_str().into()),
                     generic_because: self.dp.generic_because(runs_on).map(str::to_string),
                     bridge: None,
                     fdb_entries: None,
@@ -307,6 +317,7 @@ impl State<Datapath> {
             no_xdp_xmit_because: p.xmit.why_not(),
             datapath_because: self.dp.datapath_because(ifindex).map(str::to_string),
             tc_handoff: self.dp.tc_handoff(ifindex),
+            tc_hook: self.dp.tc_hook(ifindex).map(|h| h.as_str().into()),
             generic_because: self.dp.generic_because(ifindex).map(str::to_string),
             bridge: Some(bridge.to_string()),
             fdb_entries: None,

@@ -264,6 +264,11 @@ pub struct IfaceStatus {
     /// (routed out of a port without XDP transmit, e.g. one on the TC datapath).
     #[serde(default)]
     pub tc_handoff: bool,
+    /// How the TC programs are attached here (the arming program, the TC fast path): `tcx`
+    /// (TCX links, Linux 6.6) or `classic tc` (clsact + cls_bpf filters, inert once the daemon
+    /// is gone); null when none is.
+    #[serde(default)]
+    pub tc_hook: Option<String>,
     /// Why the attach mode is generic although native was asked for: the kernel's refusal,
     /// explained (e.g. a veth peer's MTU too large for native XDP).
     #[serde(default)]

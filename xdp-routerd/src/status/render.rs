@@ -54,9 +54,15 @@ impl Status {
             } else {
                 format!("xdp {}", i.attach_mode)
             };
+            // How its TC programs are attached, when it has any (`tcx`, `classic tc`).
+            let hook = i
+                .tc_hook
+                .as_deref()
+                .map(|h| format!(", tc: {h}"))
+                .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "  {:<12} ifindex {:<4} role {:<4} {datapath}{qdisc}{shaped}{bridge}{encap}",
+                "  {:<12} ifindex {:<4} role {:<4} {datapath}{hook}{qdisc}{shaped}{bridge}{encap}",
                 i.name, i.ifindex, i.role,
             );
             if let ("tc", Some(why)) = (i.attach_mode.as_str(), &i.datapath_because) {
@@ -352,6 +358,7 @@ mod tests {
             no_xdp_xmit_because: None,
             datapath_because: None,
             tc_handoff: false,
+            tc_hook: None,
             generic_because: None,
             bridge: None,
             fdb_entries: None,
@@ -363,8 +370,8 @@ mod tests {
     }
 
     /// An interface running the TC fast path says so, and why; an XDP one does not say why, but
-    /// says when the TC program runs behind it; a device without a link-layer header says why
-    /// it runs TC.
+    /// says when the TC program runs behind it (and how its TC programs are attached, when it
+    /// is said); a device without a link-layer header says why it runs TC.
     #[test]
     fn a_tc_interface_shows_its_datapath_and_why() {
         let mut st = status(&[]);
@@ -380,6 +387,7 @@ mod tests {
         let mut eth2 = eth0.clone();
         eth2.name = "eth2".into();
         eth2.tc_handoff = true;
+        eth2.tc_hook = Some("classic tc".into());
         let mut wg0 = eth0.clone();
         wg0.name = "wg0".into();
         wg0.attach_mode = "tc".into();
@@ -395,7 +403,9 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("eth2         ifindex 12   role wan  xdp native + tc hand-over\n"),
+            text.contains(
+                "eth2         ifindex 12   role wan  xdp native + tc hand-over, tc: classic tc\n"
+            ),
             "{text}"
         );
         assert!(

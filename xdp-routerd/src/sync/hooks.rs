@@ -7,14 +7,17 @@
 //! managed bridge (a rule inside it may still match on `iifname`; in doubt the kernel judges). A packet redirected by XDP passes neither,
 //! so a direction that would meet one stays in the kernel (`IFACE_F_INGRESS_HOOK` /
 //! `IFACE_F_EGRESS_HOOK`), unless the interface's config says `bypass_hooks = true`. The
-//! daemon's own TC arming program is a TCX link, not a classic filter, and is not listed by
-//! `tc filter show`.
+//! daemon's own TC programs are TCX links, which `tc filter show` does not list, or on kernels
+//! without TCX classic filters at its own priorities and handle, which are left out
+//! ([`foreign_tc_filters`]).
 //!
 //! Read with `nft list chains` (the text form: nft 1.0.6's JSON omits the chain's device) and
 //! `tc filter show dev X ingress|egress`, at start, after every ruleset change and after every
 //! tc change on a managed interface.
 
 use std::collections::BTreeMap;
+
+use xdp_router_common::{CLASSIC_TC_HANDLE, CLASSIC_TC_PREFS};
 
 /// The hooks found on one interface.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -112,6 +115,46 @@ pub fn netdev_chain_hooks(listing: &str) -> BTreeMap<String, Hooks> {
     out
 }
 
+/// Whether a line of `tc filter show dev X ingress|egress` is one of the daemon's classic tc
+/// filters (kernels without TCX links, `datapath/tc_links.rs`): a `bpf` filter at the priority
+/// of one of its entry points, with its handle and that entry point's name (or that priority's
+/// own header line, which names no handle). Pure.
+pub fn is_own_filter(line: &str) -> bool {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let after = |key: &str| {
+        words
+            .iter()
+            .position(|w| *w == key)
+            .and_then(|i| words.get(i + 1))
+            .copied()
+    };
+    let Some(pref) = after("pref") else {
+        return false;
+    };
+    let mut at_pref = CLASSIC_TC_PREFS
+        .iter()
+        .filter(|(_, p)| pref == p.to_string())
+        .peekable();
+    if at_pref.peek().is_none() || !words.contains(&"bpf") {
+        return false;
+    }
+    match after("handle") {
+        None => true,
+        Some(h) => {
+            h == format!("{CLASSIC_TC_HANDLE:#x}")
+                && at_pref.any(|(entry, _)| words.contains(entry))
+        }
+    }
+}
+
+/// Whether a `tc filter show dev X ingress|egress` listing has filters other than the
+/// daemon's own classic ones (see [`is_own_filter`]). Pure.
+pub fn foreign_tc_filters(listing: &str) -> bool {
+    listing
+        .lines()
+        .any(|l| !l.trim().is_empty() && !is_own_filter(l))
+}
+
 /// Output of `cmd args…`, or `None` when it cannot run or fails.
 async fn output(cmd: &str, args: &[&str]) -> Option<String> {
     let out = crate::signals::unblocked_in_child(&mut tokio::process::Command::new(cmd))
@@ -139,7 +182,7 @@ pub async fn read(names: &[String]) -> Found {
         let mut h = chains.get(name).copied().unwrap_or_default();
         for (dir, flag) in [("ingress", &mut h.ingress), ("egress", &mut h.egress)] {
             match output("tc", &["filter", "show", "dev", name, dir]).await {
-                Some(text) => *flag |= !text.trim().is_empty(),
+                Some(text) => *flag |= foreign_tc_filters(&text),
                 // No clsact/ingress qdisc: tc says so with an error only for missing devices.
                 None => *flag = true,
             }
@@ -152,6 +195,49 @@ pub async fn read(names: &[String]) -> Found {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `tc filter show dev eth1 ingress` on Debian 12 (iproute2 6.1) with the daemon's TC fast
+    /// path and DSCP stamp as classic filters, and a user's filter.
+    #[test]
+    fn the_daemons_own_filters_are_known_by_priority_handle_and_name() {
+        let own = [
+            "filter protocol all pref 30832 bpf chain 0 ",
+            "filter protocol all pref 30832 bpf chain 0 handle 0x7872 xr_cls_tc direct-action \
+             not_in_hw id 41 name xr_cls_tc tag 6c2a1b5e0f3d9e71 jited ",
+            "filter protocol all pref 30833 bpf chain 0 handle 0x7872 xr_cls_stamp \
+             direct-action not_in_hw id 44 name xr_cls_stamp tag 0123456789abcdef jited ",
+        ];
+        for line in own {
+            assert!(is_own_filter(line), "{line}");
+        }
+        let foreign = [
+            // Another priority, another handle at the daemon's, another program at both.
+            "filter protocol all pref 49152 bpf chain 0 handle 0x1 cil_from_netdev direct-action",
+            "filter protocol all pref 30832 bpf chain 0 handle 0x1 xr_cls_tc direct-action",
+            "filter protocol all pref 30832 bpf chain 0 handle 0x7872 my_prog direct-action",
+            "filter protocol ip pref 30832 u32 chain 0 ",
+            "filter parent ffff: protocol ip pref 1 u32 chain 0 fh 800::800 order 2048 key ht 800",
+        ];
+        for line in foreign {
+            assert!(!is_own_filter(line), "{line}");
+        }
+    }
+
+    /// The daemon's own classic tc filters (kernels without TCX links) are no hook; anything
+    /// else listed is.
+    #[test]
+    fn only_foreign_tc_filters_are_hooks() {
+        let own = "filter protocol all pref 30834 bpf chain 0 \n\
+                   filter protocol all pref 30834 bpf chain 0 handle 0x7872 xr_cls_arm \
+                   direct-action not_in_hw id 40 name xr_cls_arm tag 00ff00ff00ff00ff jited \n";
+        assert!(!foreign_tc_filters(own));
+        assert!(!foreign_tc_filters(""));
+        let with_user = format!(
+            "{own}filter protocol ip pref 1 u32 chain 0 \n\
+             filter protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 \n"
+        );
+        assert!(foreign_tc_filters(&with_user));
+    }
 
     #[test]
     fn netdev_chains_name_their_devices() {

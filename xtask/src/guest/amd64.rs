@@ -64,9 +64,17 @@ const MODULES: &[&str] = &[
 /// pppoe.
 pub const KERNEL_PACKAGE: &str = "linux-image-6.12-amd64";
 
-/// The newest kernel in /boot that is not the running one and has the 8021q module: the guest
-/// kernel.
+/// The kernel series of [`KERNEL_PACKAGE`]: the guest boots the newest 6.12 in /boot.
+pub const KERNEL_SERIES: [u32; 2] = [6, 12];
+
+/// The guest kernel: the newest 6.12 in /boot (see [`kernel_of`]).
 pub fn kernel() -> Option<PathBuf> {
+    kernel_of(KERNEL_SERIES)
+}
+
+/// The newest kernel of `series` (major, minor: Debian 12's own 6.1, its backported 6.12) in
+/// /boot that is not the running one and has the 8021q module.
+pub fn kernel_of(series: [u32; 2]) -> Option<PathBuf> {
     let running = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let mut found: Vec<(Vec<u32>, PathBuf)> = fs::read_dir("/boot")
         .ok()?
@@ -74,8 +82,11 @@ pub fn kernel() -> Option<PathBuf> {
             let name = e.ok()?.file_name().into_string().ok()?;
             let version = name.strip_prefix("vmlinuz-")?.to_owned();
             let modules = Path::new("/lib/modules").join(&version);
-            (version != running.trim() && modules.join("kernel/net/8021q").is_dir())
-                .then(|| (version_key(&version), Path::new("/boot").join(&name)))
+            let key = version_key(&version);
+            (version != running.trim()
+                && key.starts_with(&series)
+                && modules.join("kernel/net/8021q").is_dir())
+            .then(|| (key, Path::new("/boot").join(&name)))
         })
         .collect();
     found.sort();
@@ -112,14 +123,14 @@ fn wired_nics() -> anyhow::Result<String> {
 
 /// Starts a process that holds a socket with SO_TIMESTAMP (29 on x86; Python's `socket` has no
 /// name for it) until the guest powers off, and waits until it holds it (up to 10 s).
-const HOLD_TIMESTAMPS_ON: &str = "{ /usr/bin/python3 -c 'import socket, time; \
+pub(super) const HOLD_TIMESTAMPS_ON: &str = "{ /usr/bin/python3 -c 'import socket, time; \
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setsockopt(socket.SOL_SOCKET, 29, 1); \
 open(\"/tmp/timestamps-held\", \"w\").close(); time.sleep(1e6)' </dev/null >/dev/null 2>&1 & \
 for i in $(seq 20); do [ -e /tmp/timestamps-held ] && break; sleep 0.5; done; \
 [ -e /tmp/timestamps-held ]; }";
 
 /// `6.12.117+deb12-amd64` → [6, 12, 117, 12] for ordering.
-fn version_key(v: &str) -> Vec<u32> {
+pub(super) fn version_key(v: &str) -> Vec<u32> {
     v.split(|c: char| !c.is_ascii_digit())
         .filter_map(|p| p.parse().ok())
         .collect()
@@ -216,5 +227,9 @@ mod tests {
     fn kernel_versions_order_numerically() {
         assert!(version_key("6.12.117+deb12-amd64") > version_key("6.1.0-47-amd64"));
         assert!(version_key("6.12.117+deb12-amd64") > version_key("6.12.9+deb12-amd64"));
+        // A series is matched on its numbers, not on a prefix of the text.
+        assert!(version_key("6.1.0-57-amd64").starts_with(&[6, 1]));
+        assert!(!version_key("6.12.117+deb12-amd64").starts_with(&[6, 1]));
+        assert!(version_key("6.12.117+deb12-amd64").starts_with(&KERNEL_SERIES));
     }
 }

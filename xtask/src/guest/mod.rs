@@ -4,6 +4,8 @@
 //!   VLAN, PPPoE, ESP, bridge VLAN filtering), sharing this root filesystem.
 //! - [`arm64`]: Debian's arm64 kernel on an emulated Cortex-A57, with an arm64 root of its own:
 //!   the fixtures and the core end-to-end tests against the arm64 package.
+//! - [`deb12`]: Debian 12's own amd64 kernel (6.1: no TCX links, the oldest verifier), booted
+//!   as the amd64 guest is: `check-system` and the core end-to-end tests.
 //!
 //! Both write a shell script into a directory the guest shares writable, boot once, and read
 //! back the script's overall status and the skips the tests logged. An amd64 guest that ended
@@ -15,6 +17,7 @@
 
 pub mod amd64;
 pub mod arm64;
+pub mod deb12;
 
 use std::{
     ffi::OsString,

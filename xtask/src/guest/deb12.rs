@@ -1,0 +1,170 @@
+//! The Debian 12 guest: Debian 12's own amd64 kernel (6.1, `linux-image-6.1.0-<N>-amd64`, what
+//! `apt install ./xdp-router_*.deb` meets on a stock bookworm router) booted as the amd64 guest
+//! boots its 6.12, sharing this root filesystem. It has no TCX links (the TC programs go in as
+//! classic tc filters), no `BPF_FIB_LOOKUP_MARK` and an older verifier than any kernel the other
+//! steps run: `xdp-routerd check-system` must pass there, and the core end-to-end tests ([`E2E`])
+//! run against the release daemon.
+
+use std::{ffi::OsString, path::PathBuf};
+
+use anyhow::{Context as _, bail};
+
+use super::{Prepared, Run, Script, Shared, amd64};
+use crate::cmd;
+
+/// The kernel series the guest boots.
+pub const SERIES: [u32; 2] = [6, 1];
+
+/// Modules the tests use (loaded up front, as in the other guests), with ipset's.
+const MODULES: &[&str] = &[
+    "veth",
+    "nf_conntrack",
+    "nf_conntrack_netlink",
+    "nf_tables",
+    "nft_compat",
+    "nft_ct",
+    "nft_masq",
+    "nft_chain_nat",
+    "xt_conntrack",
+    "xt_MASQUERADE",
+    "xt_tcpudp",
+    "xt_set",
+    "ip_set_hash_ip",
+    "iptable_nat",
+    "iptable_filter",
+    "iptable_mangle",
+    "ip6table_nat",
+    "ip6table_filter",
+    "ip6table_mangle",
+    "sch_ingress",
+];
+
+/// The core end-to-end tests, by test target: v4 NAT both ways and v4 and v6 offloaded and
+/// intact (TTL and checksums at the receiver), the negative control, SIGKILL failing open, a
+/// FORWARD DROP and an `ipset add` stopping an offloaded stream, the per-host counters against
+/// the wire over a 100 MB transfer, and the TC datapath on classic tc filters: forwarding, and
+/// doing nothing once the daemon is killed. Not the unpaced bulk tests (see the arm64 guest's
+/// list: in an emulated guest their "≥ 90 % fast-pathed" is a timing check).
+const E2E: &[(&str, &[&str])] = &[
+    (
+        "e2e",
+        &[
+            "udp_v4_both_directions_with_reverse_nat",
+            "ttl_and_checksums_at_the_receiver",
+            "negative_control_fastpath_off",
+            "sigkill_fails_open",
+        ],
+    ),
+    ("firewall", &["iptables_drop_stops_an_offloaded_stream"]),
+    ("verdicts", &["ipset_add_stops_an_offloaded_flow"]),
+    (
+        "accounting",
+        &["hundred_megabytes_fast_pathed_are_counted_per_flow_and_per_host"],
+    ),
+    ("tc", &["tc_datapath_fails_open_on_sigkill"]),
+];
+
+/// The guest kernel: the newest 6.1 in /boot.
+pub fn kernel() -> Option<PathBuf> {
+    amd64::kernel_of(SERIES)
+}
+
+/// The newest `linux-image-6.1.0-<N>-amd64` in `names` (`apt-cache pkgnames` output): the
+/// package `cargo xtask setup` installs for the guest. Pure.
+pub fn newest_package(names: &str) -> Option<&str> {
+    names
+        .lines()
+        .map(str::trim)
+        .filter_map(|n| {
+            let abi = n
+                .strip_prefix("linux-image-6.1.0-")?
+                .strip_suffix("-amd64")?
+                .parse::<u32>()
+                .ok()?;
+            Some((abi, n))
+        })
+        .max()
+        .map(|(_, n)| n)
+}
+
+/// Builds the test binaries and sets up the boot that runs [`E2E`] against `daemon`, after
+/// `xdp-routerd check-system`.
+pub fn prepare(daemon: &std::path::Path) -> anyhow::Result<Prepared> {
+    if cmd::which("qemu-system-x86_64").is_none() {
+        bail!("qemu-system-x86_64 not found: run `cargo xtask setup`");
+    }
+    let kernel = kernel().context(
+        "no Debian 12 kernel (6.1) with 8021q in /boot: run `cargo xtask setup` \
+         (linux-image-6.1.0-<N>-amd64)",
+    )?;
+    let targets: Vec<&str> = E2E.iter().map(|(t, _)| *t).collect();
+    let binaries = super::build_test_binaries(&targets, &[], &[])?;
+    let shared = Shared::new("deb12")?;
+    let runs = E2E
+        .iter()
+        .zip(binaries)
+        .map(|((_, names), binary)| {
+            let mut args: Vec<String> = ["--test-threads=1", "--show-output", "--exact"]
+                .map(str::to_owned)
+                .into();
+            args.extend(names.iter().map(|n| (*n).to_owned()));
+            Run { binary, args }
+        })
+        .collect();
+    let daemon = daemon.to_string_lossy().into_owned();
+    let script = Script {
+        // See the amd64 guest: a socket holding SO_TIMESTAMP keeps the kernel from patching a
+        // static branch live while a test runs.
+        prelude: vec![amd64::HOLD_TIMESTAMPS_ON.into()],
+        modules: MODULES,
+        path: std::env::var("PATH").unwrap_or_default(),
+        env: vec![
+            ("XDP_ROUTERD_BIN", daemon.clone()),
+            (
+                "XDP_ROUTER_SKIP_LOG",
+                shared.skips().to_string_lossy().into_owned(),
+            ),
+            // An emulated CPU (no KVM): "promptly" may take five times longer.
+            ("XDP_ROUTER_TIME_SCALE", "5".into()),
+        ],
+        cwd: crate::workspace::root().join("tests"),
+        setup: vec![format!("{} check-system", super::quote(&daemon))],
+        runs,
+        teardown: Vec::new(),
+    };
+    println!(
+        "Debian 12 guest: will boot {} (qemu, no KVM) to run check-system and {} end-to-end tests",
+        kernel.display(),
+        E2E.iter().map(|(_, n)| n.len()).sum::<usize>()
+    );
+    let args: Vec<OsString> = vec![
+        "-r".into(),
+        kernel.into_os_string(),
+        "--disable-kvm".into(),
+        "--cpus".into(),
+        "2".into(),
+        "--memory".into(),
+        "4G".into(),
+    ];
+    let guest_dir = shared.dir.clone();
+    Ok(Prepared {
+        shared,
+        script,
+        args,
+        guest_dir,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_abi_of_the_plain_amd64_flavour_is_installed() {
+        let names = "linux-image-6.1.0-49-amd64\nlinux-image-6.1.0-57-rt-amd64\n\
+                     linux-image-6.1.0-57-amd64\nlinux-image-6.1.0-9-amd64\n\
+                     linux-image-6.1.0-50-cloud-amd64\nlinux-image-6.1.0-57-amd64-dbg\n";
+        assert_eq!(newest_package(names), Some("linux-image-6.1.0-57-amd64"));
+        assert_eq!(newest_package("linux-image-6.12-amd64\n"), None);
+    }
+}
