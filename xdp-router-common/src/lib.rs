@@ -85,7 +85,7 @@ pub const CLASSIC_TC_PREFS: [(&str, u16); 4] = [
     (CLASSIC_TC_PROG_NAME, 0x7870),
     (CLASSIC_STAMP_PROG_NAME, 0x7871),
     (CLASSIC_ARM_PROG_NAME, 0x7872),
-    (CLASSIC_ARM_L3_PROG_NAME, 0x7872),
+    (CLASSIC_ARM_L3_PROG_NAME, 0x7873),
 ];
 
 /// Slots of [`MAP_CLASSIC_TC`]: the TC program each classic tc program tail-calls into.

@@ -77,7 +77,8 @@ pub fn xdp_router(ctx: XdpContext) -> u32 {
     }
 }
 
-/// The same fast path at TC ingress (TCX), on socket buffers, attached instead of the XDP
+/// The same fast path at TC ingress (a TCX link, or a classic tc filter through `classic.rs`
+/// where the kernel has no TCX links), on socket buffers, attached instead of the XDP
 /// program to interfaces whose datapath is TC, and behind it on native-XDP interfaces for the
 /// packets it hands over (see `handoff.rs`): counts the packet per ingress interface and
 /// reason in the same stats map; a packet it forwards is redirected to its egress device's
@@ -129,7 +130,8 @@ pub fn xdp_router_tc(ctx: TcContext) -> i32 {
     }
 }
 
-/// TC egress program (TCX), attached to every managed interface: arms the offloaded flow
+/// TC egress program (TCX, or classic tc through `classic.rs`), attached to every managed
+/// interface: arms the offloaded flow
 /// direction of each packet the kernel itself forwards (see `arm.rs`). Never changes or drops a
 /// packet: `TC_ACT_UNSPEC` hands it to the next program / the qdisc unchanged.
 #[classifier]
@@ -146,7 +148,8 @@ pub fn xdp_router_arm3(ctx: TcContext) -> i32 {
     TC_ACT_UNSPEC
 }
 
-/// TC ingress program (TCX), attached with the arming program: stamps each packet the kernel
+/// TC ingress program (TCX, or classic tc through `classic.rs`), attached with the arming
+/// program: stamps each packet the kernel
 /// receives with the DSCP it arrived with (see `stamp.rs`). Never changes or drops a packet.
 #[classifier]
 pub fn xdp_router_stamp(ctx: TcContext) -> i32 {
