@@ -334,7 +334,6 @@ fn auto_datapath_takes_tc_where_native_xdp_is_refused() {
         lan.datapath_because
     );
     assert_eq!(wan.attach_mode, "native");
-    st.note_unmarked_handoff("tc::auto_datapath_takes_tc_where_native_xdp_is_refused");
     let errors = host_csum_errors(&tb);
     traffic_is_fast_pathed(
         &tb,
