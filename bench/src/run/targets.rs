@@ -477,7 +477,11 @@ mod tests {
             generator_limited: false,
             pacing_short: false,
             overload_pps: ndr_pps,
-            overload_cpu: crate::cpu::CpuShare::default(),
+            overload_cpu: crate::cpu::CpuShare {
+                // Saturated, as under a generator that overloads the router.
+                busy: 100.0,
+                ..Default::default()
+            },
             kernel_share: 0.0,
             trials: vec![],
         }
@@ -538,6 +542,16 @@ mod tests {
         );
         r.tcp[1].run.upload_mbps = 1200.0;
         assert_eq!(find(&targets(&r), tcp).and_then(|t| t.met), Some(false));
+    }
+
+    #[test]
+    fn a_router_with_cpu_to_spare_was_not_overloaded_so_its_ratio_is_undecided() {
+        let mut on = s2_cell(true, 642e3);
+        assert!(!router_spare(&on));
+        on.overload_cpu.busy = 48.0;
+        assert!(router_spare(&on));
+        assert!(spare_note(&on).contains("48 % busy"));
+        assert_eq!(judged(false, router_spare(&on)), None);
     }
 
     #[test]
