@@ -8,7 +8,6 @@
 //! `--ignored`.
 
 use std::{
-    ffi::OsString,
     fs,
     path::{Path, PathBuf},
 };
@@ -171,7 +170,7 @@ pub fn prepare(daemon: &Path, extra: &[String]) -> anyhow::Result<Prepared> {
                 .into(),
             HOLD_TIMESTAMPS_ON.into(),
         ],
-        modules: MODULES,
+        modules: MODULES.to_vec(),
         path: std::env::var("PATH").unwrap_or_default(),
         env: vec![
             ("XDP_ROUTERD_BIN", daemon.to_string_lossy().into_owned()),
@@ -199,17 +198,9 @@ pub fn prepare(daemon: &Path, extra: &[String]) -> anyhow::Result<Prepared> {
         kernel.display(),
         TEST_TARGETS.join(", ")
     );
-    let vng_args: Vec<OsString> = vec![
-        "-r".into(),
-        kernel.into_os_string(),
-        "--disable-kvm".into(),
-        "--cpus".into(),
-        "2".into(),
-        "--memory".into(),
-        "4G".into(),
-        // One argument: vng's parser takes a separate value starting with `-` for an option.
-        format!("--qemu-opts={}", wired_nics()?).into(),
-    ];
+    let mut vng_args = super::vng_boot_args(kernel);
+    // One argument: vng's parser takes a separate value starting with `-` for an option.
+    vng_args.push(format!("--qemu-opts={}", wired_nics()?).into());
     let guest_dir = shared.dir.clone();
     Ok(Prepared {
         shared,

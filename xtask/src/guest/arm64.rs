@@ -50,28 +50,6 @@ const STAMP: &str = ".xdp-router-root-packages";
 /// Where the guest sees the shared directory (a mount point made in the root).
 const GUEST_DIR: &str = "/xr";
 
-/// Modules the tests use (loaded up front, as in the amd64 guest).
-const MODULES: &[&str] = &[
-    "veth",
-    "nf_conntrack",
-    "nf_conntrack_netlink",
-    "nf_tables",
-    "nft_compat",
-    "nft_ct",
-    "nft_masq",
-    "nft_chain_nat",
-    "xt_conntrack",
-    "xt_MASQUERADE",
-    "xt_tcpudp",
-    "iptable_nat",
-    "iptable_filter",
-    "iptable_mangle",
-    "ip6table_nat",
-    "ip6table_filter",
-    "ip6table_mangle",
-    "sch_ingress",
-];
-
 /// The fixture table: every case.
 const FIXTURES: &str = "prog_run";
 /// The core end-to-end tests, by test target: v4 NAT both ways and v4 and v6 offloaded and
@@ -144,7 +122,7 @@ pub fn prepare() -> anyhow::Result<Prepared> {
     }
     let script = Script {
         prelude: Vec::new(),
-        modules: MODULES,
+        modules: super::CORE_MODULES.to_vec(),
         path: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
         env: vec![
             ("XDP_ROUTERD_BIN", "/usr/sbin/xdp-routerd".into()),

@@ -5,7 +5,7 @@
 //! steps run: `xdp-routerd check-system` must pass there, and the core end-to-end tests ([`E2E`])
 //! run against the release daemon.
 
-use std::{ffi::OsString, path::PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
 
@@ -15,29 +15,8 @@ use crate::cmd;
 /// The kernel series the guest boots.
 pub const SERIES: [u32; 2] = [6, 1];
 
-/// Modules the tests use (loaded up front, as in the other guests), with ipset's.
-const MODULES: &[&str] = &[
-    "veth",
-    "nf_conntrack",
-    "nf_conntrack_netlink",
-    "nf_tables",
-    "nft_compat",
-    "nft_ct",
-    "nft_masq",
-    "nft_chain_nat",
-    "xt_conntrack",
-    "xt_MASQUERADE",
-    "xt_tcpudp",
-    "xt_set",
-    "ip_set_hash_ip",
-    "iptable_nat",
-    "iptable_filter",
-    "iptable_mangle",
-    "ip6table_nat",
-    "ip6table_filter",
-    "ip6table_mangle",
-    "sch_ingress",
-];
+/// ipset's modules, loaded with [`super::CORE_MODULES`] (the `ipset add` test).
+const IPSET_MODULES: &[&str] = &["xt_set", "ip_set_hash_ip"];
 
 /// The core end-to-end tests, by test target: v4 NAT both ways and v4 and v6 offloaded and
 /// intact (TTL and checksums at the receiver), the negative control, SIGKILL failing open, a
@@ -116,7 +95,7 @@ pub fn prepare(daemon: &std::path::Path) -> anyhow::Result<Prepared> {
         // See the amd64 guest: a socket holding SO_TIMESTAMP keeps the kernel from patching a
         // static branch live while a test runs.
         prelude: vec![amd64::HOLD_TIMESTAMPS_ON.into()],
-        modules: MODULES,
+        modules: [super::CORE_MODULES, IPSET_MODULES].concat(),
         path: std::env::var("PATH").unwrap_or_default(),
         env: vec![
             ("XDP_ROUTERD_BIN", daemon.clone()),
@@ -137,15 +116,7 @@ pub fn prepare(daemon: &std::path::Path) -> anyhow::Result<Prepared> {
         kernel.display(),
         E2E.iter().map(|(_, n)| n.len()).sum::<usize>()
     );
-    let args: Vec<OsString> = vec![
-        "-r".into(),
-        kernel.into_os_string(),
-        "--disable-kvm".into(),
-        "--cpus".into(),
-        "2".into(),
-        "--memory".into(),
-        "4G".into(),
-    ];
+    let args = super::vng_boot_args(kernel);
     let guest_dir = shared.dir.clone();
     Ok(Prepared {
         shared,

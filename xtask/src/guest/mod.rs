@@ -41,13 +41,50 @@ pub struct Run {
     pub args: Vec<String>,
 }
 
+/// The modules the core end-to-end tests and the fixtures use, loaded up front in every guest
+/// that runs them (the arm64 and Debian 12 guests; the amd64 guest has its own list).
+pub const CORE_MODULES: &[&str] = &[
+    "veth",
+    "nf_conntrack",
+    "nf_conntrack_netlink",
+    "nf_tables",
+    "nft_compat",
+    "nft_ct",
+    "nft_masq",
+    "nft_chain_nat",
+    "xt_conntrack",
+    "xt_MASQUERADE",
+    "xt_tcpudp",
+    "iptable_nat",
+    "iptable_filter",
+    "iptable_mangle",
+    "ip6table_nat",
+    "ip6table_filter",
+    "ip6table_mangle",
+    "sch_ingress",
+];
+
+/// `vng`'s arguments that boot `kernel` emulated (no KVM here) with 2 CPUs and 4 GiB, as
+/// every amd64-hosted guest boots.
+pub fn vng_boot_args(kernel: std::path::PathBuf) -> Vec<std::ffi::OsString> {
+    vec![
+        "-r".into(),
+        kernel.into_os_string(),
+        "--disable-kvm".into(),
+        "--cpus".into(),
+        "2".into(),
+        "--memory".into(),
+        "4G".into(),
+    ]
+}
+
 /// What the guest's script does: run `prelude`, load modules, set the environment, run `setup`
 /// (any failure of those ends the run as failed), each test binary one at a time (each one's
 /// exit status and the time so far printed), then `teardown`; it writes the overall status to
 /// the result file.
 pub struct Script {
     pub prelude: Vec<String>,
-    pub modules: &'static [&'static str],
+    pub modules: Vec<&'static str>,
     pub path: String,
     pub env: Vec<(&'static str, String)>,
     pub cwd: PathBuf,
@@ -396,7 +433,7 @@ mod tests {
     fn script_runs_every_binary_and_records_the_status() {
         let s = Script {
             prelude: vec!["mount -t tmpfs fw /lib/firmware".into()],
-            modules: &["veth", "bridge", "8021q"],
+            modules: vec!["veth", "bridge", "8021q"],
             path: "/usr/bin".into(),
             env: vec![("XDP_ROUTERD_BIN", "/r/xdp-routerd".into())],
             cwd: "/w".into(),
