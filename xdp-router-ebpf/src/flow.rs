@@ -408,12 +408,19 @@ fn check_ttl(kernel_ttl: *const u32, ttl: u8) -> Result<(), Reason> {
 /// pass started (`Settings::active_since_ns`): its connection is then recorded in the active
 /// map, once per direction and pass, so the daemon's pass costs what the active connections
 /// cost, not the table. Read before [`finish`] stamps `last_seen_ns`.
+///
+/// Both times are CLOCK_MONOTONIC_COARSE, which advances once per tick: a packet forwarded
+/// just before the pass started, in the same tick, stamped the pass's start itself. "Not after
+/// the start" counts it as before: a strict comparison left such a direction unrecorded for the
+/// whole pass, and a flow whose packets kept that phase to the pass's timer (a packet every
+/// 50 ms, a pass every 2 s) lost its conntrack entry. The cost: packets forwarded in the
+/// pass's first tick insert again.
 #[inline(always)]
 fn first_in_pass(counters: *mut FlowCounters, policy: &FibCachePolicy) -> bool {
     // SAFETY: `counters` points into a live flow map value; another CPU may write it
     // concurrently, so the read is volatile (a torn or stale value only adds one insert).
     let last = unsafe { addr_of_mut!((*counters).last_seen_ns).read_volatile() };
-    last < policy.active_since_ns
+    last <= policy.active_since_ns
 }
 
 /// Counts the packet on its flow (`ip_len`: its IP datagram's length, as conntrack counts

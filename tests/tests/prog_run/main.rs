@@ -25,6 +25,7 @@ mod flow;
 mod handoff;
 mod ingress;
 mod ip;
+mod keepalive;
 mod kernel_checks;
 mod pppoe;
 mod route;
