@@ -1,9 +1,12 @@
-//! `bench verdicts`: what verdict expiry costs. With `verdict_max_age_ms` set, each offloaded
-//! flow direction hands one packet per interval back to the kernel's rules (which forward it and
-//! re-arm the direction), so that ipset and time rules reach running flows. This measures that
-//! side by side on the S2 router (MASQUERADE, established accept, 25 rules): 64-byte UDP flat
-//! out over the benchmark flows, the fast path on, with verdicts kept (0: until the ruleset
-//! changes) and with each age asked for, interleaved over rounds in rotating order. Per mode:
+//! `bench verdicts`: what verdict expiry costs. With `verdict_max_age_ms` set and a rule
+//! established packets reach that can change its answer without a ruleset change (an ipset
+//! match, a time rule: see the daemon's `flows::verdict_expiry`), each offloaded flow direction
+//! hands one packet per interval back to the kernel's rules (which forward it and re-arm the
+//! direction), so that those rules reach running flows. This measures that side by side on the
+//! S2 router (MASQUERADE, established accept, 25 rules) with a fail2ban-style rule first in
+//! FORWARD (`-m set --match-set` on an empty ipset, DROP): 64-byte UDP flat out over the
+//! benchmark flows, the fast path on, with verdicts kept (0: until the ruleset changes) and
+//! with each age asked for, interleaved over rounds in rotating order. Per mode:
 //! delivered packets per second (median of the rounds), the ratio to verdicts kept, the share
 //! of delivered packets the kernel forwarded, and the packets passed as `kernel_verdict_expired`.
 
@@ -57,6 +60,11 @@ pub fn run(o: &Opts, a: &VerdictArgs) -> Result<()> {
     let sc = Scenario::S2;
     let mut tb = Testbed::create(Names::bench()).context("building the testbed")?;
     router::apply_scenario(&tb.rtr, sc, &tb.names.rl, &tb.names.rw, 100)?;
+    // Without a rule whose answer can change with no commit, verdicts never expire.
+    tb.rtr
+        .sh("ipset create xr-bench-blk hash:ip -exist && \
+             iptables -w -I FORWARD 1 -m set --match-set xr-bench-blk src -j DROP")
+        .context("installing the ipset rule (needs ipset)")?;
     let dir = std::env::temp_dir().join(format!("xdp-router-verdicts-{}", std::process::id()));
     let daemon = Daemon::start(&bin, &tb.rtr, &dir, &tb.names.rl, &tb.names.rw, false)?;
     tb.pin_napi_threads()?;

@@ -10,6 +10,10 @@
 //! - the fast path with `verdict-age 0` (verdicts kept until the ruleset changes, the kernel
 //!   flowtable's semantics): the negative control, which keeps forwarding, so the test can tell.
 //!
+//! Where no rule that established packets reach can change its answer without a ruleset change
+//! (no ipset, set with timeouts, time or route lookup match), verdicts do not expire at all:
+//! [`verdicts_hold_where_no_rule_can_change_them`].
+//!
 //! Run as root with one test thread (`cargo xtask test`).
 
 use std::{
@@ -269,4 +273,79 @@ fn time_rule_stops_an_offloaded_flow() {
         rounds.push(undo(&tb, &flow, mode, stopped, "iptables -w -D FORWARD 1"));
     }
     judge("-m time --timestart", &rounds);
+}
+
+/// The packets handed to the kernel for an expired verdict on the LAN port so far.
+fn expired(tb: &Testbed) -> u64 {
+    tb.daemon()
+        .status()
+        .packets(LAN_IF, "kernel_verdict_expired")
+}
+
+/// The test bed's router ruleset (established accept first, LAN → WAN accept, MASQUERADE) has
+/// no rule that can change its answer without a ruleset change: with `verdict_max_age_ms` at
+/// its default, verdicts hold until the ruleset changes, and over 10 s of a running flow not
+/// one packet is handed to the kernel as `kernel_verdict_expired` (each one would be a trip
+/// through the kernel's rules to get the same answer). The negative control: a fail2ban-style
+/// ipset match inserted first in FORWARD (an empty set: it drops nothing) makes verdicts
+/// expire again, and the flow's packets are handed back at the default age.
+#[test]
+fn verdicts_hold_where_no_rule_can_change_them() {
+    if !ready("verdicts_hold_where_no_rule_can_change_them") {
+        return;
+    }
+    let mut tb = Testbed::new("vd3");
+    let (flow, age) = offloaded_flow(&mut tb, 6203);
+    let holds = wait_until(Duration::from_secs(10) * time_scale(), || {
+        !tb.daemon().status().ruleset.verdicts_expire
+    });
+    assert!(
+        holds,
+        "verdicts still expire without an ipset, time or route lookup rule; status:\n{}",
+        tb.daemon().ctl(&["status"]).unwrap_or_default()
+    );
+    let text = tb.daemon().ctl(&["status"]).expect("status");
+    assert!(
+        text.contains("kernel verdicts: kept until the ruleset changes (no rule established"),
+        "status should say why verdicts are kept:\n{text}"
+    );
+    let before = expired(&tb);
+    let share = lan_fast_share(&tb, Duration::from_secs(10));
+    let held = expired(&tb) - before;
+    eprintln!(
+        "no expiring rule, verdict age {age} ms: {held} packets handed back over 10 s; {:.1} % \
+         of {} LAN packets fast-pathed",
+        share.0 * 100.0,
+        share.1
+    );
+    assert_eq!(held, 0, "verdicts expired without a rule that needs it");
+    assert!(share.0 >= 0.99, "the flow is not fast-pathed: {share:?}");
+
+    // The negative control: an ipset match established packets reach.
+    tb.router.sh("ipset create blk hash:ip
+         iptables -w -I FORWARD 1 -m set --match-set blk dst -j DROP");
+    let expire = wait_until(Duration::from_secs(10) * time_scale(), || {
+        tb.daemon().status().ruleset.verdicts_expire
+    });
+    let text = tb.daemon().ctl(&["status"]).expect("status");
+    assert!(
+        expire,
+        "an ipset match first in FORWARD: verdicts still kept:\n{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "kernel verdicts: renewed every {age} ms (ip filter FORWARD rule 1 matches ipset)"
+        )),
+        "status should name the rule:\n{text}"
+    );
+    enter(&tb, Mode::FastPath, age);
+    let before = expired(&tb);
+    sleep(Duration::from_secs(2));
+    let handed = expired(&tb) - before;
+    eprintln!("with the ipset rule: {handed} packets handed back over 2 s");
+    assert!(handed > 0, "the ipset rule did not make verdicts expire");
+    assert!(
+        flow.grows_over(Duration::from_millis(250)) > 0,
+        "the flow stopped"
+    );
 }

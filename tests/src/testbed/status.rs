@@ -178,6 +178,9 @@ pub struct RulesetSummary {
     pub armed_interfaces: u32,
     /// `verdict_max_age_ms` (0 = verdicts kept until the ruleset changes).
     pub verdict_max_age_ms: u64,
+    /// Whether verdicts expire at that age now (a rule established packets reach can change
+    /// its answer without a ruleset change), or hold until the ruleset changes.
+    pub verdicts_expire: bool,
 }
 
 /// The `fib_cache` object of `status --json`.

@@ -31,6 +31,10 @@ pub struct Ruleset {
     /// configured (the datapath counts whole ≈ 1.05 ms ticks, rounding down); 0 = until the
     /// ruleset changes.
     pub verdict_max_age_ms: u64,
+    /// Whether verdicts expire at that age now: a rule established packets reach has a match
+    /// whose answer can change without a ruleset change, or the ruleset could not be read
+    /// (see [`crate::flows::verdict_expiry`]); otherwise they hold until the ruleset changes.
+    pub verdicts_expire: bool,
 }
 
 /// The per-flow cache of FIB answers, as [`Datapath::fib_cache_status`] reports it.
@@ -55,6 +59,8 @@ pub(super) struct SettingsMaps {
     ruleset_changes: u64,
     /// What [`Datapath::set_verdict_max_age`] was last given.
     verdict_max_age: Duration,
+    /// What [`Datapath::set_verdicts_expire`] was last given (until then: they do).
+    verdicts_expire: bool,
     stats: PerCpuArray<MapData, Counter>,
 }
 
@@ -82,6 +88,7 @@ impl SettingsMaps {
             fib_invalidations: 0,
             ruleset_changes: 0,
             verdict_max_age: Duration::ZERO,
+            verdicts_expire: true,
             stats: take(ebpf, MAP_STATS)?,
         })
     }
@@ -132,13 +139,33 @@ impl Datapath {
     }
 
     /// How long a flow direction is forwarded after the kernel last forwarded one of its
-    /// packets (`verdict_max_age_ms`; zero: until the ruleset changes). Starts at zero.
+    /// packets (`verdict_max_age_ms`; zero: until the ruleset changes), while verdicts expire
+    /// at all ([`Datapath::set_verdicts_expire`]). Starts at zero.
     pub fn set_verdict_max_age(&mut self, max_age: Duration) -> anyhow::Result<()> {
+        self.write_verdict_age(max_age, self.settings.verdicts_expire)
+    }
+
+    /// Whether verdicts expire at the configured age (a rule established packets reach can
+    /// change its answer without a ruleset change: see [`crate::flows::verdict_expiry`]) or
+    /// hold until the ruleset changes. Starts expiring.
+    pub fn set_verdicts_expire(&mut self, expire: bool) -> anyhow::Result<()> {
+        if expire == self.settings.verdicts_expire {
+            return Ok(());
+        }
+        self.write_verdict_age(self.settings.verdict_max_age, expire)
+    }
+
+    fn write_verdict_age(&mut self, max_age: Duration, expire: bool) -> anyhow::Result<()> {
         let ticks = verdict_tick(u64::try_from(max_age.as_nanos()).unwrap_or(u64::MAX));
         // A non-zero age shorter than a tick is one tick, not "never expires".
-        self.settings.current.verdict_max_age = if max_age.is_zero() { 0 } else { ticks.max(1) };
+        self.settings.current.verdict_max_age = if max_age.is_zero() || !expire {
+            0
+        } else {
+            ticks.max(1)
+        };
         self.settings.write()?;
         self.settings.verdict_max_age = max_age;
+        self.settings.verdicts_expire = expire;
         Ok(())
     }
 
@@ -175,6 +202,7 @@ impl Datapath {
             fib_mark: self.settings.current.flags & SETTINGS_F_FIB_MARK != 0,
             verdict_max_age_ms: u64::try_from(self.settings.verdict_max_age.as_millis())
                 .unwrap_or(u64::MAX),
+            verdicts_expire: self.settings.verdicts_expire,
         }
     }
 

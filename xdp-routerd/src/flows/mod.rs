@@ -324,3 +324,4 @@ mod stored;
 #[cfg(test)]
 mod tests;
 mod upsert;
+pub mod verdict_expiry;

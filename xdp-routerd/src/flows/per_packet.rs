@@ -22,7 +22,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{dscp_rewrite::DscpRewrites, rule_origin::RuleOrigin, rule_reach::NotHeld};
+use super::{
+    dscp_rewrite::DscpRewrites, rule_origin::RuleOrigin, rule_reach::NotHeld,
+    verdict_expiry::ExpiringRule,
+};
 
 /// What a rule does per packet that XDP cannot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -181,6 +184,10 @@ pub struct PerPacketRules {
     /// conntrack matches when `iptables-nft-save` cannot list them): the rules behind them are
     /// taken as reachable.
     pub unproven: Vec<String>,
+    /// The rules with a match whose answer can change without a ruleset change, found by the
+    /// same walk (see [`super::verdict_expiry`]).
+    #[serde(default)]
+    pub expiring: Vec<ExpiringRule>,
 }
 
 /// `per_packet_rules` in the config: what the daemon does about such rules.

@@ -42,6 +42,13 @@ pub(super) fn encode(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt:
     )?;
     gauges(
         enc,
+        "verdicts_expiring",
+        "1 while kernel verdicts expire at verdict_max_age (a rule established packets reach matches an ipset, a set with timeouts, the time or a route lookup, or the ruleset could not be read); 0 while they hold until the ruleset changes.",
+        None,
+        [(vec![], f64::from(u8::from(s.ruleset.verdicts_expire)))],
+    )?;
+    gauges(
+        enc,
         "kernel_feature",
         "1 when the kernel has the optional feature and the datapath uses it, else 0 (what is lost without it: xdp-routerd status, check-system).",
         None,

@@ -134,6 +134,7 @@ fn sample_status() -> Status {
             armed_interfaces: 2,
             fib_mark: true,
             verdict_max_age_ms: 1000,
+            verdicts_expire: false,
         },
         age_ms: 0,
         per_packet: PerPacketStatus {
@@ -180,6 +181,7 @@ fn sample_status() -> Status {
                 }],
                 blocker: None,
             },
+            expiring: Vec::new(),
         },
         kernel: KernelFeatures {
             features: vec![
@@ -305,6 +307,7 @@ fn encodes_every_family_with_values_from_the_status() {
     assert_eq!(value(&t, "xdp_router_fib_cache_invalidations_total"), 6.0);
     assert_eq!(value(&t, "xdp_router_fib_cache_max_age_seconds"), 0.1);
     assert_eq!(value(&t, "xdp_router_verdict_max_age_seconds"), 1.0);
+    assert_eq!(value(&t, "xdp_router_verdicts_expiring"), 0.0);
     assert_eq!(
         value(&t, r#"xdp_router_kernel_feature{feature="xdp_metadata"}"#),
         0.0

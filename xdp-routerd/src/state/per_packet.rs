@@ -15,6 +15,7 @@ use crate::{
     flows::{
         dscp_rewrite,
         per_packet::{self, PerPacketMode, PerPacketRule, PerPacketRules},
+        verdict_expiry,
     },
     status::{DscpRewriteStatus, PerPacketStatus},
 };
@@ -62,6 +63,22 @@ impl State<Datapath> {
         if let Err(e) = self.dp.set_hold_all(hold) {
             tracing::error!(error = %format!("{e:#}"), hold, "cannot write the per-packet hold");
         }
+        let why_expire = verdict_expiry::why_verdicts_expire(&found.expiring, &found.unreadable);
+        let expire = why_expire.is_some();
+        if expire != self.dp.ruleset_status().verdicts_expire {
+            match &why_expire {
+                Some(why) => info!(
+                    because = %why,
+                    "kernel verdicts of offloaded flows expire again at verdict_max_age_ms"
+                ),
+                None => info!(
+                    "no rule that established packets reach can change its answer without a                      ruleset change: kernel verdicts of offloaded flows hold until the ruleset                      changes"
+                ),
+            }
+        }
+        if let Err(e) = self.dp.set_verdicts_expire(expire) {
+            tracing::error!(error = %format!("{e:#}"), expire, "cannot write the verdict age");
+        }
         let rewrite = dscp_rewrite::fast_path_may_rewrite(&found.dscp, found.unreadable.is_empty());
         if let Err(e) = self.dp.set_dscp_rewrite(rewrite) {
             tracing::error!(error = %format!("{e:#}"), rewrite, "cannot write the DSCP rewrite switch");
@@ -85,6 +102,7 @@ impl State<Datapath> {
                 setters: found.dscp.setters,
                 blocker: found.dscp.blocker,
             },
+            expiring: found.expiring,
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::{
         dscp_rewrite::DscpBlocker,
         per_packet::{PerPacketMode, PerPacketRule},
         rule_origin::RulePlace,
+        verdict_expiry::{self, ExpiringRule},
     },
     kernel_features::KernelFeatures,
 };
@@ -75,6 +76,19 @@ pub struct PerPacketStatus {
     /// DSCP rewrites, found in the same read.
     #[serde(default)]
     pub dscp_rewrite: DscpRewriteStatus,
+    /// The rules with a match whose answer can change without a ruleset change, each with why
+    /// established packets do not reach it where they do not (see
+    /// [`crate::flows::verdict_expiry`]).
+    #[serde(default)]
+    pub expiring: Vec<ExpiringRule>,
+}
+
+impl PerPacketStatus {
+    /// Why kernel verdicts expire now (see [`verdict_expiry::why_verdicts_expire`]); `None`
+    /// when they hold until the ruleset changes, or before the first read.
+    pub fn why_verdicts_expire(&self) -> Option<String> {
+        verdict_expiry::why_verdicts_expire(&self.expiring, &self.unreadable)
+    }
 }
 
 /// DSCP rewrites in the ruleset, and whether the fast path applies them (see
@@ -131,6 +145,15 @@ pub struct RulesetStatus {
     /// (`verdict_max_age_ms`); 0 = until the ruleset changes.
     #[serde(default)]
     pub verdict_max_age_ms: u64,
+    /// Whether verdicts expire at that age now, or hold until the ruleset changes because no
+    /// rule established packets reach can change its answer without one (see
+    /// [`crate::flows::verdict_expiry`]).
+    #[serde(default = "expire_by_default")]
+    pub verdicts_expire: bool,
+}
+
+fn expire_by_default() -> bool {
+    true
 }
 
 impl From<datapath::Ruleset> for RulesetStatus {
@@ -141,6 +164,7 @@ impl From<datapath::Ruleset> for RulesetStatus {
             armed_interfaces: r.armed_interfaces,
             fib_mark: r.fib_mark,
             verdict_max_age_ms: r.verdict_max_age_ms,
+            verdicts_expire: r.verdicts_expire,
         }
     }
 }

@@ -129,19 +129,31 @@ impl Status {
         for (feature, why) in missing {
             let _ = writeln!(s, "kernel: no {feature} ({why}): {}", feature.without());
         }
-        if r.verdict_max_age_ms == 0 {
-            let _ = writeln!(
-                s,
-                "kernel verdicts: kept until the ruleset changes (ipset and time rules do not \
-                 reach offloaded flows)"
-            );
-        } else {
-            let _ = writeln!(
-                s,
-                "kernel verdicts: renewed every {} ms (ipset and time rules reach offloaded \
-                 flows)",
-                r.verdict_max_age_ms
-            );
+        match (r.verdict_max_age_ms, self.per_packet.why_verdicts_expire()) {
+            (0, _) => {
+                let _ = writeln!(
+                    s,
+                    "kernel verdicts: kept until the ruleset changes (verdict_max_age_ms = 0: \
+                     ipset and time rules do not reach offloaded flows)"
+                );
+            }
+            (ms, Some(why)) if r.verdicts_expire => {
+                let _ = writeln!(s, "kernel verdicts: renewed every {ms} ms ({why})");
+            }
+            (ms, _) if r.verdicts_expire => {
+                let _ = writeln!(
+                    s,
+                    "kernel verdicts: renewed every {ms} ms until the ruleset is read"
+                );
+            }
+            (ms, _) => {
+                let _ = writeln!(
+                    s,
+                    "kernel verdicts: kept until the ruleset changes (no rule established \
+                     packets reach matches an ipset, a set with timeouts, the time or a route \
+                     lookup; renewed every {ms} ms once one does)"
+                );
+            }
         }
         let f = &self.fib_cache;
         if f.max_age_ms == 0 {

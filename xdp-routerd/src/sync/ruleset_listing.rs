@@ -64,7 +64,17 @@ pub(super) fn nft_tables(text: &str) -> Result<NftTables, String> {
                 .entry(chain.to_string())
                 .or_default()
                 .push(expr);
-        } else if let Some(m) = item.get("map")
+        } else if let Some(set) = item.get("set").or_else(|| item.get("map"))
+            && elements_expire(set)
+        {
+            let name = set.get("name").and_then(Value::as_str).unwrap_or("");
+            tables
+                .entry(key(set))
+                .or_default()
+                .expiring_sets
+                .insert(name.to_string());
+        }
+        if let Some(m) = item.get("map")
             && m.get("map").and_then(Value::as_str) == Some("verdict")
         {
             let name = m.get("name").and_then(Value::as_str).unwrap_or("");
@@ -99,6 +109,20 @@ pub(super) struct NftTable {
     /// Named verdict maps → the chains their elements jump or go to; `None` when the listing
     /// has no elements (terse): any chain of the table.
     verdict_maps: BTreeMap<String, Option<BTreeSet<String>>>,
+    /// Named sets and maps whose elements expire or come from the packet path (`flags
+    /// timeout`, `flags dynamic`, a default `timeout`): membership changes with no commit.
+    pub(super) expiring_sets: BTreeSet<String>,
+}
+
+/// Whether the elements of the set or map listed as `set` expire or come from the packet path.
+fn elements_expire(set: &Value) -> bool {
+    let flag = |f: &Value| matches!(f.as_str(), Some("timeout" | "dynamic"));
+    let flags = match set.get("flags") {
+        Some(Value::Array(a)) => a.iter().any(flag),
+        Some(f) => flag(f),
+        None => false,
+    };
+    flags || set.get("timeout").is_some()
 }
 
 impl NftTable {

@@ -23,6 +23,8 @@ mod save_rules;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_expiry;
+#[cfg(test)]
 mod tests_reach;
 mod xt_options;
 
@@ -36,9 +38,10 @@ use crate::flows::{
     per_packet::{PerPacketKind, PerPacketRule, PerPacketRules},
     rule_origin::{RuleOrigin, RulePlace},
     rule_reach::{CtStates, NotHeld},
+    verdict_expiry::{ExpiringMatch, ExpiringRule},
 };
 
-pub use self::save_rules::parse_legacy_save;
+pub use self::save_rules::{expiring_in_legacy_save, parse_legacy_save};
 use self::xt_options::XtOptions;
 
 /// What one rule is to the walk and to the hold.
@@ -50,6 +53,12 @@ struct RuleFacts {
     /// A conntrack state test without `established` that the kernel evaluates before anything
     /// the rule does per packet: the states it lets through.
     excluded: Option<CtStates>,
+    /// Its matches whose answer can change without a ruleset change (see
+    /// [`crate::flows::verdict_expiry`]).
+    expiring: BTreeSet<ExpiringMatch>,
+    /// A conntrack state test without `established` anywhere in it: the states it lets
+    /// through. An established packet never matches the rule, whatever its other matches say.
+    never_established: Option<CtStates>,
 }
 
 /// A rule's parts folded in the order the kernel evaluates them.
@@ -59,6 +68,8 @@ struct Parts {
     test: Match,
     kinds: BTreeSet<PerPacketKind>,
     excluded: Option<CtStates>,
+    expiring: BTreeSet<ExpiringMatch>,
+    never_established: Option<CtStates>,
 }
 
 impl Default for Parts {
@@ -67,6 +78,8 @@ impl Default for Parts {
             test: Match::All,
             kinds: BTreeSet::new(),
             excluded: None,
+            expiring: BTreeSet::new(),
+            never_established: None,
         }
     }
 }
@@ -75,15 +88,21 @@ impl Parts {
     /// The next part: what it tests and what it does per packet.
     fn push(&mut self, test: Match, kinds: impl IntoIterator<Item = PerPacketKind>) {
         let kinds: Vec<PerPacketKind> = kinds.into_iter().collect();
-        if let Match::Never(states) = &test
-            && self.excluded.is_none()
-            && self.kinds.is_empty()
-            && kinds.is_empty()
-        {
-            self.excluded = Some(states.clone());
+        if let Match::Never(states) = &test {
+            if self.excluded.is_none() && self.kinds.is_empty() && kinds.is_empty() {
+                self.excluded = Some(states.clone());
+            }
+            if self.never_established.is_none() {
+                self.never_established = Some(states.clone());
+            }
         }
         self.test = std::mem::replace(&mut self.test, Match::All).and(test);
         self.kinds.extend(kinds);
+    }
+
+    /// Matches of the next part whose answer can change without a ruleset change.
+    fn expiring(&mut self, matches: impl IntoIterator<Item = ExpiringMatch>) {
+        self.expiring.extend(matches);
     }
 
     /// The rule these parts make, with `walk` for the walk.
@@ -92,19 +111,38 @@ impl Parts {
             walk,
             kinds: self.kinds,
             excluded: self.excluded,
+            expiring: self.expiring,
+            never_established: self.never_established,
         }
     }
 }
 
-/// The per-packet rules of one table: walks its `base` chains through `chains` and lists
-/// every rule that does something per packet, in (chain, position) order, with why it holds
-/// nothing where it does not.
+/// What the walk of one or more tables found.
+#[derive(Debug, Default)]
+struct Judged {
+    /// The rules that do something per packet.
+    rules: Vec<PerPacketRule>,
+    /// The rules with a match whose answer can change without a ruleset change.
+    expiring: Vec<ExpiringRule>,
+}
+
+impl Judged {
+    fn extend(&mut self, other: Judged) {
+        self.rules.extend(other.rules);
+        self.expiring.extend(other.expiring);
+    }
+}
+
+/// The per-packet and expiring rules of one table: walks its `base` chains through `chains`
+/// and lists every rule that does something per packet (or has a match whose answer can
+/// change without a ruleset change), in (chain, position) order, with why it holds nothing
+/// (is not reached) where it does not.
 fn judge(
     origin: RuleOrigin,
     table: &str,
     chains: &BTreeMap<String, Vec<RuleFacts>>,
     base: &[String],
-) -> Vec<PerPacketRule> {
+) -> Judged {
     let walk_chains: ruleset_walk::Chains = chains
         .iter()
         .map(|(name, rules)| (name.clone(), rules.iter().map(|r| r.walk.clone()).collect()))
@@ -116,29 +154,38 @@ fn judge(
         position: i as u32 + 1,
     };
     let reached = ruleset_walk::walk(&walk_chains, base, place);
-    let mut out = Vec::new();
+    let mut out = Judged::default();
     for ((chain, i), reach) in reached {
         let Some(facts) = chains.get(&chain).and_then(|rules| rules.get(i)) else {
             continue;
         };
-        if facts.kinds.is_empty() {
-            continue;
-        }
-        let not_held_because = match (reach, &facts.excluded) {
-            (Reached::No(why), _) => Some(why),
+        let why = |states: &Option<CtStates>| match (&reach, states) {
+            (Reached::No(why), _) => Some(why.clone()),
             (Reached::Yes, Some(states)) => Some(NotHeld::CtState {
                 states: states.clone(),
             }),
             (Reached::Yes, None) => None,
         };
-        out.push(PerPacketRule {
-            origin,
-            table: table.to_string(),
-            chain,
-            position: i as u32 + 1,
-            kinds: facts.kinds.iter().copied().collect(),
-            not_held_because,
-        });
+        if !facts.expiring.is_empty() {
+            out.expiring.push(ExpiringRule {
+                origin,
+                table: table.to_string(),
+                chain: chain.clone(),
+                position: i as u32 + 1,
+                matches: facts.expiring.iter().copied().collect(),
+                not_reached_because: why(&facts.never_established),
+            });
+        }
+        if !facts.kinds.is_empty() {
+            out.rules.push(PerPacketRule {
+                origin,
+                table: table.to_string(),
+                chain,
+                position: i as u32 + 1,
+                kinds: facts.kinds.iter().copied().collect(),
+                not_held_because: why(&facts.excluded),
+            });
+        }
     }
     out
 }
@@ -147,10 +194,13 @@ fn judge(
 /// 1.0.6 on Linux 6.18), iptables-nft's conntrack matches unread. `Err` says why the text is
 /// not an nftables JSON listing.
 pub fn parse_nft_json(text: &str) -> Result<Vec<PerPacketRule>, String> {
-    Ok(nft_rules::per_packet_rules(
-        &nft_tables(text)?,
-        &XtOptions::default(),
-    ))
+    Ok(nft_rules::per_packet_rules(&nft_tables(text)?, &XtOptions::default()).rules)
+}
+
+/// The rules with a match whose answer can change without a ruleset change in the output of
+/// `nft -j list ruleset` (pure), in (table, chain, position) order.
+pub fn expiring_in_nft_json(text: &str) -> Result<Vec<ExpiringRule>, String> {
+    Ok(nft_rules::per_packet_rules(&nft_tables(text)?, &XtOptions::default()).expiring)
 }
 
 /// [`parse_nft_json`] with the output of `iptables-nft-save` (`v4`) and `ip6tables-nft-save`
@@ -169,7 +219,7 @@ pub fn parse_nft_json_with_saves(
             unproven.extend(xt.pair(&tables, family, listing));
         }
     }
-    Ok((nft_rules::per_packet_rules(&tables, &xt), unproven))
+    Ok((nft_rules::per_packet_rules(&tables, &xt).rules, unproven))
 }
 
 /// Output of `cmd args…`, or a one-line reason why there is none.
@@ -214,7 +264,7 @@ fn read_with(nft: &str, saves: [&str; 2]) -> PerPacketRules {
             // Without the options first: iptables-nft-save runs only for a family where a
             // rule holds flows and conntrack matches could prove it does not (a large
             // ruleset without such rules, kube-proxy's, is not listed twice).
-            let unread = nft_rules::per_packet_rules(&tables, &XtOptions::default());
+            let unread = nft_rules::per_packet_rules(&tables, &XtOptions::default()).rules;
             let holds_in = |origin| unread.iter().any(|r| r.origin == origin && r.holds());
             // Read after nft: a change in between is a new commit, which the ruleset task
             // reads again; the pairing refuses a table whose two listings disagree.
@@ -231,9 +281,9 @@ fn read_with(nft: &str, saves: [&str; 2]) -> PerPacketRules {
                     )),
                 }
             }
-            found
-                .rules
-                .extend(nft_rules::per_packet_rules(&tables, &xt));
+            let judged = nft_rules::per_packet_rules(&tables, &xt);
+            found.rules.extend(judged.rules);
+            found.expiring.extend(judged.expiring);
             super::dscp_rewrite::from_nft(&tables, &mut found.dscp);
         }
         Err(e) => found.unreadable.push(e),
@@ -255,7 +305,9 @@ fn read_with(nft: &str, saves: [&str; 2]) -> PerPacketRules {
         }
         match output(tool, &[]) {
             Ok(text) => {
-                found.rules.extend(parse_legacy_save(&text, origin));
+                let judged = save_rules::judge_legacy_save(&text, origin);
+                found.rules.extend(judged.rules);
+                found.expiring.extend(judged.expiring);
                 super::dscp_rewrite::from_legacy_save(&text, origin, &mut found.dscp);
             }
             Err(e) => found.unreadable.push(e),

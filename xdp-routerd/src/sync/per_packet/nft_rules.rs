@@ -6,12 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use super::{Parts, RuleFacts, judge, xt_options::XtOptions};
+use super::{Judged, Parts, RuleFacts, judge, xt_options::XtOptions};
 use crate::{
-    flows::{
-        per_packet::{PerPacketKind, PerPacketRule},
-        rule_origin::RuleOrigin,
-    },
+    flows::{per_packet::PerPacketKind, rule_origin::RuleOrigin, verdict_expiry::ExpiringMatch},
     sync::{
         ct_state,
         ruleset_listing::{
@@ -21,10 +18,10 @@ use crate::{
     },
 };
 
-/// The per-packet rules of `tables` (`xt`: the options of iptables-nft's conntrack
-/// matches), in (table, chain, position) order.
-pub(super) fn per_packet_rules(tables: &NftTables, xt: &XtOptions) -> Vec<PerPacketRule> {
-    let mut out = Vec::new();
+/// The per-packet and expiring rules of `tables` (`xt`: the options of iptables-nft's
+/// conntrack matches), in (table, chain, position) order.
+pub(super) fn per_packet_rules(tables: &NftTables, xt: &XtOptions) -> Judged {
+    let mut out = Judged::default();
     for ((family, table), t) in tables {
         let origin = match family.as_str() {
             "ip" => RuleOrigin::NftIp,
@@ -69,6 +66,9 @@ fn nft_rule(expr: &Value, table: &NftTable, save: Option<&[String]>, ct_known: b
         .into_iter()
         .filter_map(|p| p.conntrack_match());
     for e in expr.as_array().into_iter().flatten() {
+        let mut expiring = BTreeSet::new();
+        expiring_matches(e, table, &mut expiring);
+        parts.expiring(expiring);
         let kinds = element_kinds(e);
         let Some((key, inner)) = e.as_object().and_then(|o| o.iter().next()) else {
             parts.push(Match::Maybe, kinds);
@@ -302,6 +302,40 @@ fn nft_kinds(v: &Value, out: &mut BTreeSet<PerPacketKind>) {
             }
         }
         Value::Array(a) => a.iter().for_each(|x| nft_kinds(x, out)),
+        _ => {}
+    }
+}
+
+/// The matches anywhere in `v` whose answer can change without a ruleset change: iptables-nft's
+/// `xt` matches (`set`, `time`, `rpfilter`, `addrtype`), `meta hour` / `day` / `time`, `fib`,
+/// and a lookup in a set or map of `table` whose elements expire (`@name`).
+fn expiring_matches(v: &Value, table: &NftTable, out: &mut BTreeSet<ExpiringMatch>) {
+    match v {
+        Value::String(s)
+            if s.strip_prefix('@')
+                .is_some_and(|name| table.expiring_sets.contains(name)) =>
+        {
+            out.insert(ExpiringMatch::ExpiringSet);
+        }
+        Value::Object(o) => {
+            for (k, inner) in o {
+                let found = match k.as_str() {
+                    "xt" if inner.get("type").and_then(Value::as_str) == Some("match") => inner
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .and_then(ExpiringMatch::of_xtables),
+                    "meta" => match inner.get("key").and_then(Value::as_str) {
+                        Some("hour" | "day" | "time") => Some(ExpiringMatch::Time),
+                        _ => None,
+                    },
+                    "fib" => Some(ExpiringMatch::RouteLookup),
+                    _ => None,
+                };
+                out.extend(found);
+                expiring_matches(inner, table, out);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| expiring_matches(x, table, out)),
         _ => {}
     }
 }

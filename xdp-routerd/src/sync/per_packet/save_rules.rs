@@ -3,11 +3,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Parts, RuleFacts, judge};
+use super::{Judged, Parts, RuleFacts, judge};
 use crate::{
     flows::{
         per_packet::{PerPacketKind, PerPacketRule},
         rule_origin::RuleOrigin,
+        verdict_expiry::{ExpiringMatch, ExpiringRule},
     },
     sync::{
         ct_state,
@@ -106,6 +107,7 @@ fn save_rule(words: &[String], is_chain: impl Fn(&str) -> bool, ct_known: bool) 
                     kinds.insert(PerPacketKind::ContentMatch);
                 }
                 kinds.extend(PerPacketKind::of_xtables(name));
+                p.expiring(ExpiringMatch::of_xtables(name));
                 p.push(test, kinds);
             }
             SavePart::Jump(name, _) => {
@@ -129,6 +131,7 @@ fn save_rule(words: &[String], is_chain: impl Fn(&str) -> bool, ct_known: bool) 
 /// names, and every kind a `-m`/`-j` names.
 fn unsplit_rule(words: &[String], is_chain: impl Fn(&str) -> bool) -> RuleFacts {
     let mut kinds = BTreeSet::new();
+    let mut expiring = BTreeSet::new();
     let mut walk = WalkRule::default();
     if legacy_tcp_test(words).is_some() {
         kinds.insert(PerPacketKind::ContentMatch);
@@ -138,7 +141,10 @@ fn unsplit_rule(words: &[String], is_chain: impl Fn(&str) -> bool) -> RuleFacts 
             "-m" | "--match" if xt_content_match(&pair[1]) => {
                 kinds.insert(PerPacketKind::ContentMatch);
             }
-            "-m" | "--match" => kinds.extend(PerPacketKind::of_xtables(&pair[1])),
+            "-m" | "--match" => {
+                kinds.extend(PerPacketKind::of_xtables(&pair[1]));
+                expiring.extend(ExpiringMatch::of_xtables(&pair[1]));
+            }
             "-j" | "--jump" | "-g" | "--goto" => {
                 kinds.extend(PerPacketKind::of_xtables(&pair[1]));
                 if is_chain(&pair[1]) {
@@ -155,13 +161,26 @@ fn unsplit_rule(words: &[String], is_chain: impl Fn(&str) -> bool) -> RuleFacts 
         walk,
         kinds,
         excluded: None,
+        expiring,
+        never_established: None,
     }
 }
 
 /// The per-packet rules in an `iptables-save` / `ip6tables-save` listing (pure; tested on
 /// iptables-legacy-save v1.8.9 output), in (table, chain, position) order.
 pub fn parse_legacy_save(listing: &str, origin: RuleOrigin) -> Vec<PerPacketRule> {
-    let mut out = Vec::new();
+    judge_legacy_save(listing, origin).rules
+}
+
+/// The rules of an `iptables-save` listing with a match whose answer can change without a
+/// ruleset change (pure), in (table, chain, position) order.
+pub fn expiring_in_legacy_save(listing: &str, origin: RuleOrigin) -> Vec<ExpiringRule> {
+    judge_legacy_save(listing, origin).expiring
+}
+
+/// The per-packet and expiring rules of an `iptables-save` listing.
+pub(super) fn judge_legacy_save(listing: &str, origin: RuleOrigin) -> Judged {
+    let mut out = Judged::default();
     for (table, chains) in save_tables(listing) {
         // The raw table's chains run before conntrack (NF_IP_PRI_RAW < NF_IP_PRI_CONNTRACK):
         // `ct state` still reads `invalid` there.

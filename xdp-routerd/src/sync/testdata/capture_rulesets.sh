@@ -4,7 +4,9 @@
 # network namespace as the tool itself builds it: the test bed's router ruleset with a LOG rule at
 # the end of FORWARD or first in it; ufw (Debian's package, run in the namespace with its own copy
 # of /etc/ufw and /etc/default) with `default deny routed`, `route allow in on eth1 out on eth0`
-# and logging low, medium and high; fw4_style.nft and fw4_log_first.nft from OUTDIR.
+# and logging low, medium and high; fw4_style.nft and fw4_log_first.nft from OUTDIR; the rules
+# with matches whose answer changes without a commit (an ipset before the established accept, a
+# time rule after it, an ipset after `--ctstate NEW`) and expiring.nft from OUTDIR.
 # Usage (root, ufw installed, iptables = iptables-nft): capture_rulesets.sh OUTDIR
 set -e
 OUT=$1
@@ -51,4 +53,15 @@ ip netns exec $N nft -f $OUT/fw4_style.nft
 dump fw4_style
 ip netns exec $N nft -f $OUT/fw4_log_first.nft
 dump fw4_log_first
+fresh
+ip netns exec $N sh -c 'ipset create blk hash:ip
+  iptables -w -A FORWARD -m set --match-set blk dst -j DROP
+  iptables -w -A FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+  iptables -w -A FORWARD -p udp --dport 53 -m time --timestart 10:00 --timestop 12:00 -j DROP
+  iptables -w -A FORWARD -m conntrack --ctstate NEW -m set --match-set blk src -j DROP
+  iptables -w -P FORWARD DROP'
+dump expiring_iptables_nft
+ip netns exec $N sh -c 'iptables -w -F FORWARD; ipset destroy blk'
+ip netns exec $N nft -f $OUT/expiring.nft
+dump expiring_nft
 ip netns del $N; rm -rf /etc/netns/$N
