@@ -54,7 +54,8 @@ pub fn run(args: &DocsArgs) -> anyhow::Result<()> {
 }
 
 /// Builds the book into target/manual (mdbook fails on a chapter file that is missing) and
-/// checks the relative links of README.md and of every page under docs/ (the book's included).
+/// checks the relative links of README.md and of every page under docs/ (a book page's must
+/// stay in the book: the rendered book holds nothing else).
 pub fn book() -> anyhow::Result<()> {
     let ws = workspace::Workspace::load()?;
     let root = workspace::root();
@@ -66,17 +67,23 @@ pub fn book() -> anyhow::Result<()> {
     cmd::run(&mut c)?;
     let mut files = vec![root.join("README.md")];
     markdown_files(&root.join("docs"), &mut files)?;
+    let book_src = root.join(BOOK).join("src");
     let mut broken = Vec::new();
     for file in &files {
         let text =
             fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-        for target in broken_links(file, &text) {
+        // The rendered book holds only its own pages: a link out of it would be dead there.
+        let inside = file.starts_with(&book_src).then_some(book_src.as_path());
+        for target in broken_links(file, &text, inside) {
             let file = file.strip_prefix(root).unwrap_or(file);
             broken.push(format!("{}: {target}", file.display()));
         }
     }
     if !broken.is_empty() {
-        bail!("links to missing files: {}", broken.join("; "));
+        bail!(
+            "links to missing files (or, in the book, out of it): {}",
+            broken.join("; ")
+        );
     }
     println!(
         "manual: {} (links checked in {} pages)",
@@ -101,8 +108,9 @@ fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
 }
 
 /// The relative link targets of `text` (Markdown `](target)`, outside code) that name no file
-/// or directory next to `file`. Anchors are not checked.
-fn broken_links(file: &Path, text: &str) -> Vec<String> {
+/// or directory next to `file`, or, with `inside`, a path outside that directory. Anchors are
+/// not checked.
+fn broken_links(file: &Path, text: &str, inside: Option<&Path>) -> Vec<String> {
     let dir = file.parent().unwrap_or(Path::new("."));
     let mut broken = Vec::new();
     let mut in_fence = false;
@@ -123,8 +131,12 @@ fn broken_links(file: &Path, text: &str) -> Vec<String> {
             if target.is_empty() || target.starts_with('#') || target.contains("://") {
                 continue;
             }
-            let path = target.split('#').next().unwrap_or_default();
-            if !dir.join(path).exists() {
+            let path = dir.join(target.split('#').next().unwrap_or_default());
+            let outside = inside.is_some_and(|top| {
+                path.canonicalize()
+                    .is_ok_and(|p| top.canonicalize().is_ok_and(|top| !p.starts_with(top)))
+            });
+            if !path.exists() || outside {
                 broken.push(target.to_owned());
             }
         }
@@ -145,7 +157,17 @@ mod tests {
         let text = "See [there](there.md#a), [web](https://example.org), [self](#top),\n\
                     [gone](gone.md) and [also gone](sub/x.md \"title\").\n\
                     ```\n[in code](nowhere.md)\n```\n";
-        assert_eq!(broken_links(&page, text), ["gone.md", "sub/x.md"]);
+        assert_eq!(broken_links(&page, text, None), ["gone.md", "sub/x.md"]);
+        // Inside a book in `book/`, a link up and out of it is broken even though the file
+        // exists.
+        let book = dir.join("book");
+        fs::create_dir_all(&book).unwrap();
+        let text = "[up](../there.md) and [in](page.md)";
+        fs::write(book.join("page.md"), text).unwrap();
+        assert_eq!(
+            broken_links(&book.join("page.md"), text, Some(&book)),
+            ["../there.md"]
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }
