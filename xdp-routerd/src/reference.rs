@@ -1,5 +1,6 @@
 //! The manual's reference pages (docs/manual/src/reference/), generated from the code: the
-//! fallback reasons from [`Reason`] (names and doc comments), the configuration keys from
+//! fallback reasons from [`Reason`] (names and doc comments) and the reasons a connection is not
+//! offloaded from [`Skip`], the configuration keys from
 //! [`KEYS`] with the defaults the code sets, and the metrics from the exposition of a registry
 //! built the way the daemon builds it (its `# HELP` and `# TYPE` lines, and the labels of its
 //! samples).
@@ -16,6 +17,7 @@ use crate::config::{
     Config,
     keys::{KEYS, Key, Section},
 };
+use crate::flows::Skip;
 
 /// The environment variable that makes the test write the pages instead of comparing them.
 const WRITE_VAR: &str = "XDP_ROUTER_WRITE_REFERENCE";
@@ -60,6 +62,16 @@ fn reasons_page() -> String {
             r.name(),
             cell(&paragraph(r.description()))
         );
+    }
+    out.push_str(
+        "\n## Connections not offloaded\n\n\
+         The daemon decides which conntrack connections to offload; the ones \
+         it leaves to the kernel are counted by reason in the `not offloaded:` line of \
+         `xdp-routerd status` and in `xdp_router_connections_skipped_total{reason}`.\n\n\
+         | reason | meaning |\n| --- | --- |\n",
+    );
+    for s in Skip::ALL {
+        let _ = writeln!(out, "| `{}` | {} |", s.name(), cell(s.description()));
     }
     out
 }
