@@ -90,17 +90,22 @@ reasons! {
         /// frames); the kernel checks it.
         PassL4ChecksumTooLong = 21 => "l4_checksum_too_long",
         /// An offloaded flow direction the kernel has not forwarded yet under the current firewall
-        /// ruleset (new flow, or the ruleset changed since): the kernel's rules judge it, and the
-        /// TC egress program arms the direction if the kernel forwards it.
+        /// ruleset (new flow, or the ruleset changed since), or one of a connection found at the
+        /// daemon's start that awaits the keep-alive's next pass after its first packet: the
+        /// kernel's rules judge it, and the TC egress program arms the direction if the kernel
+        /// forwards it.
         PassNotArmed = 22 => "awaiting_kernel_verdict",
         /// The kernel forwarded this direction with a packet mark, but `bpf_fib_lookup` cannot take
         /// a mark on this kernel (`BPF_FIB_LOOKUP_MARK`, Linux 6.10): it stays in the kernel.
         PassMarkUnsupported = 23 => "fib_mark_unsupported",
         /// The ingress interface has an nftables `netdev` ingress chain or tc ingress filters,
-        /// which run after XDP: the kernel must see the packet.
+        /// which run after XDP, or is a bridge port while an nftables `bridge` family
+        /// `prerouting`/`input` chain exists, and `bypass_hooks` is not set: the kernel must see
+        /// the packet.
         PassIngressHook = 24 => "ingress_hook",
         /// The egress interface has an nftables `netdev` egress chain or tc egress filters, which
-        /// a redirect would skip.
+        /// a redirect would skip, or is a bridge port while a `bridge` family
+        /// `output`/`postrouting` chain exists, and `bypass_hooks` is not set.
         PassEgressHook = 25 => "egress_hook",
         /// The packet's DSCP is not the one the kernel sent this flow direction out with: a rule
         /// in the forward path rewrites it (`dscp set`, `-j DSCP`), so the kernel must apply it.
@@ -170,7 +175,9 @@ reasons! {
         /// (`limit`, `hashlimit`, `quota`, `connbytes`, `connlimit` / `ct count`, `statistic`,
         /// `recent`, `NFQUEUE` / `queue`, `LOG` / `NFLOG` / `log`, meters, sets updated from the
         /// packet path) in a chain that established forwarded packets traverse, and the daemon
-        /// holds them in the kernel (`per_packet_rules = "hold"`, `SETTINGS_F_HOLD_ALL`).
+        /// holds them in the kernel (`per_packet_rules = "hold"`, `SETTINGS_F_HOLD_ALL`); also
+        /// while the ruleset cannot be read, and while a ruleset change is being read.
+        /// `xdp-routerd status` names the rules (`held in the kernel: …`).
         PassPerPacketRule = 44 => "per_packet_rule_in_ruleset",
         /// The TC fast path (`datapath = "tc"`, or behind XDP) does not handle this packet yet: a
         /// GRO aggregate of PPPoE session frames (kernels with PPPoE GRO), whose session header
