@@ -4,7 +4,7 @@
 //!
 //! `cargo xtask bench [args]` runs `xdp-router-bench [args]`; `cargo xtask test` runs
 //! `xdp-router-bench quick`; `cargo xtask lab` runs `xdp-router-bench lab`. See
-//! docs/benchmarks.md.
+//! docs/benchmarks-method.md (and the results in docs/benchmarks.md).
 mod churn;
 mod cpu;
 mod ctnl;

@@ -71,7 +71,8 @@ fn hairpin_port_forward_is_fast_pathed() {
     add_port_forward(&tb);
     // Without this the kernel also answers every hairpinned packet's sender with an ICMP
     // redirect (in = out interface, sender on-link); the fast path sends none. Routers that
-    // hairpin usually turn them off; the difference is documented in the README.
+    // hairpin usually turn them off; the difference is documented in the manual
+    // (docs/manual/src/limitations.md).
     tb.router
         .sh("sysctl -qw net.ipv4.conf.all.send_redirects=0 net.ipv4.conf.eth1.send_redirects=0");
     tb.start_daemon();

@@ -14,102 +14,59 @@ use serde::{Deserialize, Serialize};
 
 use crate::flows::per_packet::PerPacketMode;
 
+pub mod keys;
+
 /// Default path of the control socket (root-only Unix socket).
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/xdp-router/control.sock";
 
 /// Default address of the Prometheus `/metrics` endpoint (loopback only).
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9824";
 
-/// The whole configuration file.
+/// The whole configuration file. What each key means is documented once, for users, in
+/// [`keys::KEYS`] (a test keeps it in step with these fields).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Unix socket the control commands (`status`, `fastpath`, `flows`) talk to.
     #[serde(default = "default_control_socket")]
     pub control_socket: PathBuf,
-    /// How the XDP program is attached.
     #[serde(default)]
     pub xdp_mode: XdpModeConfig,
-    /// Which datapath runs the fast path on the interfaces that do not say (`datapath` in an
-    /// `[[interface]]`): see [`DatapathConfig`].
     #[serde(default, skip_serializing_if = "DatapathConfig::is_auto")]
     pub datapath: DatapathConfig,
-    /// Capacity of each flow map (one per address family), in flow directions (two per
-    /// connection). Unset: sized from the kernel's `nf_conntrack_max` (see
-    /// [`Config::flow_capacity`]).
     #[serde(default)]
     pub flow_capacity: Option<u32>,
-    /// How often the conntrack timeouts of flows that carried fast-path traffic are refreshed.
     #[serde(default = "default_keepalive_interval_ms")]
     pub keepalive_interval_ms: u64,
-    /// How long a flow may reuse its last `bpf_fib_lookup` answer, at most (ms); 0 = look up
-    /// every packet. Any routing, rule, address, link, neighbour or forwarding change the
-    /// kernel announces drops every cached answer at once, whatever this says.
     #[serde(default = "default_fib_cache_ms")]
     pub fib_cache_ms: u64,
-    /// How long the fast path forwards a flow direction after the kernel last forwarded one of
-    /// its packets (ms); then the next packet is judged by the kernel's rules again. This is
-    /// what makes verdicts that change without a ruleset change reach offloaded flows: an
-    /// `ipset add` to a blocklist, a `-m time` / `meta hour` boundary, a set element timing
-    /// out. 0 = never (a verdict holds until the ruleset changes, like the kernel's
-    /// flowtable).
     #[serde(default = "default_verdict_max_age_ms")]
     pub verdict_max_age_ms: u64,
-    /// Receive buffer of the conntrack event socket, in bytes (SO_RCVBUFFORCE). When a burst
-    /// of connections overflows it, events are lost and the flows are resynced from a full
-    /// conntrack dump (counted as `xdp_router_conntrack_resyncs_total`).
     #[serde(default = "default_conntrack_event_buffer")]
     pub conntrack_event_buffer: usize,
-    /// Log filter (tracing `EnvFilter` syntax, e.g. `info` or `xdp_routerd=debug`); the
-    /// `RUST_LOG` environment variable wins when set.
     #[serde(default = "default_log_level")]
     pub log_level: String,
-    /// `address:port` of the Prometheus `/metrics` HTTP endpoint; `""` in the file (`None`
-    /// here) disables it.
     #[serde(default = "default_metrics_listen", with = "listen_addr")]
     pub metrics_listen: Option<SocketAddr>,
-    /// Most LAN hosts with per-host traffic series of their own
-    /// (`xdp_router_host_{transmit,receive}_{bytes,packets}_total{host}`): the first hosts
-    /// seen, by address; the traffic of any others is summed under `host="other"`. A LAN host
-    /// is an endpoint whose packets arrive on a `lan` interface. 0 disables the series.
     #[serde(default = "default_host_metrics_limit")]
     pub host_metrics_limit: usize,
-    /// What to do about firewall rules that must see every packet (rate limits, quotas,
-    /// `NFQUEUE`, `LOG`/`NFLOG`, … in a chain forwarded packets traverse; see
-    /// [`crate::flows::per_packet`]): `"hold"` (default) keeps every flow in the kernel while
-    /// one exists or the ruleset cannot be read; `"ignore"` fast-paths flows anyway, so such
-    /// rules see only the packets the kernel still carries (the kernel flowtable's semantics).
     #[serde(default)]
     pub per_packet_rules: PerPacketMode,
-    /// Interfaces the fast path manages.
     #[serde(rename = "interface", default)]
     pub interfaces: Vec<InterfaceConfig>,
 }
 
-/// One managed interface.
+/// One managed interface (`[[interface]]`; its keys are documented in [`keys::KEYS`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct InterfaceConfig {
-    /// Kernel interface name, e.g. `eth0`.
     pub name: String,
-    /// Which side of the router it faces.
     pub role: Role,
-    /// Whether egress on this interface is shaped (tc qdisc). The fast path never sends out of
-    /// a shaped interface, so the shaper keeps seeing every packet; traffic arriving on it is
-    /// still accelerated. `"auto"` (default) decides from the interface's qdiscs, live.
     #[serde(default)]
     pub shaped: Shaped,
-    /// Let the fast path jump over nftables `netdev` chains and tc filters on this interface
-    /// (default `false`: directions that would meet one stay in the kernel).
     #[serde(default)]
     pub bypass_hooks: bool,
-    /// For a PPP device carrying a PPPoE session (`ppp0`): the device its session runs over
-    /// (`eth0.7`). Only needed when the namespace has several PPPoE sessions (see
-    /// [`crate::sync::pppoe::pair`]); ignored, with a warning, on any other device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pppoe_device: Option<String>,
-    /// Which datapath runs the fast path on packets arriving here; unset: the global
-    /// `datapath`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datapath: Option<DatapathConfig>,
 }

@@ -9,6 +9,8 @@ pub mod flows;
 pub mod kernel_features;
 pub mod metrics;
 pub mod paths;
+#[cfg(test)]
+mod reference;
 pub mod signals;
 pub mod startup;
 pub mod state;

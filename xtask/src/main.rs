@@ -5,6 +5,7 @@
 mod cmd;
 mod cross;
 mod dist;
+mod docs;
 mod guest;
 mod lab;
 #[cfg(test)]
@@ -54,6 +55,9 @@ enum Task {
     /// with config/xdp-routerd.toml; 64-byte UDP, iperf3 TCP and the router's CPU at fixed UDP
     /// rates with the fast path off, on (XDP) and on at TC ingress.
     Lab(lab::LabArgs),
+    /// Write the manual's reference pages from the code (fallback reasons, configuration keys,
+    /// metrics), build the manual (docs/manual) into target/manual and check its links.
+    Docs(docs::DocsArgs),
     /// Run the A/B benchmark: `cargo run --release -p xdp-router-bench -- ARGS`.
     Bench {
         /// Arguments for xdp-router-bench (see `cargo xtask bench -- --help`).
@@ -82,6 +86,7 @@ fn main() -> ExitCode {
         Task::Dist { arch } => dist::run(arch).map(drop),
         Task::Test(args) => test::run(&args),
         Task::Lab(args) => lab::run(&args),
+        Task::Docs(args) => docs::run(&args),
         Task::Bench { args } => bench(&args),
     };
     match result {

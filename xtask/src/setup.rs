@@ -1,5 +1,5 @@
-//! `cargo xtask setup`: system packages, nightly + rust-src, and bpf-linker built against
-//! nightly's own LLVM. Every step first checks whether there is anything to do, so a second run
+//! `cargo xtask setup`: system packages, nightly + rust-src, bpf-linker built against
+//! nightly's own LLVM, and mdbook (the manual). Every step first checks whether there is anything to do, so a second run
 //! takes seconds.
 
 use std::{
@@ -81,16 +81,23 @@ pub enum Needs {
     Everything,
     /// The build and the host tools, not the guest (the lab).
     Host,
+    /// The daemon's unit tests (they generate the reference pages) and mdbook (`docs`).
+    Docs,
 }
 
 /// Runs the setup steps `needs` asks for.
 pub fn run_for(needs: Needs) -> anyhow::Result<()> {
-    step("system packages", packages)?;
+    if needs != Needs::Docs {
+        step("system packages", packages)?;
+    }
     if needs == Needs::Everything {
         step("Debian-kernel guest (qemu, virtme-ng, kernel)", guest)?;
     }
     step("nightly toolchain + rust-src", nightly)?;
     step("bpf-linker", bpf_linker)?;
+    if needs != Needs::Host {
+        step("mdbook", mdbook)?;
+    }
     println!("setup: everything is in place");
     Ok(())
 }
@@ -403,6 +410,40 @@ fn install_bin_dir() -> anyhow::Result<PathBuf> {
         }
     };
     Ok(root.join("bin"))
+}
+
+/// The mdbook release the manual is built with (no Debian 12 package; from crates.io).
+const MDBOOK_VERSION: &str = "0.5.4";
+
+/// Where `cargo install` puts mdbook.
+pub fn mdbook_bin() -> anyhow::Result<PathBuf> {
+    Ok(install_bin_dir()?.join("mdbook"))
+}
+
+/// Skips when mdbook [`MDBOOK_VERSION`] is installed; otherwise builds it (303 s on the shared
+/// 2-core VM, 2026-12-07), without its `serve` and `watch` features: the tests only build the
+/// book.
+fn mdbook() -> anyhow::Result<()> {
+    let bin = mdbook_bin()?;
+    let version = Command::new(&bin).arg("--version").output();
+    if let Ok(o) = &version
+        && String::from_utf8_lossy(&o.stdout).trim() == format!("mdbook v{MDBOOK_VERSION}")
+    {
+        println!("  {} is {MDBOOK_VERSION}", bin.display());
+        return Ok(());
+    }
+    cmd::run(cmd::cargo().args([
+        "install",
+        "mdbook",
+        "--locked",
+        "--force",
+        "--version",
+        MDBOOK_VERSION,
+        "--no-default-features",
+        "--features",
+        "search",
+    ]))
+    .context("building mdbook failed")
 }
 
 /// What the stamp file records for a bpf-linker built for this nightly.

@@ -1,4 +1,4 @@
-//! `cargo xtask test`: unit tests, the release daemon build, the privileged tests (as root, one
+//! `cargo xtask test`: unit tests, the manual's build and link check, the release daemon build, the privileged tests (as root, one
 //! thread) and beside them the same kind of tests in a Debian-kernel guest (VLAN, PPPoE, IPsec:
 //! modules this kernel lacks), check-system and the core end-to-end tests in a guest on Debian
 //! 12's own kernel (6.1), the arm64 package and the fixtures and core tests in an arm64
@@ -130,6 +130,14 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             ]);
             cmd::run(&mut c)
         }));
+    }
+
+    // The manual (docs/manual): built by mdbook, its links checked (≈ 0.2 s); its generated
+    // reference pages are compared with the code by a unit test above.
+    if let Some(only) = only {
+        steps.push(not_run("manual", only));
+    } else {
+        steps.push(timed("manual", crate::docs::book));
     }
 
     let mut daemon = None;

@@ -35,7 +35,7 @@ impl LiveFrames {
     /// The program is also attached (generic mode) to `spare_if`, a veth that stays down: every
     /// live-frames `BPF_PROG_RUN` otherwise adds the program to the kernel's XDP dispatcher and
     /// removes it again (`bpf_prog_change_xdp`), which rebuilds the dispatcher and waits for an
-    /// RCU grace period on every call (10–25 ms here, see docs/benchmarks.md). While the program
+    /// RCU grace period on every call (10–25 ms here, see docs/benchmarks-method.md). While the program
     /// is attached somewhere it stays in the dispatcher and a call costs microseconds.
     pub fn new(ns: &Netns, spare_if: &str) -> Result<LiveFrames> {
         let mut ebpf = load(LAB_GEN_PROG)?;

@@ -134,7 +134,8 @@ fn spawn(ns: &Netns, prog: &str, args: &[&str]) -> Child {
 /// session can run is MPPE (ppp_mppe: compressor state, counters and all).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ccp {
-    /// `noccp` on both ends, as the README asks; no authentication.
+    /// `noccp` on both ends, as the manual asks (docs/manual/src/limitations.md); no
+    /// authentication.
     Off,
     /// MPPE-128 required by the access concentrator, which authenticates the router with
     /// MS-CHAPv2 (MPPE's keys come from it).
@@ -698,8 +699,9 @@ fn pppoe_differential(tag: &str, global: &str, lan: &str) {
     assert_eq!(echo.finish().corrupt, 0);
 }
 
-/// The README's home router: the LAN a bridge (`br-lan`, the LAN host behind its port eth1),
-/// the WAN PPPoE over VLAN 7, the config naming `br-lan` and `ppp0` only. From the port into
+/// The manual's home router (docs/manual/src/real-router.md): the LAN a bridge (`br-lan`, the
+/// LAN host behind its port eth1), the WAN PPPoE over VLAN 7, the config naming `br-lan` and
+/// `ppp0` only. From the port into
 /// the tagged session and back, both families, counted on the port (where XDP runs) and on
 /// ppp0.
 #[test]

@@ -1,18 +1,14 @@
 //! Why a conntrack entry is not (or no longer) offloaded: [`Skip`], with the stable names
 //! logs, metrics and the status report use.
 
-/// Why a conntrack entry is not (or no longer) offloaded, besides conntrack's own reasons.
+/// Why a conntrack entry is not (or no longer) offloaded, besides conntrack's own reasons. What
+/// each means is [`Skip::description`] (also the manual's, generated from it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Skip {
-    /// Conntrack state does not allow it (not established, helper, protocol…).
     NotEstablished,
-    /// One endpoint is not reached through a managed interface (or is the router itself).
     PathNotManaged,
-    /// The SNAT address is no longer an address of this router.
     NatAddressGone,
-    /// The flow map is full; the connection stays in the kernel.
     TableFull,
-    /// Another map error.
     MapError,
 }
 
@@ -25,6 +21,25 @@ impl Skip {
             Skip::NatAddressGone => "nat_address_gone",
             Skip::TableFull => "flow_table_full",
             Skip::MapError => "map_error",
+        }
+    }
+
+    /// What it means, for users (one sentence or two, Markdown).
+    pub fn description(self) -> &'static str {
+        match self {
+            Skip::NotEstablished => {
+                "Conntrack's state does not allow it: not established yet, a connection with a \
+                 helper, a protocol other than TCP and UDP."
+            }
+            Skip::PathNotManaged => {
+                "One endpoint is not reached through a managed interface, or is the router \
+                 itself."
+            }
+            Skip::NatAddressGone => "The SNAT address is no longer an address of this router.",
+            Skip::TableFull => {
+                "The flow map is full (`flow_capacity`); the connection stays in the kernel."
+            }
+            Skip::MapError => "Another error of the flow maps.",
         }
     }
 

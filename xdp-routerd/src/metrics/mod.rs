@@ -93,6 +93,6 @@ mod offload;
 mod per_packet;
 mod server;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use server::{bind, serve, serve_listener};

@@ -205,6 +205,12 @@ fn exposition(status: Status) -> String {
     encode(&registry(source, Some(hosts))).unwrap()
 }
 
+/// The exposition of [`sample_status`] (every family populated): the manual's metric reference
+/// is generated from it (`crate::reference`).
+pub(crate) fn sample_exposition() -> String {
+    exposition(sample_status())
+}
+
 /// The value of the sample `line_prefix` (name plus labels exactly as encoded).
 fn value(text: &str, sample: &str) -> f64 {
     text.lines()

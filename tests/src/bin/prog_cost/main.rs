@@ -43,7 +43,7 @@
 //!   listed as not measured, with what it did);
 //! - `--only TEXT`: only the cases whose name contains TEXT (e.g. under `perf record`).
 //!
-//! Results and their analysis: `docs/datapath.md`.
+//! Results and their analysis: `docs/manual/src/datapath.md`.
 
 //!
 //! The parts: [`opts`] (the command line), [`cases`] (the measured frames and what each must
