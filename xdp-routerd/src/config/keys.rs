@@ -100,7 +100,10 @@ pub const KEYS: &[Key] = &[
               one of its packets; then the next packet is judged by the kernel's rules again. \
               This is what makes verdicts that change without a ruleset change reach offloaded \
               flows: an `ipset add` to a blocklist, a `-m time` / `meta hour` boundary, a set \
-              element timing out. 0 = never (a verdict holds until the ruleset changes, like \
+              element timing out. It applies only while a rule that established packets reach \
+              has such a match (an ipset, a set with timeouts, the time, a route lookup) or the \
+              ruleset cannot be read; otherwise verdicts hold until the ruleset changes, and \
+              `status` says which. 0 = never (a verdict holds until the ruleset changes, like \
               the kernel's flowtable). `xdp-routerd verdict-age MS` changes it live.",
     },
     Key {
