@@ -149,11 +149,6 @@ impl Ledger {
         self.limit = limit;
     }
 
-    /// The host limit (0: per-host metrics off).
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-
     /// A connection is being offloaded: its LAN hosts get a series while there is room.
     /// Returns their slots: a host's own, `HOST_SLOT_OTHER` beyond the limit,
     /// `HOST_SLOT_NONE` for an endpoint that is not a LAN host or with per-host metrics off.
