@@ -20,6 +20,7 @@ mod responsive;
 mod router;
 mod run;
 mod scale;
+mod scrape;
 mod search;
 mod soak;
 mod tcp;

@@ -14,8 +14,8 @@
 use std::{
     fmt::Write as _,
     fs,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{Ipv4Addr, TcpStream},
+    io::{BufRead as _, BufReader, Write as _},
+    net::Ipv4Addr,
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
     process::Stdio,
@@ -35,6 +35,7 @@ use crate::{
     Opts,
     ctnl::{self, Conn, Writer},
     router::{self, Daemon},
+    scrape::{self, METRICS_ADDR},
 };
 
 /// Options of `responsive`.
@@ -59,7 +60,6 @@ pub struct ResponsiveArgs {
 
 /// The target: p99 of both requests under load.
 const TARGET_P99: Duration = Duration::from_millis(50);
-const METRICS_ADDR: &str = "127.0.0.1:9824";
 const NAT: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
 const WAN_GW: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 2);
 /// A request that takes longer than this counts as this long (and is reported as timed out).
@@ -311,8 +311,8 @@ fn timed(rtr: &Netns, socket: &Path, dur: Duration) -> Result<Phase> {
             let mut out = Samples::default();
             while Instant::now() < end && !crate::run::stopped() {
                 let t = Instant::now();
-                match scrape() {
-                    Ok(()) => out.ms.push(t.elapsed().as_secs_f64() * 1e3),
+                match scrape::get(REQUEST_TIMEOUT) {
+                    Ok(_) => out.ms.push(t.elapsed().as_secs_f64() * 1e3),
                     Err(_) => out.failed += 1,
                 }
                 thread::sleep(Duration::from_millis(50));
@@ -333,19 +333,6 @@ fn timed(rtr: &Netns, socket: &Path, dur: Duration) -> Result<Phase> {
             .unwrap_or_else(|e| std::panic::resume_unwind(e))?;
         Ok(Phase { metrics, status })
     })
-}
-
-/// One `GET /metrics`, read to the end; fails unless it answers 200 with samples.
-fn scrape() -> Result<()> {
-    let mut s = TcpStream::connect(METRICS_ADDR)?;
-    s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
-    let mut body = Vec::new();
-    s.read_to_end(&mut body)?;
-    if !body.starts_with(b"HTTP/1.1 200") || !body.windows(10).any(|w| w == b"xdp_router") {
-        bail!("unexpected /metrics answer");
-    }
-    Ok(())
 }
 
 /// The request `xdp-routerd status` sends, answered in full; fails unless the daemon says ok.

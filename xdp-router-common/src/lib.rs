@@ -34,6 +34,21 @@ pub const MAP_BRIDGE_VLANS: &str = "BRIDGE_VLANS";
 /// CPUs, unchanged between two reads means the kernel forwarded none of them in between, so
 /// no `armed_at` was written.
 pub const MAP_KERNEL_FORWARDED: &str = "KERNEL_FWD";
+/// Per-CPU [`HostCounters`] by host slot (see [`FlowV4::host_slots`]): what the router
+/// forwarded for each LAN host on offloaded connections, counted by the fast path and the
+/// arming program as the packets go, so a scrape reads one entry per host, not per flow.
+pub const MAP_HOST_TRAFFIC: &str = "HOST_TRAFFIC";
+
+/// [`FlowV4::host_slots`]: the endpoint is not a LAN host; nothing is counted.
+pub const HOST_SLOT_NONE: u32 = 0;
+/// [`FlowV4::host_slots`]: a LAN host beyond `host_metrics_limit` (the `host="other"` series).
+pub const HOST_SLOT_OTHER: u32 = 1;
+/// [`FlowV4::host_slots`]: the first slot of a LAN host with a series of its own; the daemon
+/// gives the admitted hosts `HOST_SLOT_FIRST..` in the order it admits them.
+pub const HOST_SLOT_FIRST: u32 = 2;
+/// Default number of [`MAP_HOST_TRAFFIC`] slots; the daemon sets `host_metrics_limit` +
+/// [`HOST_SLOT_FIRST`] at load time (`EbpfLoader::map_max_entries`).
+pub const DEFAULT_HOST_SLOTS: u32 = 256 + HOST_SLOT_FIRST;
 
 /// Capacity of [`MAP_BRIDGE_FDB`] (MAC addresses behind all managed bridges).
 pub const FDB_CAPACITY: u32 = 8192;
@@ -227,6 +242,22 @@ pub struct FlowCounters {
 }
 const _: () = assert!(core::mem::size_of::<FlowCounters>() == 40);
 
+/// Value of [`MAP_HOST_TRAFFIC`] (per CPU): one LAN host's traffic, in the units of
+/// [`FlowCounters`] (packets, GSO segments each; IP bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostCounters {
+    /// Packets the host sent (the directions it is the source of).
+    pub transmit_packets: u64,
+    /// IP bytes of `transmit_packets`.
+    pub transmit_bytes: u64,
+    /// Packets sent to the host.
+    pub receive_packets: u64,
+    /// IP bytes of `receive_packets`.
+    pub receive_bytes: u64,
+}
+const _: () = assert!(core::mem::size_of::<HostCounters>() == 32);
+
 /// Value of [`MAP_FLOWS_V4`]: what to do with a packet matching the key.
 ///
 /// After the rewrite the packet carries `new_src_be:new_sport_be -> new_dst_be:new_dport_be`.
@@ -283,8 +314,12 @@ pub struct FlowV4 {
     /// send: a rule in the forward path that sets the TTL (`ip ttl set`, `-j TTL`) keeps the
     /// direction in the kernel (`Reason::PassTtlNotKernels`), so it applies to every packet.
     pub kernel_ttl: u32,
+    /// `[sender, receiver]`: the [`MAP_HOST_TRAFFIC`] slots of this direction's LAN hosts
+    /// (`HOST_SLOT_*`, written by the daemon): each packet the fast path or the kernel
+    /// forwards adds to the sender's transmit and the receiver's receive counters.
+    pub host_slots: [u32; 2],
 }
-const _: () = assert!(core::mem::size_of::<FlowV4>() == 128);
+const _: () = assert!(core::mem::size_of::<FlowV4>() == 136);
 // The datapath reads and writes `armed_generation` with `fib_mark`, and `FibCache::generation`
 // with `FibCache::ifindex`, as one ordered 64-bit word each (xdp-router-ebpf's order.rs).
 const _: () = {
@@ -322,8 +357,10 @@ pub struct FlowV6 {
     pub kernel_dscp: u32,
     /// See [`FlowV4::kernel_ttl`] (the hop limit).
     pub kernel_ttl: u32,
+    /// See [`FlowV4::host_slots`].
+    pub host_slots: [u32; 2],
 }
-const _: () = assert!(core::mem::size_of::<FlowV6>() == 144);
+const _: () = assert!(core::mem::size_of::<FlowV6>() == 152);
 
 /// `FlowV4::kernel_dscp` / `FlowV6::kernel_dscp`: a DSCP is recorded (its 6 bits are below).
 pub const FLOW_DSCP_KNOWN: u32 = 1 << 8;
@@ -753,6 +790,7 @@ mod pod {
         FlowKeyV6,
         FlowV4,
         FlowV6,
+        HostCounters,
         IfaceInfo,
         Counter,
         Settings,

@@ -48,6 +48,7 @@ use xdp_router_common::{
 };
 
 use crate::{
+    hosts,
     maps::{ARM_V4, ARM_V6, FLOWS_V4, FLOWS_V6, KERNEL_FWD, SETTINGS},
     order::{halves, store_ordered, word},
 };
@@ -161,6 +162,8 @@ struct ArmFields {
     kernel_dscp: *mut u32,
     kernel_ttl: *mut u32,
     counters: *mut FlowCounters,
+    /// `[sender, receiver]` LAN host slots (see `hosts.rs`).
+    host_slots: [u32; 2],
 }
 
 /// Writes the arming into a flow entry's `armed_generation`, `armed_at` (now), `fib_mark`,
@@ -177,6 +180,7 @@ fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
         kernel_dscp,
         kernel_ttl,
         counters,
+        host_slots,
     } = f;
     let generation = if fwd.mark != 0 && !fwd.mark_ok {
         0
@@ -215,6 +219,7 @@ fn arm(f: ArmFields, dscp: u8, ttl: u8, syn: bool, fwd: &Forwarded) {
             addr_of_mut!((*counters).kernel_bytes),
             fwd.ip_bytes,
         );
+        hosts::count(host_slots, fwd.segments, fwd.ip_bytes);
         if f & FLOW_F_AWAITING_TRAFFIC != 0 {
             // Not before the keep-alive took the connection in (a TCP one marked liberal:
             // conntrack would judge the fast path's packets by a strict window).
@@ -296,6 +301,7 @@ fn arm_v4(ctx: &TcContext, l3: usize, fwd: &Forwarded) -> Option<()> {
             kernel_dscp: addr_of_mut!((*flow).kernel_dscp),
             kernel_ttl: addr_of_mut!((*flow).kernel_ttl),
             counters: addr_of_mut!((*flow).counters),
+            host_slots: (*flow).host_slots,
         }
     };
     let syn = is_tcp_syn(ctx, proto, l3 + 20);
@@ -345,6 +351,7 @@ fn arm_v6(ctx: &TcContext, l3: usize, fwd: &Forwarded) -> Option<()> {
             kernel_dscp: addr_of_mut!((*flow).kernel_dscp),
             kernel_ttl: addr_of_mut!((*flow).kernel_ttl),
             counters: addr_of_mut!((*flow).counters),
+            host_slots: (*flow).host_slots,
         }
     };
     let syn = is_tcp_syn(ctx, next_header, l3 + 40);

@@ -362,6 +362,8 @@ pub struct FlowFields {
     pub fib: *mut FibCache,
     /// Packets, bytes, last seen.
     pub counters: *mut FlowCounters,
+    /// `[sender, receiver]` LAN host slots (see `hosts.rs`).
+    pub host_slots: [u32; 2],
 }
 
 /// [`FlowMaps`] for a family (its address, key and value types, flow and active maps).
@@ -424,6 +426,7 @@ macro_rules! flow_maps {
                         kernel_ttl: addr_of_mut!((*flow).kernel_ttl),
                         fib: addr_of_mut!((*flow).fib),
                         counters: addr_of_mut!((*flow).counters),
+                        host_slots: (*flow).host_slots,
                     }
                 }
             }

@@ -31,6 +31,7 @@ use crate::{
     encap::{reframe, write_l2},
     family::{Family, FlowFields, V4, V6},
     fib::{FibCachePolicy, fib_params, next_hop},
+    hosts,
     maps::SETTINGS,
     order::{halves, load_ordered},
     packet::{L4ChecksumEdit, Packet, frame_len, ptr_at_mut},
@@ -423,12 +424,13 @@ fn first_in_pass(counters: *mut FlowCounters, policy: &FibCachePolicy) -> bool {
     last <= policy.active_since_ns
 }
 
-/// Counts the packet on its flow (`ip_len`: its IP datagram's length, as conntrack counts
-/// bytes) and says what was sent (`frame_len` bytes, for the per-reason counters); `action`
+/// Counts the packet on its flow and on its LAN hosts (`host_slots`; `ip_len`: its IP
+/// datagram's length, as conntrack counts bytes) and says what was sent (`frame_len` bytes, for the per-reason counters); `action`
 /// is what the redirect set-up returned.
 #[inline(always)]
 fn finish(
     counters: *mut FlowCounters,
+    host_slots: [u32; 2],
     flags: u32,
     ip_len: u64,
     frame_len: u64,
@@ -453,6 +455,7 @@ fn finish(
         );
         addr_of_mut!((*counters).last_seen_ns).write_volatile(now);
     }
+    hosts::count(host_slots, 1, ip_len);
     let reason = if flags & FLOW_F_REPLY != 0 {
         Reason::ForwardedReply
     } else {
@@ -611,6 +614,7 @@ fn try_forward_ip<F: Family, P: Packet>(
     };
     Ok(finish(
         counters,
+        fields.host_slots,
         flags,
         u64::from(h.len),
         sent as u64,

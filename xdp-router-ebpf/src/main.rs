@@ -17,6 +17,7 @@ mod family;
 mod fib;
 mod flow;
 mod handoff;
+mod hosts;
 mod maps;
 mod order;
 mod packet;

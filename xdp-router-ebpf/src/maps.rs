@@ -8,8 +8,9 @@ use aya_ebpf::{
 };
 use xdp_router_common::{
     ArmKeyV4, ArmKeyV6, BRIDGE_VLANS_CAPACITY, BridgeVlanKey, Counter, DEFAULT_FLOW_CAPACITY,
-    FDB_CAPACITY, FIB_LOOKUP_DIRECT, FdbKey, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, IfaceInfo,
-    MAX_IFACE_SLOTS, PPPOE_CAPACITY, PppoeKey, STATS_ENTRIES, Settings, VLANS_CAPACITY, VlanKey,
+    DEFAULT_HOST_SLOTS, FDB_CAPACITY, FIB_LOOKUP_DIRECT, FdbKey, FlowKeyV4, FlowKeyV6, FlowV4,
+    FlowV6, HostCounters, IfaceInfo, MAX_IFACE_SLOTS, PPPOE_CAPACITY, PppoeKey, STATS_ENTRIES,
+    Settings, VLANS_CAPACITY, VlanKey,
 };
 
 /// `BPF_F_NO_PREALLOC`: entries are allocated on insert, so a map costs kernel memory for the
@@ -101,6 +102,13 @@ pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(STATS_ENT
 /// (`MAP_KERNEL_FORWARDED`).
 #[map]
 pub static KERNEL_FWD: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// What the router forwarded per LAN host, per CPU, by host slot (`FlowV4::host_slots`;
+/// `hosts.rs` adds to it). The daemon sizes it from `host_metrics_limit` at load time and
+/// sums the CPUs at each scrape.
+#[map]
+pub static HOST_TRAFFIC: PerCpuArray<HostCounters> =
+    PerCpuArray::with_max_entries(DEFAULT_HOST_SLOTS, 0);
 
 /// Runtime settings, one entry (index 0), written by the daemon.
 #[map]

@@ -69,7 +69,7 @@ pub async fn run(
         tasks.spawn(tasks::metrics::run(
             listener,
             shared.clone(),
-            config.host_metrics_limit > 0,
+            (config.host_metrics_limit > 0).then_some(s.host_traffic),
         ));
     }
     info!(socket = %socket.display(), "xdp-routerd running; fast path on");

@@ -10,7 +10,10 @@ use tokio::{net::UnixListener, sync::mpsc::UnboundedReceiver};
 use crate::{
     config::Config,
     control,
-    datapath::{Datapath, DatapathChoice},
+    datapath::{
+        Datapath, DatapathChoice,
+        hosts::{self, HostTrafficMap},
+    },
     state::{Shared, State},
     sync::{
         bridge,
@@ -45,6 +48,8 @@ pub struct Started {
     pub keepalive: CtNetlink,
     /// The kernel's XDP feature changes; `None` without the `netdev` family (Linux < 6.3).
     pub xmit_events: Option<UnboundedReceiver<XmitEvent>>,
+    /// The per-host counters, for the metrics task.
+    pub host_traffic: HostTrafficMap,
 }
 
 /// Checks, loads, subscribes, attaches and offloads the existing connections.
@@ -83,7 +88,8 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
 
     let (capacity, source) = config.flow_capacity();
     let loading = std::time::Instant::now();
-    let mut dp = Datapath::load(capacity)?;
+    let mut dp = Datapath::load(capacity, hosts::slots(config.host_metrics_limit))?;
+    let host_traffic = dp.host_traffic_reader()?;
     tracing::info!(
         capacity,
         source = ?source,
@@ -196,6 +202,7 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
         revalidate_marker,
         keepalive,
         xmit_events: xmit_sub.initial.is_some().then_some(xmit_sub.events),
+        host_traffic,
     })
 }
 

@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use xdp_router_common::{
-    FLOW_F_REPLY, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
+    FLOW_F_REPLY, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6, HOST_SLOT_FIRST,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
@@ -93,6 +93,7 @@ pub fn flow(
                     l3_csum_diff: l3,
                     l4_csum_diff: l4,
                     armed_generation: ARMED,
+                    host_slots: HOST_SLOTS,
                     ..Default::default()
                 },
             )
@@ -127,6 +128,7 @@ pub fn flow(
                     flags,
                     l4_csum_diff: l4,
                     armed_generation: ARMED,
+                    host_slots: HOST_SLOTS,
                     ..Default::default()
                 },
             )
@@ -184,6 +186,10 @@ impl FlowEntry {
         }
     }
 }
+
+/// `[sender, receiver]` `HOST_TRAFFIC` slots of every fixture flow direction: each packet
+/// it forwards counts for two LAN hosts (checked by the runner).
+pub const HOST_SLOTS: [u32; 2] = [HOST_SLOT_FIRST, HOST_SLOT_FIRST + 1];
 
 /// The ruleset generation the fixtures' `SETTINGS` hold, and the one their flows are armed
 /// with (as if the kernel had forwarded a packet of each under the current rules).

@@ -10,10 +10,10 @@ use aya::{
 };
 use xdp_router_common::{
     BridgeVlanKey, Counter, FdbKey, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
-    GLOBAL_FIB_FLAGS, GLOBAL_XDP_META, IfaceInfo, MAP_BRIDGE_FDB, MAP_BRIDGE_VLANS, MAP_FLOWS_V4,
-    MAP_FLOWS_V6, MAP_IFACES, MAP_PPPOE, MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAP_VLANS,
-    PROG_NAME, PppoeKey, SETTINGS_F_DSCP_REWRITE, SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL,
-    Settings, VlanKey,
+    GLOBAL_FIB_FLAGS, GLOBAL_XDP_META, HostCounters, IfaceInfo, MAP_BRIDGE_FDB, MAP_BRIDGE_VLANS,
+    MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_HOST_TRAFFIC, MAP_IFACES, MAP_PPPOE, MAP_SETTINGS, MAP_STATS,
+    MAP_TX_PORTS, MAP_VLANS, PROG_NAME, PppoeKey, SETTINGS_F_DSCP_REWRITE, SETTINGS_F_FIB_MARK,
+    SETTINGS_F_HOLD_ALL, Settings, VlanKey,
 };
 
 use xdp_routerd::{
@@ -48,6 +48,8 @@ pub struct Maps {
     pub stats: PerCpuArray<MapData, Counter>,
     /// `SETTINGS`.
     pub settings: Array<MapData, Settings>,
+    /// `HOST_TRAFFIC` (`None` in an object built before it existed).
+    pub host_traffic: Option<PerCpuArray<MapData, HostCounters>>,
 }
 
 /// `BPF_MAP_LOOKUP_BATCH` (enum bpf_cmd).
@@ -123,6 +125,9 @@ pub fn load_with(object: &[u8], fib_flags: u32, xdp_meta: bool) -> (Ebpf, Maps) 
         pppoe: take(&mut ebpf, MAP_PPPOE),
         stats: take(&mut ebpf, MAP_STATS),
         settings: take(&mut ebpf, MAP_SETTINGS),
+        host_traffic: ebpf
+            .take_map(MAP_HOST_TRAFFIC)
+            .map(|m| PerCpuArray::try_from(m).expect("HOST_TRAFFIC map")),
     };
     (ebpf, maps)
 }
@@ -299,6 +304,22 @@ impl Maps {
             FlowEntry::V4(k, _) => self.flows_v4.get(k, 0).expect("flow v4 present").counters,
             FlowEntry::V6(k, _) => self.flows_v6.get(k, 0).expect("flow v6 present").counters,
         }
+    }
+
+    /// The `HOST_TRAFFIC` counters of `slot` summed over the CPUs (`None` without the map).
+    pub fn host_traffic(&self, slot: u32) -> Option<HostCounters> {
+        let map = self.host_traffic.as_ref()?;
+        let per_cpu = map.get(&slot, 0).expect("HOST_TRAFFIC slot");
+        Some(
+            per_cpu
+                .iter()
+                .fold(HostCounters::default(), |a, c| HostCounters {
+                    transmit_packets: a.transmit_packets + c.transmit_packets,
+                    transmit_bytes: a.transmit_bytes + c.transmit_bytes,
+                    receive_packets: a.receive_packets + c.receive_packets,
+                    receive_bytes: a.receive_bytes + c.receive_bytes,
+                }),
+        )
     }
 
     /// The flow entry's cached FIB answer.

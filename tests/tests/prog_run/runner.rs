@@ -1,12 +1,13 @@
 //! Runs a case against the loaded program and checks everything it promises: the verdict, the
-//! output frame and its checksums, exactly one `STATS` entry moved, the flow counters.
+//! output frame and its checksums, exactly one `STATS` entry moved, the flow counters and the
+//! per-host counters (`HOST_TRAFFIC`).
 
 use aya::programs::{SchedClassifier, Xdp};
-use xdp_router_common::{Reason, stats_index};
+use xdp_router_common::{HostCounters, Reason, stats_index};
 use xdp_router_tests::{
     fixture_net::{
-        Maps, TC_ACT_REDIRECT, TC_ACT_UNSPEC, XDP_PASS, XDP_REDIRECT, coarse_monotonic_ns, run,
-        run_tc,
+        HOST_SLOTS, Maps, TC_ACT_REDIRECT, TC_ACT_UNSPEC, XDP_PASS, XDP_REDIRECT,
+        coarse_monotonic_ns, run, run_tc,
     },
     packet::{ip_len, verify_checksums},
 };
@@ -56,6 +57,8 @@ pub fn check_case(prog: Prog, maps: &mut Maps, case: &Case) -> Result<(), String
     maps.apply(&case.setup);
     let before = maps.stats();
     let flows_before: Vec<_> = case.setup.flows.iter().map(|f| maps.counters(f)).collect();
+    let hosts = |maps: &Maps| HOST_SLOTS.map(|slot| maps.host_traffic(slot));
+    let hosts_before = hosts(maps);
     let t0 = coarse_monotonic_ns();
     let (verdict, out) = prog.run(&case.frame, case.ingress);
     let t1 = coarse_monotonic_ns();
@@ -142,6 +145,30 @@ pub fn check_case(prog: Prog, maps: &mut Maps, case: &Case) -> Result<(), String
         } else if now != *old {
             errs.push(format!(
                 "flow {n} counters changed on a passed packet: {old:?} -> {now:?}"
+            ));
+        }
+    }
+
+    // Per-host counters: a forwarded packet counts for its flow's sender (transmit) and
+    // receiver (receive), as many bytes as on the flow; a passed one for nobody.
+    if let ([Some(s0), Some(r0)], [Some(s1), Some(r1)]) = (hosts_before, hosts(maps)) {
+        let n = u64::from(matches!(case.expect, Expect::Redirect(..)));
+        let want = (
+            HostCounters {
+                transmit_packets: s0.transmit_packets + n,
+                transmit_bytes: s0.transmit_bytes + datagram,
+                ..s0
+            },
+            HostCounters {
+                receive_packets: r0.receive_packets + n,
+                receive_bytes: r0.receive_bytes + datagram,
+                ..r0
+            },
+        );
+        if (s1, r1) != want {
+            errs.push(format!(
+                "HOST_TRAFFIC sender, receiver {:?}, want {want:?}",
+                (s1, r1)
             ));
         }
     }

@@ -84,7 +84,7 @@ pub fn gather(config: Option<&Config>) -> Facts {
     // What the daemon would find: the object's own probes where it loads, else those that
     // need no object.
     let loaded = privileged.then(|| {
-        Datapath::load(16)
+        Datapath::load(16, crate::datapath::hosts::slots(0))
             .map(|mut dp| (dp.kernel_features().clone(), dp.probe_tc_hook()))
             .map_err(|e| format!("{e:#}").replace('\n', " "))
     });

@@ -9,7 +9,7 @@
 //! [`ports`] (the [`Ports`] interface the state drives: registering, attaching and detaching
 //! interfaces of every kind), [`attach`] (XDP links, native or generic), [`tc_links`] (the TC
 //! programs: TCX links or classic tc filters), [`flows`] (the
-//! flow maps and their batches), [`settings`] (the fast-path switch, generations, FIB cache,
+//! flow maps and their batches), [`hosts`] (the per-host counters), [`settings`] (the fast-path switch, generations, FIB cache,
 //! counters), and one file per device kind: [`bridge`], [`vlan`], [`pppoe`].
 
 use anyhow::{Context as _, anyhow, bail};
@@ -23,8 +23,8 @@ use tracing::warn;
 use xdp_router_common::{
     ARM_L3_PROG_NAME, ARM_PROG_NAME, GLOBAL_XDP_META, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT,
     IFACE_F_GENERIC_XDP, IFACE_F_L3, IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER,
-    IFACE_F_TC_HANDOFF, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_IFACES, MAP_TX_PORTS,
-    PROG_NAME, STAMP_PROG_NAME, TC_PROG_NAME,
+    IFACE_F_TC_HANDOFF, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_HOST_TRAFFIC, MAP_IFACES,
+    MAP_TX_PORTS, PROG_NAME, STAMP_PROG_NAME, TC_PROG_NAME,
 };
 
 use crate::kernel_features::{self, Feature, KernelFeatures};
@@ -32,6 +32,7 @@ use crate::kernel_features::{self, Feature, KernelFeatures};
 pub mod attach;
 pub mod bridge;
 pub mod flows;
+pub mod hosts;
 pub mod ports;
 pub mod pppoe;
 pub mod settings;
@@ -59,6 +60,8 @@ pub struct Datapath {
     tx_ports: DevMapHash<MapData>,
     /// The flow maps, their arming indexes and the active-connection record.
     flows: flows::FlowMaps,
+    /// `HOST_TRAFFIC`: the per-LAN-host counters.
+    host_traffic: hosts::HostTrafficMap,
     /// `SETTINGS` (and what it holds), `STATS`.
     settings: settings::SettingsMaps,
     /// The XDP and TC links, by ifindex.
@@ -105,14 +108,19 @@ fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(
 }
 
 impl Datapath {
-    /// Loads the embedded object with flow maps of `flow_capacity` entries each and verifies
-    /// the program. Nothing is attached yet. The fast path starts switched on.
-    pub fn load(flow_capacity: u32) -> anyhow::Result<Datapath> {
-        Self::load_object(EBPF_OBJECT, flow_capacity)
+    /// Loads the embedded object with flow maps of `flow_capacity` entries each and
+    /// `host_slots` per-host counters (see [`hosts::slots`]) and verifies the program.
+    /// Nothing is attached yet. The fast path starts switched on.
+    pub fn load(flow_capacity: u32, host_slots: u32) -> anyhow::Result<Datapath> {
+        Self::load_object(EBPF_OBJECT, flow_capacity, host_slots)
     }
 
     /// [`Datapath::load`] for an arbitrary object (tests).
-    pub fn load_object(object: &[u8], flow_capacity: u32) -> anyhow::Result<Datapath> {
+    pub fn load_object(
+        object: &[u8],
+        flow_capacity: u32,
+        host_slots: u32,
+    ) -> anyhow::Result<Datapath> {
         // XDP bpf_links (5.9) are what makes the daemon fail-open: without them an attachment
         // would outlive the process. (An unreadable version is left to the load to judge.)
         if let Ok(v) = KernelVersion::current()
@@ -126,6 +134,7 @@ impl Datapath {
         for map in flows::SIZED_MAPS {
             loader.map_max_entries(map, flow_capacity);
         }
+        loader.map_max_entries(MAP_HOST_TRAFFIC, host_slots);
         loader.override_global(GLOBAL_XDP_META, &xdp_meta, true);
         let mut ebpf = loader.load(object).map_err(explain_load_error)?;
         features.set(
@@ -196,6 +205,7 @@ impl Datapath {
             ifaces: take(&mut ebpf, MAP_IFACES)?,
             tx_ports: take(&mut ebpf, MAP_TX_PORTS)?,
             flows: flows::FlowMaps::take(&mut ebpf, flow_capacity)?,
+            host_traffic: hosts::HostTrafficMap::take(&mut ebpf)?,
             settings: settings::SettingsMaps::take(
                 &mut ebpf,
                 features.usable(Feature::FibLookupMark),
@@ -212,6 +222,11 @@ impl Datapath {
         };
         dp.settings.write()?;
         Ok(dp)
+    }
+
+    /// A handle on the per-host counters for a reader that does not take the state's lock.
+    pub fn host_traffic_reader(&self) -> anyhow::Result<hosts::HostTrafficMap> {
+        self.host_traffic.try_clone()
     }
 
     /// The optional kernel features the object was loaded for.

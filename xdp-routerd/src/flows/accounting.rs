@@ -2,9 +2,11 @@
 //! (ctnetlink takes no counters on an update), so conntrack's counters (`nf_conntrack_acct`)
 //! miss everything the fast path carried; the fast path counts those itself, per flow
 //! direction, in the same unit ([`Traffic`]: IP bytes). This module holds what the two add up
-//! to: per connection ([`merge`], for `xdp-routerd flows`) and per LAN host ([`Ledger`], for
-//! the per-host metrics), and keeps the fast path's counters of map entries that were
-//! rewritten or removed, so no total goes backwards while the connection lives or after it.
+//! to per connection ([`merge`], for `xdp-routerd flows`, with the fast path's counters of
+//! map entries that were rewritten or removed kept in the [`Ledger`], so no total goes
+//! backwards while the connection lives), and the per-host totals: the datapath adds every
+//! packet of an offloaded direction to its LAN hosts' `HOST_TRAFFIC` slots as it goes, and
+//! the [`Ledger`] says which host has which slot, so a scrape reads one entry per host.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -13,7 +15,9 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
-use xdp_router_common::FlowCounters;
+use xdp_router_common::{
+    FlowCounters, HOST_SLOT_FIRST, HOST_SLOT_NONE, HOST_SLOT_OTHER, HostCounters,
+};
 
 use super::conntrack::CtTuple;
 
@@ -50,36 +54,13 @@ impl From<FlowCounters> for Traffic {
     }
 }
 
-/// Everything the router forwarded of a flow direction while it was offloaded: the fast
-/// path's packets and the ones the kernel forwarded itself (counted by the arming program),
-/// which the per-host metrics report.
-pub fn routed(c: &FlowCounters) -> Traffic {
-    Traffic {
-        packets: c.packets.wrapping_add(c.kernel_packets),
-        bytes: c.bytes.wrapping_add(c.kernel_bytes),
-    }
-}
-
 /// A connection's traffic, `[original, reply]` direction.
 pub type DirTraffic = [Traffic; 2];
 
-/// What a connection's map entries counted: the fast path's share (for `xdp-routerd flows`,
-/// added to conntrack's own counters) and everything routed (for the per-host metrics).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EntryTraffic {
-    pub fastpath: DirTraffic,
-    pub routed: DirTraffic,
-}
-
-impl EntryTraffic {
-    /// What `[original, reply]` map entries count (nothing for a missing one).
-    pub fn of(counters: [Option<FlowCounters>; 2]) -> EntryTraffic {
-        let c = counters.map(Option::unwrap_or_default);
-        EntryTraffic {
-            fastpath: c.map(Traffic::from),
-            routed: [routed(&c[0]), routed(&c[1])],
-        }
-    }
+/// What the fast path forwarded of a connection's `[original, reply]` map entries (nothing
+/// for a missing one): added to conntrack's own counters by `xdp-routerd flows`.
+pub fn fastpath(counters: [Option<FlowCounters>; 2]) -> DirTraffic {
+    counters.map(|c| Traffic::from(c.unwrap_or_default()))
 }
 
 /// Conntrack's own counters (`nf_conntrack_acct`) by original tuple and zone.
@@ -121,10 +102,18 @@ pub struct HostTraffic {
     pub receive: Traffic,
 }
 
-impl AddAssign for HostTraffic {
-    fn add_assign(&mut self, o: HostTraffic) {
-        self.transmit += o.transmit;
-        self.receive += o.receive;
+impl From<HostCounters> for HostTraffic {
+    fn from(c: HostCounters) -> HostTraffic {
+        HostTraffic {
+            transmit: Traffic {
+                packets: c.transmit_packets,
+                bytes: c.transmit_bytes,
+            },
+            receive: Traffic {
+                packets: c.receive_packets,
+                bytes: c.receive_bytes,
+            },
+        }
     }
 }
 
@@ -135,36 +124,23 @@ pub struct HostTotals {
     pub other: HostTraffic,
 }
 
-impl HostTotals {
-    /// Adds a connection's traffic to its hosts (see [`LanHosts`]); hosts not in `hosts`
-    /// (not admitted) go to `other`.
-    pub fn add(&mut self, lan: &LanHosts, traffic: &DirTraffic) {
-        for (i, host) in lan.iter().enumerate() {
-            let Some(host) = host else { continue };
-            let t = HostTraffic {
-                transmit: traffic[i],
-                receive: traffic[1 - i],
-            };
-            match self.hosts.get_mut(host) {
-                Some(h) => *h += t,
-                None => self.other += t,
-            }
-        }
-    }
-}
+/// The `HOST_TRAFFIC` slots of a connection's LAN hosts, `[originator, responder]`
+/// (`HOST_SLOT_*`; see [`LanHosts`]).
+pub type HostSlots = [u32; 2];
 
-/// What the fast path forwarded that is no longer in a live map entry, and which LAN hosts
-/// get a series of their own. Changed only by the [`super::FlowManager`].
+/// Which LAN hosts get a series of their own and their `HOST_TRAFFIC` slots, and what the
+/// fast path forwarded in map entries that are gone while their connections live. Changed
+/// only by the [`super::FlowManager`].
 #[derive(Debug, Default)]
 pub struct Ledger {
     /// Most hosts with a series of their own (`host_metrics_limit`); 0 = none.
     limit: usize,
-    /// The admitted hosts (first come, never evicted, so each series stays monotonic) with
-    /// the traffic of their connections that conntrack destroyed; `other.other` the rest.
-    closed: HostTotals,
-    /// Live connections whose map entries were rewritten or taken back: their counters until
-    /// then, attributed to the hosts they had then, kept until conntrack destroys them.
-    carried: HashMap<CtTuple, (LanHosts, EntryTraffic)>,
+    /// The admitted hosts (first come, never evicted, so each series stays monotonic) and
+    /// their slots, `HOST_SLOT_FIRST` on in the order they came.
+    slots: BTreeMap<IpAddr, u32>,
+    /// Live connections whose map entries were rewritten or taken back: what the fast path
+    /// forwarded in them, kept until conntrack destroys them (for `xdp-routerd flows`).
+    carried: HashMap<CtTuple, DirTraffic>,
 }
 
 impl Ledger {
@@ -173,69 +149,55 @@ impl Ledger {
         self.limit = limit;
     }
 
-    /// The host limit (0: per-host metrics off).
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-
-    /// A connection was offloaded: its LAN hosts get a series while there is room.
-    pub fn admit(&mut self, lan: &LanHosts) {
-        for host in lan.iter().flatten() {
-            if self.closed.hosts.len() < self.limit {
-                self.closed.hosts.entry(*host).or_default();
+    /// A connection is being offloaded: its LAN hosts get a series while there is room.
+    /// Returns their slots: a host's own, `HOST_SLOT_OTHER` beyond the limit,
+    /// `HOST_SLOT_NONE` for an endpoint that is not a LAN host or with per-host metrics off.
+    pub fn admit(&mut self, lan: &LanHosts) -> HostSlots {
+        lan.map(|host| match host {
+            Some(_) if self.limit == 0 => HOST_SLOT_NONE,
+            None => HOST_SLOT_NONE,
+            Some(host) => {
+                let next = HOST_SLOT_FIRST + self.slots.len() as u32;
+                match self.slots.get(&host) {
+                    Some(slot) => *slot,
+                    None if self.slots.len() < self.limit => {
+                        self.slots.insert(host, next);
+                        next
+                    }
+                    None => HOST_SLOT_OTHER,
+                }
             }
-        }
+        })
     }
 
-    /// A live connection's map entries are going (rewritten or taken back): keeps what they
-    /// counted.
-    pub fn carry(&mut self, orig: CtTuple, lan: LanHosts, traffic: EntryTraffic) {
-        let (_, carried) = self
-            .carried
-            .entry(orig)
-            .or_insert((lan, EntryTraffic::default()));
-        for i in 0..2 {
-            carried.fastpath[i] += traffic.fastpath[i];
-            carried.routed[i] += traffic.routed[i];
+    /// The admitted hosts and their slots.
+    pub fn slots(&self) -> impl Iterator<Item = (IpAddr, u32)> + '_ {
+        self.slots.iter().map(|(host, slot)| (*host, *slot))
+    }
+
+    /// A live connection's map entries are going (rewritten or taken back): keeps what the
+    /// fast path forwarded in them.
+    pub fn carry(&mut self, orig: CtTuple, fastpath: DirTraffic) {
+        let carried = self.carried.entry(orig).or_default();
+        for (c, t) in carried.iter_mut().zip(fastpath) {
+            *c += t;
         }
     }
 
     /// What the fast path forwarded in the earlier map entries of the live connection `orig`.
     pub fn carried(&self, orig: &CtTuple) -> DirTraffic {
-        self.carried
-            .get(orig)
-            .map(|(_, t)| t.fastpath)
-            .unwrap_or_default()
+        self.carried.get(orig).copied().unwrap_or_default()
     }
 
-    /// Conntrack destroyed the connection: what it carried goes to its hosts' totals.
+    /// Conntrack destroyed the connection: what it carried is no longer needed.
     pub fn close(&mut self, orig: &CtTuple) {
-        if let Some((lan, traffic)) = self.carried.remove(orig) {
-            self.closed.add(&lan, &traffic.routed);
-        }
+        self.carried.remove(orig);
     }
 
     /// A conntrack dump no longer has these connections (`present`: the dump's original
-    /// tuples): their destruction was missed, so what they carried goes to their hosts.
+    /// tuples): their destruction was missed.
     pub fn close_absent(&mut self, present: &HashSet<CtTuple>) {
-        let gone: Vec<CtTuple> = self
-            .carried
-            .keys()
-            .filter(|k| !present.contains(k))
-            .copied()
-            .collect();
-        for orig in &gone {
-            self.close(orig);
-        }
-    }
-
-    /// The per-host totals without the live map entries (add those with [`HostTotals::add`]).
-    pub fn totals(&self) -> HostTotals {
-        let mut t = self.closed.clone();
-        for (lan, traffic) in self.carried.values() {
-            t.add(lan, &traffic.routed);
-        }
-        t
+        self.carried.retain(|orig, _| present.contains(orig));
     }
 }
 
@@ -264,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn entries_count_the_fast_path_share_and_everything_routed() {
+    fn entries_count_the_fast_path_share_only() {
         let c = FlowCounters {
             packets: 7,
             bytes: 700,
@@ -272,9 +234,7 @@ mod tests {
             kernel_bytes: 3000,
             ..Default::default()
         };
-        let e = EntryTraffic::of([Some(c), None]);
-        assert_eq!(e.fastpath, [t(7, 700), t(0, 0)]);
-        assert_eq!(e.routed, [t(9, 3700), t(0, 0)]);
+        assert_eq!(fastpath([Some(c), None]), [t(7, 700), t(0, 0)]);
     }
 
     #[test]
@@ -287,91 +247,66 @@ mod tests {
     }
 
     #[test]
-    fn hosts_send_one_direction_and_receive_the_other() {
-        let mut totals = HostTotals::default();
-        totals.hosts.insert(ip(2), HostTraffic::default());
-        totals.hosts.insert(ip(3), HostTraffic::default());
-        // A LAN client to the WAN: only the originator is a LAN host.
-        totals.add(&[Some(ip(2)), None], &[t(10, 1000), t(5, 300)]);
-        // LAN to LAN: both are.
-        totals.add(&[Some(ip(3)), Some(ip(2))], &[t(1, 100), t(2, 200)]);
-        assert_eq!(
-            totals.hosts[&ip(2)],
-            HostTraffic {
-                transmit: t(12, 1200),
-                receive: t(6, 400)
-            }
-        );
-        assert_eq!(
-            totals.hosts[&ip(3)],
-            HostTraffic {
-                transmit: t(1, 100),
-                receive: t(2, 200)
-            }
-        );
-        assert_eq!(totals.other, HostTraffic::default());
-    }
-
-    #[test]
-    fn hosts_beyond_the_limit_are_summed_as_other() {
+    fn hosts_get_slots_in_order_and_the_rest_share_other() {
         let mut l = Ledger::default();
         l.set_limit(2);
-        for host in 1..=4 {
-            l.admit(&[Some(ip(host)), None]);
-        }
-        let mut totals = l.totals();
         assert_eq!(
-            totals.hosts.keys().copied().collect::<Vec<_>>(),
-            [ip(1), ip(2)]
+            l.admit(&[Some(ip(1)), None]),
+            [HOST_SLOT_FIRST, HOST_SLOT_NONE]
         );
-        for host in 1..=4 {
-            totals.add(&[Some(ip(host)), None], &[t(1, 100), t(0, 0)]);
-        }
-        assert_eq!(totals.hosts[&ip(2)].transmit, t(1, 100));
-        assert_eq!(totals.other.transmit, t(2, 200));
-        // 0 admits nobody.
+        // LAN to LAN: both are hosts; the second takes the last free slot.
+        assert_eq!(
+            l.admit(&[Some(ip(2)), Some(ip(1))]),
+            [HOST_SLOT_FIRST + 1, HOST_SLOT_FIRST]
+        );
+        assert_eq!(
+            l.admit(&[Some(ip(3)), None]),
+            [HOST_SLOT_OTHER, HOST_SLOT_NONE]
+        );
+        // An admitted host keeps its slot.
+        assert_eq!(
+            l.admit(&[None, Some(ip(2))]),
+            [HOST_SLOT_NONE, HOST_SLOT_FIRST + 1]
+        );
+        assert_eq!(
+            l.slots().collect::<Vec<_>>(),
+            [(ip(1), HOST_SLOT_FIRST), (ip(2), HOST_SLOT_FIRST + 1)]
+        );
+        // 0: per-host metrics off, nothing is counted.
         let mut off = Ledger::default();
-        off.admit(&[Some(ip(1)), Some(ip(2))]);
-        assert!(off.totals().hosts.is_empty());
+        assert_eq!(off.admit(&[Some(ip(1)), Some(ip(2))]), [HOST_SLOT_NONE; 2]);
+        assert_eq!(off.slots().count(), 0);
     }
 
     #[test]
-    fn counters_of_rewritten_and_removed_entries_are_kept() {
-        let mut l = Ledger::default();
-        l.set_limit(8);
-        let lan = [Some(ip(2)), None];
-        l.admit(&lan);
-        // The entries were rewritten twice (route changes) while the connection lived; the
-        // second time the kernel had forwarded 3 packets of the original direction itself.
-        let fast = |d: DirTraffic| EntryTraffic {
-            fastpath: d,
-            routed: d,
+    fn host_counters_are_transmit_and_receive() {
+        let c = HostCounters {
+            transmit_packets: 1,
+            transmit_bytes: 100,
+            receive_packets: 2,
+            receive_bytes: 3000,
         };
-        l.carry(tuple(2), lan, fast([t(10, 1000), t(1, 60)]));
-        l.carry(
-            tuple(2),
-            lan,
-            EntryTraffic {
-                fastpath: [t(5, 500), t(1, 60)],
-                routed: [t(8, 800), t(1, 60)],
-            },
+        assert_eq!(
+            HostTraffic::from(c),
+            HostTraffic {
+                transmit: t(1, 100),
+                receive: t(2, 3000)
+            }
         );
-        // `flows` adds conntrack's own counters to the fast path's share only.
+    }
+
+    #[test]
+    fn fast_path_counts_of_rewritten_entries_are_kept_until_the_connection_closes() {
+        let mut l = Ledger::default();
+        // The entries were rewritten twice (route changes) while the connection lived.
+        l.carry(tuple(2), [t(10, 1000), t(1, 60)]);
+        l.carry(tuple(2), [t(5, 500), t(1, 60)]);
         assert_eq!(l.carried(&tuple(2)), [t(15, 1500), t(2, 120)]);
-        let live = [t(1, 100), t(0, 0)];
-        let mut before = l.totals();
-        before.add(&lan, &live);
-        // Then conntrack destroyed it (its last entries were carried when they were removed).
-        l.carry(tuple(2), lan, fast(live));
+        l.carry(tuple(3), [t(1, 1), t(0, 0)]);
+        // A dump without tuple(3): its DESTROY was missed.
+        l.close_absent(&[tuple(2)].into());
+        assert_eq!(l.carried(&tuple(3)), DirTraffic::default());
         l.close(&tuple(2));
         assert_eq!(l.carried(&tuple(2)), DirTraffic::default());
-        let after = l.totals();
-        assert_eq!(
-            after, before,
-            "closing moves the counts, it neither adds nor drops"
-        );
-        // The hosts get everything routed: fast path and kernel.
-        assert_eq!(after.hosts[&ip(2)].transmit, t(19, 1900));
-        assert_eq!(after.hosts[&ip(2)].receive, t(2, 120));
     }
 }

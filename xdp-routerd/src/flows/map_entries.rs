@@ -8,11 +8,11 @@ use std::net::IpAddr;
 use aya::maps::MapError;
 use xdp_router_common::{
     ArmKeyV4, ArmKeyV6, FLOW_F_AWAITING_TRAFFIC, FLOW_F_REPLY, FibCache, FlowCounters, FlowKeyV4,
-    FlowKeyV6, FlowV4, FlowV6,
+    FlowKeyV6, FlowV4, FlowV6, HOST_SLOT_NONE,
     checksum::{nat_diff_v4, nat_diff_v6},
 };
 
-use super::accounting::EntryTraffic;
+use super::accounting::{DirTraffic, HostSlots, fastpath};
 use super::conntrack::CtTuple;
 use super::{FlowTable, Skip};
 
@@ -46,9 +46,10 @@ pub(super) fn remove_entries(table: &mut impl FlowTable, keys: &[DirKey; 2], arm
     }
 }
 
-/// What a connection's `[original, reply]` flow entries counted (nothing for a missing one).
-pub(super) fn read_traffic(table: &impl FlowTable, keys: &[DirKey; 2]) -> EntryTraffic {
-    EntryTraffic::of(keys.map(|key| match key {
+/// What the fast path forwarded in a connection's `[original, reply]` flow entries (nothing
+/// for a missing one).
+pub(super) fn read_traffic(table: &impl FlowTable, keys: &[DirKey; 2]) -> DirTraffic {
+    fastpath(keys.map(|key| match key {
         DirKey::V4(k) => table.get_v4(&k).map(|v| v.counters),
         DirKey::V6(k) => table.get_v6(&k).map(|v| v.counters),
     }))
@@ -169,6 +170,27 @@ impl Plan {
 }
 
 impl Plan {
+    /// Has the entries count their packets for the connection's LAN hosts (`hosts`:
+    /// `[originator, responder]` slots): the originator sends the original direction and
+    /// receives the reply direction, the responder the other way round.
+    pub(super) fn count_for(mut self, hosts: HostSlots) -> Plan {
+        let [originator, responder] = hosts;
+        let slots = [[originator, responder], [responder, originator]];
+        match &mut self.values {
+            PlanValues::V4(es) => {
+                for ((_, v, _), s) in es.iter_mut().zip(slots) {
+                    v.host_slots = s;
+                }
+            }
+            PlanValues::V6(es) => {
+                for ((_, v, _), s) in es.iter_mut().zip(slots) {
+                    v.host_slots = s;
+                }
+            }
+        }
+        self
+    }
+
     /// The arming index entries of both directions (none while awaiting traffic).
     pub(super) fn write_arms(&self, table: &mut impl FlowTable) -> Result<(), MapError> {
         if self.awaiting_traffic {
@@ -266,6 +288,8 @@ fn v4_entry(d: &Dir<'_>) -> (FlowKeyV4, FlowV4, ArmKeyV4) {
         fib_mark: 0,
         kernel_dscp: 0,
         kernel_ttl: 0,
+        // Set by `Plan::count_for` when the connection is offloaded.
+        host_slots: [HOST_SLOT_NONE; 2],
     };
     let arm = ArmKeyV4 {
         src_be: new_src,
@@ -315,6 +339,8 @@ fn v6_entry(d: &Dir<'_>) -> (FlowKeyV6, FlowV6, ArmKeyV6) {
         fib_mark: 0,
         kernel_dscp: 0,
         kernel_ttl: 0,
+        // Set by `Plan::count_for` when the connection is offloaded.
+        host_slots: [HOST_SLOT_NONE; 2],
     };
     let arm = ArmKeyV6 {
         src_be: new_src,

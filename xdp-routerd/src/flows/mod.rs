@@ -104,8 +104,6 @@ pub struct Offloaded {
     pub keys: [DirKey; 2],
     /// `[original, reply]` arming index keys.
     pub arms: [ArmKey; 2],
-    /// Its LAN hosts (see [`LanHosts`]).
-    pub lan: LanHosts,
     /// What earlier map entries of this connection counted (see [`Ledger::carried`]): its
     /// fast-path traffic is this plus what its current entries count.
     pub carried: DirTraffic,
@@ -164,7 +162,7 @@ impl FlowManager {
         self.ledger.set_limit(limit);
     }
 
-    /// What removed map entries counted, per connection and per host.
+    /// The LAN hosts' slots, and what removed map entries of live connections counted.
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
     }
@@ -254,18 +252,16 @@ impl FlowManager {
 
     /// The offloaded connections (built on the fly from what the manager keeps).
     pub fn conns(&self) -> impl Iterator<Item = Offloaded> + '_ {
-        self.stored().map(|(orig, s)| {
-            let lan = self.lan_hosts(&orig, &s.reply, s.ingress);
-            s.offloaded(orig, lan, self.ledger.carried(&orig))
-        })
+        self.stored()
+            .map(|(orig, s)| s.offloaded(orig, self.ledger.carried(&orig)))
     }
 
-    /// Conntrack destroyed the connection: forget it entirely (what it counted goes to its
-    /// hosts' totals). Returns whether it was offloaded.
+    /// Conntrack destroyed the connection: forget it entirely (its hosts' counters in
+    /// `HOST_TRAFFIC` have its packets already). Returns whether it was offloaded.
     pub fn forget(&mut self, orig: &CtTuple, table: &mut impl FlowTable) -> bool {
         self.parked.remove(orig);
-        // Its last counts matter only to the per-host totals.
-        let was = self.take_back(orig, table, self.ledger.limit() > 0);
+        // Its entries' counters are of no use any more: not read.
+        let was = self.take_back(orig, table, false);
         self.ledger.close(orig);
         was
     }
@@ -296,9 +292,7 @@ impl FlowManager {
             conn.awaiting_traffic,
         );
         if keep_counts {
-            let lan = self.lan_hosts(orig, &conn.reply, conn.ingress);
-            self.ledger
-                .carry(*orig, lan, read_traffic(table, &plan.keys));
+            self.ledger.carry(*orig, read_traffic(table, &plan.keys));
         }
         remove_entries(table, &plan.keys, &plan.arms);
         self.stats.removed_total += 1;

@@ -8,7 +8,7 @@ use std::{
 };
 
 use super::Offloaded;
-use super::accounting::{DirTraffic, LanHosts};
+use super::accounting::DirTraffic;
 use super::conntrack::{CtEntry, CtStatus, CtTuple, IPPROTO_TCP, tcp_state};
 use super::map_entries::Plan;
 
@@ -199,7 +199,7 @@ impl Stored<CtTuple> {
         }
     }
 
-    pub(super) fn offloaded(&self, orig: CtTuple, lan: LanHosts, carried: DirTraffic) -> Offloaded {
+    pub(super) fn offloaded(&self, orig: CtTuple, carried: DirTraffic) -> Offloaded {
         let plan = Plan::new(
             &orig,
             &self.reply,
@@ -211,7 +211,6 @@ impl Stored<CtTuple> {
             entry: self.entry(orig),
             keys: plan.keys,
             arms: plan.arms,
-            lan,
             carried,
         }
     }

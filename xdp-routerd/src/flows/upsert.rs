@@ -98,6 +98,10 @@ impl FlowManager {
             return Upsert::Unchanged;
         }
         self.remove(&entry.orig, table);
+        let hosts = self
+            .ledger
+            .admit(&self.lan_hosts(&entry.orig, &entry.reply, plan.ingress));
+        let plan = plan.count_for(hosts);
         if let Err(skip) = plan.write(table) {
             *self.stats.skipped.entry(skip).or_default() += 1;
             if skip == Skip::TableFull
@@ -115,8 +119,6 @@ impl FlowManager {
             return Upsert::Skipped(skip);
         }
         self.stats.offloaded_total += 1;
-        self.ledger
-            .admit(&self.lan_hosts(&entry.orig, &entry.reply, plan.ingress));
         self.insert(&entry.orig, &stored);
         Upsert::Added
     }
@@ -144,7 +146,10 @@ impl FlowManager {
                 && seen.insert(e.orig)
                 && let Ok(plan) = self.plan(e, paths, awaiting_traffic)
             {
-                fresh.push((e, plan));
+                let hosts = self
+                    .ledger
+                    .admit(&self.lan_hosts(&e.orig, &e.reply, plan.ingress));
+                fresh.push((e, plan.count_for(hosts)));
             } else {
                 rest.push(e);
             }
@@ -174,8 +179,6 @@ impl FlowManager {
             if written {
                 self.parked.remove(&e.orig);
                 self.stats.offloaded_total += 1;
-                self.ledger
-                    .admit(&self.lan_hosts(&e.orig, &e.reply, plan.ingress));
                 let stored = Stored {
                     reply: e.reply,
                     id: e.id.map_or(0, short_id),

@@ -5,8 +5,9 @@
 //!
 //! Bounded: only LAN hosts (endpoints whose packets arrive on a `lan` interface), the first
 //! `host_metrics_limit` of them by address, the rest under `host="other"`. Monotonic: the
-//! counts of closed connections stay in the totals, and a scrape that races a flow's removal
-//! (see [`crate::state::Shared::host_traffic`]) reports the previous value instead of a dip.
+//! datapath's per-host counters only grow, closed connections included, and a scrape whose
+//! read of a host fails (see [`crate::state::Shared::host_traffic`]) reports the previous
+//! value instead of a dip.
 
 use std::fmt;
 

@@ -4,6 +4,7 @@
 //! ([`APPLY_CHUNK`]).
 
 use std::{
+    net::IpAddr,
     panic::Location,
     sync::{
         Arc,
@@ -14,13 +15,16 @@ use std::{
 
 use parking_lot::{FairMutex, FairMutexGuard};
 use tokio::sync::Notify;
+use tracing::warn;
+use xdp_router_common::HOST_SLOT_OTHER;
 
 use super::{State, lock_stats, monotonic_ns};
 use crate::{
     config::check_verdict_max_age,
+    datapath::hosts::HostTrafficMap,
     flows::{
         Offloaded,
-        accounting::{HostTotals, KernelCounters},
+        accounting::{HostTotals, HostTraffic, KernelCounters},
     },
     paths::Stale,
     status::{Flows, Status},
@@ -152,26 +156,27 @@ impl Shared {
         }
     }
 
-    /// What the fast path forwarded per LAN host (the per-host metrics): the totals of removed
-    /// map entries and the connections listed under the lock, then the connections' live
-    /// counters read a chunk at a time as for [`Shared::flows`]. A connection removed between
-    /// the two counts in neither, so a total may dip for one scrape (the collector keeps the
-    /// series monotonic).
-    pub fn host_traffic(&self) -> HostTotals {
-        let (mut totals, conns) = {
-            let s = self.lock();
-            let conns: Vec<Offloaded> = s.flows().conns().collect();
-            (s.flows().ledger().totals(), conns)
-        };
-        for chunk in conns.chunks(APPLY_CHUNK) {
-            let s = self.lock();
-            for conn in chunk {
-                if let Some(live) = s.live_traffic(conn) {
-                    totals.add(&conn.lan, &live);
-                }
+    /// What the router forwarded per LAN host on offloaded connections (the per-host
+    /// metrics): the admitted hosts' slots, taken under the lock, then one read of `map` per
+    /// host and one for `other`, without it. Costs what the hosts cost, not the connections.
+    /// A slot that cannot be read counts as zero (logged; the collector reports the previous
+    /// value instead).
+    pub fn host_traffic(&self, map: &HostTrafficMap) -> HostTotals {
+        let slots: Vec<(IpAddr, u32)> = self.lock().flows().ledger().slots().collect();
+        let read = |slot: u32| match map.read(slot) {
+            Ok(c) => HostTraffic::from(c),
+            Err(e) => {
+                warn!(slot, error = %e, "cannot read the per-host counters");
+                HostTraffic::default()
             }
+        };
+        HostTotals {
+            hosts: slots
+                .into_iter()
+                .map(|(host, slot)| (host, read(slot)))
+                .collect(),
+            other: read(HOST_SLOT_OTHER),
         }
-        totals
     }
 
     /// Switches the fast path on or off; the published status says so at once.

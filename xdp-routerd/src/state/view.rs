@@ -16,7 +16,7 @@ use crate::{
     datapath::{AttachMode, Datapath},
     flows::{
         DirKey, FlowTable, Offloaded,
-        accounting::{DirTraffic, EntryTraffic, KernelCounters, Traffic, merge},
+        accounting::{KernelCounters, Traffic, merge},
     },
     status::{
         BridgeVlanStatus, BridgeVlansStatus, CounterRow, FlowCounts, FlowRow, IfaceStatus, Status,
@@ -325,19 +325,6 @@ impl State<Datapath> {
             pppoe: None,
             bridge_vlans: filtering.then(|| vlans_status(&p.vlans)),
             not_accelerated_because: None,
-        }
-    }
-
-    /// What the map entries of `conn` routed until now, fast path and kernel (`None` when they
-    /// are gone: removed since it was listed).
-    pub(super) fn live_traffic(&self, conn: &Offloaded) -> Option<DirTraffic> {
-        let counters = conn.keys.map(|key| match key {
-            DirKey::V4(k) => self.dp.get_v4(&k).map(|v| v.counters),
-            DirKey::V6(k) => self.dp.get_v6(&k).map(|v| v.counters),
-        });
-        match counters {
-            [None, None] => None,
-            c => Some(EntryTraffic::of(c).routed),
         }
     }
 

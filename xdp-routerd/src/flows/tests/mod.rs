@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use xdp_router_common::{FLOW_F_REPLY, checksum};
+use xdp_router_common::{FLOW_F_REPLY, HOST_SLOT_FIRST, HOST_SLOT_NONE, checksum};
 
 use super::conntrack::CtStatus;
 use super::*;
@@ -293,7 +293,7 @@ fn update_with_same_path_keeps_counters() {
 }
 
 #[test]
-fn counters_survive_rewrites_and_go_to_the_lan_host_when_the_connection_ends() {
+fn counters_survive_rewrites_and_entries_count_for_the_lan_host() {
     let (mut m, mut t) = (manager(), FakeTable::default());
     m.set_managed(BTreeMap::from([
         (2, "eth0".to_string()),
@@ -312,28 +312,45 @@ fn counters_survive_rewrites_and_go_to_the_lan_host_when_the_connection_ends() {
     let fastpath = |m: &FlowManager, t: &FakeTable| {
         let conn = m.conns().next().expect("offloaded");
         let live = map_entries::read_traffic(t, &conn.keys);
-        [0, 1].map(|i| conn.carried[i] + live.fastpath[i])
+        [0, 1].map(|i| conn.carried[i] + live[i])
     };
     let traffic = |packets: u64| accounting::Traffic {
         packets,
         bytes: 1500 * packets,
     };
+    // The LAN client sends the original direction and receives the reply; the WAN end is no
+    // LAN host.
+    let host_slots = |t: &FakeTable| {
+        let mut s: Vec<(bool, [u32; 2])> =
+            t.v4.values()
+                .map(|v| (v.flags & FLOW_F_REPLY != 0, v.host_slots))
+                .collect();
+        s.sort();
+        s
+    };
+    let counted_for_host = vec![
+        (false, [HOST_SLOT_FIRST, HOST_SLOT_NONE]),
+        (true, [HOST_SLOT_NONE, HOST_SLOT_FIRST]),
+    ];
     assert_eq!(m.upsert(snat_tcp(), &mut t, &paths()), Upsert::Added);
-    let conn = m.conns().next().unwrap();
-    assert_eq!(conn.lan, [Some(host), None], "the WAN end is no LAN host");
+    assert_eq!(host_slots(&t), counted_for_host);
+    assert_eq!(
+        m.ledger().slots().collect::<Vec<_>>(),
+        [(host, HOST_SLOT_FIRST)]
+    );
     forward(&mut t, 10);
-    // The WAN moves to eth2: new entries, counting from 0; the old ones' counts are carried.
+    // The WAN moves to eth2: new entries, counting from 0 for the same host; the old ones'
+    // counts are carried.
     let moved = FakePaths { wan: 4, ..paths() };
     assert_eq!(m.upsert(snat_tcp(), &mut t, &moved), Upsert::Added);
     assert!(t.v4.values().all(|v| v.counters.packets == 0));
+    assert_eq!(host_slots(&t), counted_for_host);
     forward(&mut t, 5);
     assert_eq!(fastpath(&m, &t), [traffic(15), traffic(15)]);
-    // Conntrack destroys it: its hosts keep everything it carried.
+    // Conntrack destroys it: nothing is carried any more; the host keeps its slot.
     m.forget(&snat_tcp().orig, &mut t);
-    let totals = m.ledger().totals();
-    assert_eq!(totals.hosts[&host].transmit, traffic(15));
-    assert_eq!(totals.hosts[&host].receive, traffic(15));
     assert_eq!(m.ledger().carried(&snat_tcp().orig), [traffic(0); 2]);
+    assert_eq!(m.ledger().slots().count(), 1);
 }
 
 #[test]
