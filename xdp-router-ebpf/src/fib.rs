@@ -188,8 +188,9 @@ fn lookup_flags(mark: u32) -> u32 {
 }
 
 /// Where the translated packet goes: the flow's cached answer when it is still valid, else
-/// `bpf_fib_lookup` with `params` (whose answer is then cached). `len` is the packet's IP length
-/// and `tos_flowinfo` the lookup's TOS / flow information input, both as in `params`.
+/// `bpf_fib_lookup` with the input `params` builds (whose answer is then cached). `len` is the
+/// packet's IP length and `tos_flowinfo` the lookup's TOS / flow information input, both as in
+/// that input.
 #[expect(
     clippy::too_many_arguments,
     reason = "the lookup's inputs plus the cache's"
@@ -200,19 +201,20 @@ pub fn next_hop<P: Packet>(
     cache: *mut FibCache,
     policy: &FibCachePolicy,
     now: u64,
-    params: &mut bpf_fib_lookup,
     len: u16,
     tos_flowinfo: u32,
     mark: u32,
+    params: impl FnOnce() -> bpf_fib_lookup,
 ) -> Result<NextHop, Reason> {
     if let Some(hop) = cached_hop(cache, policy, now, len, tos_flowinfo) {
         return Ok(hop);
     }
+    let mut params = params();
     // SAFETY: params is a valid, initialised bpf_fib_lookup of the size passed.
     let rc = unsafe {
         fib_lookup(
             ctx.as_ptr(),
-            params as *mut bpf_fib_lookup,
+            &mut params as *mut bpf_fib_lookup,
             size_of::<bpf_fib_lookup>() as i32,
             lookup_flags(mark),
         )

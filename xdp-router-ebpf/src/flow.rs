@@ -68,6 +68,9 @@ pub fn try_forward<P: Packet>(
     let Some(settings) = SETTINGS.get(0) else {
         return Err(Reason::PassDisabled);
     };
+    if settings.fastpath_enabled == 0 {
+        return Err(Reason::PassDisabled);
+    }
     let cache = FibCachePolicy {
         generation: settings.fib_generation,
         max_age_ns: settings.fib_cache_ns,
@@ -77,9 +80,6 @@ pub fn try_forward<P: Packet>(
         dscp_rewrite: settings.flags & SETTINGS_F_DSCP_REWRITE != 0,
         active_since_ns: settings.active_since_ns,
     };
-    if settings.fastpath_enabled == 0 {
-        return Err(Reason::PassDisabled);
-    }
     let verify_l4 = settings.verify_l4_checksum != 0;
     // A rule in the ruleset must see every packet (a rate limit, quota, queue, log: state XDP
     // cannot keep), or the daemon is reading the ruleset after a change: the kernel carries
@@ -541,27 +541,29 @@ fn try_forward_ip<F: Family, P: Packet>(
     // The length the egress MTU is checked against (a GSO skb's segments; XDP: `h.len`).
     let mtu_len = ctx.mtu_len(h.len, l2, l2 + F::HLEN, h.proto == IPPROTO_TCP);
 
-    let mut params = fib_params(
-        F::AF,
-        h.proto,
-        sport,
-        nat.dport_be,
-        mtu_len,
-        ifindex,
-        h.tos_flowinfo,
-        F::fib_addr(h.src),
-        F::fib_addr(nat.dst_be),
-        mark,
-    );
+    // The lookup's input is built only when the flow's cached answer cannot be used.
     let mut hop = next_hop(
         ctx,
         fields.fib,
         cache,
         now,
-        &mut params,
         mtu_len,
         h.tos_flowinfo,
         mark,
+        || {
+            fib_params(
+                F::AF,
+                h.proto,
+                sport,
+                nat.dport_be,
+                mtu_len,
+                ifindex,
+                h.tos_flowinfo,
+                F::fib_addr(h.src),
+                F::fib_addr(nat.dst_be),
+                mark,
+            )
+        },
     )?;
     let egress = redirect_to::<P>(&mut hop)?;
 

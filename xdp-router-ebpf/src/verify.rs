@@ -62,9 +62,9 @@ pub fn ipv4_header_checksum<P: Packet>(ctx: &P, offset: usize) -> Result<(), Rea
 
 /// Bytes per `bpf_csum_diff` call over a large block (the helper takes at most 512).
 const BIG: usize = 512;
-/// Bytes per `bpf_csum_diff` call over the rest.
+/// The smallest block summed by a `bpf_csum_diff` call; the rest below it is summed in words.
 const SMALL: usize = 64;
-/// Big blocks summed at most: with the small and word loops, segments up to 3071 bytes, every
+/// Big blocks summed at most: with the smaller blocks and the word loop, segments up to 3071 bytes, every
 /// frame of a 1500 (or 3000) byte MTU; longer ones (jumbo frames that still fit one buffer,
 /// up to ≈ 3.5 KB; longer ones are `Reason::PassMultiBuffer` before the pipeline) go to the
 /// kernel as `Reason::PassL4ChecksumTooLong`.
@@ -105,13 +105,31 @@ fn csum_block<const LEN: usize>(
     Ok(r as u32)
 }
 
+/// `partial` plus the segment's `LEN`-byte block (`LEN` a power of two, 64 to 256) that starts
+/// after its length rounded down to `2 * LEN`, when bit `LEN` of its length `len` is set: one
+/// stage of the segment's rest below [`BIG`] bytes.
+#[inline(always)]
+fn csum_bit<const LEN: usize>(
+    ctx: &impl Packet,
+    offset: usize,
+    len: usize,
+    partial: u32,
+) -> Result<u32, Reason> {
+    if opaque(len & LEN) == 0 {
+        return Ok(partial);
+    }
+    csum_block::<LEN>(ctx, offset + (len & !(2 * LEN - 1)), partial)
+}
+
 /// `Ok` when the TCP/UDP segment of `len` bytes at `offset` (ending at or before the end of
 /// the frame, checked by the caller's header checks) sums with the pseudo-header sum `pseudo`
-/// to a correct checksum. Bounded loops for the verifier: 512-byte and 64-byte blocks through
-/// `bpf_csum_diff`, then 4-byte words, then the last 2 and 1 bytes.
+/// to a correct checksum. Bounded loops for the verifier: 512-byte blocks, then one 256-, 128-
+/// and 64-byte block each where the length has that bit, through `bpf_csum_diff`, then 4-byte
+/// words, then the last 2 and 1 bytes.
 ///
 /// Each loop runs a block *count* derived from `len` (shift and mask, passed through
-/// [`opaque`]), never a comparison of a position with `len` itself: the verifier then explores
+/// [`opaque`]), and each single block is taken on a bit of `len` (also through [`opaque`]),
+/// never a comparison of a position with `len` itself: the verifier then explores
 /// each loop once per iteration and the paths merge behind it, instead of splitting `len` into
 /// one known range per path that every later instruction of the program is verified again for.
 ///
@@ -164,16 +182,12 @@ fn l4_sum_checks<P: Packet>(ctx: &P, offset: usize, len: usize, pseudo: u64) -> 
         }
         partial = csum_block::<BIG>(ctx, offset + i * BIG, partial)?;
     }
-    // Each stage starts where the segment's length says (not where the previous loop ended):
-    // the verifier's paths out of one loop are the same state at the next.
-    let small = opaque((len >> 6) & (BIG / SMALL - 1));
-    let small_at = offset + (len & !(BIG - 1));
-    for i in 0..BIG / SMALL - 1 {
-        if i >= small {
-            break;
-        }
-        partial = csum_block::<SMALL>(ctx, small_at + i * SMALL, partial)?;
-    }
+    // Each stage starts where the segment's length says (not where the previous one ended):
+    // the verifier's paths out of one stage are the same state at the next. The rest below
+    // 512 bytes in at most three calls, one per bit of its length (256, 128, 64).
+    partial = csum_bit::<256>(ctx, offset, len, partial)?;
+    partial = csum_bit::<128>(ctx, offset, len, partial)?;
+    partial = csum_bit::<SMALL>(ctx, offset, len, partial)?;
     let mut sum = pseudo + partial as u64;
     let words = opaque((len >> 2) & (SMALL / 4 - 1));
     let words_at = offset + (len & !(SMALL - 1));
