@@ -16,7 +16,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{rule_origin::RuleOrigin, rule_reach::NotHeld};
+use super::{rule_origin::RulePlace, rule_reach::NotHeld};
 
 /// A match whose answer for an established flow can change without a ruleset change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -64,11 +64,8 @@ impl fmt::Display for ExpiringMatch {
 /// A rule with a match whose answer can change without a ruleset change.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ExpiringRule {
-    pub origin: RuleOrigin,
-    pub table: String,
-    pub chain: String,
-    /// 1-based, as [`super::per_packet::PerPacketRule::position`].
-    pub position: u32,
+    /// Where it is.
+    pub at: RulePlace,
     /// Its expiring matches (at least one, sorted, no duplicates).
     pub matches: Vec<ExpiringMatch>,
     /// Why no packet of an established connection reaches those matches; `None`: one may,
@@ -81,15 +78,7 @@ impl fmt::Display for ExpiringRule {
     /// `ip filter FORWARD rule 1 matches ipset`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let matches: Vec<&str> = self.matches.iter().map(|m| m.name()).collect();
-        write!(
-            f,
-            "{} {} {} rule {} matches {}",
-            self.origin.name(),
-            self.table,
-            self.chain,
-            self.position,
-            matches.join(" and ")
-        )
+        write!(f, "{} matches {}", self.at, matches.join(" and "))
     }
 }
 
@@ -110,14 +99,19 @@ pub fn why_verdicts_expire(expiring: &[ExpiringRule], unreadable: &[String]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flows::rule_reach::{CtState, CtStates};
+    use crate::flows::{
+        rule_origin::RuleOrigin,
+        rule_reach::{CtState, CtStates},
+    };
 
     fn rule(reached: bool) -> ExpiringRule {
         ExpiringRule {
-            origin: RuleOrigin::NftIp,
-            table: "filter".into(),
-            chain: "FORWARD".into(),
-            position: 2,
+            at: RulePlace {
+                origin: RuleOrigin::NftIp,
+                table: "filter".into(),
+                chain: "FORWARD".into(),
+                position: 2,
+            },
             matches: vec![ExpiringMatch::Ipset, ExpiringMatch::Time],
             not_reached_because: (!reached).then(|| NotHeld::CtState {
                 states: CtStates([CtState::New].into()),

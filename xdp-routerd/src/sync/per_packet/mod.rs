@@ -168,10 +168,7 @@ fn judge(
         };
         if !facts.expiring.is_empty() {
             out.expiring.push(ExpiringRule {
-                origin,
-                table: table.to_string(),
-                chain: chain.clone(),
-                position: i as u32 + 1,
+                at: place(&chain, i),
                 matches: facts.expiring.iter().copied().collect(),
                 not_reached_because: why(&facts.never_established),
             });
