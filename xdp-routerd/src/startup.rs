@@ -121,6 +121,7 @@ pub async fn start(config: &Config, socket: PathBuf) -> anyhow::Result<Started> 
     // Rules that must see every packet, read before the first packet can be forwarded (the
     // nftables subscription above catches any commit from here on).
     state.set_per_packet_mode(config.per_packet_rules);
+    // Nothing is offloaded or parked yet: no connection to release.
     state.apply_per_packet(
         tokio::task::spawn_blocking(per_packet::read)
             .await

@@ -140,6 +140,9 @@ pub struct PerPacketSummary {
     pub mode: String,
     /// Every packet goes to the kernel now.
     pub held: bool,
+    /// Connections a narrowed rule holds in the kernel.
+    #[serde(default)]
+    pub held_connections: u64,
     /// A ruleset change has not been read yet.
     pub reading: bool,
     /// The rules found, with what they do per packet (`kinds`: `hashlimit`, `quota`, …).
@@ -165,6 +168,9 @@ pub struct PerPacketRuleSummary {
     /// Why it holds no flow (`{"why": "after_verdict", …}`); null while it holds flows.
     #[serde(default)]
     pub not_held_because: Option<serde_json::Value>,
+    /// The connections it can match (`{"terms": […]}`), absent when it can match every one.
+    #[serde(default)]
+    pub flows: Option<serde_json::Value>,
 }
 
 /// The `ruleset` object of `status --json`.

@@ -150,8 +150,10 @@ pub const KEYS: &[Key] = &[
         unset: None,
         doc: "What to do about firewall rules that must see every packet (rate limits, quotas, \
               `NFQUEUE`, `LOG`/`NFLOG`, … in a chain forwarded packets traverse). `\"hold\"` \
-              keeps every flow in the kernel while one exists or the ruleset cannot be read \
-              (reason `per_packet_rule_in_ruleset`; the rules are listed in `status`). \
+              keeps in the kernel the connections such a rule can match (every flow for a \
+              rule without protocol, port or address tests, reason \
+              `per_packet_rule_in_ruleset`, or when the ruleset cannot be read); the rules \
+              are listed in `status`. \
               `\"ignore\"` fast-paths flows anyway, so such rules see only the packets the \
               kernel still carries (the kernel flowtable's semantics).",
     },

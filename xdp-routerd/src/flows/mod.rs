@@ -10,7 +10,8 @@
 //! connection), `stored` (what is kept per connection), `resync` (snapshots, revalidation,
 //! dumps), `keepalive` (the active connections), `skip` (why a connection is not offloaded),
 //! `accounting` (what the fast path forwarded, per connection and per LAN host), `armed` (the
-//! connections the kernel forwarded since their entries were written).
+//! connections the kernel forwarded since their entries were written), `held` (connections a
+//! narrowed rule that must see every packet holds in the kernel).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -139,6 +140,9 @@ pub struct FlowManager {
     lan: BTreeSet<u32>,
     /// What removed map entries counted, and the hosts with per-host series.
     ledger: Ledger,
+    /// The connections firewall rules that must see every packet can match (see
+    /// [`per_packet::held_flows`]): not offloaded ([`Skip::HeldByRule`]).
+    held: Vec<flow_match::FlowMatch>,
 }
 
 impl FlowManager {
@@ -307,6 +311,8 @@ pub mod conntrack;
 pub mod dscp_rewrite;
 #[cfg(test)]
 pub(crate) mod fake;
+pub mod flow_match;
+mod held;
 mod keepalive;
 mod map_entries;
 pub mod per_packet;

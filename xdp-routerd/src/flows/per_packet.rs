@@ -15,16 +15,17 @@
 //! `per_packet_rules = "ignore"`, keeps every flow in the kernel while one that a packet of an
 //! established connection can reach exists ([`super::rule_reach`]: a rule after
 //! `ct state established,related accept`, or one that matches `ct state new` only, holds
-//! nothing). The rules are not narrowed to the flows they can match (a rule's own matches can
-//! depend on anything, so narrowing is not done; correctness first).
+//! nothing). A rule whose tests before what it does per packet include flow-constant ones
+//! (protocol, ports, addresses: [`super::flow_match`]) holds only the connections those tests
+//! can match ([`held_flows`]); one without holds every flow ([`hold`]).
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use super::{
-    dscp_rewrite::DscpRewrites, rule_origin::RuleOrigin, rule_reach::NotHeld,
-    verdict_expiry::ExpiringRule,
+    dscp_rewrite::DscpRewrites, flow_match::FlowMatch, rule_origin::RuleOrigin,
+    rule_reach::NotHeld, verdict_expiry::ExpiringRule,
 };
 
 /// What a rule does per packet that XDP cannot.
@@ -144,6 +145,10 @@ pub struct PerPacketRule {
     /// may, and the rule holds flows (what every rule did before this was read).
     #[serde(default)]
     pub not_held_because: Option<NotHeld>,
+    /// The connections it can do something per packet for (every one when nothing narrows
+    /// it).
+    #[serde(default, skip_serializing_if = "FlowMatch::is_every_flow")]
+    pub flows: FlowMatch,
 }
 
 impl PerPacketRule {
@@ -154,7 +159,7 @@ impl PerPacketRule {
 }
 
 impl fmt::Display for PerPacketRule {
-    /// `ip filter FORWARD rule 1 uses hashlimit`.
+    /// `ip filter FORWARD rule 1 uses hashlimit`, `… uses log on l4proto tcp dport 22`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kinds: Vec<&str> = self.kinds.iter().map(|k| k.name()).collect();
         write!(
@@ -165,7 +170,11 @@ impl fmt::Display for PerPacketRule {
             self.chain,
             self.position,
             kinds.join(" and ")
-        )
+        )?;
+        if !self.flows.is_every_flow() {
+            write!(f, " on {}", self.flows)?;
+        }
+        Ok(())
     }
 }
 
@@ -194,8 +203,9 @@ pub struct PerPacketRules {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PerPacketMode {
-    /// Keep every flow in the kernel while the ruleset has such a rule (or cannot be read):
-    /// the rules see every packet, as without the fast path.
+    /// Keep the connections such a rule can match in the kernel (every flow for a rule that
+    /// nothing narrows, or while the ruleset cannot be read): the rules see every packet of
+    /// them, as without the fast path.
     #[default]
     Hold,
     /// Fast-path flows anyway: such rules see only the packets the kernel still carries (a
@@ -216,10 +226,31 @@ impl PerPacketMode {
 }
 
 /// Whether the datapath must send every packet to the kernel, for `found` under `mode`: a rule
-/// holds flows, or the ruleset could not be read.
+/// that nothing narrows holds flows, or the ruleset could not be read.
 pub fn hold(mode: PerPacketMode, found: &PerPacketRules) -> bool {
     mode == PerPacketMode::Hold
-        && (found.rules.iter().any(PerPacketRule::holds) || !found.unreadable.is_empty())
+        && (found
+            .rules
+            .iter()
+            .any(|r| r.holds() && r.flows.is_every_flow())
+            || !found.unreadable.is_empty())
+}
+
+/// The connections the narrowed rules that hold flows can match, for `found` under `mode`
+/// (none when [`hold`] holds everything anyway): each such connection stays in the kernel.
+pub fn held_flows(mode: PerPacketMode, found: &PerPacketRules) -> Vec<FlowMatch> {
+    if mode != PerPacketMode::Hold || hold(mode, found) {
+        return vec![];
+    }
+    let mut held: Vec<FlowMatch> = found
+        .rules
+        .iter()
+        .filter(|r| r.holds())
+        .map(|r| r.flows.clone())
+        .collect();
+    held.sort();
+    held.dedup();
+    held
 }
 
 /// How many of `rules` use each kind, for every kind (zeros included).
@@ -246,6 +277,7 @@ mod tests {
             position: 1,
             kinds,
             not_held_because: None,
+            flows: FlowMatch::default(),
         }
     }
 

@@ -10,6 +10,7 @@ pub enum Skip {
     NatAddressGone,
     TableFull,
     MapError,
+    HeldByRule,
 }
 
 impl Skip {
@@ -21,6 +22,7 @@ impl Skip {
             Skip::NatAddressGone => "nat_address_gone",
             Skip::TableFull => "flow_table_full",
             Skip::MapError => "map_error",
+            Skip::HeldByRule => "held_by_rule",
         }
     }
 
@@ -40,16 +42,22 @@ impl Skip {
                 "The flow map is full (`flow_capacity`); the connection stays in the kernel."
             }
             Skip::MapError => "Another error of the flow maps.",
+            Skip::HeldByRule => {
+                "A firewall rule that must see every packet (a log, limit, queue, …) can match \
+                 the connection's packets (`per_packet_rules = \"hold\"`): `status` names the \
+                 rule."
+            }
         }
     }
 
     /// Every reason.
-    pub const ALL: [Skip; 5] = [
+    pub const ALL: [Skip; 6] = [
         Skip::NotEstablished,
         Skip::PathNotManaged,
         Skip::NatAddressGone,
         Skip::TableFull,
         Skip::MapError,
+        Skip::HeldByRule,
     ];
 
     /// The reason called `name`, if any.

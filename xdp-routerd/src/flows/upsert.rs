@@ -53,6 +53,11 @@ impl OncePerInterval {
 /// instance, are parked for their whole life); beyond it they are simply not re-checked.
 const MAX_PARKED: usize = 4096;
 
+/// At most this many connections held by a narrowed rule are remembered (all parked ones
+/// counted), to be offloaded when the rule goes; one beyond it returns to the fast path only
+/// with its next conntrack event after the rule is gone.
+const MAX_HELD: usize = 262_144;
+
 impl FlowManager {
     /// Offloads `entry` if conntrack and the routing allow it, else makes sure it is not.
     pub fn upsert(
@@ -199,11 +204,17 @@ impl FlowManager {
         }
     }
 
-    /// Remembers `entry` for a later retry when `skip` may change with the routing.
-    fn park(&mut self, entry: CtEntry, skip: Skip) {
+    /// Remembers `entry` for a later retry when `skip` may change with the routing or the
+    /// ruleset.
+    pub(super) fn park(&mut self, entry: CtEntry, skip: Skip) {
         match skip {
-            Skip::PathNotManaged | Skip::NatAddressGone | Skip::TableFull => {
-                if self.parked.len() < MAX_PARKED || self.parked.contains_key(&entry.orig) {
+            Skip::PathNotManaged | Skip::NatAddressGone | Skip::TableFull | Skip::HeldByRule => {
+                let limit = if skip == Skip::HeldByRule {
+                    MAX_HELD
+                } else {
+                    MAX_PARKED
+                };
+                if self.parked.len() < limit || self.parked.contains_key(&entry.orig) {
                     self.parked.insert(entry.orig, entry);
                 }
             }
@@ -260,6 +271,9 @@ impl FlowManager {
     ) -> Result<Plan, Skip> {
         entry.offload_decision().map_err(|_| Skip::NotEstablished)?;
         let (orig, reply) = (&entry.orig, &entry.reply);
+        if self.is_held(orig, reply) {
+            return Err(Skip::HeldByRule);
+        }
         let ingress_orig = paths.ingress_for(orig.src).ok_or(Skip::PathNotManaged)?;
         // Replies come back where the original direction leaves: its egress as the kernel
         // routes it (source, ingress and connection mark included, so `ip rule` multi-WAN

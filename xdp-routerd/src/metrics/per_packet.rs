@@ -50,6 +50,13 @@ pub(super) fn encode(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt:
     )?;
     gauges(
         enc,
+        "ruleset_per_packet_held_connections",
+        "Connections kept in the kernel because a rule that must see every packet, narrowed by its protocol, port or address tests, can match them (the rest are offloaded).",
+        None,
+        [(vec![], p.held_connections)],
+    )?;
+    gauges(
+        enc,
         "ruleset_dscp_rewrite_rules",
         "Firewall rules that set a DSCP, in chains that forwarded packets traverse.",
         None,

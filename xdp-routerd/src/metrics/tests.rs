@@ -140,6 +140,7 @@ fn sample_status() -> Status {
         per_packet: PerPacketStatus {
             mode: PerPacketMode::Hold,
             held: true,
+            held_connections: 3,
             reading: false,
             rules: vec![
                 PerPacketRule {
@@ -148,6 +149,7 @@ fn sample_status() -> Status {
                     chain: "FORWARD".into(),
                     position: 1,
                     kinds: vec![PerPacketKind::Hashlimit],
+                    flows: Default::default(),
                     not_held_because: None,
                 },
                 PerPacketRule {
@@ -156,6 +158,7 @@ fn sample_status() -> Status {
                     chain: "forward".into(),
                     position: 3,
                     kinds: vec![PerPacketKind::Limit, PerPacketKind::Log],
+                    flows: Default::default(),
                     not_held_because: None,
                 },
                 PerPacketRule {
@@ -164,6 +167,7 @@ fn sample_status() -> Status {
                     chain: "POSTROUTING".into(),
                     position: 2,
                     kinds: vec![PerPacketKind::Log],
+                    flows: Default::default(),
                     not_held_because: Some(NotHeld::CtState {
                         states: [CtState::New].into_iter().collect(),
                     }),
@@ -350,6 +354,10 @@ fn encodes_every_family_with_values_from_the_status() {
         0.0
     );
     assert_eq!(value(&t, "xdp_router_ruleset_per_packet_hold"), 1.0);
+    assert_eq!(
+        value(&t, "xdp_router_ruleset_per_packet_held_connections"),
+        3.0
+    );
     assert_eq!(value(&t, "xdp_router_ruleset_unreadable"), 0.0);
     assert_eq!(value(&t, "xdp_router_ruleset_dscp_rewrite_rules"), 1.0);
     assert_eq!(value(&t, "xdp_router_dscp_rewrite_fast_path"), 1.0);

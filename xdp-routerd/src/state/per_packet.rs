@@ -1,5 +1,7 @@
 //! Rules that must see every packet (see [`crate::flows::per_packet`]): what the last read of
-//! the ruleset found, and the datapath's hold (`SETTINGS_F_HOLD_ALL`) that follows from it.
+//! the ruleset found, and what follows from it: the datapath's hold (`SETTINGS_F_HOLD_ALL`)
+//! for a rule nothing narrows, the connections narrowed rules can match
+//! ([`crate::flows::FlowManager::set_held`]) otherwise.
 //!
 //! A ruleset change is applied in two steps by `tasks::ruleset`: [`State::ruleset_changed`]
 //! bumps the ruleset generation and, under `per_packet_rules = "hold"`, holds every packet in
@@ -13,6 +15,7 @@ use super::State;
 use crate::{
     datapath::Datapath,
     flows::{
+        conntrack::CtTuple,
         dscp_rewrite,
         per_packet::{self, PerPacketMode, PerPacketRule, PerPacketRules},
         verdict_expiry,
@@ -53,13 +56,19 @@ impl State<Datapath> {
     }
 
     /// The ruleset as just read: holds every packet in the kernel while it has rules that must
-    /// see every packet or could not be read (under `"hold"`), lifts the hold otherwise. Logs
-    /// what changed, once.
-    pub fn apply_per_packet(&mut self, found: PerPacketRules) {
+    /// see every packet that nothing narrows, or could not be read (under `"hold"`), lifts the
+    /// hold otherwise; takes back the offloaded connections narrowed rules can match before
+    /// the hold is lifted. Logs what changed, once. Returns the parked connections no rule
+    /// holds any more, for a revalidation to offload.
+    pub fn apply_per_packet(&mut self, found: PerPacketRules) -> Vec<CtTuple> {
         let hold = per_packet::hold(self.per_packet.mode, &found);
         if self.per_packet.found.as_ref() != Some(&found) {
             log_found(self.per_packet.mode, &found);
         }
+        let released = self.flows.set_held(
+            per_packet::held_flows(self.per_packet.mode, &found),
+            &mut self.dp,
+        );
         if let Err(e) = self.dp.set_hold_all(hold) {
             tracing::error!(error = %format!("{e:#}"), hold, "cannot write the per-packet hold");
         }
@@ -85,6 +94,7 @@ impl State<Datapath> {
         }
         self.per_packet.found = Some(found);
         self.per_packet.reading = false;
+        released
     }
 
     /// `status`'s view.
@@ -93,6 +103,7 @@ impl State<Datapath> {
         PerPacketStatus {
             mode: self.per_packet.mode,
             held: self.dp.hold_all(),
+            held_connections: self.flows.held_len() as u64,
             reading: self.per_packet.reading || self.per_packet.found.is_none(),
             rules: found.rules,
             unreadable: found.unreadable,
@@ -150,6 +161,16 @@ fn log_found(mode: PerPacketMode, found: &PerPacketRules) {
              packet: every packet goes through the kernel (install nftables, or set \
              per_packet_rules = \"ignore\" to accept flowtable semantics)"
         ),
+        PerPacketMode::Hold
+            if !holding.is_empty() && holding.iter().all(|r| !r.flows.is_every_flow()) =>
+        {
+            info!(
+                rules,
+                "the firewall ruleset has rules that must see every packet, each narrowed by \
+                 its protocol, port or address tests: the connections they can match stay in \
+                 the kernel, the rest are offloaded"
+            )
+        }
         PerPacketMode::Hold if !holding.is_empty() => info!(
             rules,
             "the firewall ruleset has rules that must see every packet: every packet goes \

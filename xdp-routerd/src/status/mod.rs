@@ -63,6 +63,10 @@ pub struct PerPacketStatus {
     /// Every packet goes to the kernel now (`per_packet_rule_in_ruleset`): such a rule holds
     /// flows or the ruleset could not be read (under `hold`), or a change is being read.
     pub held: bool,
+    /// Connections held in the kernel because a narrowed rule can match them (at most the
+    /// parked ones, see [`crate::flows::Skip::HeldByRule`]).
+    #[serde(default)]
+    pub held_connections: u64,
     /// A ruleset change has not been read yet (held meanwhile under `hold`).
     pub reading: bool,
     /// The rules found, in ruleset order, each with why it holds no flow where it does not.
@@ -196,6 +200,20 @@ impl PerPacketStatus {
                 what.join(", ")
             ),
             (PerPacketMode::Hold, true) => format!("held in the kernel: {}", what.join(", ")),
+            // Every rule that holds flows is narrowed: only the connections they can match.
+            (PerPacketMode::Hold, false)
+                if self.unreadable.is_empty()
+                    && self
+                        .rules
+                        .iter()
+                        .all(|r| !r.holds() || !r.flows.is_every_flow()) =>
+            {
+                format!(
+                    "{} connection(s) held in the kernel, the ones these rules can match: {}",
+                    self.held_connections,
+                    what.join(", ")
+                )
+            }
             (PerPacketMode::Hold, false) => {
                 format!("to be held in the kernel: {}", what.join(", "))
             }
@@ -561,6 +579,7 @@ mod tests {
             chain: "FORWARD".into(),
             position: 1,
             kinds: vec![PerPacketKind::Hashlimit],
+            flows: Default::default(),
             not_held_because: None,
         });
         assert_eq!(
@@ -575,6 +594,7 @@ mod tests {
             chain: "FORWARD".into(),
             position: 3,
             kinds: vec![PerPacketKind::Log],
+            flows: Default::default(),
             not_held_because: Some(NotHeld::AfterVerdict {
                 verdict: EstablishedVerdict::Accept,
                 at: crate::flows::rule_origin::RulePlace {

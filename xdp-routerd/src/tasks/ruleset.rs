@@ -48,7 +48,12 @@ pub async fn run(
         match tokio::task::spawn_blocking(per_packet::read).await {
             Ok(found) => {
                 let rules = found.rules.len();
-                shared.lock().apply_per_packet(found);
+                let released = shared.lock().apply_per_packet(found);
+                // Connections a narrowed rule held until now: offloaded once their paths are
+                // looked up again.
+                let mut stale = crate::paths::Stale::default();
+                stale.add_conns(released);
+                shared.request_revalidation(stale);
                 debug!(
                     rules,
                     read_ms = reading.elapsed().as_secs_f64() * 1000.0,

@@ -747,4 +747,5 @@ fn kernel_forwarded_names_the_connections_with_an_armed_direction() {
 }
 
 mod awaiting_traffic;
+mod held;
 mod resync;

@@ -18,12 +18,15 @@
 //! state other than `established` before it does anything per packet, holds nothing and says
 //! why ([`crate::flows::rule_reach::NotHeld`]).
 
+mod flow_tests;
 mod nft_rules;
 mod save_rules;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_expiry;
+#[cfg(test)]
+mod tests_narrow;
 #[cfg(test)]
 mod tests_reach;
 mod xt_options;
@@ -35,6 +38,7 @@ use super::{
     ruleset_walk::{self, Match, Reached, WalkRule},
 };
 use crate::flows::{
+    flow_match::{FlowMatch, FlowTerm},
     per_packet::{PerPacketKind, PerPacketRule, PerPacketRules},
     rule_origin::{RuleOrigin, RulePlace},
     rule_reach::{CtStates, NotHeld},
@@ -59,6 +63,8 @@ struct RuleFacts {
     /// A conntrack state test without `established` anywhere in it: the states it lets
     /// through. An established packet never matches the rule, whatever its other matches say.
     never_established: Option<CtStates>,
+    /// The connections its flow-constant tests before its first per-packet part can match.
+    flows: FlowMatch,
 }
 
 /// A rule's parts folded in the order the kernel evaluates them.
@@ -70,6 +76,7 @@ struct Parts {
     excluded: Option<CtStates>,
     expiring: BTreeSet<ExpiringMatch>,
     never_established: Option<CtStates>,
+    flows: FlowMatch,
 }
 
 impl Default for Parts {
@@ -80,6 +87,7 @@ impl Default for Parts {
             excluded: None,
             expiring: BTreeSet::new(),
             never_established: None,
+            flows: FlowMatch::default(),
         }
     }
 }
@@ -100,6 +108,14 @@ impl Parts {
         self.kinds.extend(kinds);
     }
 
+    /// The flow-constant tests of the next part: they narrow the connections the rule can do
+    /// something per packet for while nothing per packet came before them.
+    fn narrow(&mut self, terms: Vec<FlowTerm>) {
+        if self.kinds.is_empty() {
+            self.flows.terms.extend(terms);
+        }
+    }
+
     /// Matches of the next part whose answer can change without a ruleset change.
     fn expiring(&mut self, matches: impl IntoIterator<Item = ExpiringMatch>) {
         self.expiring.extend(matches);
@@ -113,6 +129,7 @@ impl Parts {
             excluded: self.excluded,
             expiring: self.expiring,
             never_established: self.never_established,
+            flows: self.flows,
         }
     }
 }
@@ -181,6 +198,7 @@ fn judge(
                 position: i as u32 + 1,
                 kinds: facts.kinds.iter().copied().collect(),
                 not_held_because: why(&facts.excluded),
+                flows: facts.flows.clone(),
             });
         }
     }

@@ -80,6 +80,7 @@ fn nft_rule(expr: &Value, table: &NftTable, save: Option<&[String]>, ct_known: b
                 continue;
             }
             "match" => {
+                parts.narrow(super::flow_tests::nft_match(inner));
                 let test = ct_state::nft_match(inner).map_or(Match::Maybe, known);
                 parts.push(test, kinds);
                 continue;

@@ -92,6 +92,7 @@ fn save_rule(words: &[String], is_chain: impl Fn(&str) -> bool, ct_known: bool) 
     for part in split {
         match part {
             SavePart::Lead(lead) => {
+                p.narrow(super::flow_tests::save_lead(lead));
                 let content = legacy_tcp_test(lead).map(|_| PerPacketKind::ContentMatch);
                 p.push(Match::Maybe, content);
             }
@@ -107,6 +108,9 @@ fn save_rule(words: &[String], is_chain: impl Fn(&str) -> bool, ct_known: bool) 
                     kinds.insert(PerPacketKind::ContentMatch);
                 }
                 kinds.extend(PerPacketKind::of_xtables(name));
+                if kinds.is_empty() {
+                    p.narrow(super::flow_tests::save_ports(name, options));
+                }
                 p.expiring(ExpiringMatch::of_xtables(name));
                 p.push(test, kinds);
             }
@@ -163,6 +167,7 @@ fn unsplit_rule(words: &[String], is_chain: impl Fn(&str) -> bool) -> RuleFacts 
         excluded: None,
         expiring,
         never_established: None,
+        flows: Default::default(),
     }
 }
 

@@ -6,7 +6,9 @@
 # of /etc/ufw and /etc/default) with `default deny routed`, `route allow in on eth1 out on eth0`
 # and logging low, medium and high; fw4_style.nft and fw4_log_first.nft from OUTDIR; the rules
 # with matches whose answer changes without a commit (an ipset before the established accept, a
-# time rule after it, an ipset after `--ctstate NEW`) and expiring.nft from OUTDIR.
+# time rule after it, an ipset after `--ctstate NEW`) and expiring.nft from OUTDIR; rules narrowed
+# by their flow-constant tests (a hashlimit on port 22 first in FORWARD; narrowed.nft and
+# narrowed_log_first.nft from OUTDIR).
 # Usage (root, ufw installed, iptables = iptables-nft): capture_rulesets.sh OUTDIR
 set -e
 OUT=$1
@@ -64,4 +66,11 @@ dump expiring_iptables_nft
 ip netns exec $N sh -c 'iptables -w -F FORWARD; ipset destroy blk'
 ip netns exec $N nft -f $OUT/expiring.nft
 dump expiring_nft
+fresh; router
+ip netns exec $N iptables -w -I FORWARD 1 -p tcp --dport 22 -m hashlimit --hashlimit-above 5/sec \
+  --hashlimit-burst 10 --hashlimit-mode srcip --hashlimit-name ssh -j DROP
+dump narrowed_iptables_nft
+ip netns exec $N nft -f $OUT/narrowed.nft
+ip netns exec $N nft -f $OUT/narrowed_log_first.nft
+dump narrowed_nft
 ip netns del $N; rm -rf /etc/netns/$N

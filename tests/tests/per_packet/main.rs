@@ -1,7 +1,8 @@
-//! Rules that must see every packet keep the flows in the kernel: a `hashlimit` rule in FORWARD
-//! still limits an offloaded UDP flow, a `quota` rule stops a flow at its quota, and an
-//! `NFQUEUE` rule sees every packet of an established flow (a queue reader in the test counts
-//! them). Each has its negative control: with `per_packet_rules = "ignore"` the fast path
+//! Rules that must see every packet keep the connections they can match in the kernel: a
+//! `hashlimit` rule in FORWARD still limits an offloaded UDP flow, a `quota` rule stops a flow
+//! at its quota, and an `NFQUEUE` rule sees every packet of an established flow (a queue reader
+//! in the test counts them); a hashlimit on one port leaves the flows to other ports on the
+//! fast path (and, for UDP to every port, holds them). Each has its negative control: with `per_packet_rules = "ignore"` the fast path
 //! carries the flow past the limit and the quota, and the queue misses it. Each test says from the daemon's counters and the router's wire counters
 //! which path the packets took. Run as root with one test thread (`cargo xtask test`).
 
@@ -15,9 +16,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod one_port;
+
 use xdp_router_tests::testbed::{
     LAN_IF, PING_DGRAM, PING_TICK, Snapshot, Status, Testbed, UdpEcho, WAN_IF, any_v4,
-    fastpath_fraction, offload_udp, ping_pong, ready, udp_payload, udp_socket, wan_v4,
+    fastpath_fraction, offload_udp, ping_pong, ready, time_scale, udp_payload, udp_socket, wan_v4,
 };
 
 /// Datagram payload of the streams (IPv4 packets of 228 bytes).
@@ -66,6 +69,35 @@ fn fast_pathed_before_the_rule(tb: &Testbed, sock: &UdpSocket, server: SocketAdd
     );
 }
 
+/// LAN packets XDP handed to the kernel between `before` and `after` because a rule holds
+/// them: every packet (`per_packet_rule_in_ruleset`), or their connection is held in the
+/// kernel by a narrowed rule and has no flow entry (`no_flow`).
+fn held_for_the_rule(after: &Snapshot, before: &Snapshot) -> u64 {
+    after.packets_since(before, LAN_IF, "per_packet_rule_in_ruleset")
+        + after.packets_since(before, LAN_IF, "no_flow")
+}
+
+/// Ping-pongs on `sock` until the daemon holds `held` connections for a narrowed rule, this
+/// one among them (8 s at most, times the time scale); every datagram must come back.
+fn held_udp(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64, held: u64) {
+    let deadline = Instant::now() + Duration::from_secs(8) * time_scale();
+    loop {
+        let pp = ping_pong(sock, server, *seq, 10, PING_DGRAM, PING_TICK);
+        *seq += pp.sent;
+        assert_eq!((pp.good, pp.lost), (pp.sent, 0), "before the burst: {pp:?}");
+        let st = tb.daemon().status();
+        if st.per_packet.held_connections == held {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the connection is not held for the rule: {:?}\n{}",
+            st.per_packet,
+            tb.daemon().log_tail()
+        );
+    }
+}
+
 /// Runs `cmd` in the router; on failure (a match or target this kernel lacks) skips `test`.
 fn rule_or_skip(tb: &Testbed, test: &str, cmd: &str) -> bool {
     let out = tb.router.exec("sh", &["-c", cmd]);
@@ -81,21 +113,23 @@ fn rule_or_skip(tb: &Testbed, test: &str, cmd: &str) -> bool {
     )
 }
 
-/// Waits until the daemon lists a per-packet rule of `kind` and (under `hold`) holds every
-/// packet; returns the status.
-fn rule_seen(tb: &Testbed, kind: &str, held: bool) -> Status {
+/// Waits until the daemon lists a per-packet rule of `kind` (narrowed to the connections its
+/// protocol and port tests can match: every rule here tests the stream's UDP port), holding
+/// those connections under `hold`; returns the status.
+fn rule_seen(tb: &Testbed, kind: &str, hold: bool) -> Status {
     let (st, ok) = tb.daemon().wait_status(Duration::from_secs(5), |st| {
         !st.per_packet.reading
-            && st.per_packet.held == held
-            && st
-                .per_packet
-                .rules
-                .iter()
-                .any(|r| r.kinds.iter().any(|k| k == kind))
+            && !st.per_packet.held
+            && st.per_packet.rules.iter().any(|r| {
+                r.kinds.iter().any(|k| k == kind)
+                    && r.flows.is_some()
+                    && r.not_held_because.is_none()
+            })
+            && (!hold || st.conntrack.offloaded == 0 || st.per_packet.held_connections >= 1)
     });
     assert!(
         ok,
-        "the daemon does not list the {kind} rule (held = {held}) within 5 s: {:?}\n{}",
+        "the daemon does not list the {kind} rule narrowed (holding = {hold}) within 5 s: {:?}\n{}",
         st.per_packet,
         tb.daemon().log_tail()
     );
@@ -116,7 +150,7 @@ struct Limited {
     sent_pps: f64,
     /// Share of the LAN wire packets the fast path forwarded.
     fast_share: f64,
-    /// LAN packets counted `per_packet_rule_in_ruleset`.
+    /// LAN packets handed to the kernel for the rule (see [`held_for_the_rule`]).
     held: u64,
     /// LAN wire packets.
     wire: u64,
@@ -169,7 +203,7 @@ fn hashlimit_run(test: &str, tag: &str, port: u16, mode: &str) -> Option<Limited
         delivered_pps: delivered as f64 / elapsed,
         sent_pps: sent as f64 / elapsed,
         fast_share: fastpath_fraction(fwd, wire),
-        held: after.packets_since(&before, LAN_IF, "per_packet_rule_in_ruleset"),
+        held: held_for_the_rule(&after, &before),
         wire,
     };
     eprintln!(
@@ -210,7 +244,7 @@ fn hashlimit_in_forward_limits_an_offloaded_flow() {
     assert_eq!(r.fast_share, 0.0, "no packet may be fast-pathed while held");
     assert!(
         r.held >= r.wire * 9 / 10 && r.held > 0,
-        "{} of {} LAN wire packets counted per_packet_rule_in_ruleset",
+        "{} of {} LAN wire packets handed to the kernel for the rule",
         r.held,
         r.wire
     );
@@ -277,8 +311,13 @@ fn quota_run(test: &str, tag: &str, port: u16, mode: &str) -> Option<QuotaRun> {
     let echo = UdpEcho::start(&tb.wan, server);
     let sock = udp_socket(&tb.lan, any_v4(), 64);
     let mut seq = 0u64;
-    // Offloaded (flow entries written; ~2 s of 50 datagrams a second, well inside the quota).
-    offload_udp(&tb, &sock, server, &mut seq);
+    // Offloaded, or held for the rule (~2 s of 50 datagrams a second at most, well inside the
+    // quota).
+    if mode == "hold" {
+        held_udp(&tb, &sock, server, &mut seq, 1);
+    } else {
+        offload_udp(&tb, &sock, server, &mut seq);
+    }
     let before = tb.snapshot();
     // Twice the quota and more.
     let burst = blast(&sock, server, &mut seq, 2000, Duration::from_secs(1));
@@ -290,7 +329,7 @@ fn quota_run(test: &str, tag: &str, port: u16, mode: &str) -> Option<QuotaRun> {
         sent: seq * IP_LEN,
         wire: after.rx_lan_since(&before),
         fwd: after.packets_since(&before, LAN_IF, "forwarded_original"),
-        held: after.packets_since(&before, LAN_IF, "per_packet_rule_in_ruleset"),
+        held: held_for_the_rule(&after, &before),
     };
     eprintln!(
         "quota {QUOTA} B, per_packet_rules = {mode}: {seq} datagrams sent in all ({burst} in \
@@ -477,7 +516,7 @@ fn nfqueue_run(test: &str, tag: &str, port: u16, mode: &str) -> Option<Queued> {
         queued: reader.counted(),
         delivered: echo.finish().received.saturating_sub(before_rule),
         fwd: after.packets_since(&before, LAN_IF, "forwarded_original"),
-        held: after.packets_since(&before, LAN_IF, "per_packet_rule_in_ruleset"),
+        held: held_for_the_rule(&after, &before),
     };
     eprintln!(
         "NFQUEUE, per_packet_rules = {mode}: {sent} datagrams sent, {} seen by the queue \
@@ -600,7 +639,7 @@ fn length_run(test: &str, tag: &str, port: u16, mode: &str) -> Option<LengthRun>
         "length DROP over 1000 bytes, per_packet_rules = {mode}: {r:?}; {} forwarded by XDP, {} \
          held for the rule",
         after.packets_since(&before, LAN_IF, "forwarded_original"),
-        after.packets_since(&before, LAN_IF, "per_packet_rule_in_ruleset"),
+        held_for_the_rule(&after, &before),
     );
     Some(r)
 }

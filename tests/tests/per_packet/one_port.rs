@@ -1,0 +1,172 @@
+//! A rule narrowed by its port test holds only its port's connections: the other ports' streams
+//! stay on the fast path, and the same rule for every UDP port (the negative control) holds them.
+
+use std::{
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use xdp_router_tests::testbed::{
+    LAN_IF, Testbed, UdpEcho, any_v4, fastpath_fraction, offload_udp, ready, udp_socket, wan_v4,
+};
+
+use super::{BURST, LIMIT, RATE, SECS, blast, held_udp, rule_or_skip, rule_seen};
+
+/// What [`one_port_run`] measured: the other port's stream, then the rule's port's.
+struct OnePort {
+    /// Share of the LAN wire packets of the other port's stream that XDP forwarded.
+    other_share: f64,
+    /// Datagrams per second of the rule's port's stream the WAN host received, and sent.
+    limited_pps: f64,
+    limited_sent_pps: f64,
+    /// LAN packets of the rule's port's stream that XDP forwarded.
+    limited_fwd: u64,
+}
+
+/// A hashlimit DROP rule first in FORWARD for UDP to `ports.0` (`dport`) or to every port,
+/// then two UDP streams at [`RATE`] for [`SECS`] s one after the other: to `ports.1` (another
+/// port), then to `ports.0`. `None` when the test cannot run here.
+fn one_port_run(test: &str, tag: &str, ports: (u16, u16), dport: bool) -> Option<OnePort> {
+    let mut tb = Testbed::new(tag);
+    let port_test = if dport {
+        format!("--dport {}", ports.0)
+    } else {
+        String::new()
+    };
+    if !rule_or_skip(
+        &tb,
+        test,
+        &format!(
+            "iptables -w -I FORWARD 1 -p udp {port_test} -m hashlimit --hashlimit-above \
+             {LIMIT}/sec --hashlimit-burst {BURST} --hashlimit-mode srcip --hashlimit-name t \
+             -j DROP"
+        ),
+    ) {
+        return None;
+    }
+    tb.start_daemon_with("per_packet_rules = \"hold\"\n");
+    rule_seen(&tb, "hashlimit", true);
+    let (limited, other) = (wan_v4(ports.0), wan_v4(ports.1));
+    let echo_limited = UdpEcho::start(&tb.wan, limited);
+    let _echo_other = UdpEcho::start(&tb.wan, other);
+    let (sock_limited, sock_other) = (
+        udp_socket(&tb.lan, any_v4(), 64),
+        udp_socket(&tb.lan, any_v4(), 64),
+    );
+    let (mut seq_other, mut seq_limited) = (0u64, 0u64);
+    if dport {
+        offload_udp(&tb, &sock_other, other, &mut seq_other);
+    } else {
+        held_udp(&tb, &sock_other, other, &mut seq_other, 1);
+    }
+    let before = tb.snapshot();
+    blast(
+        &sock_other,
+        other,
+        &mut seq_other,
+        RATE,
+        Duration::from_secs(SECS),
+    );
+    sleep(Duration::from_millis(200));
+    let after = tb.snapshot();
+    let other_share = fastpath_fraction(
+        after.packets_since(&before, LAN_IF, "forwarded_original"),
+        after.rx_lan_since(&before),
+    );
+    held_udp(
+        &tb,
+        &sock_limited,
+        limited,
+        &mut seq_limited,
+        if dport { 1 } else { 2 },
+    );
+    let before_rule = seq_limited;
+    let before = tb.snapshot();
+    let t0 = Instant::now();
+    let sent = blast(
+        &sock_limited,
+        limited,
+        &mut seq_limited,
+        RATE,
+        Duration::from_secs(SECS),
+    );
+    let elapsed = t0.elapsed().as_secs_f64();
+    sleep(Duration::from_millis(200));
+    let after = tb.snapshot();
+    let delivered = echo_limited.finish().received.saturating_sub(before_rule);
+    let r = OnePort {
+        other_share,
+        limited_pps: delivered as f64 / elapsed,
+        limited_sent_pps: sent as f64 / elapsed,
+        limited_fwd: after.packets_since(&before, LAN_IF, "forwarded_original"),
+    };
+    let status = tb.daemon().ctl(&["status"]).unwrap_or_default();
+    eprintln!(
+        "hashlimit on UDP {}: port {}: {:.1} % fast-pathed; port {}: sent {:.0} pkt/s, \
+         delivered {:.0} pkt/s, {} forwarded by XDP; status: {}",
+        if dport {
+            format!("port {}", ports.0)
+        } else {
+            "every port".into()
+        },
+        ports.1,
+        r.other_share * 100.0,
+        ports.0,
+        r.limited_sent_pps,
+        r.limited_pps,
+        r.limited_fwd,
+        status
+            .lines()
+            .find(|l| l.contains("uses hashlimit"))
+            .unwrap_or("")
+    );
+    Some(r)
+}
+
+/// `-p udp --dport P -m hashlimit … -j DROP` before the ESTABLISHED accept holds only the
+/// connections to port P: a stream to another port is fast-pathed, the stream to P is limited
+/// by the kernel as without the fast path.
+#[test]
+fn a_hashlimit_on_one_port_leaves_other_ports_fast_pathed() {
+    let test = "a_hashlimit_on_one_port_leaves_other_ports_fast_pathed";
+    if !ready(test) {
+        return;
+    }
+    let Some(r) = one_port_run(test, "ppo", (6111, 6112), true) else {
+        return;
+    };
+    assert!(
+        r.other_share >= 0.9,
+        "the other port's stream: {:.1} % fast-pathed",
+        r.other_share * 100.0
+    );
+    assert!(
+        r.limited_sent_pps > 2.0 * LIMIT as f64,
+        "the stream must exceed the limit for the test to mean anything"
+    );
+    let allowed = (LIMIT as f64 * SECS as f64 + BURST as f64) * 1.1 / SECS as f64;
+    assert!(
+        r.limited_pps <= allowed,
+        "{:.0} pkt/s delivered to the rule's port, the limit allows {allowed:.0}",
+        r.limited_pps
+    );
+    assert_eq!(r.limited_fwd, 0, "the rule's port was fast-pathed");
+}
+
+/// The negative control: the same rule for UDP to every port holds the other port's stream
+/// too.
+#[test]
+fn a_hashlimit_on_every_udp_port_holds_every_udp_stream() {
+    let test = "a_hashlimit_on_every_udp_port_holds_every_udp_stream";
+    if !ready(test) {
+        return;
+    }
+    let Some(r) = one_port_run(test, "ppe", (6113, 6114), false) else {
+        return;
+    };
+    assert_eq!(
+        r.other_share, 0.0,
+        "a stream the rule matches was fast-pathed"
+    );
+    assert_eq!(r.limited_fwd, 0);
+}
