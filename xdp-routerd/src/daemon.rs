@@ -63,6 +63,7 @@ pub async fn run(
         s.ruleset_events,
         legacy_events,
     ));
+    tasks.spawn(tasks::held_counters::run(shared.clone()));
     tasks.spawn(tasks::control::run(s.listener, shared.clone()));
     tasks.spawn(tasks::status::publish(shared.clone()));
     if let Some(listener) = metrics {

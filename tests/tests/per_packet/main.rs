@@ -16,6 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod first_packets;
 mod one_port;
 
 use xdp_router_tests::testbed::{
@@ -409,6 +410,12 @@ struct QueueReader {
 impl QueueReader {
     /// Binds queue `num` in the router's namespace; `Err` when this kernel has no NFQUEUE.
     fn start(tb: &Testbed, num: u16, port: u16) -> std::io::Result<QueueReader> {
+        Self::start_ports(tb, num, &[port])
+    }
+
+    /// [`QueueReader::start`] counting the packets to any of `ports`.
+    fn start_ports(tb: &Testbed, num: u16, ports: &[u16]) -> std::io::Result<QueueReader> {
+        let ports = ports.to_vec();
         let mut queue = tb.router.run(move || -> std::io::Result<nfq::Queue> {
             let mut q = nfq::Queue::open()?;
             q.bind(num)?;
@@ -427,7 +434,7 @@ impl QueueReader {
                         if p.len() >= 28
                             && p[0] == 0x45
                             && p[9] == 17
-                            && u16::from_be_bytes([p[22], p[23]]) == port
+                            && ports.contains(&u16::from_be_bytes([p[22], p[23]]))
                         {
                             c.fetch_add(1, Ordering::SeqCst);
                         }

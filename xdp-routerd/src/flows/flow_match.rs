@@ -9,12 +9,19 @@
 //! have at a `prerouting`, `forward` or `postrouting` hook, in both directions, before and
 //! after NAT (six address/port tuples): a connection is held when any of them can match, so
 //! narrowing never lets the fast path carry a packet the rule could have seen.
+//!
+//! A test with an upper bound on conntrack's own counters (`ct original packets 1-6`,
+//! `-m connbytes --connbytes 1:6`, what DPI tools use to see a connection's first packets)
+//! narrows it in time: while held, every packet of the connection goes through the kernel and
+//! is counted, and once a counter has passed the bound it only grows (the fast path adds
+//! nothing to it), so no later packet can match. Such a connection is held until the daemon
+//! reads a counter past the bound ([`FlowMatch::past_bound`]).
 
 use std::{fmt, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
 
-use super::conntrack::CtTuple;
+use super::{accounting::DirTraffic, conntrack::CtTuple};
 
 /// The packet field a test reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -22,6 +29,24 @@ use super::conntrack::CtTuple;
 pub enum Side {
     Source,
     Destination,
+}
+
+/// Which of conntrack's counters a bound is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CounterDir {
+    Original,
+    Reply,
+    /// Both directions summed (`ct packets`, `--connbytes-dir both`).
+    Both,
+}
+
+/// What a counter bound counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CounterUnit {
+    Packets,
+    Bytes,
 }
 
 /// One flow-constant test of a rule.
@@ -41,6 +66,12 @@ pub enum FlowTerm {
         side: Side,
         ranges: Vec<(IpAddr, IpAddr)>,
         negated: bool,
+    },
+    /// Conntrack's counter is at most `max` (it may match only until the counter passes it).
+    CounterAtMost {
+        dir: CounterDir,
+        unit: CounterUnit,
+        max: u64,
     },
 }
 
@@ -72,7 +103,27 @@ impl FlowTerm {
                 });
                 inside != *negated
             }
+            // Checked against the counters read, by `past_bound`.
+            FlowTerm::CounterAtMost { .. } => true,
         }
+    }
+
+    /// Whether the counters `c` (as read; the kernel's can only be higher) are past this
+    /// term's bound.
+    fn past(&self, c: &DirTraffic) -> bool {
+        let FlowTerm::CounterAtMost { dir, unit, max } = self else {
+            return false;
+        };
+        let count = |d: usize| match unit {
+            CounterUnit::Packets => c[d].packets,
+            CounterUnit::Bytes => c[d].bytes,
+        };
+        let n = match dir {
+            CounterDir::Original => count(0),
+            CounterDir::Reply => count(1),
+            CounterDir::Both => count(0).saturating_add(count(1)),
+        };
+        n > *max
     }
 }
 
@@ -115,10 +166,25 @@ impl FlowMatch {
             .iter()
             .any(|p| self.terms.iter().all(|t| t.test(o.proto, p)))
     }
+
+    /// Whether it has a counter bound: a connection it holds is released once a counter has
+    /// passed it.
+    pub fn is_bounded(&self) -> bool {
+        self.terms
+            .iter()
+            .any(|t| matches!(t, FlowTerm::CounterAtMost { .. }))
+    }
+
+    /// Whether conntrack's counters `c`, as read, are past one of its bounds: no later packet
+    /// of the connection can match.
+    pub fn past_bound(&self, c: &DirTraffic) -> bool {
+        self.terms.iter().any(|t| t.past(c))
+    }
 }
 
 impl fmt::Display for FlowMatch {
-    /// `tcp dport 22`, `ip saddr 10.0.0.0-10.255.255.255 udp`: what narrows the rule.
+    /// `l4proto tcp dport 22`, `saddr 10.0.0.0-10.255.255.255`, `ct original packets <= 6`:
+    /// what narrows the rule.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut first = true;
         for t in &self.terms {
@@ -175,6 +241,18 @@ impl fmt::Display for FlowMatch {
                         "daddr"
                     };
                     write!(f, "{field} {}{}", not(*negated), r.join(","))?;
+                }
+                FlowTerm::CounterAtMost { dir, unit, max } => {
+                    let dir = match dir {
+                        CounterDir::Original => "original ",
+                        CounterDir::Reply => "reply ",
+                        CounterDir::Both => "",
+                    };
+                    let unit = match unit {
+                        CounterUnit::Packets => "packets",
+                        CounterUnit::Bytes => "bytes",
+                    };
+                    write!(f, "ct {dir}{unit} <= {max}")?;
                 }
             }
         }
@@ -390,5 +468,44 @@ mod tests {
         assert_eq!(proto_number("udp"), Some(17));
         assert_eq!(proto_number("47"), Some(47));
         assert_eq!(proto_number("all"), None);
+    }
+
+    #[test]
+    fn a_counter_bound_holds_until_a_counter_read_is_past_it() {
+        use crate::flows::accounting::Traffic;
+        let first_six = FlowMatch {
+            terms: vec![FlowTerm::CounterAtMost {
+                dir: CounterDir::Original,
+                unit: CounterUnit::Packets,
+                max: 6,
+            }],
+        };
+        let (o, r) = nat(443, TCP);
+        assert!(first_six.may_match(&o, &r));
+        assert!(first_six.is_bounded() && !FlowMatch::default().is_bounded());
+        let read = |orig: u64, reply: u64| {
+            [
+                Traffic {
+                    packets: orig,
+                    bytes: orig * 100,
+                },
+                Traffic {
+                    packets: reply,
+                    bytes: reply * 100,
+                },
+            ]
+        };
+        assert!(!first_six.past_bound(&read(6, 50)));
+        assert!(first_six.past_bound(&read(7, 0)));
+        let both_bytes = FlowMatch {
+            terms: vec![FlowTerm::CounterAtMost {
+                dir: CounterDir::Both,
+                unit: CounterUnit::Bytes,
+                max: 1000,
+            }],
+        };
+        assert!(!both_bytes.past_bound(&read(5, 5)));
+        assert!(both_bytes.past_bound(&read(6, 5)));
+        assert_eq!(first_six.to_string(), "ct original packets <= 6");
     }
 }

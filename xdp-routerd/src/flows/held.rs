@@ -2,6 +2,7 @@
 //! [`super::per_packet::held_flows`]): applying a new set of such rules to what is offloaded
 //! and parked.
 
+use super::accounting::DirTraffic;
 use super::conntrack::CtTuple;
 use super::flow_match::FlowMatch;
 use super::{FlowManager, FlowTable, Skip};
@@ -33,9 +34,55 @@ impl FlowManager {
             .collect()
     }
 
-    /// Whether a rule that must see every packet can match the connection.
+    /// Whether a rule that must see every packet can match the connection (a bounded one only
+    /// while the counters last read are within its bounds).
     pub(super) fn is_held(&self, orig: &CtTuple, reply: &CtTuple) -> bool {
-        self.held.iter().any(|m| m.may_match(orig, reply))
+        let counters = self.held_counters.get(orig);
+        self.held
+            .iter()
+            .any(|m| m.may_match(orig, reply) && !counters.is_some_and(|c| m.past_bound(c)))
+    }
+
+    /// The parked connections held only by rules with a counter bound, with their zones: their
+    /// counters are to be read ([`FlowManager::counters_read`]).
+    pub fn held_until_counted(&self) -> Vec<(CtTuple, u16)> {
+        if !self.held.iter().any(FlowMatch::is_bounded) {
+            return vec![];
+        }
+        self.parked
+            .values()
+            .filter(|e| {
+                let holding = self.held.iter().filter(|m| m.may_match(&e.orig, &e.reply));
+                let mut any = false;
+                for m in holding {
+                    if !m.is_bounded() {
+                        return false;
+                    }
+                    any = true;
+                }
+                any
+            })
+            .map(|e| (e.orig, e.zone))
+            .collect()
+    }
+
+    /// Conntrack's counters of held connections, as just read: returns the ones no rule holds
+    /// any more (past every bound that held them), for a revalidation to offload.
+    pub fn counters_read(&mut self, read: Vec<(CtTuple, DirTraffic)>) -> Vec<CtTuple> {
+        let parked = &self.parked;
+        self.held_counters.retain(|t, _| parked.contains_key(t));
+        let mut released = Vec::new();
+        for (orig, c) in read {
+            let Some(e) = self.parked.get(&orig) else {
+                continue;
+            };
+            let reply = e.reply;
+            self.held_counters.insert(orig, c);
+            if !self.is_held(&orig, &reply) {
+                released.push(orig);
+            }
+        }
+        released
     }
 
     /// How many parked connections a rule that must see every packet holds.

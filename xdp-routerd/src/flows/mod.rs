@@ -143,6 +143,9 @@ pub struct FlowManager {
     /// The connections firewall rules that must see every packet can match (see
     /// [`per_packet::held_flows`]): not offloaded ([`Skip::HeldByRule`]).
     held: Vec<flow_match::FlowMatch>,
+    /// Conntrack's counters of held connections as last read (a counter bound releases a
+    /// connection once a counter is past it).
+    held_counters: HashMap<CtTuple, DirTraffic>,
 }
 
 impl FlowManager {
@@ -264,6 +267,7 @@ impl FlowManager {
     /// `HOST_TRAFFIC` have its packets already). Returns whether it was offloaded.
     pub fn forget(&mut self, orig: &CtTuple, table: &mut impl FlowTable) -> bool {
         self.parked.remove(orig);
+        self.held_counters.remove(orig);
         // Its entries' counters are of no use any more: not read.
         let was = self.take_back(orig, table, false);
         self.ledger.close(orig);

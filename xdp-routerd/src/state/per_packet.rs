@@ -15,6 +15,7 @@ use super::State;
 use crate::{
     datapath::Datapath,
     flows::{
+        accounting::DirTraffic,
         conntrack::CtTuple,
         dscp_rewrite,
         per_packet::{self, PerPacketMode, PerPacketRule, PerPacketRules},
@@ -95,6 +96,12 @@ impl State<Datapath> {
         self.per_packet.found = Some(found);
         self.per_packet.reading = false;
         released
+    }
+
+    /// Conntrack's counters of held connections, as just read (see
+    /// [`crate::flows::FlowManager::counters_read`]): returns the ones no rule holds any more.
+    pub fn held_counters_read(&mut self, read: Vec<(CtTuple, DirTraffic)>) -> Vec<CtTuple> {
+        self.flows.counters_read(read)
     }
 
     /// `status`'s view.

@@ -6,6 +6,7 @@
 //! - [`pppoe`]: the managed PPP devices' PPPoE sessions are followed;
 //! - [`rtnetlink`]: links come and go, routes and addresses change, qdiscs change;
 //! - [`ruleset`]: nftables commits and iptables-legacy changes disarm every flow;
+//! - [`held_counters`]: conntrack's counters of connections held until a counter bound;
 //! - [`xdp_xmit`]: the kernel's XDP features change (which devices can transmit XDP frames);
 //! - [`control`]: the control socket (`status`, `flows`, the fast-path toggle);
 //! - [`metrics`]: the `/metrics` endpoint;
@@ -17,6 +18,7 @@
 
 pub mod conntrack;
 pub mod control;
+pub mod held_counters;
 pub mod keepalive;
 pub mod metrics;
 pub mod pppoe;

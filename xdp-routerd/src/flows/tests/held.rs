@@ -86,3 +86,47 @@ fn a_rule_matching_every_form_after_nat_holds_the_connection() {
     );
     assert!(t.v4.is_empty());
 }
+
+#[test]
+fn a_counter_bound_releases_a_connection_once_a_counter_read_is_past_it() {
+    use super::super::accounting::Traffic;
+    use super::super::flow_match::{CounterDir, CounterUnit};
+    let (mut m, mut t) = (manager(), FakeTable::default());
+    let first_six = FlowMatch {
+        terms: vec![FlowTerm::CounterAtMost {
+            dir: CounterDir::Original,
+            unit: CounterUnit::Packets,
+            max: 6,
+        }],
+    };
+    m.set_held(vec![first_six], &mut t);
+    assert!(m.held_until_counted().is_empty(), "nothing held yet");
+    assert_eq!(
+        m.upsert(snat_tcp(), &mut t, &paths()),
+        Upsert::Skipped(Skip::HeldByRule)
+    );
+    assert_eq!(m.held_until_counted(), vec![(snat_tcp().orig, 0)]);
+    let read = |packets| {
+        [
+            Traffic {
+                packets,
+                bytes: packets * 60,
+            },
+            Traffic::default(),
+        ]
+    };
+    // Six packets: the rule can still match the next one.
+    assert!(m.counters_read(vec![(snat_tcp().orig, read(6))]).is_empty());
+    assert_eq!(m.held_len(), 1);
+    // Seven: released, and offloaded by the revalidation that follows.
+    let released = m.counters_read(vec![(snat_tcp().orig, read(7))]);
+    assert_eq!(released, vec![snat_tcp().orig]);
+    assert_eq!(m.held_len(), 0);
+    let snapshot = m.snapshot_of(&released, |_| true);
+    assert_eq!(m.revalidate(snapshot, &mut t, &paths()), (0, 1));
+    assert!(m.is_offloaded(&snat_tcp().orig));
+
+    // A connection also held by a rule without a bound has no counters to wait for.
+    m.set_held(vec![ssh(), FlowMatch::default()], &mut t);
+    assert!(m.held_until_counted().is_empty());
+}

@@ -15,7 +15,7 @@ use tracing::warn;
 use super::update::{CtUpdate, encode_request, family_of, key_attributes};
 use super::{CtNetlinkError, NlSocket, RECV_BUF, open_socket};
 use crate::flows::{
-    accounting::KernelCounters,
+    accounting::{DirTraffic, KernelCounters},
     conntrack::{CtEntry, CtTuple},
 };
 use crate::sync::conntrack::{counted_from_message, decode_message, entry_from_message};
@@ -150,6 +150,38 @@ impl CtNetlink {
             })?;
             if entry.is_some() {
                 return Ok(entry);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Conntrack's own counters of the entry with this original tuple in `zone`; `None` when it
+    /// is gone or has none (`nf_conntrack_acct` was off when it was created).
+    pub async fn get_counters(
+        &mut self,
+        orig: &CtTuple,
+        zone: u16,
+    ) -> Result<Option<DirTraffic>, CtNetlinkError> {
+        let result = self
+            .request(
+                "get conntrack counters",
+                family_of(orig),
+                ConntrackMessage::Get(key_attributes(orig, zone)),
+                NLM_F_REQUEST | NLM_F_ACK,
+            )
+            .await;
+        let msgs = match result {
+            Ok(msgs) => msgs,
+            Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        for m in &msgs {
+            let counted = counted_from_message(m).map_err(|source| CtNetlinkError::Malformed {
+                op: "get conntrack counters",
+                source,
+            })?;
+            if let Some((_, _, c)) = counted {
+                return Ok(Some(c));
             }
         }
         Ok(None)

@@ -7,7 +7,9 @@ use std::net::IpAddr;
 
 use serde_json::Value;
 
-use crate::flows::flow_match::{FlowTerm, Side, prefix_range, proto_number};
+use crate::flows::flow_match::{
+    CounterDir, CounterUnit, FlowTerm, Side, prefix_range, proto_number,
+};
 
 const TCP: u8 = 6;
 const UDP: u8 = 17;
@@ -82,6 +84,82 @@ pub(super) fn nft_match(m: &Value) -> Vec<FlowTerm> {
         }
         _ => vec![],
     }
+}
+
+/// The upper bound an nftables `match` on `ct [original|reply] packets|bytes` puts on the
+/// counter (`< 10`, `<= 1000`, `1-6`, `{ 1-6, 9 }`); `None` for any other test, or one without
+/// an upper bound (`> 100`, `!= 3`).
+pub(super) fn nft_counter_bound(m: &Value) -> Option<FlowTerm> {
+    let ct = m.get("left")?.get("ct")?;
+    let unit = match ct.get("key")?.as_str()? {
+        "packets" => CounterUnit::Packets,
+        "bytes" => CounterUnit::Bytes,
+        _ => return None,
+    };
+    let dir = match ct.get("dir").and_then(Value::as_str) {
+        None => CounterDir::Both,
+        Some("original") => CounterDir::Original,
+        Some("reply") => CounterDir::Reply,
+        Some(_) => return None,
+    };
+    let right = m.get("right")?;
+    let highest = |v: &Value| match v.get("range").and_then(Value::as_array) {
+        Some(r) if r.len() == 2 => r[1].as_u64(),
+        Some(_) => None,
+        None => v.as_u64(),
+    };
+    let max = match m.get("op")?.as_str()? {
+        "<" => right.as_u64()?.checked_sub(1)?,
+        "<=" => right.as_u64()?,
+        "==" | "in" => match right.get("set").and_then(Value::as_array) {
+            Some(set) => set
+                .iter()
+                .map(highest)
+                .collect::<Option<Vec<u64>>>()?
+                .into_iter()
+                .max()?,
+            None => highest(right)?,
+        },
+        _ => return None,
+    };
+    Some(FlowTerm::CounterAtMost { dir, unit, max })
+}
+
+/// The upper bound of `-m connbytes` options (`--connbytes 1:6 --connbytes-dir original
+/// --connbytes-mode packets`); `None` when negated, open-ended (`--connbytes 10`) or on
+/// `avgpkt`.
+pub(super) fn save_connbytes_bound(options: &[String]) -> Option<FlowTerm> {
+    let mut range = None;
+    let (mut dir, mut unit) = (None, None);
+    let mut words = options.iter().map(String::as_str);
+    while let Some(w) = words.next() {
+        match w {
+            "!" => return None,
+            "--connbytes" => range = words.next(),
+            "--connbytes-dir" => {
+                dir = Some(match words.next()? {
+                    "original" => CounterDir::Original,
+                    "reply" => CounterDir::Reply,
+                    "both" => CounterDir::Both,
+                    _ => return None,
+                })
+            }
+            "--connbytes-mode" => {
+                unit = Some(match words.next()? {
+                    "packets" => CounterUnit::Packets,
+                    "bytes" => CounterUnit::Bytes,
+                    _ => return None,
+                })
+            }
+            _ => return None,
+        }
+    }
+    let max = range?.split_once(':')?.1.parse().ok()?;
+    Some(FlowTerm::CounterAtMost {
+        dir: dir?,
+        unit: unit?,
+        max,
+    })
 }
 
 fn proto_is(p: u8) -> FlowTerm {
@@ -342,5 +420,58 @@ mod tests {
             ]
         );
         assert!(save_ports("multiport", &save_words("--dports 22,80")).is_empty());
+    }
+
+    #[test]
+    fn upper_bounds_on_conntrack_counters() {
+        let bound = |json: &str| nft_counter_bound(&serde_json::from_str(json).unwrap());
+        let at_most = |dir, unit, max| Some(FlowTerm::CounterAtMost { dir, unit, max });
+        use CounterDir::*;
+        use CounterUnit::*;
+        assert_eq!(
+            bound(
+                r#"{"op": "==", "left": {"ct": {"key": "packets", "dir": "original"}}, "right": {"range": [1, 6]}}"#
+            ),
+            at_most(Original, Packets, 6)
+        );
+        assert_eq!(
+            bound(r#"{"op": "<", "left": {"ct": {"key": "packets"}}, "right": 10}"#),
+            at_most(Both, Packets, 9)
+        );
+        assert_eq!(
+            bound(
+                r#"{"op": "<=", "left": {"ct": {"key": "bytes", "dir": "reply"}}, "right": 1000}"#
+            ),
+            at_most(Reply, Bytes, 1000)
+        );
+        assert_eq!(
+            bound(r#"{"op": ">", "left": {"ct": {"key": "packets"}}, "right": 10}"#),
+            None
+        );
+        assert_eq!(
+            bound(r#"{"op": "<", "left": {"ct": {"key": "avgpkt"}}, "right": 10}"#),
+            None
+        );
+        let save = |s: &str| save_connbytes_bound(&save_words(s));
+        assert_eq!(
+            save("--connbytes 1:6 --connbytes-dir original --connbytes-mode packets"),
+            at_most(Original, Packets, 6)
+        );
+        assert_eq!(
+            save("--connbytes 0:1000 --connbytes-dir both --connbytes-mode bytes"),
+            at_most(Both, Bytes, 1000)
+        );
+        assert_eq!(
+            save("--connbytes 10 --connbytes-dir original --connbytes-mode packets"),
+            None
+        );
+        assert_eq!(
+            save("! --connbytes 1:6 --connbytes-dir original --connbytes-mode packets"),
+            None
+        );
+        assert_eq!(
+            save("--connbytes 1:6 --connbytes-dir original --connbytes-mode avgpkt"),
+            None
+        );
     }
 }

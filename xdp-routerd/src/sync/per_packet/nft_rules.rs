@@ -60,11 +60,13 @@ fn nft_rule(expr: &Value, table: &NftTable, save: Option<&[String]>, ct_known: b
     let known = |m: Match| if ct_known { m } else { Match::Maybe };
     let mut branches: Option<Vec<Branch>> = None;
     // The conntrack matches of `save`, in order, for the `xt` conntrack matches of `expr`.
-    let mut save_ct = save
-        .and_then(super::save_rules::parts)
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|p| p.conntrack_match());
+    let save_parts = save.and_then(super::save_rules::parts).unwrap_or_default();
+    let mut save_ct = save_parts.iter().filter_map(|p| p.conntrack_match());
+    // The options of its connbytes matches, in order.
+    let mut save_connbytes = save_parts.iter().filter_map(|p| match p {
+        super::save_rules::SavePart::Match("connbytes", options) => Some(*options),
+        _ => None,
+    });
     for e in expr.as_array().into_iter().flatten() {
         let mut expiring = BTreeSet::new();
         expiring_matches(e, table, &mut expiring);
@@ -81,6 +83,14 @@ fn nft_rule(expr: &Value, table: &NftTable, save: Option<&[String]>, ct_known: b
             }
             "match" => {
                 parts.narrow(super::flow_tests::nft_match(inner));
+                // An upper-bounded counter test narrows the rule in time: it holds a
+                // connection (its verdict may change with the counter) only until a counter
+                // is past the bound (see `flows::flow_match`).
+                if let Some(bound) = super::flow_tests::nft_counter_bound(inner)
+                    && parts.narrows()
+                {
+                    parts.narrow(vec![bound]);
+                }
                 let test = ct_state::nft_match(inner).map_or(Match::Maybe, known);
                 parts.push(test, kinds);
                 continue;
@@ -89,6 +99,14 @@ fn nft_rule(expr: &Value, table: &NftTable, save: Option<&[String]>, ct_known: b
                 let name = inner.get("name").and_then(Value::as_str).unwrap_or("");
                 match inner.get("type").and_then(Value::as_str) {
                     Some("match") => {
+                        if name == "connbytes"
+                            && let Some(bound) = save_connbytes
+                                .next()
+                                .and_then(super::flow_tests::save_connbytes_bound)
+                            && parts.narrows()
+                        {
+                            parts.narrow(vec![bound]);
+                        }
                         let test = match name {
                             "conntrack" | "state" => save_ct
                                 .next()

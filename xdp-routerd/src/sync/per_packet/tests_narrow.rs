@@ -67,3 +67,40 @@ fn tests_after_what_a_rule_does_per_packet_do_not_narrow_it() {
     // Held entirely: nothing to narrow to.
     assert!(held_flows(PerPacketMode::Hold, &found).is_empty());
 }
+
+/// A DPI setup's first-six-packets rules: iptables-nft's `-p udp -m connbytes --connbytes 1:6
+/// --connbytes-dir original --connbytes-mode packets -j NFQUEUE` first in FORWARD, and native
+/// `ct original packets 1-6 counter` and `ct packets > 100 counter` in an inet table.
+const CONNBYTES: &str = include_str!("../testdata/narrowed_connbytes.json");
+const CONNBYTES_SAVE: &str = include_str!("../testdata/narrowed_connbytes_save.txt");
+
+#[test]
+fn an_upper_bound_on_conntrack_counters_holds_connections_until_it_is_passed() {
+    let (v4, v6) = CONNBYTES_SAVE.split_once("====").unwrap();
+    let (rules, unproven) = parse_nft_json_with_saves(CONNBYTES, Some(v4), Some(v6)).unwrap();
+    assert_eq!(unproven, Vec::<String>::new());
+    assert_eq!(
+        lines(&rules),
+        [
+            "inet dpi f rule 1 uses connbytes on ct original packets <= 6",
+            // A lower bound: the verdict changes once the counter passes it.
+            "inet dpi f rule 2 uses connbytes",
+            "ip filter FORWARD rule 1 uses connbytes and queue on l4proto udp ct original packets <= 6",
+        ]
+    );
+    assert!(rules[2].flows.is_bounded());
+    // Without iptables-nft-save's options the connbytes match narrows nothing.
+    assert_eq!(
+        lines(&parse_nft_json(CONNBYTES).unwrap())[2],
+        "ip filter FORWARD rule 1 uses connbytes and queue on l4proto udp"
+    );
+    // Legacy tables: the same from iptables-save's words.
+    let legacy = parse_legacy_save(v4, RuleOrigin::LegacyIpv4);
+    assert_eq!(legacy[0].flows, rules[2].flows);
+    let found = PerPacketRules {
+        rules: vec![rules[0].clone(), rules[2].clone()],
+        ..Default::default()
+    };
+    assert!(!hold(PerPacketMode::Hold, &found));
+    assert_eq!(held_flows(PerPacketMode::Hold, &found).len(), 2);
+}

@@ -1,4 +1,4 @@
-//! The options of iptables-nft's conntrack matches. nft lists a rule iptables-nft wrote with
+//! The options of iptables-nft's conntrack (and connbytes) matches. nft lists a rule iptables-nft wrote with
 //! its xt matches by name only (`{"xt": {"type": "match", "name": "conntrack"}}`, also for
 //! `-m state`), so `ct state established` and `ct state new` look the same there.
 //! `iptables-nft-save` (`ip6tables-nft-save`) lists the same rules with their options: a
@@ -93,7 +93,7 @@ impl XtOptions {
     }
 }
 
-/// Whether some table of `family` has a rule with an xt conntrack match (then
+/// Whether some table of `family` has a rule with an xt conntrack or connbytes match (then
 /// `iptables-nft-save` is worth running).
 pub(super) fn wanted(tables: &NftTables, family: &str) -> bool {
     tables
@@ -119,8 +119,12 @@ fn kernel_name(name: &str) -> &str {
     if name == "state" { "conntrack" } else { name }
 }
 
+/// Whether a rule has an xt match whose options the hold needs: `conntrack` (the states it
+/// tests) or `connbytes` (an upper bound narrows it).
 fn has_conntrack_match(expr: &Value) -> bool {
-    xt_matches(expr).contains(&"conntrack")
+    xt_matches(expr)
+        .iter()
+        .any(|m| matches!(*m, "conntrack" | "connbytes"))
 }
 
 /// Whether the nft rule `expr` and the iptables-nft-save rule `words` are the same rule: the

@@ -8,7 +8,8 @@
 # with matches whose answer changes without a commit (an ipset before the established accept, a
 # time rule after it, an ipset after `--ctstate NEW`) and expiring.nft from OUTDIR; rules narrowed
 # by their flow-constant tests (a hashlimit on port 22 first in FORWARD; narrowed.nft and
-# narrowed_log_first.nft from OUTDIR).
+# narrowed_log_first.nft from OUTDIR); a first-6-packets NFQUEUE rule (connbytes) and native
+# `ct original packets 1-6` / `ct packets > 100` rules.
 # Usage (root, ufw installed, iptables = iptables-nft): capture_rulesets.sh OUTDIR
 set -e
 OUT=$1
@@ -73,4 +74,12 @@ dump narrowed_iptables_nft
 ip netns exec $N nft -f $OUT/narrowed.nft
 ip netns exec $N nft -f $OUT/narrowed_log_first.nft
 dump narrowed_nft
+fresh; router
+ip netns exec $N sh -c 'iptables -w -I FORWARD 1 -p udp -m connbytes --connbytes 1:6 \
+    --connbytes-dir original --connbytes-mode packets -j NFQUEUE --queue-num 7 --queue-bypass
+  nft add table inet dpi
+  nft add chain inet dpi f "{ type filter hook forward priority 10; }"
+  nft add rule inet dpi f ct original packets 1-6 counter
+  nft add rule inet dpi f ct packets \> 100 counter'
+dump narrowed_connbytes
 ip netns del $N; rm -rf /etc/netns/$N
