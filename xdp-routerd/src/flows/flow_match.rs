@@ -203,44 +203,24 @@ impl fmt::Display for FlowMatch {
                     ranges,
                     negated,
                 } => {
-                    let r: Vec<String> = ranges
-                        .iter()
-                        .map(|(a, b)| {
-                            if a == b {
-                                a.to_string()
-                            } else {
-                                format!("{a}-{b}")
-                            }
-                        })
-                        .collect();
                     let field = if *side == Side::Source {
                         "sport"
                     } else {
                         "dport"
                     };
-                    write!(f, "{field} {}{}", not(*negated), r.join(","))?;
+                    write!(f, "{field} {}{}", not(*negated), listed(ranges))?;
                 }
                 FlowTerm::Addr {
                     side,
                     ranges,
                     negated,
                 } => {
-                    let r: Vec<String> = ranges
-                        .iter()
-                        .map(|(a, b)| {
-                            if a == b {
-                                a.to_string()
-                            } else {
-                                format!("{a}-{b}")
-                            }
-                        })
-                        .collect();
                     let field = if *side == Side::Source {
                         "saddr"
                     } else {
                         "daddr"
                     };
-                    write!(f, "{field} {}{}", not(*negated), r.join(","))?;
+                    write!(f, "{field} {}{}", not(*negated), listed(ranges))?;
                 }
                 FlowTerm::CounterAtMost { dir, unit, max } => {
                     let dir = match dir {
@@ -258,6 +238,21 @@ impl fmt::Display for FlowMatch {
         }
         Ok(())
     }
+}
+
+/// `22,1000-2000`: inclusive ranges, a single value as itself.
+fn listed<T: PartialEq + fmt::Display>(ranges: &[(T, T)]) -> String {
+    let r: Vec<String> = ranges
+        .iter()
+        .map(|(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect();
+    r.join(",")
 }
 
 fn proto_name(p: u8) -> String {

@@ -130,24 +130,10 @@ impl CtNetlink {
         orig: &CtTuple,
         zone: u16,
     ) -> Result<Option<CtEntry>, CtNetlinkError> {
-        let result = self
-            .request(
-                "get conntrack entry",
-                family_of(orig),
-                ConntrackMessage::Get(key_attributes(orig, zone)),
-                NLM_F_REQUEST | NLM_F_ACK,
-            )
-            .await;
-        let msgs = match result {
-            Ok(msgs) => msgs,
-            Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        for m in &msgs {
-            let entry = entry_from_message(m).map_err(|source| CtNetlinkError::Malformed {
-                op: "get conntrack entry",
-                source,
-            })?;
+        let op = "get conntrack entry";
+        for m in &self.get_messages(op, orig, zone).await? {
+            let entry =
+                entry_from_message(m).map_err(|source| CtNetlinkError::Malformed { op, source })?;
             if entry.is_some() {
                 return Ok(entry);
             }
@@ -162,29 +148,38 @@ impl CtNetlink {
         orig: &CtTuple,
         zone: u16,
     ) -> Result<Option<DirTraffic>, CtNetlinkError> {
-        let result = self
-            .request(
-                "get conntrack counters",
-                family_of(orig),
-                ConntrackMessage::Get(key_attributes(orig, zone)),
-                NLM_F_REQUEST | NLM_F_ACK,
-            )
-            .await;
-        let msgs = match result {
-            Ok(msgs) => msgs,
-            Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        for m in &msgs {
-            let counted = counted_from_message(m).map_err(|source| CtNetlinkError::Malformed {
-                op: "get conntrack counters",
-                source,
-            })?;
+        let op = "get conntrack counters";
+        for m in &self.get_messages(op, orig, zone).await? {
+            let counted = counted_from_message(m)
+                .map_err(|source| CtNetlinkError::Malformed { op, source })?;
             if let Some((_, _, c)) = counted {
                 return Ok(Some(c));
             }
         }
         Ok(None)
+    }
+
+    /// The reply to a `get` of the entry with this original tuple in `zone`; none when it does
+    /// not exist.
+    async fn get_messages(
+        &mut self,
+        op: &'static str,
+        orig: &CtTuple,
+        zone: u16,
+    ) -> Result<Vec<NetfilterMessage>, CtNetlinkError> {
+        let result = self
+            .request(
+                op,
+                family_of(orig),
+                ConntrackMessage::Get(key_attributes(orig, zone)),
+                NLM_F_REQUEST | NLM_F_ACK,
+            )
+            .await;
+        match result {
+            Ok(msgs) => Ok(msgs),
+            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(vec![]),
+            Err(e) => Err(e),
+        }
     }
 
     /// Applies `update` to the existing entry. Returns false when there is no such entry (or it
