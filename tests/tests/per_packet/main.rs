@@ -164,6 +164,22 @@ const BURST: u64 = 5;
 const RATE: u64 = 3000;
 const SECS: u64 = 3;
 
+/// Checks that a stream sent at `sent_pps` exceeded the hashlimit rule's [`LIMIT`] and that at
+/// most the limit got through (`delivered_pps`).
+fn assert_limited(sent_pps: f64, delivered_pps: f64) {
+    assert!(
+        sent_pps > 2.0 * LIMIT as f64,
+        "the stream must exceed the limit for the test to mean anything"
+    );
+    // hashlimit lets LIMIT per second plus the burst through; 10 % for the timing of a
+    // 3 s measurement on a loaded machine.
+    let allowed = (LIMIT as f64 * SECS as f64 + BURST as f64) * 1.1 / SECS as f64;
+    assert!(
+        delivered_pps <= allowed,
+        "{delivered_pps:.0} pkt/s delivered, the limit allows {allowed:.0}"
+    );
+}
+
 /// Offloads a UDP flow (fast-pathed both ways first), inserts a hashlimit DROP rule at the top
 /// of FORWARD (before the ESTABLISHED accept), then sends [`RATE`] pkt/s for [`SECS`] s.
 /// `None` when the test cannot run here.
@@ -230,18 +246,7 @@ fn hashlimit_in_forward_limits_an_offloaded_flow() {
     let Some(r) = hashlimit_run(test, "pph", 6101, "hold") else {
         return;
     };
-    assert!(
-        r.sent_pps > 2.0 * LIMIT as f64,
-        "the stream must exceed the limit for the test to mean anything"
-    );
-    // hashlimit lets LIMIT per second plus the burst through; 10 % for the timing of a
-    // 3 s measurement on a loaded machine.
-    let allowed = (LIMIT as f64 * SECS as f64 + BURST as f64) * 1.1 / SECS as f64;
-    assert!(
-        r.delivered_pps <= allowed,
-        "{:.0} pkt/s delivered, the limit allows {allowed:.0}",
-        r.delivered_pps
-    );
+    assert_limited(r.sent_pps, r.delivered_pps);
     assert_eq!(r.fast_share, 0.0, "no packet may be fast-pathed while held");
     assert!(
         r.held >= r.wire * 9 / 10 && r.held > 0,
