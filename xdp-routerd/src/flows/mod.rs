@@ -13,9 +13,11 @@
 //! connections the kernel forwarded since their entries were written).
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
 };
+
+use foldhash::HashMap;
 
 use aya::maps::MapError;
 use xdp_router_common::{ArmKeyV4, ArmKeyV6, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6};
