@@ -66,6 +66,9 @@ pub struct Step {
     pub drops: String,
     /// With the daemon: its CPU over the step (percent of a core).
     pub daemon_cpu: Option<f64>,
+    /// With the daemon: its CPU time over the step divided by the connections started, in µs
+    /// (the cost of one new connection; the generator's speed does not enter).
+    pub daemon_us_per_conn: Option<f64>,
     /// With the daemon: connections offloaded during the step and fast-path packets.
     pub offloaded: Option<u64>,
     pub fast_packets: Option<u64>,
@@ -211,6 +214,7 @@ pub fn step(
         failed: std::array::from_fn(|i| load(&c.failed[i])),
         failed_kind: std::array::from_fn(|i| load(&c.failed_kind[i])),
         daemon_cpu: None,
+        daemon_us_per_conn: None,
         udp_retries: load(&c.udp_retries),
         drops,
         server_bad: load(&servers.counters.server_bad) - bad_before,
@@ -220,10 +224,9 @@ pub fn step(
         missing: None,
     };
     if let (Some(d), Some((fwd, off, cpu))) = (daemon, before) {
-        step.daemon_cpu = Some(
-            100.0 * (crate::scale::proc::sample(d.pid())?.cpu_s - cpu)
-                / wall.as_secs_f64().max(1e-9),
-        );
+        let used = crate::scale::proc::sample(d.pid())?.cpu_s - cpu;
+        step.daemon_cpu = Some(100.0 * used / wall.as_secs_f64().max(1e-9));
+        step.daemon_us_per_conn = Some(1e6 * used / (step.started.max(1) as f64));
         let (stale, missing) = in_step(&tb.rtr, d, out)?;
         step.fast_packets = Some(d.status()?.forwarded().saturating_sub(fwd));
         step.offloaded = Some(offloaded_total(d)?.saturating_sub(off));
@@ -273,8 +276,10 @@ pub fn ladder(
             s.failures(),
             match (s.stale, s.missing, s.offloaded) {
                 (Some(st), Some(m), Some(o)) => format!(
-                    "; offloaded {o}; daemon CPU {:.0} %; flow entries stale {st}, missing {m}",
-                    s.daemon_cpu.unwrap_or(0.0)
+                    "; offloaded {o}; daemon CPU {:.0} % ({:.1} µs per new connection); flow \
+                     entries stale {st}, missing {m}",
+                    s.daemon_cpu.unwrap_or(0.0),
+                    s.daemon_us_per_conn.unwrap_or(0.0)
                 ),
                 _ => String::new(),
             },

@@ -53,12 +53,15 @@ pub(super) fn churn_part(
         report.add(
             &format!("churn {}/s requested (mixed TCP/UDP, IPv4/IPv6)", s.rate),
             format!(
-                "fast path: {:.0}/s achieved, {} of {} ok, failures {}, {} offloaded, {} \
-                 fast-path packets, flow entries stale {} / missing {}; kernel alone: {}",
+                "fast path: {:.0}/s achieved, {} of {} ok, failures {}, daemon CPU {:.0} % = \
+                 {:.1} µs per new connection, {} offloaded, {} fast-path packets, flow entries \
+                 stale {} / missing {}; kernel alone: {}",
                 s.achieved,
                 s.ok,
                 s.started,
                 s.failures(),
+                s.daemon_cpu.unwrap_or(0.0),
+                s.daemon_us_per_conn.unwrap_or(0.0),
                 s.offloaded.unwrap_or(0),
                 s.fast_packets.unwrap_or(0),
                 s.stale.unwrap_or(0),

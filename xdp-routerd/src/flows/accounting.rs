@@ -9,10 +9,12 @@
 //! the [`Ledger`] says which host has which slot, so a scrape reads one entry per host.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::BTreeMap,
     net::IpAddr,
     ops::{Add, AddAssign},
 };
+
+use foldhash::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use xdp_router_common::{
@@ -304,7 +306,7 @@ mod tests {
         assert_eq!(l.carried(&tuple(2)), [t(15, 1500), t(2, 120)]);
         l.carry(tuple(3), [t(1, 1), t(0, 0)]);
         // A dump without tuple(3): its DESTROY was missed.
-        l.close_absent(&[tuple(2)].into());
+        l.close_absent(&[tuple(2)].into_iter().collect());
         assert_eq!(l.carried(&tuple(3)), DirTraffic::default());
         l.close(&tuple(2));
         assert_eq!(l.carried(&tuple(2)), DirTraffic::default());

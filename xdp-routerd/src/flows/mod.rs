@@ -14,9 +14,11 @@
 //! narrowed rule that must see every packet holds in the kernel).
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
 };
+
+use foldhash::HashMap;
 
 use aya::maps::MapError;
 use xdp_router_common::{ArmKeyV4, ArmKeyV6, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6};

@@ -1,7 +1,7 @@
 //! Re-checking what is offloaded: snapshots for a revalidation after a routing change, and
 //! resynchronisation with a fresh conntrack dump.
 
-use std::collections::HashSet;
+use foldhash::{HashSet, HashSetExt as _};
 
 use super::conntrack::{CtEntry, CtTuple};
 use super::upsert::Upsert;

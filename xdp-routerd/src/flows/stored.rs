@@ -2,10 +2,9 @@
 //! [`TupleV6`]) and the few conntrack fields ([`Stored`]) needed to rebuild its map entries
 //! and to tell it from a later connection on the same tuple.
 
-use std::{
-    collections::HashMap,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use foldhash::{HashMap, HashMapExt as _};
 
 use super::Offloaded;
 use super::accounting::DirTraffic;

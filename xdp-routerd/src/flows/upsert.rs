@@ -1,10 +1,9 @@
 //! The offload decision: whether a conntrack entry may be offloaded on its current paths
 //! ([`FlowManager::upsert`] and its batch form), and the parking of those that may not yet.
 
-use std::{
-    collections::HashSet,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
+
+use foldhash::{HashSet, HashSetExt as _};
 
 use tracing::warn;
 

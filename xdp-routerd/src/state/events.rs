@@ -6,7 +6,9 @@
 //! FDB, route and qdisc notifications become attachments, detachments and FDB copies, and name
 //! the flows to revalidate.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
+
+use foldhash::{HashSet, HashSetExt as _};
 
 use tracing::{debug, warn};
 

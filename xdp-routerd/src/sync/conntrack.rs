@@ -1,23 +1,24 @@
 //! The pure translation from ctnetlink messages to conntrack entries and events (the domain
 //! values of [`crate::flows::conntrack`]), and of a tuple back to attributes for requests.
 //!
-//! [`event_from_message`] is the one place where a parsed ctnetlink message from the event
-//! groups becomes a [`CtEvent`] (and [`entry_from_message`] the one for dump and get replies).
+//! [`CtMessage::event`] is the one place where a ctnetlink message from the event groups
+//! becomes a [`CtEvent`] (and [`CtMessage::entry`] the one for dump and get replies).
 //!
-//! The parsing of tuples, status, timeout, mark and TCP protoinfo comes from
-//! `netlink-packet-netfilter`; CTA_ID, CTA_ZONE, CTA_HELP and the CTA_COUNTERS_* (which that
-//! crate leaves as raw attributes) are decoded here.
+//! The attributes are decoded here, in place from the received datagram, with the attribute
+//! iterator of `netlink-packet-core` and only the attributes the daemon reads: the owned
+//! attribute trees of `netlink-packet-netfilter` cost an allocation per attribute, a dozen per
+//! message, on the path every new connection takes (see docs/benchmarks.md, connection
+//! churn). That crate still encodes the daemon's requests and decodes the control messages
+//! (errors, end of dump) of their answers.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use netlink_packet_core::{
-    DecodeError, DefaultNla, NLA_TYPE_MASK, NetlinkMessage, Nla, NlaBuffer, NlasIterator,
+    DecodeError, NLA_TYPE_MASK, NetlinkBuffer, NetlinkMessage, NlaBuffer, NlasIterator,
 };
 use netlink_packet_netfilter::{
-    NetfilterMessage, NetfilterMessageInner,
-    conntrack::{
-        ConntrackAttribute, ConntrackMessage, IPTuple, ProtoInfo, ProtoInfoTCP, ProtoTuple, Tuple,
-    },
+    NetfilterMessage,
+    conntrack::{IPTuple, ProtoTuple, Tuple},
 };
 
 use crate::flows::{
@@ -72,6 +73,9 @@ pub enum CtParseError {
         /// What is missing.
         part: &'static str,
     },
+    /// An attribute's header is cut off or its length runs past the end of its nest.
+    #[error("malformed attribute in {0}")]
+    Malformed(&'static str),
     /// An attribute has an unexpected size.
     #[error("conntrack attribute {name} has {len} bytes, expected {expected}")]
     BadLength {
@@ -89,46 +93,146 @@ const NLM_F_CREATE: u16 = 0x400;
 /// `NLM_F_EXCL`.
 const NLM_F_EXCL: u16 = 0x200;
 
-/// Decodes one netlink message from ctnetlink (a message of [`super::datagram::messages`]).
+/// `NFNL_SUBSYS_CTNETLINK`: the high byte of a conntrack message's netlink type.
+const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+/// `IPCTNL_MSG_CT_NEW`: NEW and UPDATE events, dump and get replies.
+const IPCTNL_MSG_CT_NEW: u16 = 0;
+/// `IPCTNL_MSG_CT_DELETE`: DESTROY events.
+const IPCTNL_MSG_CT_DELETE: u16 = 2;
+/// `struct nfgenmsg` ahead of the attributes: family, version, resource id.
+const NFGENMSG_LEN: usize = 4;
+
+/// `CTA_TUPLE_ORIG`, `CTA_TUPLE_REPLY` (nested tuples).
+const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_TUPLE_REPLY: u16 = 2;
+/// `CTA_STATUS` (u32, network byte order).
+const CTA_STATUS: u16 = 3;
+/// `CTA_PROTOINFO` (nested), holding `CTA_PROTOINFO_TCP` (nested).
+const CTA_PROTOINFO: u16 = 4;
+const CTA_PROTOINFO_TCP: u16 = 1;
+const CTA_PROTOINFO_TCP_STATE: u16 = 1;
+const CTA_PROTOINFO_TCP_FLAGS_ORIGINAL: u16 = 4;
+const CTA_PROTOINFO_TCP_FLAGS_REPLY: u16 = 5;
+/// `CTA_TIMEOUT`, `CTA_MARK` (u32, network byte order).
+const CTA_TIMEOUT: u16 = 7;
+const CTA_MARK: u16 = 8;
+/// Inside a tuple: `CTA_TUPLE_IP` (addresses) and `CTA_TUPLE_PROTO` (protocol and ports).
+const CTA_TUPLE_IP: u16 = 1;
+const CTA_TUPLE_PROTO: u16 = 2;
+const CTA_IP_V4_SRC: u16 = 1;
+const CTA_IP_V4_DST: u16 = 2;
+const CTA_IP_V6_SRC: u16 = 3;
+const CTA_IP_V6_DST: u16 = 4;
+const CTA_PROTO_NUM: u16 = 1;
+const CTA_PROTO_SRC_PORT: u16 = 2;
+const CTA_PROTO_DST_PORT: u16 = 3;
+
+/// Decodes the control messages of a request's answer (`NLMSG_ERROR`, `NLMSG_DONE`); the
+/// conntrack messages themselves are read in place with [`CtMessage::parse`].
 pub fn decode_message(bytes: &[u8]) -> Result<NetlinkMessage<NetfilterMessage>, DecodeError> {
     NetlinkMessage::<NetfilterMessage>::deserialize(bytes)
 }
 
-/// Turns a parsed nfnetlink message and the flags of its netlink header into a conntrack
-/// event: `IPCTNL_MSG_CT_NEW` becomes [`CtEvent::New`] when flagged `NLM_F_CREATE|NLM_F_EXCL`
-/// (how `ctnetlink_conntrack_event()` marks NEW events) and [`CtEvent::Update`] otherwise
-/// (UPDATE events, dump and get replies); `IPCTNL_MSG_CT_DELETE` (DESTROY events) becomes
-/// [`CtEvent::Destroy`]; anything else (other subsystems, GET requests, stats) is `Ok(None)`.
-pub fn event_from_message(
-    msg: &NetfilterMessage,
-    nlmsg_flags: u16,
-) -> Result<Option<CtEvent>, CtParseError> {
-    let NetfilterMessageInner::Conntrack(ct) = &msg.inner else {
-        return Ok(None);
-    };
-    let created = nlmsg_flags & (NLM_F_CREATE | NLM_F_EXCL) == NLM_F_CREATE | NLM_F_EXCL;
-    Ok(match ct {
-        ConntrackMessage::New(attrs) if created => {
-            Some(CtEvent::New(entry_from_attributes(attrs)?))
-        }
-        ConntrackMessage::New(attrs) => Some(CtEvent::Update(entry_from_attributes(attrs)?)),
-        ConntrackMessage::Delete(attrs) => Some(CtEvent::Destroy(entry_from_attributes(attrs)?)),
-        _ => None,
-    })
+/// What a ctnetlink conntrack message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CtMessageKind {
+    /// `IPCTNL_MSG_CT_NEW`: a NEW or UPDATE event, a dump or get reply.
+    New,
+    /// `IPCTNL_MSG_CT_DELETE`: a DESTROY event.
+    Delete,
 }
 
-/// The entry of a dump or get reply (`IPCTNL_MSG_CT_NEW`); `Ok(None)` for anything else.
-pub fn entry_from_message(msg: &NetfilterMessage) -> Result<Option<CtEntry>, CtParseError> {
-    match &msg.inner {
-        NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) => {
-            entry_from_attributes(attrs).map(Some)
+/// One ctnetlink conntrack message, read in place from the received datagram: its header's
+/// flags and sender, and its attributes, decoded only when asked for (no allocation).
+#[derive(Debug, Clone, Copy)]
+pub struct CtMessage<'a> {
+    pub kind: CtMessageKind,
+    /// The netlink header's flags.
+    pub flags: u16,
+    /// The netlink port of the socket whose request caused it (0: the kernel's own events).
+    pub port: u32,
+    attrs: &'a [u8],
+}
+
+impl<'a> CtMessage<'a> {
+    /// Reads one whole netlink message (header included); `Ok(None)` for anything that is not
+    /// a conntrack NEW or DELETE message (control messages, other subsystems, GET requests,
+    /// statistics).
+    pub fn parse(raw: &'a [u8]) -> Result<Option<Self>, DecodeError> {
+        let nl = NetlinkBuffer::new_checked(raw)?;
+        let ty = nl.message_type();
+        if ty >> 8 != NFNL_SUBSYS_CTNETLINK {
+            return Ok(None);
         }
-        _ => Ok(None),
+        let kind = match ty & 0xff {
+            IPCTNL_MSG_CT_NEW => CtMessageKind::New,
+            IPCTNL_MSG_CT_DELETE => CtMessageKind::Delete,
+            _ => return Ok(None),
+        };
+        let payload = nl.payload();
+        let attrs = payload
+            .get(NFGENMSG_LEN..)
+            .ok_or_else(|| DecodeError::from("conntrack message shorter than its nfgenmsg"))?;
+        Ok(Some(CtMessage {
+            kind,
+            flags: nl.flags(),
+            port: nl.port_number(),
+            attrs,
+        }))
+    }
+
+    /// The conntrack event it reports: `IPCTNL_MSG_CT_NEW` becomes [`CtEvent::New`] when
+    /// flagged `NLM_F_CREATE|NLM_F_EXCL` (how `ctnetlink_conntrack_event()` marks NEW events)
+    /// and [`CtEvent::Update`] otherwise (UPDATE events, dump and get replies);
+    /// `IPCTNL_MSG_CT_DELETE` (DESTROY events) becomes [`CtEvent::Destroy`].
+    pub fn event(&self) -> Result<CtEvent, CtParseError> {
+        let created = self.flags & (NLM_F_CREATE | NLM_F_EXCL) == NLM_F_CREATE | NLM_F_EXCL;
+        let entry = entry_from_attributes(self.attrs)?;
+        Ok(match self.kind {
+            CtMessageKind::New if created => CtEvent::New(entry),
+            CtMessageKind::New => CtEvent::Update(entry),
+            CtMessageKind::Delete => CtEvent::Destroy(entry),
+        })
+    }
+
+    /// The entry of a dump or get reply (`IPCTNL_MSG_CT_NEW`); `Ok(None)` for a DELETE.
+    pub fn entry(&self) -> Result<Option<CtEntry>, CtParseError> {
+        match self.kind {
+            CtMessageKind::New => entry_from_attributes(self.attrs).map(Some),
+            CtMessageKind::Delete => Ok(None),
+        }
+    }
+
+    /// A dump entry's original tuple, zone and conntrack's own `[original, reply]` counters;
+    /// `Ok(None)` for a DELETE, and for an entry without counters (`nf_conntrack_acct` off).
+    pub fn counted(&self) -> Result<Option<(CtTuple, u16, DirTraffic)>, CtParseError> {
+        let Some(entry) = self.entry()? else {
+            return Ok(None);
+        };
+        Ok(counters_from_attributes(self.attrs)?.map(|c| (entry.orig, entry.zone, c)))
     }
 }
 
+/// The attributes (`NLA_TYPE_MASK`ed kind, value) of a nest; a malformed one ends the walk with
+/// an error naming the nest.
+fn attributes<'a>(
+    nest: &'a [u8],
+    name: &'static str,
+) -> impl Iterator<Item = Result<(u16, &'a [u8]), CtParseError>> {
+    NlasIterator::new(nest).map(move |nla| {
+        let nla: NlaBuffer<&'a [u8]> = nla.map_err(|_| CtParseError::Malformed(name))?;
+        let (kind, len) = (nla.kind() & NLA_TYPE_MASK, usize::from(nla.length()));
+        // The attribute header is 4 bytes; new_checked (in the iterator) bounded the length.
+        let value = nla
+            .into_inner()
+            .get(4..len)
+            .ok_or(CtParseError::Malformed(name))?;
+        Ok((kind, value))
+    })
+}
+
 /// Builds a [`CtEntry`] from the top-level `CTA_*` attributes of a conntrack message.
-pub fn entry_from_attributes(attrs: &[ConntrackAttribute]) -> Result<CtEntry, CtParseError> {
+pub fn entry_from_attributes(attrs: &[u8]) -> Result<CtEntry, CtParseError> {
     let mut orig = None;
     let mut reply = None;
     let mut entry = CtEntry {
@@ -144,28 +248,28 @@ pub fn entry_from_attributes(attrs: &[ConntrackAttribute]) -> Result<CtEntry, Ct
         zone: 0,
         has_helper: false,
     };
-    for attr in attrs {
-        match attr {
-            ConntrackAttribute::CtaTupleOrig(t) => orig = Some(tuple_from(t, "CTA_TUPLE_ORIG")?),
-            ConntrackAttribute::CtaTupleReply(t) => reply = Some(tuple_from(t, "CTA_TUPLE_REPLY")?),
-            ConntrackAttribute::CtaStatus(s) => entry.status = *s,
-            ConntrackAttribute::CtaTimeout(t) => entry.timeout = Some(*t),
-            ConntrackAttribute::CtaMark(m) => entry.mark = *m,
-            ConntrackAttribute::CtaProtoInfo(infos) => {
-                for info in infos {
-                    if let ProtoInfo::TCP(tcp) = info {
-                        read_tcp_protoinfo(tcp, &mut entry);
+    for attr in attributes(attrs, "conntrack attributes") {
+        let (kind, value) = attr?;
+        match kind {
+            CTA_TUPLE_ORIG => orig = Some(tuple_from(value, "CTA_TUPLE_ORIG")?),
+            CTA_TUPLE_REPLY => reply = Some(tuple_from(value, "CTA_TUPLE_REPLY")?),
+            CTA_STATUS => {
+                entry.status =
+                    CtStatus::from_bits_retain(u32::from_be_bytes(fixed(value, "CTA_STATUS")?));
+            }
+            CTA_TIMEOUT => entry.timeout = Some(u32::from_be_bytes(fixed(value, "CTA_TIMEOUT")?)),
+            CTA_MARK => entry.mark = u32::from_be_bytes(fixed(value, "CTA_MARK")?),
+            CTA_PROTOINFO => {
+                for info in attributes(value, "CTA_PROTOINFO") {
+                    let (kind, tcp) = info?;
+                    if kind == CTA_PROTOINFO_TCP {
+                        read_tcp_protoinfo(tcp, &mut entry)?;
                     }
                 }
             }
-            ConntrackAttribute::Other(nla) => match nla.kind() & NLA_TYPE_MASK {
-                CTA_ID => {
-                    entry.id = Some(u32::from_be_bytes(fixed_value(nla, "CTA_ID")?));
-                }
-                CTA_ZONE => entry.zone = u16::from_be_bytes(fixed_value(nla, "CTA_ZONE")?),
-                CTA_HELP => entry.has_helper = true,
-                _ => {}
-            },
+            CTA_ID => entry.id = Some(u32::from_be_bytes(fixed(value, "CTA_ID")?)),
+            CTA_ZONE => entry.zone = u16::from_be_bytes(fixed(value, "CTA_ZONE")?),
+            CTA_HELP => entry.has_helper = true,
             _ => {}
         }
     }
@@ -177,37 +281,19 @@ pub fn entry_from_attributes(attrs: &[ConntrackAttribute]) -> Result<CtEntry, Ct
     Ok(entry)
 }
 
-/// A dump entry's original tuple, zone and conntrack's own `[original, reply]` counters;
-/// `Ok(None)` for anything else, and for an entry without counters (`nf_conntrack_acct` off).
-pub fn counted_from_message(
-    msg: &NetfilterMessage,
-) -> Result<Option<(CtTuple, u16, DirTraffic)>, CtParseError> {
-    let NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) = &msg.inner else {
-        return Ok(None);
-    };
-    let entry = entry_from_attributes(attrs)?;
-    Ok(counters_from_attributes(attrs)?.map(|c| (entry.orig, entry.zone, c)))
-}
-
-/// The `CTA_COUNTERS_ORIG` / `CTA_COUNTERS_REPLY` of a conntrack message; `None` when it has
-/// neither.
-pub fn counters_from_attributes(
-    attrs: &[ConntrackAttribute],
-) -> Result<Option<DirTraffic>, CtParseError> {
+/// The `CTA_COUNTERS_ORIG` / `CTA_COUNTERS_REPLY` of a conntrack message's attributes; `None`
+/// when it has neither.
+pub fn counters_from_attributes(attrs: &[u8]) -> Result<Option<DirTraffic>, CtParseError> {
     let mut found = false;
     let mut counters = DirTraffic::default();
-    for attr in attrs {
-        let ConntrackAttribute::Other(nla) = attr else {
-            continue;
-        };
-        let (dir, name) = match nla.kind() & NLA_TYPE_MASK {
+    for attr in attributes(attrs, "conntrack attributes") {
+        let (kind, value) = attr?;
+        let (dir, name) = match kind {
             CTA_COUNTERS_ORIG => (0, "CTA_COUNTERS_ORIG"),
             CTA_COUNTERS_REPLY => (1, "CTA_COUNTERS_REPLY"),
             _ => continue,
         };
-        let mut nested = vec![0; nla.value_len()];
-        nla.emit_value(&mut nested);
-        counters[dir] = traffic_from_nested(&nested, name)?;
+        counters[dir] = traffic_from_nested(value, name)?;
         found = true;
     }
     Ok(found.then_some(counters))
@@ -216,24 +302,13 @@ pub fn counters_from_attributes(
 /// The packets and bytes inside one `CTA_COUNTERS_*`.
 fn traffic_from_nested(nested: &[u8], name: &'static str) -> Result<Traffic, CtParseError> {
     let mut t = Traffic::default();
-    for nla in NlasIterator::new(nested) {
-        let nla: NlaBuffer<&[u8]> = nla.map_err(|_| CtParseError::BadLength {
-            name,
-            len: nested.len(),
-            expected: 24,
-        })?;
-        let value = |field| {
-            <[u8; 8]>::try_from(nla.value())
-                .map(u64::from_be_bytes)
-                .map_err(|_| CtParseError::BadLength {
-                    name: field,
-                    len: nla.value().len(),
-                    expected: 8,
-                })
-        };
-        match nla.kind() & NLA_TYPE_MASK {
-            CTA_COUNTERS_PACKETS => t.packets = value("CTA_COUNTERS_PACKETS")?,
-            CTA_COUNTERS_BYTES => t.bytes = value("CTA_COUNTERS_BYTES")?,
+    for attr in attributes(nested, name) {
+        let (kind, value) = attr?;
+        match kind {
+            CTA_COUNTERS_PACKETS => {
+                t.packets = u64::from_be_bytes(fixed(value, "CTA_COUNTERS_PACKETS")?);
+            }
+            CTA_COUNTERS_BYTES => t.bytes = u64::from_be_bytes(fixed(value, "CTA_COUNTERS_BYTES")?),
             _ => {}
         }
     }
@@ -241,25 +316,30 @@ fn traffic_from_nested(nested: &[u8], name: &'static str) -> Result<Traffic, CtP
 }
 
 const UNSPECIFIED_TUPLE: CtTuple = CtTuple {
-    src: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-    dst: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+    src: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+    dst: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
     proto: 0,
     sport: 0,
     dport: 0,
 };
 
-fn read_tcp_protoinfo(tcp: &[ProtoInfoTCP], entry: &mut CtEntry) {
+/// The state and the `[original, reply]` flags of a `CTA_PROTOINFO_TCP`.
+fn read_tcp_protoinfo(tcp: &[u8], entry: &mut CtEntry) -> Result<(), CtParseError> {
     let mut flags = [0u8; 2];
     let mut have_flags = false;
-    for item in tcp {
-        match item {
-            ProtoInfoTCP::State(s) => entry.tcp_state = Some(*s),
-            ProtoInfoTCP::OriginalFlags(f) => {
-                flags[0] = f.flags;
+    for item in attributes(tcp, "CTA_PROTOINFO_TCP") {
+        let (kind, value) = item?;
+        match kind {
+            CTA_PROTOINFO_TCP_STATE => {
+                entry.tcp_state = Some(fixed::<1>(value, "CTA_PROTOINFO_TCP_STATE")?[0]);
+            }
+            // `struct nf_ct_tcp_flags`: flags, then mask.
+            CTA_PROTOINFO_TCP_FLAGS_ORIGINAL => {
+                flags[0] = fixed::<2>(value, "CTA_PROTOINFO_TCP_FLAGS_ORIGINAL")?[0];
                 have_flags = true;
             }
-            ProtoInfoTCP::ReplyFlags(f) => {
-                flags[1] = f.flags;
+            CTA_PROTOINFO_TCP_FLAGS_REPLY => {
+                flags[1] = fixed::<2>(value, "CTA_PROTOINFO_TCP_FLAGS_REPLY")?[0];
                 have_flags = true;
             }
             _ => {}
@@ -268,28 +348,38 @@ fn read_tcp_protoinfo(tcp: &[ProtoInfoTCP], entry: &mut CtEntry) {
     if have_flags {
         entry.tcp_flags = Some(flags);
     }
+    Ok(())
 }
 
-fn tuple_from(parts: &[Tuple], name: &'static str) -> Result<CtTuple, CtParseError> {
+fn tuple_from(nest: &[u8], name: &'static str) -> Result<CtTuple, CtParseError> {
     let (mut src, mut dst, mut proto) = (None, None, None);
     let (mut sport, mut dport) = (0, 0);
-    for part in parts {
-        match part {
-            Tuple::Ip(ips) => {
-                for ip in ips {
-                    match ip {
-                        IPTuple::SourceAddress(a) => src = Some(*a),
-                        IPTuple::DestinationAddress(a) => dst = Some(*a),
+    for part in attributes(nest, name) {
+        let (kind, value) = part?;
+        match kind {
+            CTA_TUPLE_IP => {
+                for ip in attributes(value, "CTA_TUPLE_IP") {
+                    let (kind, a) = ip?;
+                    match kind {
+                        CTA_IP_V4_SRC => src = Some(v4(a, "CTA_IP_V4_SRC")?),
+                        CTA_IP_V4_DST => dst = Some(v4(a, "CTA_IP_V4_DST")?),
+                        CTA_IP_V6_SRC => src = Some(v6(a, "CTA_IP_V6_SRC")?),
+                        CTA_IP_V6_DST => dst = Some(v6(a, "CTA_IP_V6_DST")?),
                         _ => {}
                     }
                 }
             }
-            Tuple::Proto(ps) => {
-                for p in ps {
-                    match p {
-                        ProtoTuple::Protocol(n) => proto = Some(u8::from(*n)),
-                        ProtoTuple::SourcePort(s) => sport = *s,
-                        ProtoTuple::DestinationPort(d) => dport = *d,
+            CTA_TUPLE_PROTO => {
+                for p in attributes(value, "CTA_TUPLE_PROTO") {
+                    let (kind, v) = p?;
+                    match kind {
+                        CTA_PROTO_NUM => proto = Some(fixed::<1>(v, "CTA_PROTO_NUM")?[0]),
+                        CTA_PROTO_SRC_PORT => {
+                            sport = u16::from_be_bytes(fixed(v, "CTA_PROTO_SRC_PORT")?);
+                        }
+                        CTA_PROTO_DST_PORT => {
+                            dport = u16::from_be_bytes(fixed(v, "CTA_PROTO_DST_PORT")?);
+                        }
                         _ => {}
                     }
                 }
@@ -307,21 +397,21 @@ fn tuple_from(parts: &[Tuple], name: &'static str) -> Result<CtTuple, CtParseErr
     })
 }
 
-fn fixed_value<const N: usize>(
-    nla: &DefaultNla,
-    name: &'static str,
-) -> Result<[u8; N], CtParseError> {
-    let len = nla.value_len();
-    if len != N {
-        return Err(CtParseError::BadLength {
-            name,
-            len,
-            expected: N,
-        });
-    }
-    let mut out = [0u8; N];
-    nla.emit_value(&mut out);
-    Ok(out)
+fn v4(value: &[u8], name: &'static str) -> Result<IpAddr, CtParseError> {
+    Ok(IpAddr::V4(Ipv4Addr::from(fixed::<4>(value, name)?)))
+}
+
+fn v6(value: &[u8], name: &'static str) -> Result<IpAddr, CtParseError> {
+    Ok(IpAddr::V6(Ipv6Addr::from(fixed::<16>(value, name)?)))
+}
+
+/// A fixed-size attribute value.
+fn fixed<const N: usize>(value: &[u8], name: &'static str) -> Result<[u8; N], CtParseError> {
+    <[u8; N]>::try_from(value).map_err(|_| CtParseError::BadLength {
+        name,
+        len: value.len(),
+        expected: N,
+    })
 }
 
 #[cfg(test)]

@@ -19,10 +19,11 @@
 //! longer than the buffer holds used to overrun it again, resync after resync.
 
 use std::{
-    collections::HashSet,
     sync::Arc,
     time::{Duration, Instant},
 };
+
+use foldhash::HashSet;
 
 use anyhow::anyhow;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};

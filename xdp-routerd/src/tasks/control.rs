@@ -66,13 +66,13 @@ fn conntrack_counters() -> (KernelCounters, Option<String>) {
     if !conntrack_acct() {
         let note = "net.netfilter.nf_conntrack_acct is 0: the kernel counts nothing (set it to \
                     1; connections are counted from their start)";
-        return (KernelCounters::new(), Some(note.into()));
+        return (KernelCounters::default(), Some(note.into()));
     }
     // On the control task's blocking thread: its runtime drives the request socket.
     let dump = tokio::runtime::Handle::current()
         .block_on(async { CtNetlink::new()?.dump_counters().await });
     match dump {
         Ok(counters) => (counters, None),
-        Err(e) => (KernelCounters::new(), Some(e.to_string())),
+        Err(e) => (KernelCounters::default(), Some(e.to_string())),
     }
 }

@@ -5,7 +5,11 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use netlink_packet_core::NetlinkPayload;
+use netlink_packet_core::{DefaultNla, Emitable, NetlinkPayload, Nla};
+use netlink_packet_netfilter::{
+    NetfilterMessageInner,
+    conntrack::{ConntrackAttribute, ConntrackMessage},
+};
 
 use super::*;
 use crate::flows::conntrack::{IPPROTO_TCP, IPPROTO_UDP, NotOffloadable, tcp_state};
@@ -112,15 +116,41 @@ fn netfilter(hex: &str) -> NetfilterMessage {
     }
 }
 
-/// The event a golden message translates to, with the flags of its own netlink header.
-fn event(hex: &str) -> CtEvent {
-    let msg = decode_message(&unhex(hex)).expect("golden message decodes");
-    let NetlinkPayload::InnerMessage(inner) = &msg.payload else {
-        panic!("not a netfilter message: {:?}", msg.payload);
-    };
-    event_from_message(inner, msg.header.flags)
+/// The event a message translates to, with the flags of its own netlink header.
+fn event_of(bytes: &[u8]) -> CtEvent {
+    CtMessage::parse(bytes)
+        .expect("message decodes")
+        .expect("is a conntrack message")
+        .event()
         .expect("translates")
-        .expect("is a conntrack event")
+}
+
+/// The event a golden message translates to.
+fn event(hex: &str) -> CtEvent {
+    event_of(&unhex(hex))
+}
+
+/// A golden message with other netlink header flags.
+fn with_flags(hex: &str, flags: u16) -> Vec<u8> {
+    let mut bytes = unhex(hex);
+    bytes[6..8].copy_from_slice(&flags.to_ne_bytes());
+    bytes
+}
+
+/// Attributes as the kernel sends them (encoded by `netlink-packet-netfilter`, whose decoder
+/// the daemon used before: the edited variants below check the in-place decoder against it).
+fn emit<T: Nla>(attrs: &[T]) -> Vec<u8> {
+    let mut buf = vec![0; attrs.buffer_len()];
+    attrs.emit(&mut buf);
+    buf
+}
+
+fn entry_of(attrs: &[ConntrackAttribute]) -> Result<CtEntry, CtParseError> {
+    entry_from_attributes(&emit(attrs))
+}
+
+fn counters_of(attrs: &[ConntrackAttribute]) -> Result<Option<DirTraffic>, CtParseError> {
+    counters_from_attributes(&emit(attrs))
 }
 
 /// The entry of a golden NEW/UPDATE event or dump entry.
@@ -246,21 +276,24 @@ fn new_update_and_destroy_are_told_apart_by_type_and_flags() {
         .to_vec();
     assert_eq!(kinds, ["new", "update", "destroy"]);
     // Only both flags together mean NEW (NLM_F_EXCL alone is NLM_F_MATCH in GET requests).
-    let inner = netfilter(EVENT_NEW_UDP);
     assert!(matches!(
-        event_from_message(&inner, NLM_F_EXCL),
-        Ok(Some(CtEvent::Update(_)))
+        event_of(&with_flags(EVENT_NEW_UDP, NLM_F_EXCL)),
+        CtEvent::Update(_)
     ));
     assert!(matches!(
-        event_from_message(&inner, NLM_F_CREATE | NLM_F_EXCL | 0x1),
-        Ok(Some(CtEvent::New(_)))
+        event_of(&with_flags(EVENT_NEW_UDP, NLM_F_CREATE | NLM_F_EXCL | 0x1)),
+        CtEvent::New(_)
     ));
     // Replies: the entry whatever the flags; a DELETE message is not an entry.
-    assert_eq!(
-        entry_from_message(&netfilter(UDP_ASSURED_V4)),
-        Ok(Some(upsert(UDP_ASSURED_V4)))
-    );
-    assert_eq!(entry_from_message(&netfilter(EVENT_DESTROY_UDP)), Ok(None));
+    let reply = |hex| {
+        let bytes = unhex(hex);
+        let msg = CtMessage::parse(&bytes)
+            .expect("decodes")
+            .expect("conntrack");
+        msg.entry()
+    };
+    assert_eq!(reply(UDP_ASSURED_V4), Ok(Some(upsert(UDP_ASSURED_V4))));
+    assert_eq!(reply(EVENT_DESTROY_UDP), Ok(None));
 }
 
 #[test]
@@ -309,11 +342,7 @@ fn helper_is_seen_from_cta_help_or_the_status_bit() {
             a => a.clone(),
         })
         .collect();
-    assert!(
-        entry_from_attributes(&help_only)
-            .expect("parses")
-            .has_helper
-    );
+    assert!(entry_of(&help_only).expect("parses").has_helper);
     // The status bit alone.
     let bit_only: Vec<_> = attrs
         .iter()
@@ -323,7 +352,7 @@ fn helper_is_seen_from_cta_help_or_the_status_bit() {
         .cloned()
         .collect();
     assert!(bit_only.len() < attrs.len(), "the golden carries CTA_HELP");
-    assert!(entry_from_attributes(&bit_only).expect("parses").has_helper);
+    assert!(entry_of(&bit_only).expect("parses").has_helper);
     // Neither.
     let neither: Vec<_> = help_only
         .iter()
@@ -332,7 +361,7 @@ fn helper_is_seen_from_cta_help_or_the_status_bit() {
         )
         .cloned()
         .collect();
-    let plain = entry_from_attributes(&neither).expect("parses");
+    let plain = entry_of(&neither).expect("parses");
     assert!(!plain.has_helper);
     assert_eq!(plain.offload_decision(), Ok(()));
 }
@@ -345,7 +374,7 @@ fn zone_and_mark_are_decoded() {
         7u16.to_be_bytes().to_vec(),
     )));
     attrs.push(ConntrackAttribute::CtaMark(0x42));
-    let e = entry_from_attributes(&attrs).expect("parses");
+    let e = entry_of(&attrs).expect("parses");
     assert_eq!((e.zone, e.mark), (7, 0x42));
 
     attrs.push(ConntrackAttribute::Other(DefaultNla::new(
@@ -353,7 +382,7 @@ fn zone_and_mark_are_decoded() {
         vec![1],
     )));
     assert_eq!(
-        entry_from_attributes(&attrs),
+        entry_of(&attrs),
         Err(CtParseError::BadLength {
             name: "CTA_ZONE",
             len: 1,
@@ -377,11 +406,11 @@ fn counters_attr(kind: u16, packets: u64, bytes: u64) -> ConntrackAttribute {
 fn conntrack_counters_are_decoded_per_direction() {
     let mut attrs = attributes(TCP_ESTABLISHED_SNAT_V4);
     // Accounting off: the kernel sends no counters.
-    assert_eq!(counters_from_attributes(&attrs), Ok(None));
+    assert_eq!(counters_of(&attrs), Ok(None));
     attrs.push(counters_attr(CTA_COUNTERS_ORIG, 71_000, 103_700_000));
     attrs.push(counters_attr(CTA_COUNTERS_REPLY, 35_000, 1_820_000));
     assert_eq!(
-        counters_from_attributes(&attrs),
+        counters_of(&attrs),
         Ok(Some([
             Traffic {
                 packets: 71_000,
@@ -398,7 +427,7 @@ fn conntrack_counters_are_decoded_per_direction() {
         CTA_COUNTERS_ORIG,
         [8u16.to_ne_bytes(), CTA_COUNTERS_BYTES.to_ne_bytes(), [0, 1]].concat(),
     ));
-    assert!(counters_from_attributes(&[short]).is_err());
+    assert!(counters_of(&[short]).is_err());
 }
 
 #[test]
@@ -410,7 +439,7 @@ fn missing_tuples_are_errors() {
         .cloned()
         .collect();
     assert_eq!(
-        entry_from_attributes(&no_reply),
+        entry_of(&no_reply),
         Err(CtParseError::Missing("CTA_TUPLE_REPLY"))
     );
     let no_proto: Vec<_> = attrs
@@ -426,7 +455,7 @@ fn missing_tuples_are_errors() {
         })
         .collect();
     assert_eq!(
-        entry_from_attributes(&no_proto),
+        entry_of(&no_proto),
         Err(CtParseError::MissingInTuple {
             tuple: "CTA_TUPLE_ORIG",
             part: "CTA_PROTO_NUM"
@@ -436,16 +465,28 @@ fn missing_tuples_are_errors() {
 
 #[test]
 fn non_conntrack_messages_are_ignored() {
-    let get = NetfilterMessage::new(
-        netlink_packet_netfilter::NetfilterHeader::new(
-            netlink_packet_netfilter::NetfilterProtoFamily::IPv4,
-            0,
-            0,
-        ),
-        ConntrackMessage::Get(vec![]),
+    // IPCTNL_MSG_CT_GET, another nfnetlink subsystem (NFNL_SUBSYS_CTNETLINK_EXP), NLMSG_DONE.
+    for ty in [0x0101u16, 0x0200, 0x0003] {
+        let mut bytes = unhex(EVENT_NEW_UDP);
+        bytes[4..6].copy_from_slice(&ty.to_ne_bytes());
+        assert!(matches!(CtMessage::parse(&bytes), Ok(None)), "type {ty:#x}");
+    }
+    // A conntrack message too short for its nfgenmsg is an error.
+    let mut bytes = unhex(EVENT_NEW_UDP);
+    bytes.truncate(18);
+    bytes[0..4].copy_from_slice(&18u32.to_ne_bytes());
+    assert!(CtMessage::parse(&bytes).is_err());
+}
+
+#[test]
+fn attribute_lengths_past_their_nest_are_errors() {
+    let mut attrs = emit(&attributes(UDP_ASSURED_V4));
+    // The first attribute (CTA_TUPLE_ORIG) claims more bytes than there are.
+    attrs[0..2].copy_from_slice(&u16::MAX.to_ne_bytes());
+    assert_eq!(
+        entry_from_attributes(&attrs),
+        Err(CtParseError::Malformed("conntrack attributes"))
     );
-    assert_eq!(event_from_message(&get, 0), Ok(None));
-    assert_eq!(entry_from_message(&get), Ok(None));
 }
 
 #[test]
@@ -454,7 +495,10 @@ fn tuple_attributes_round_trip() {
         upsert(TCP_ESTABLISHED_SNAT_V4).orig,
         upsert(UDP_ASSURED_V6).reply,
     ] {
-        assert_eq!(tuple_from(&tuple_attributes(&t), "CTA_TUPLE_ORIG"), Ok(t));
+        assert_eq!(
+            tuple_from(&emit(&tuple_attributes(&t)), "CTA_TUPLE_ORIG"),
+            Ok(t)
+        );
     }
 }
 
@@ -540,11 +584,10 @@ proptest::proptest! {
         bytes.truncate(cut.max(1).min(bytes.len()));
         bytes.extend(tail);
         for msg in crate::sync::datagram::messages(&bytes).flatten() {
-            if let Ok(msg) = decode_message(msg)
-                && let NetlinkPayload::InnerMessage(inner) = &msg.payload
-            {
-                let _ = event_from_message(inner, msg.header.flags);
-                let _ = entry_from_message(inner);
+            if let Ok(Some(msg)) = CtMessage::parse(msg) {
+                let _ = msg.event();
+                let _ = msg.entry();
+                let _ = msg.counted();
             }
         }
     }

@@ -2,9 +2,8 @@
 //! its own requests' echoes ignored (in the kernel, see [`super::echo_filter`]), and the queue
 //! discarded at an overrun.
 
-use std::{io, os::fd::AsRawFd};
+use std::{io, os::fd::AsRawFd, time::Duration};
 
-use netlink_packet_core::NetlinkPayload;
 use tracing::warn;
 
 use super::{
@@ -12,12 +11,23 @@ use super::{
     NFNLGRP_CONNTRACK_UPDATE, NlSocket, RECV_BUF, echo_filter, open_socket, recv_error,
 };
 use crate::flows::conntrack::CtEvent;
-use crate::sync::conntrack::{decode_message, event_from_message};
+use crate::sync::conntrack::CtMessage;
 use crate::sync::datagram::messages;
 use crate::sync::nlsocket::setsockopt_int;
 
 /// Most datagrams drained into one event batch, so one batch stays bounded.
 const MAX_DATAGRAMS_PER_BATCH: usize = 256;
+
+/// A batch of fewer datagrams than this when the reader woke up waits [`COALESCE`] for more
+/// before it is handed on: each batch costs the event loop a fixed amount (the state lock,
+/// route resolution, a read of the kernel-forwarded counters, a "be liberal" pipeline), which
+/// at a few events per wake-up made the daemon's cost per new connection several times what
+/// the events themselves cost (docs/benchmarks.md, connection churn).
+const COALESCE_BELOW: usize = 32;
+
+/// How long a small batch waits for more events: well under what a connection takes to carry
+/// its first data, so offloading is not noticeably later.
+const COALESCE: Duration = Duration::from_millis(1);
 
 /// The conntrack event stream of the current network namespace.
 pub struct CtSubscription {
@@ -105,7 +115,8 @@ impl CtSubscription {
     }
 
     /// Waits for events and returns those that are queued (at least one datagram's worth;
-    /// the batch may still be empty when a datagram held only ignored messages).
+    /// the batch may still be empty when a datagram held only ignored messages); when only a
+    /// few were, waits [`COALESCE`] and adds those that arrived meanwhile.
     ///
     /// [`CtNetlinkError::Overrun`] means events were lost: resync from a dump, then keep
     /// calling this method. The events that were still queued (this batch's included) are
@@ -120,14 +131,26 @@ impl CtSubscription {
             Err(e) => return Err(self.on_error(OP, e)),
         };
         self.collect(n, &mut events);
-        for _ in 1..MAX_DATAGRAMS_PER_BATCH {
+        let mut read = 1 + self.drain(MAX_DATAGRAMS_PER_BATCH - 1, &mut events)?;
+        if read < COALESCE_BELOW {
+            tokio::time::sleep(COALESCE).await;
+            read += self.drain(MAX_DATAGRAMS_PER_BATCH - read, &mut events)?;
+        }
+        debug_assert!(read <= MAX_DATAGRAMS_PER_BATCH);
+        Ok(events)
+    }
+
+    /// Reads at most `max` queued datagrams without waiting; returns how many it read.
+    fn drain(&mut self, max: usize, events: &mut Vec<CtEvent>) -> Result<usize, CtNetlinkError> {
+        const OP: &str = "receive conntrack events";
+        for read in 0..max {
             match self.sock.try_recv(&mut self.buf) {
-                Ok(n) => self.collect(n, &mut events),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Ok(n) => self.collect(n, events),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(read),
                 Err(e) => return Err(self.on_error(OP, e)),
             }
         }
-        Ok(events)
+        Ok(max)
     }
 
     /// Turns a receive error into [`CtNetlinkError`]; at an overrun, first discards every
@@ -158,23 +181,20 @@ impl CtSubscription {
             return;
         };
         for raw in messages(datagram) {
-            let msg = match raw.and_then(decode_message) {
-                Ok(msg) => msg,
+            let msg = match raw.and_then(CtMessage::parse) {
+                Ok(Some(msg)) => msg,
+                Ok(None) => continue,
                 Err(e) => {
                     self.decode_errors += 1;
                     warn!(error = %e, "skipping undecodable conntrack event");
                     continue;
                 }
             };
-            if self.ignored_ports.contains(&msg.header.port_number) {
+            if self.ignored_ports.contains(&msg.port) {
                 continue;
             }
-            let NetlinkPayload::InnerMessage(inner) = &msg.payload else {
-                continue;
-            };
-            match event_from_message(inner, msg.header.flags) {
-                Ok(Some(ev)) => events.push(ev),
-                Ok(None) => {}
+            match msg.event() {
+                Ok(ev) => events.push(ev),
                 Err(e) => {
                     self.decode_errors += 1;
                     warn!(error = %e, "skipping malformed conntrack event");

@@ -6,9 +6,7 @@ use std::io;
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkBuffer, NetlinkPayload,
 };
-use netlink_packet_netfilter::{
-    NetfilterMessage, NetfilterProtoFamily, conntrack::ConntrackMessage,
-};
+use netlink_packet_netfilter::{NetfilterProtoFamily, conntrack::ConntrackMessage};
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -18,7 +16,7 @@ use crate::flows::{
     accounting::{DirTraffic, KernelCounters},
     conntrack::{CtEntry, CtTuple},
 };
-use crate::sync::conntrack::{counted_from_message, decode_message, entry_from_message};
+use crate::sync::conntrack::{CtMessage, CtParseError, decode_message};
 use crate::sync::datagram::messages;
 
 /// Most requests [`CtNetlink::update_many`] sends in one datagram: their acknowledgements
@@ -109,13 +107,13 @@ impl CtNetlink {
     /// Conntrack's own counters of every entry that has them (none while
     /// `nf_conntrack_acct` is off), by original tuple and zone.
     pub async fn dump_counters(&mut self) -> Result<KernelCounters, CtNetlinkError> {
-        let mut counters = KernelCounters::new();
+        let mut counters = KernelCounters::default();
         self.request_each(
             "dump conntrack counters",
             NetfilterProtoFamily::Unspec,
             ConntrackMessage::Get(vec![]),
             NLM_F_REQUEST | NLM_F_DUMP,
-            |m| match counted_from_message(&m) {
+            |m| match m.counted() {
                 Ok(c) => counters.extend(c.map(|(orig, zone, c)| ((orig, zone), c))),
                 Err(e) => warn!(error = %e, "skipping malformed conntrack dump entry"),
             },
@@ -130,15 +128,8 @@ impl CtNetlink {
         orig: &CtTuple,
         zone: u16,
     ) -> Result<Option<CtEntry>, CtNetlinkError> {
-        let op = "get conntrack entry";
-        for m in &self.get_messages(op, orig, zone).await? {
-            let entry =
-                entry_from_message(m).map_err(|source| CtNetlinkError::Malformed { op, source })?;
-            if entry.is_some() {
-                return Ok(entry);
-            }
-        }
-        Ok(None)
+        self.get_with("get conntrack entry", orig, zone, |m| m.entry())
+            .await
     }
 
     /// Conntrack's own counters of the entry with this original tuple in `zone`; `None` when it
@@ -148,50 +139,54 @@ impl CtNetlink {
         orig: &CtTuple,
         zone: u16,
     ) -> Result<Option<DirTraffic>, CtNetlinkError> {
-        let op = "get conntrack counters";
-        for m in &self.get_messages(op, orig, zone).await? {
-            let counted = counted_from_message(m)
-                .map_err(|source| CtNetlinkError::Malformed { op, source })?;
-            if let Some((_, _, c)) = counted {
-                return Ok(Some(c));
-            }
-        }
-        Ok(None)
+        self.get_with("get conntrack counters", orig, zone, |m| {
+            Ok(m.counted()?.map(|(_, _, c)| c))
+        })
+        .await
     }
 
-    /// The reply to a `get` of the entry with this original tuple in `zone`; none when it does
-    /// not exist.
-    async fn get_messages(
+    /// The first answer `read` finds in the reply to a `get` of the entry with this original
+    /// tuple in `zone`; `None` when there is no such entry.
+    async fn get_with<T>(
         &mut self,
         op: &'static str,
         orig: &CtTuple,
         zone: u16,
-    ) -> Result<Vec<NetfilterMessage>, CtNetlinkError> {
+        mut read: impl FnMut(&CtMessage<'_>) -> Result<Option<T>, CtParseError>,
+    ) -> Result<Option<T>, CtNetlinkError> {
+        let mut found: Result<Option<T>, CtParseError> = Ok(None);
         let result = self
-            .request(
+            .request_each(
                 op,
                 family_of(orig),
                 ConntrackMessage::Get(key_attributes(orig, zone)),
                 NLM_F_REQUEST | NLM_F_ACK,
+                |m| {
+                    if let Ok(None) = found {
+                        found = read(&m);
+                    }
+                },
             )
             .await;
         match result {
-            Ok(msgs) => Ok(msgs),
-            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(vec![]),
-            Err(e) => Err(e),
+            Ok(()) => {}
+            Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
         }
+        found.map_err(|source| CtNetlinkError::Malformed { op, source })
     }
 
     /// Applies `update` to the existing entry. Returns false when there is no such entry (or it
     /// is being destroyed); never creates one.
     pub async fn update(&mut self, update: &CtUpdate) -> Result<bool, CtNetlinkError> {
         let result = self
-            .request(
+            .request_each(
                 "update conntrack entry",
                 family_of(&update.orig),
                 ConntrackMessage::New(update.attributes()),
                 // No NLM_F_CREATE: an unknown tuple is ENOENT. No NLM_F_EXCL: update in place.
                 NLM_F_REQUEST | NLM_F_ACK,
+                |_| {},
             )
             .await;
         match result {
@@ -311,29 +306,16 @@ impl CtNetlink {
         while self.sock.try_recv(&mut self.buf).is_ok() {}
     }
 
-    /// Sends one request and collects the conntrack messages answering it, until the ACK
-    /// (plain requests) or NLMSG_DONE (dumps). Kernel errors become typed errors.
-    async fn request(
-        &mut self,
-        op: &'static str,
-        family: NetfilterProtoFamily,
-        msg: ConntrackMessage,
-        flags: u16,
-    ) -> Result<Vec<NetfilterMessage>, CtNetlinkError> {
-        let mut out = Vec::new();
-        self.request_each(op, family, msg, flags, |m| out.push(m))
-            .await?;
-        Ok(out)
-    }
-
-    /// [`CtNetlink::request`], handing each answering message to `each` as it arrives.
+    /// Sends one request and hands each conntrack message answering it to `each` as it
+    /// arrives, until the ACK (plain requests) or NLMSG_DONE (dumps). Kernel errors become
+    /// typed errors.
     async fn request_each(
         &mut self,
         op: &'static str,
         family: NetfilterProtoFamily,
         msg: ConntrackMessage,
         flags: u16,
-        mut each: impl FnMut(NetfilterMessage),
+        mut each: impl FnMut(CtMessage<'_>),
     ) -> Result<(), CtNetlinkError> {
         let mut reply = self.send_request(op, family, msg, flags).await?;
         while !self.read_reply(&mut reply, &mut each).await? {}
@@ -372,7 +354,7 @@ impl CtNetlink {
     async fn read_reply(
         &mut self,
         reply: &mut Reply,
-        each: &mut impl FnMut(NetfilterMessage),
+        each: &mut impl FnMut(CtMessage<'_>),
     ) -> Result<bool, CtNetlinkError> {
         let op = reply.op;
         let n = self
@@ -392,6 +374,19 @@ impl CtNetlink {
                 continue; // a stale reply
             }
             reply.interrupted |= nl.flags() & NLM_F_DUMP_INTR != 0;
+            match CtMessage::parse(raw) {
+                Ok(Some(m)) => {
+                    each(m);
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) if reply.dump => {
+                    warn!(error = %e, "skipping undecodable conntrack dump entry");
+                    continue;
+                }
+                Err(source) => return Err(CtNetlinkError::Decode { op, source }),
+            }
+            // Not a conntrack message: the answer's end (an error or ACK, NLMSG_DONE).
             let msg = match decode_message(raw) {
                 Ok(msg) => msg,
                 Err(e) if reply.dump => {
@@ -401,7 +396,6 @@ impl CtNetlink {
                 Err(source) => return Err(CtNetlinkError::Decode { op, source }),
             };
             match msg.payload {
-                NetlinkPayload::InnerMessage(m) => each(m),
                 NetlinkPayload::Error(err) => {
                     self.in_flight = false;
                     return match err.code {
@@ -433,8 +427,8 @@ impl CtNetlink {
 
 /// Adds the entry of one dump message to `entries`; one that does not decode is skipped with
 /// a warning (it stays on the kernel path).
-fn add_dumped(entries: &mut Vec<CtEntry>, m: &NetfilterMessage) {
-    match entry_from_message(m) {
+fn add_dumped(entries: &mut Vec<CtEntry>, m: &CtMessage<'_>) {
+    match m.entry() {
         Ok(e) => entries.extend(e),
         Err(e) => warn!(error = %e, "skipping malformed conntrack dump entry"),
     }
