@@ -26,11 +26,46 @@ pub struct VlanDevice {
 /// The VLAN tag of a frame whose EtherType (raw: `tpid_be`) is a VLAN TPID: its protocol and
 /// TCI (raw) and the EtherType after it (host order).
 #[inline(always)]
-pub fn read_tag<P: Packet>(ctx: &P, tpid_be: u16) -> Result<(u16, u16, u16), Reason> {
+pub fn read_tag<P: Packet>(ctx: &P, tpid_be: u16) -> Result<FrameTag, Reason> {
     let tag: *mut VlanHdr = ptr_at_mut(ctx, ETH_HLEN)?;
     // SAFETY: bounds checked by ptr_at_mut.
     let (tci_be, inner) = unsafe { ((*tag).tci_be, u16::from_be((*tag).inner_ethertype_be)) };
-    Ok((tpid_be, tci_be, inner))
+    Ok(FrameTag {
+        present: true,
+        tpid_be,
+        tci_be,
+        inner,
+    })
+}
+
+/// A received frame's VLAN tag, if it has one (`present`). Not an `Option`: LLVM leaves
+/// `None`'s payload undefined, and where it spilled that payload and reloaded it on every
+/// path, a verifier before 6.3 (Ubuntu 22.04's 5.15) refused the read of a stack slot nothing
+/// wrote ("invalid read from stack"); an untagged frame's words here are defined (zero).
+#[derive(Clone, Copy)]
+pub struct FrameTag {
+    /// Whether the frame has a tag; the other fields are zero, and `inner` the frame's
+    /// EtherType, when not.
+    pub present: bool,
+    /// Tag protocol (raw).
+    pub tpid_be: u16,
+    /// Tag control information (raw).
+    pub tci_be: u16,
+    /// The EtherType after the tag (host order).
+    pub inner: u16,
+}
+
+impl FrameTag {
+    /// An untagged frame of EtherType `ethertype` (host order).
+    #[inline(always)]
+    pub fn untagged(ethertype: u16) -> FrameTag {
+        FrameTag {
+            present: false,
+            tpid_be: 0,
+            tci_be: 0,
+            inner: ethertype,
+        }
+    }
 }
 
 /// The managed VLAN device over `parent` for VLAN `vid` with tag protocol `tpid_be` (raw), per
