@@ -17,7 +17,7 @@ use crate::{
     encap::{EgressTag, check_egress},
     maps::{BRIDGE_FDB, BRIDGE_VLANS, IFACES},
     packet::Packet,
-    vlan::FrameTag,
+    parse::FrameTag,
     words::pack16,
 };
 

@@ -35,11 +35,10 @@ use crate::{
     maps::SETTINGS,
     order::{halves, load_ordered},
     packet::{L4ChecksumEdit, Packet, frame_len, ptr_at_mut},
-    parse::{EthHdr, TcpHdr, UdpHdr},
+    parse::{EthHdr, FrameTag, TcpHdr, UdpHdr},
     pppoe,
     rewrite::{L4, kernel_dscp_to_set},
-    verify,
-    vlan::{self, FrameTag},
+    verify, vlan,
 };
 
 /// A packet the fast path sent: the program's action to return and the reason to count it
@@ -156,7 +155,7 @@ fn ethernet_front<P: Packet>(
     // skb in its metadata, with the frame's bytes untagged (the EtherType after the MACs is
     // the one after the tag), else in the frame after the MACs.
     let meta_tag = ctx.meta_vlan_tag();
-    // (A `FrameTag`, not an `Option`: see there.)
+    // (A `FrameTag`, not an `Option`: see `parse.rs`.)
     let tag = if let Some((tpid_be, tci_be)) = meta_tag {
         FrameTag {
             present: true,

@@ -13,7 +13,7 @@ use crate::{
     encap::{EgressTag, check_egress},
     maps::{IFACES, VLANS},
     packet::{Packet, ptr_at_mut},
-    parse::VlanHdr,
+    parse::{FrameTag, VlanHdr},
     words::pack16,
 };
 
@@ -36,36 +36,6 @@ pub fn read_tag<P: Packet>(ctx: &P, tpid_be: u16) -> Result<FrameTag, Reason> {
         tci_be,
         inner,
     })
-}
-
-/// A received frame's VLAN tag, if it has one (`present`). Not an `Option`: LLVM leaves
-/// `None`'s payload undefined, and where it spilled that payload and reloaded it on every
-/// path, a verifier before 6.3 (Ubuntu 22.04's 5.15) refused the read of a stack slot nothing
-/// wrote ("invalid read from stack"); an untagged frame's words here are defined (zero).
-#[derive(Clone, Copy)]
-pub struct FrameTag {
-    /// Whether the frame has a tag; the other fields are zero, and `inner` the frame's
-    /// EtherType, when not.
-    pub present: bool,
-    /// Tag protocol (raw).
-    pub tpid_be: u16,
-    /// Tag control information (raw).
-    pub tci_be: u16,
-    /// The EtherType after the tag (host order).
-    pub inner: u16,
-}
-
-impl FrameTag {
-    /// An untagged frame of EtherType `ethertype` (host order).
-    #[inline(always)]
-    pub fn untagged(ethertype: u16) -> FrameTag {
-        FrameTag {
-            present: false,
-            tpid_be: 0,
-            tci_be: 0,
-            inner: ethertype,
-        }
-    }
 }
 
 /// The managed VLAN device over `parent` for VLAN `vid` with tag protocol `tpid_be` (raw), per
