@@ -38,7 +38,8 @@ pub struct TestArgs {
     #[arg(long)]
     no_packages: bool,
     /// Only the release daemon build and the guests (`-- <filter>` narrows the amd64 guest's
-    /// tests; `--no-deb12` and `--no-arm64` leave the Debian 12 and arm64 guests out).
+    /// tests; `--no-deb12` and `--no-arm64` leave the Debian 12 and arm64 guests out,
+    /// `--jammy` adds the Ubuntu 22.04 one).
     #[arg(long, conflicts_with = "no_guest")]
     guest_only: bool,
     /// Only the release daemon build and the packages step.
@@ -285,7 +286,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     // Ubuntu 22.04's own kernel (5.15: no multi-buffer XDP either), the same way; opt-in.
     let jammy_step = match (&daemon, cmd::is_root()) {
         _ if !args.jammy && !args.jammy_only => not_run(JAMMY_STEP, "opt-in: --jammy"),
-        _ if only.is_some() && !args.jammy_only => not_run(JAMMY_STEP, only.unwrap_or_default()),
+        _ if args.packages_only || args.arm64_only => not_run(JAMMY_STEP, only.unwrap_or_default()),
         (None, _) => not_run(JAMMY_STEP, "the daemon did not build"),
         (Some(_), false) => Step {
             name: JAMMY_STEP,
