@@ -2,8 +2,10 @@
 //! absence of each one turns off. Distribution kernels backport and remove features, so no
 //! version number decides: [`probe`] loads a tiny program that calls a helper (aya's helper
 //! probe), and [`probe_fib_mark`] runs the object's probe program, whose `bpf_fib_lookup` call
-//! tells whether the kernel takes the mark (the kernel version stands in for that answer only
-//! where the object could not be loaded).
+//! tells whether the kernel takes the mark, and [`probe_multi_buffer`] loads the object's
+//! multi-buffer probe program, which the kernel refuses without `xdp.frags` (the kernel version
+//! stands in for these two answers only where the object could not be loaded). Without
+//! multi-buffer XDP the daemon attaches the single-buffer XDP program ([`xdp_program`]).
 //!
 //! [`probe`] runs once, before the eBPF object is loaded: a missing feature becomes a load-time
 //! constant of the object (the verifier then prunes the code that needs it), a `warn` line in
