@@ -15,8 +15,17 @@ pub mod reason;
 pub use iface::*;
 pub use reason::Reason;
 
-/// Name of the XDP program in the object file.
+/// Name of the XDP program in the object file (multi-buffer: `xdp.frags`).
 pub const PROG_NAME: &str = "xdp_router";
+
+/// The same XDP program without multi-buffer support (no `xdp.frags`, no
+/// `bpf_xdp_get_buff_len`), attached instead of [`PROG_NAME`] where the kernel refuses
+/// [`MULTI_BUFFER_PROBE_PROG_NAME`] (Linux before 5.18).
+pub const SINGLE_BUFFER_PROG_NAME: &str = "xdp_router_1buf";
+
+/// Name of the XDP program the daemon loads (and unloads) once to ask whether this kernel
+/// takes multi-buffer XDP programs (`xdp.frags` calling `bpf_xdp_get_buff_len`).
+pub const MULTI_BUFFER_PROBE_PROG_NAME: &str = "xdp_router_mbp";
 
 /// Map names (at most 15 bytes: the kernel truncates longer ones).
 pub const MAP_FLOWS_V4: &str = "FLOWS_V4";

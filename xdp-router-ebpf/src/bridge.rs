@@ -17,6 +17,7 @@ use crate::{
     encap::{EgressTag, check_egress},
     maps::{BRIDGE_FDB, BRIDGE_VLANS, IFACES},
     packet::Packet,
+    parse::FrameTag,
     words::pack16,
 };
 
@@ -32,40 +33,37 @@ pub struct Ingress {
 
 /// The VLAN a frame received on `port` (a port of `bridge`, flags `flags`, `IfaceInfo` `info`)
 /// is bridged in, and the device the bridge passes it up to, or why the kernel must have it.
-/// `tag` is the frame's VLAN tag (protocol, TCI, inner EtherType: raw, raw, host order), if
-/// it has one. The frame is addressed to the bridge; the caller checked that.
+/// `tag` is the frame's VLAN tag, if it has one. The frame is addressed to the bridge; the caller checked that.
 #[inline(always)]
 pub fn ingress(
     bridge: u32,
     port: u32,
     info: *const IfaceInfo,
     flags: u32,
-    tag: Option<(u16, u16, u16)>,
+    tag: FrameTag,
 ) -> Result<Ingress, Reason> {
     if flags & IFACE_F_BRIDGE_VLAN_FILTERING == 0 {
         // A bridge without VLAN filtering passes a tagged frame up as it is: the kernel then
         // hands it to the VLAN device over the bridge for its tag, if there is one.
-        let upper = match tag {
-            Some((tpid_be, tci_be, inner)) => {
-                let vid = check_vlan_tag(u16::from_be(tci_be), inner)?;
-                Some((vid, tpid_be))
-            }
-            None => None,
+        let upper = if tag.present {
+            let vid = check_vlan_tag(u16::from_be(tag.tci_be), tag.inner)?;
+            Some((vid, tag.tpid_be))
+        } else {
+            None
         };
         return up_to(flags, Ingress { vid: 0, upper });
     }
     // SAFETY: a map value pointer returned by the kernel is valid for reads.
     let (proto_be, pvid_be) = unsafe { ((*info).vlan_tpid_be, (*info).vlan_tci_be) };
-    let vid = match tag {
-        Some((tpid_be, tci_be, inner)) => {
-            if tpid_be != proto_be {
-                // A tag of the other protocol is payload to this bridge (the frame is in the
-                // PVID, tag and all): not routed here.
-                return Err(Reason::PassVlanUnknown);
-            }
-            check_vlan_tag(u16::from_be(tci_be), inner)?
+    let vid = if tag.present {
+        if tag.tpid_be != proto_be {
+            // A tag of the other protocol is payload to this bridge (the frame is in the
+            // PVID, tag and all): not routed here.
+            return Err(Reason::PassVlanUnknown);
         }
-        None => u16::from_be(pvid_be) & VLAN_VID_MASK,
+        check_vlan_tag(u16::from_be(tag.tci_be), tag.inner)?
+    } else {
+        u16::from_be(pvid_be) & VLAN_VID_MASK
     };
     if vid == 0 {
         // An untagged frame on a port without a PVID: the bridge drops it.

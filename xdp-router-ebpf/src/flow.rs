@@ -35,7 +35,7 @@ use crate::{
     maps::SETTINGS,
     order::{halves, load_ordered},
     packet::{L4ChecksumEdit, Packet, frame_len, ptr_at_mut},
-    parse::{EthHdr, TcpHdr, UdpHdr},
+    parse::{EthHdr, FrameTag, TcpHdr, UdpHdr},
     pppoe,
     rewrite::{L4, kernel_dscp_to_set},
     verify, vlan,
@@ -155,20 +155,26 @@ fn ethernet_front<P: Packet>(
     // skb in its metadata, with the frame's bytes untagged (the EtherType after the MACs is
     // the one after the tag), else in the frame after the MACs.
     let meta_tag = ctx.meta_vlan_tag();
+    // (A `FrameTag`, not an `Option`: see `parse.rs`.)
     let tag = if let Some((tpid_be, tci_be)) = meta_tag {
-        Some((tpid_be, tci_be, ethertype))
+        FrameTag {
+            present: true,
+            tpid_be,
+            tci_be,
+            inner: ethertype,
+        }
     } else if is_vlan_tpid(ethertype) {
-        Some(vlan::read_tag(ctx, tpid_be)?)
+        vlan::read_tag(ctx, tpid_be)?
     } else {
-        None
+        FrameTag::untagged(ethertype)
     };
-    let tag_in_frame = tag.is_some() && meta_tag.is_none();
+    let tag_in_frame = tag.present && meta_tag.is_none();
     // A tagged frame for a managed VLAN device over the port it arrived on (`eth0.7`, or
     // `eth1.20` with eth1 in br-lan) is that device's: the kernel hands it over
     // (`vlan_do_receive`) before a bridge sees it.
-    let mut vlan = tag.map(|(tpid_be, tci_be, inner)| {
-        check_vlan_tag(u16::from_be(tci_be), inner)
-            .and_then(|vid| vlan::device_of(ifindex, vid, tpid_be))
+    let mut vlan = tag.present.then(|| {
+        check_vlan_tag(u16::from_be(tag.tci_be), tag.inner)
+            .and_then(|vid| vlan::device_of(ifindex, vid, tag.tpid_be))
     });
     let port_vlan = matches!(vlan, Some(Ok(_)));
     let mut iif = ifindex;
@@ -220,11 +226,11 @@ fn ethernet_front<P: Packet>(
         l3_info = Some(vlan.info);
     }
     // Whatever device takes it, the IP header follows the tag the frame arrived with.
-    let ethertype = if let Some((_, _, inner)) = tag {
+    let ethertype = if tag.present {
         if tag_in_frame {
             l2 = ETH_HLEN + VLAN_HLEN;
         }
-        inner
+        tag.inner
     } else {
         ethertype
     };
@@ -246,7 +252,7 @@ fn ethernet_front<P: Packet>(
         l2 += PPPOE_HLEN;
         (session.l3, session.ip_len_max)
     } else {
-        if tag.is_none()
+        if !tag.present
             && flags & (IFACE_F_VLAN_PARENT | IFACE_F_BRIDGE_PORT) == IFACE_F_VLAN_PARENT
         {
             // The parent device itself is not managed: the kernel routes what it receives

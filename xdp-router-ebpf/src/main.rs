@@ -37,7 +37,7 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use xdp_router_common::{ClassicSlot, FASTPATH_TC_INDEX, Reason, parse::VLAN_VID_MASK};
+use xdp_router_common::{ClassicSlot, FASTPATH_TC_INDEX, IfaceInfo, Reason, parse::VLAN_VID_MASK};
 
 use crate::packet::Packet;
 
@@ -53,7 +53,7 @@ use crate::packet::Packet;
 pub fn xdp_router(ctx: XdpContext) -> u32 {
     let ifindex = ctx.ingress_ifindex() as u32;
     let info = maps::IFACES.get_ptr(ifindex);
-    let mut slot = stats::ingress_slot(info);
+    let slot = stats::ingress_slot(info);
     let bytes = (ctx.data_end() - ctx.data()) as u64;
     // SAFETY: a helper on this program's own context.
     let whole = unsafe { bpf_xdp_get_buff_len(ctx.ctx) };
@@ -61,13 +61,38 @@ pub fn xdp_router(ctx: XdpContext) -> u32 {
         stats::count(slot, Reason::PassMultiBuffer, whole);
         return xdp_action::XDP_PASS;
     }
-    match flow::try_forward(&ctx, ifindex, info, &mut slot) {
+    xdp_pipeline(&ctx, ifindex, info, slot, bytes)
+}
+
+/// [`xdp_router`] for kernels without multi-buffer XDP (`xdp.frags` and
+/// `bpf_xdp_get_buff_len`, Linux 5.18; the daemon probes them with [`xdp_router_mbp`] and
+/// attaches this one where they are refused): the same pipeline, loaded without the frags flag,
+/// so every frame it sees is in one buffer (a driver refuses it under a jumbo MTU instead).
+#[xdp]
+pub fn xdp_router_1buf(ctx: XdpContext) -> u32 {
+    let ifindex = ctx.ingress_ifindex() as u32;
+    let info = maps::IFACES.get_ptr(ifindex);
+    let slot = stats::ingress_slot(info);
+    let bytes = (ctx.data_end() - ctx.data()) as u64;
+    xdp_pipeline(&ctx, ifindex, info, slot, bytes)
+}
+
+/// The XDP entry points' fast path on a frame of `bytes` in one buffer.
+#[inline(always)]
+fn xdp_pipeline(
+    ctx: &XdpContext,
+    ifindex: u32,
+    info: Option<*const IfaceInfo>,
+    mut slot: u32,
+    bytes: u64,
+) -> u32 {
+    match flow::try_forward(ctx, ifindex, info, &mut slot) {
         Ok(fwd) => {
             // What was sent: padding after the IP datagram is trimmed before forwarding.
             stats::count(slot, fwd.reason, fwd.bytes);
             fwd.action
         }
-        Err(Reason::PassEgressNoXdpXmit) if handoff::to_tc(&ctx, info) => {
+        Err(Reason::PassEgressNoXdpXmit) if handoff::to_tc(ctx, info) => {
             // Counted by the TC fast path behind this program (see `handoff.rs`).
             xdp_action::XDP_PASS
         }
@@ -75,6 +100,20 @@ pub fn xdp_router(ctx: XdpContext) -> u32 {
             stats::count(slot, reason, bytes);
             xdp_action::XDP_PASS
         }
+    }
+}
+
+/// Probe, loaded once by the daemon and never attached or run: whether this kernel takes a
+/// multi-buffer XDP program (`xdp.frags`) calling `bpf_xdp_get_buff_len`, as [`xdp_router`]
+/// is. Where it does not, the daemon attaches [`xdp_router_1buf`].
+#[xdp(frags)]
+pub fn xdp_router_mbp(ctx: XdpContext) -> u32 {
+    // SAFETY: a helper on this program's own context.
+    let whole = unsafe { bpf_xdp_get_buff_len(ctx.ctx) };
+    if whole > 0 {
+        xdp_action::XDP_PASS
+    } else {
+        xdp_action::XDP_DROP
     }
 }
 

@@ -194,3 +194,33 @@ pub struct UdpHdr {
     /// Checksum (raw); 0 over IPv4 means "none".
     pub check: u16,
 }
+
+/// A received frame's VLAN tag, if it has one (`present`). Not an `Option`: LLVM leaves
+/// `None`'s payload undefined, and where it spilled that payload and reloaded it on every
+/// path, a verifier before 6.3 (Ubuntu 22.04's 5.15) refused the read of a stack slot nothing
+/// wrote ("invalid read from stack"); an untagged frame's words here are defined (zero).
+#[derive(Clone, Copy)]
+pub struct FrameTag {
+    /// Whether the frame has a tag; the other fields are zero, and `inner` the frame's
+    /// EtherType, when not.
+    pub present: bool,
+    /// Tag protocol (raw).
+    pub tpid_be: u16,
+    /// Tag control information (raw).
+    pub tci_be: u16,
+    /// The EtherType after the tag (host order).
+    pub inner: u16,
+}
+
+impl FrameTag {
+    /// An untagged frame of EtherType `ethertype` (host order).
+    #[inline(always)]
+    pub fn untagged(ethertype: u16) -> FrameTag {
+        FrameTag {
+            present: false,
+            tpid_be: 0,
+            tci_be: 0,
+            inner: ethertype,
+        }
+    }
+}

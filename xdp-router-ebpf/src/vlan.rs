@@ -13,7 +13,7 @@ use crate::{
     encap::{EgressTag, check_egress},
     maps::{IFACES, VLANS},
     packet::{Packet, ptr_at_mut},
-    parse::VlanHdr,
+    parse::{FrameTag, VlanHdr},
     words::pack16,
 };
 
@@ -26,11 +26,16 @@ pub struct VlanDevice {
 /// The VLAN tag of a frame whose EtherType (raw: `tpid_be`) is a VLAN TPID: its protocol and
 /// TCI (raw) and the EtherType after it (host order).
 #[inline(always)]
-pub fn read_tag<P: Packet>(ctx: &P, tpid_be: u16) -> Result<(u16, u16, u16), Reason> {
+pub fn read_tag<P: Packet>(ctx: &P, tpid_be: u16) -> Result<FrameTag, Reason> {
     let tag: *mut VlanHdr = ptr_at_mut(ctx, ETH_HLEN)?;
     // SAFETY: bounds checked by ptr_at_mut.
     let (tci_be, inner) = unsafe { ((*tag).tci_be, u16::from_be((*tag).inner_ethertype_be)) };
-    Ok((tpid_be, tci_be, inner))
+    Ok(FrameTag {
+        present: true,
+        tpid_be,
+        tci_be,
+        inner,
+    })
 }
 
 /// The managed VLAN device over `parent` for VLAN `vid` with tag protocol `tpid_be` (raw), per

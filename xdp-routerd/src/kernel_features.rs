@@ -2,8 +2,10 @@
 //! absence of each one turns off. Distribution kernels backport and remove features, so no
 //! version number decides: [`probe`] loads a tiny program that calls a helper (aya's helper
 //! probe), and [`probe_fib_mark`] runs the object's probe program, whose `bpf_fib_lookup` call
-//! tells whether the kernel takes the mark (the kernel version stands in for that answer only
-//! where the object could not be loaded).
+//! tells whether the kernel takes the mark, and [`probe_multi_buffer`] loads the object's
+//! multi-buffer probe program, which the kernel refuses without `xdp.frags` (the kernel version
+//! stands in for these two answers only where the object could not be loaded). Without
+//! multi-buffer XDP the daemon attaches the single-buffer XDP program ([`xdp_program`]).
 //!
 //! [`probe`] runs once, before the eBPF object is loaded: a missing feature becomes a load-time
 //! constant of the object (the verifier then prunes the code that needs it), a `warn` line in
@@ -14,12 +16,14 @@ use std::fmt;
 
 use aya::{
     Ebpf,
-    programs::{ProgramType, TestRun as _, TestRunOptions, Xdp},
+    programs::{ProgramError, ProgramType, TestRun as _, TestRunOptions, Xdp},
     sys::{BpfHelper, is_helper_supported},
     util::KernelVersion,
 };
 use serde::{Deserialize, Serialize};
-use xdp_router_common::FIB_MARK_PROBE_PROG_NAME;
+use xdp_router_common::{
+    FIB_MARK_PROBE_PROG_NAME, MULTI_BUFFER_PROBE_PROG_NAME, PROG_NAME, SINGLE_BUFFER_PROG_NAME,
+};
 
 /// An optional kernel feature.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -31,17 +35,25 @@ pub enum Feature {
     /// `bpf_fib_lookup` with the packet mark (`BPF_FIB_LOOKUP_MARK`, Linux 6.10): policy routing
     /// by mark in the fast path.
     FibLookupMark,
+    /// Multi-buffer XDP (`xdp.frags` programs and `bpf_xdp_get_buff_len`, Linux 5.18): native
+    /// XDP on a port whose MTU does not fit a frame in one page (jumbo frames).
+    MultiBufferXdp,
 }
 
 impl Feature {
     /// Every feature, in the order they are listed.
-    pub const ALL: [Feature; 2] = [Feature::XdpMetadata, Feature::FibLookupMark];
+    pub const ALL: [Feature; 3] = [
+        Feature::XdpMetadata,
+        Feature::FibLookupMark,
+        Feature::MultiBufferXdp,
+    ];
 
     /// The name in `status`, `check-system` and the metrics' `feature` label.
     pub fn name(self) -> &'static str {
         match self {
             Feature::XdpMetadata => "xdp_metadata",
             Feature::FibLookupMark => "fib_lookup_mark",
+            Feature::MultiBufferXdp => "multi_buffer_xdp",
         }
     }
 
@@ -56,6 +68,11 @@ impl Feature {
             Feature::FibLookupMark => {
                 "flows the kernel forwarded with a packet mark stay in the kernel \
                  (mark_unsupported_by_kernel): policy routing by mark is not fast-pathed"
+            }
+            Feature::MultiBufferXdp => {
+                "the XDP program is loaded without multi-buffer support: a port whose MTU needs \
+                 it (jumbo frames, above about 3 500 bytes) gets no native XDP and runs the TC \
+                 fast path (datapath = \"auto\") or generic XDP, its reason in status"
             }
         }
     }
@@ -150,6 +167,66 @@ fn probe_one(feature: Feature) -> Availability {
             "bpf_xdp_adjust_meta",
         ),
         Feature::FibLookupMark => since(KernelVersion::current(), KernelVersion::new(6, 10, 0)),
+        Feature::MultiBufferXdp => since(KernelVersion::current(), KernelVersion::new(5, 18, 0)),
+    }
+}
+
+/// The XDP program to attach for what the kernel has: the multi-buffer one, or the same
+/// pipeline without `xdp.frags` where multi-buffer XDP is missing or its probe failed. Pure.
+pub fn xdp_program(features: &KernelFeatures) -> &'static str {
+    if features.usable(Feature::MultiBufferXdp) {
+        PROG_NAME
+    } else {
+        SINGLE_BUFFER_PROG_NAME
+    }
+}
+
+/// Loads the loaded (not yet verified) object's multi-buffer probe program (an `xdp.frags`
+/// program calling `bpf_xdp_get_buff_len`) and unloads it again: whether this kernel takes
+/// multi-buffer XDP programs.
+pub fn probe_multi_buffer(ebpf: &mut Ebpf) -> Availability {
+    let mut load = || -> Result<(), ProbeFailure> {
+        let prog: &mut Xdp = ebpf
+            .program_mut(MULTI_BUFFER_PROBE_PROG_NAME)
+            .ok_or_else(|| {
+                ProbeFailure::Other(format!("no program {MULTI_BUFFER_PROBE_PROG_NAME}"))
+            })?
+            .try_into()
+            .map_err(|e| ProbeFailure::Other(format!("{e}")))?;
+        let loaded = prog.load();
+        let _ = prog.unload();
+        loaded.map_err(|e| match &e {
+            ProgramError::LoadError { io_error, .. } => {
+                ProbeFailure::Refused(io_error.raw_os_error(), format!("{e}"))
+            }
+            _ => ProbeFailure::Other(format!("{e}")),
+        })
+    };
+    multi_buffer_answer(load())
+}
+
+/// Why the multi-buffer probe program did not load.
+#[derive(Debug)]
+pub enum ProbeFailure {
+    /// The kernel answered the load with this errno (and text).
+    Refused(Option<i32>, String),
+    /// It never reached the kernel.
+    Other(String),
+}
+
+/// What loading the multi-buffer probe program says: the kernel refuses an unknown program
+/// flag (`BPF_F_XDP_HAS_FRAGS`) or helper with `EINVAL` (missing); any other failure (no
+/// privileges, no memory) says nothing about the feature (unknown). Pure.
+pub fn multi_buffer_answer(load: Result<(), ProbeFailure>) -> Availability {
+    match load {
+        Ok(()) => Availability::Available,
+        Err(ProbeFailure::Refused(Some(libc::EINVAL), _)) => Availability::Missing(
+            "the kernel refuses an xdp.frags program calling bpf_xdp_get_buff_len (EINVAL)"
+                .to_owned(),
+        ),
+        Err(ProbeFailure::Refused(_, why) | ProbeFailure::Other(why)) => Availability::Unknown(
+            format!("loading the multi-buffer probe program failed: {why}"),
+        ),
     }
 }
 
@@ -277,7 +354,54 @@ mod tests {
         assert!(!k.usable(Feature::XdpMetadata));
         assert_eq!(
             Feature::ALL.map(Feature::name),
-            ["xdp_metadata", "fib_lookup_mark"]
+            ["xdp_metadata", "fib_lookup_mark", "multi_buffer_xdp"]
         );
+    }
+
+    /// The probe program loads: the multi-buffer program is attached, nothing reported.
+    #[test]
+    fn multi_buffer_present_loads_the_frags_program() {
+        let mut k = KernelFeatures::all_available();
+        k.set(Feature::MultiBufferXdp, multi_buffer_answer(Ok(())));
+        assert_eq!(xdp_program(&k), PROG_NAME);
+        assert_eq!(k.missing().count(), 0);
+    }
+
+    /// The kernel refuses it (5.15: an unknown program flag): the single-buffer program is
+    /// attached and the feature reported missing.
+    #[test]
+    fn multi_buffer_absent_loads_the_single_buffer_program() {
+        let mut k = KernelFeatures::all_available();
+        let refused = ProbeFailure::Refused(Some(libc::EINVAL), "Invalid argument".to_owned());
+        k.set(Feature::MultiBufferXdp, multi_buffer_answer(Err(refused)));
+        assert_eq!(xdp_program(&k), SINGLE_BUFFER_PROG_NAME);
+        assert!(matches!(
+            k.get(Feature::MultiBufferXdp),
+            Availability::Missing(w) if w.contains("xdp.frags")
+        ));
+        assert_eq!(
+            k.missing().map(|(f, _)| f).collect::<Vec<_>>(),
+            [Feature::MultiBufferXdp]
+        );
+    }
+
+    /// The probe failed for another reason (no privileges, no program): taken as missing, so
+    /// the single-buffer program, which every kernel the daemon runs on takes, is attached and
+    /// the failure reported.
+    #[test]
+    fn multi_buffer_probe_failed_loads_the_single_buffer_program() {
+        for failure in [
+            ProbeFailure::Refused(Some(libc::EPERM), "Operation not permitted".to_owned()),
+            ProbeFailure::Refused(None, "no errno".to_owned()),
+            ProbeFailure::Other("no program xdp_router_mbp".to_owned()),
+        ] {
+            let mut k = KernelFeatures::all_available();
+            k.set(Feature::MultiBufferXdp, multi_buffer_answer(Err(failure)));
+            assert_eq!(xdp_program(&k), SINGLE_BUFFER_PROG_NAME);
+            assert!(matches!(
+                k.get(Feature::MultiBufferXdp),
+                Availability::Unknown(w) if w.contains("multi-buffer probe program failed")
+            ));
+        }
     }
 }

@@ -92,6 +92,7 @@ pub fn run_for(needs: Needs) -> anyhow::Result<()> {
     }
     if needs == Needs::Everything {
         step("Debian-kernel guest (qemu, virtme-ng, kernel)", guest)?;
+        step("Ubuntu 22.04 kernel (--jammy)", crate::guest::jammy::setup)?;
     }
     step("nightly toolchain + rust-src", nightly)?;
     step("bpf-linker", bpf_linker)?;

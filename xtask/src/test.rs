@@ -1,7 +1,7 @@
 //! `cargo xtask test`: unit tests, the manual's build and link check, the release daemon build, the privileged tests (as root, one
 //! thread) and beside them the same kind of tests in a Debian-kernel guest (VLAN, PPPoE, IPsec:
 //! modules this kernel lacks), check-system and the core end-to-end tests in a guest on Debian
-//! 12's own kernel (6.1), the arm64 package and the fixtures and core tests in an arm64
+//! 12's own kernel (6.1) (and, opt-in with `--jammy`, on Ubuntu 22.04's 5.15), the arm64 package and the fixtures and core tests in an arm64
 //! guest, the Debian packages (built twice, installed, run and purged in a clean root), the
 //! quick benchmark, a 1-minute soak and the small scale benchmark; then a summary.
 //! Exits non-zero when any step failed.
@@ -38,7 +38,8 @@ pub struct TestArgs {
     #[arg(long)]
     no_packages: bool,
     /// Only the release daemon build and the guests (`-- <filter>` narrows the amd64 guest's
-    /// tests; `--no-deb12` and `--no-arm64` leave the Debian 12 and arm64 guests out).
+    /// tests; `--no-deb12` and `--no-arm64` leave the Debian 12 and arm64 guests out,
+    /// `--jammy` adds the Ubuntu 22.04 one).
     #[arg(long, conflicts_with = "no_guest")]
     guest_only: bool,
     /// Only the release daemon build and the packages step.
@@ -47,6 +48,14 @@ pub struct TestArgs {
     /// Only the arm64 guest step.
     #[arg(long, conflicts_with_all = ["no_arm64", "guest_only", "packages_only"])]
     arm64_only: bool,
+    /// Also boot Ubuntu 22.04's 5.15 kernel (no multi-buffer XDP, no TCX, the oldest verifier)
+    /// for check-system and the Debian 12 guest's core end-to-end tests (see
+    /// xtask/src/guest/jammy.rs); opt-in, it takes as long as the Debian 12 guest.
+    #[arg(long)]
+    jammy: bool,
+    /// Only the release daemon build and the Ubuntu 22.04 (5.15) guest.
+    #[arg(long, conflicts_with_all = ["guest_only", "packages_only", "arm64_only"])]
+    jammy_only: bool,
     /// Extra arguments for the privileged test binaries, e.g. a test-name filter.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     privileged_args: Vec<String>,
@@ -93,6 +102,8 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         Some("--packages-only")
     } else if args.arm64_only {
         Some("--arm64-only")
+    } else if args.jammy_only {
+        Some("--jammy-only")
     } else {
         None
     };
@@ -159,7 +170,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     // Its binaries are built first: cargo holds the build directory while `cargo test` runs.
     let guest = match (&daemon, cmd::is_root()) {
         _ if args.no_guest => Guest::NotRun(not_run("guest tests", "--no-guest")),
-        _ if args.packages_only || args.arm64_only => {
+        _ if args.packages_only || args.arm64_only || args.jammy_only => {
             Guest::NotRun(not_run("guest tests", only.unwrap_or_default()))
         }
         (None, _) => Guest::NotRun(not_run("guest tests", "the daemon did not build")),
@@ -247,7 +258,9 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     // the privileged tests (an emulator beside them slows both: see the arm64 guest).
     let deb12_step = match (&daemon, cmd::is_root()) {
         _ if args.no_deb12 => not_run(DEB12_STEP, "--no-deb12"),
-        _ if args.packages_only || args.arm64_only => not_run(DEB12_STEP, only.unwrap_or_default()),
+        _ if args.packages_only || args.arm64_only || args.jammy_only => {
+            not_run(DEB12_STEP, only.unwrap_or_default())
+        }
         (None, _) => not_run(DEB12_STEP, "the daemon did not build"),
         (Some(_), false) => Step {
             name: DEB12_STEP,
@@ -270,6 +283,32 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         }
     };
     steps.push(deb12_step);
+    // Ubuntu 22.04's own kernel (5.15: no multi-buffer XDP either), the same way; opt-in.
+    let jammy_step = match (&daemon, cmd::is_root()) {
+        _ if !args.jammy && !args.jammy_only => not_run(JAMMY_STEP, "opt-in: --jammy"),
+        _ if args.packages_only || args.arm64_only => not_run(JAMMY_STEP, only.unwrap_or_default()),
+        (None, _) => not_run(JAMMY_STEP, "the daemon did not build"),
+        (Some(_), false) => Step {
+            name: JAMMY_STEP,
+            outcome: Outcome::Failed("not root".into()),
+            secs: 0.0,
+        },
+        (Some(bin), true) => {
+            println!("\n==== {JAMMY_STEP}");
+            let t = Instant::now();
+            let boot = || {
+                crate::guest::jammy::prepare(bin)
+                    .and_then(|p| p.boot(&skip_log, &mut std::io::stdout()))
+            };
+            let outcome = once_more_if_unfinished("Ubuntu 22.04", boot(), &mut notes, boot);
+            Step {
+                name: JAMMY_STEP,
+                outcome: guest_outcome(outcome),
+                secs: t.elapsed().as_secs_f64(),
+            }
+        }
+    };
+    steps.push(jammy_step);
     // The arm64 guest: its package and tests cross-built (≈ 4 min from a fresh target
     // directory; the first run also makes its root, ≈ 5 min), then booted. After the amd64
     // guest, not beside it: both emulators keep two cores busy (side by side, each took twice
@@ -277,8 +316,8 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     let arm64_built = if args.no_arm64 {
         steps.push(not_run("arm64 guest", "--no-arm64"));
         false
-    } else if args.packages_only {
-        steps.push(not_run("arm64 guest", "--packages-only"));
+    } else if args.packages_only || args.jammy_only {
+        steps.push(not_run("arm64 guest", only.unwrap_or_default()));
         false
     } else if !cmd::is_root() {
         steps.push(Step {
@@ -313,7 +352,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     // then when the arm64 guest ran (≈ 3 min otherwise, so only `--packages-only` adds it);
     // the first run adds the clean root (≈ 1 min).
     match (&daemon, cmd::is_root()) {
-        _ if args.guest_only || args.arm64_only => {
+        _ if args.guest_only || args.arm64_only || args.jammy_only => {
             steps.push(not_run("packages", only.unwrap_or_default()))
         }
         _ if args.no_packages => steps.push(not_run("packages", "--no-packages")),
@@ -441,6 +480,7 @@ fn run_bench(args: &[&str]) -> anyhow::Result<()> {
 
 /// The Debian 12 guest step's name in the summary.
 const DEB12_STEP: &str = "Debian 12 guest (6.1)";
+const JAMMY_STEP: &str = "Ubuntu 22.04 guest (5.15)";
 
 /// How the amd64 guest step runs.
 enum Guest<'a> {

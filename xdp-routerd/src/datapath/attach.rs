@@ -10,7 +10,7 @@ use aya::programs::{Xdp, XdpMode, links::LinkType, loaded_links, xdp::XdpLinkId}
 use tracing::{debug, info, warn};
 use xdp_router_common::{
     ARM_PROG_NAME, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT,
-    IFACE_F_TC_HANDOFF, IfaceInfo, MAP_IFACES, MAP_TX_PORTS, MAX_IFACE_SLOTS, PROG_NAME,
+    IFACE_F_TC_HANDOFF, IfaceInfo, MAP_IFACES, MAP_TX_PORTS, MAX_IFACE_SLOTS,
 };
 
 use super::{Datapath, Ports as _, VlanParent, tc_links::TcLink};
@@ -90,12 +90,18 @@ pub(super) struct Links {
 }
 
 impl Datapath {
+    /// Whether the XDP program attached takes multi-buffer frames.
+    fn multi_buffer(&self) -> bool {
+        self.features
+            .usable(crate::kernel_features::Feature::MultiBufferXdp)
+    }
+
     /// The XDP program.
     fn program(&mut self) -> anyhow::Result<&mut Xdp> {
         Ok(self
             .ebpf
-            .program_mut(PROG_NAME)
-            .ok_or_else(|| anyhow!("eBPF object has no program {PROG_NAME}"))?
+            .program_mut(self.xdp_prog)
+            .ok_or_else(|| anyhow!("eBPF object has no program {}", self.xdp_prog))?
             .try_into()?)
     }
 
@@ -238,7 +244,7 @@ impl Datapath {
             }
             Err(refused) => refused,
         };
-        let why = native_attach_failure(&refused);
+        let why = native_attach_failure(&refused, self.multi_buffer());
         match self.attach_tc_program(name, ifindex) {
             Ok(()) => {
                 info!(
@@ -371,7 +377,7 @@ impl Datapath {
                 Ok(None)
             }
             Err(refused) => {
-                let why = native_attach_failure(&refused);
+                let why = native_attach_failure(&refused, self.multi_buffer());
                 info!(
                     interface = name,
                     host = %host.name,
@@ -398,7 +404,7 @@ impl Datapath {
                 Ok(()) => return Ok(AttachMode::Native),
                 Err(e) => e,
             };
-            let why = native_attach_failure(&native_err);
+            let why = native_attach_failure(&native_err, self.multi_buffer());
             warn!(
                 interface = name,
                 error = %native_err,
@@ -483,8 +489,8 @@ impl Datapath {
     fn owned_xdp_links(&self) -> anyhow::Result<usize> {
         let prog: &Xdp = self
             .ebpf
-            .program(PROG_NAME)
-            .ok_or_else(|| anyhow!("eBPF object has no program {PROG_NAME}"))?
+            .program(self.xdp_prog)
+            .ok_or_else(|| anyhow!("eBPF object has no program {}", self.xdp_prog))?
             .try_into()?;
         let id = prog.info()?.id();
         let mut n = 0;
@@ -555,7 +561,13 @@ impl Datapath {
 /// to the `xdp:bpf_xdp_link_attach_failed` tracepoint), so the errnos the drivers use are
 /// mapped here (`dev_xdp_attach` in `net/core/dev.c`, `veth_xdp_set` in
 /// `drivers/net/veth.c`).
-pub fn native_attach_failure(err: &(dyn std::error::Error + 'static)) -> String {
+///
+/// `multi_buffer`: whether the program attached takes multi-buffer frames (see
+/// [`crate::kernel_features::Feature::MultiBufferXdp`]), which decides what a too large MTU means.
+pub fn native_attach_failure(
+    err: &(dyn std::error::Error + 'static),
+    multi_buffer: bool,
+) -> String {
     let mut source = Some(err);
     let mut errno = None;
     while let Some(e) = source {
@@ -566,6 +578,10 @@ pub fn native_attach_failure(err: &(dyn std::error::Error + 'static)) -> String 
         source = e.source();
     }
     match errno {
+        Some(libc::ERANGE) if !multi_buffer => "the MTU needs multi-buffer XDP, which this \
+             kernel lacks (multi_buffer_xdp: the program is loaded without it, so each frame \
+             must fit in one page, about 3 500 bytes); lower it for native XDP"
+            .into(),
         Some(libc::ERANGE) => "the MTU is too large for this driver's native XDP (the program \
              takes multi-buffer frames, but the driver does not: it needs each frame in one \
              page, about 3 500 bytes); lower it for native XDP"
@@ -588,5 +604,22 @@ pub fn native_attach_failure(err: &(dyn std::error::Error + 'static)) -> String 
             std::io::Error::from_raw_os_error(n)
         ),
         None => format!("{err}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::native_attach_failure;
+
+    /// A driver's ERANGE (the MTU needs frames longer than a page) names the missing kernel
+    /// feature where the program attached is the single-buffer one.
+    #[test]
+    fn a_too_large_mtu_names_multi_buffer_xdp_only_where_the_kernel_lacks_it() {
+        let erange = std::io::Error::from_raw_os_error(libc::ERANGE);
+        let without = native_attach_failure(&erange, false);
+        assert!(without.contains("multi_buffer_xdp"), "{without}");
+        let with = native_attach_failure(&erange, true);
+        assert!(with.contains("the driver does not"), "{with}");
+        assert!(!with.contains("multi_buffer_xdp"), "{with}");
     }
 }

@@ -24,7 +24,7 @@ use xdp_router_common::{
     ARM_L3_PROG_NAME, ARM_PROG_NAME, GLOBAL_XDP_META, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT,
     IFACE_F_GENERIC_XDP, IFACE_F_L3, IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER,
     IFACE_F_TC_HANDOFF, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_HOST_TRAFFIC, MAP_IFACES,
-    MAP_TX_PORTS, PROG_NAME, STAMP_PROG_NAME, TC_PROG_NAME,
+    MAP_TX_PORTS, STAMP_PROG_NAME, TC_PROG_NAME,
 };
 
 use crate::kernel_features::{self, Feature, KernelFeatures};
@@ -80,6 +80,8 @@ pub struct Datapath {
     tc_attach: tc_links::TcAttach,
     /// What the kernel lacks of the optional features, found before the object was loaded.
     features: KernelFeatures,
+    /// The XDP program attached: multi-buffer or not (see [`kernel_features::xdp_program`]).
+    xdp_prog: &'static str,
 }
 
 /// The `IFACE_F_*` bits the datapath owns, kept when the state rewrites an interface's flags:
@@ -141,15 +143,20 @@ impl Datapath {
             Feature::FibLookupMark,
             kernel_features::probe_fib_mark(&mut ebpf),
         );
+        features.set(
+            Feature::MultiBufferXdp,
+            kernel_features::probe_multi_buffer(&mut ebpf),
+        );
+        let xdp_prog = kernel_features::xdp_program(&features);
         for (feature, why) in features.missing() {
             warn!(%feature, why, lost = feature.without(), "kernel feature missing");
         }
         let prog: &mut Xdp = ebpf
-            .program_mut(PROG_NAME)
-            .ok_or_else(|| anyhow!("eBPF object has no program {PROG_NAME}"))?
+            .program_mut(xdp_prog)
+            .ok_or_else(|| anyhow!("eBPF object has no program {xdp_prog}"))?
             .try_into()?;
         prog.load()
-            .map_err(|e| verifier::refusal("the kernel rejected the XDP program", PROG_NAME, e))?;
+            .map_err(|e| verifier::refusal("the kernel rejected the XDP program", xdp_prog, e))?;
         let arm: &mut SchedClassifier = ebpf
             .program_mut(ARM_PROG_NAME)
             .ok_or_else(|| anyhow!("eBPF object has no program {ARM_PROG_NAME}"))?
@@ -218,6 +225,7 @@ impl Datapath {
             tc_unavailable,
             tc_attach: tc_links::TcAttach::default(),
             features,
+            xdp_prog,
             ebpf,
         };
         dp.settings.write()?;

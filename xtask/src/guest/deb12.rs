@@ -69,16 +69,29 @@ pub fn newest_package(names: &str) -> Option<&str> {
 /// Builds the test binaries and sets up the boot that runs [`E2E`] against `daemon`, after
 /// `xdp-routerd check-system`.
 pub fn prepare(daemon: &std::path::Path) -> anyhow::Result<Prepared> {
-    if cmd::which("qemu-system-x86_64").is_none() {
-        bail!("qemu-system-x86_64 not found: run `cargo xtask setup`");
-    }
     let kernel = kernel().context(
         "no Debian 12 kernel (6.1) with 8021q in /boot: run `cargo xtask setup` \
          (linux-image-6.1.0-<N>-amd64)",
     )?;
+    prepare_core(daemon, kernel, "deb12", "Debian 12 guest")
+}
+
+/// Sets up the boot of `kernel` (a distribution's amd64 kernel in /boot, its modules in
+/// /lib/modules) that runs `xdp-routerd check-system` and [`E2E`] against `daemon`; `name`
+/// names its shared directory, `label` the guest in what is printed. The Debian 12 guest and
+/// the Ubuntu 22.04 one ([`super::jammy`]) boot this way.
+pub(super) fn prepare_core(
+    daemon: &std::path::Path,
+    kernel: PathBuf,
+    name: &str,
+    label: &str,
+) -> anyhow::Result<Prepared> {
+    if cmd::which("qemu-system-x86_64").is_none() {
+        bail!("qemu-system-x86_64 not found: run `cargo xtask setup`");
+    }
     let targets: Vec<&str> = E2E.iter().map(|(t, _)| *t).collect();
     let binaries = super::build_test_binaries(&targets, &[], &[])?;
-    let shared = Shared::new("deb12")?;
+    let shared = Shared::new(name)?;
     let runs = E2E
         .iter()
         .zip(binaries)
@@ -112,7 +125,7 @@ pub fn prepare(daemon: &std::path::Path) -> anyhow::Result<Prepared> {
         teardown: Vec::new(),
     };
     println!(
-        "Debian 12 guest: will boot {} (qemu, no KVM) to run check-system and {} end-to-end tests",
+        "{label}: will boot {} (qemu, no KVM) to run check-system and {} end-to-end tests",
         kernel.display(),
         E2E.iter().map(|(_, n)| n.len()).sum::<usize>()
     );

@@ -6,6 +6,8 @@
 //!   the fixtures and the core end-to-end tests against the arm64 package.
 //! - [`deb12`]: Debian 12's own amd64 kernel (6.1: no TCX links, the oldest verifier), booted
 //!   as the amd64 guest is: `check-system` and the core end-to-end tests.
+//! - [`jammy`]: Ubuntu 22.04's own amd64 kernel (5.15: no multi-buffer XDP either), booted as
+//!   the Debian 12 guest is, with its tests; opt-in (`--jammy`).
 //!
 //! Both write a shell script into a directory the guest shares writable, boot once, and read
 //! back the script's overall status and the skips the tests logged. An amd64 guest that ended
@@ -18,6 +20,7 @@
 pub mod amd64;
 pub mod arm64;
 pub mod deb12;
+pub mod jammy;
 
 use std::{
     ffi::OsString,
