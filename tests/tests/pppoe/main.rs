@@ -14,7 +14,6 @@
 
 use std::{
     fs,
-    os::unix::fs::PermissionsExt as _,
     process::{Child, Stdio},
     time::{Duration, Instant},
 };
@@ -84,18 +83,6 @@ impl Session {
 fn promptly() -> Duration {
     Duration::from_secs(10 * u64::from(time_scale()))
 }
-
-/// The access concentrator's pppd (`pppoe-server -q`): pppd with the arguments `pppoe-server
-/// -k` gives it, except its kernel-mode plugin, which rp-pppoe names by a path of its own
-/// (`/etc/ppp/plugins/rp-pppoe.so`) and Debian's pppd has in its plugin directory.
-const SERVER_PPPD: &str = "#!/bin/sh\n\
-    n=$#\n\
-    for a in \"$@\"; do\n\
-    \x20 [ \"$a\" = /etc/ppp/plugins/rp-pppoe.so ] && a=rp-pppoe.so\n\
-    \x20 set -- \"$@\" \"$a\"\n\
-    done\n\
-    shift $n\n\
-    exec pppd \"$@\"\n";
 
 /// pppd's log in the router, in the session's directory.
 const CLIENT_LOG: &str = "pppd-client.log";
@@ -252,11 +239,6 @@ fn pppoe_testbed(tag: &str, under: Under, ccp: Ccp) -> (Testbed, Session) {
         Ccp::Off => "exec pppoe-server \"$@\"",
         Ccp::Mppe => "mount --bind \"$0\" /etc/ppp/chap-secrets && exec pppoe-server \"$@\"",
     };
-    let server_pppd = dir.path().join("server-pppd");
-    fs::write(&server_pppd, SERVER_PPPD)
-        .and_then(|()| fs::set_permissions(&server_pppd, fs::Permissions::from_mode(0o755)))
-        .unwrap_or_else(|e| panic!("write {}: {e}", server_pppd.display()));
-    let server_pppd = server_pppd.to_string_lossy().into_owned();
     let server = spawn(
         &tb.wan,
         "sh",
@@ -274,12 +256,6 @@ fn pppoe_testbed(tag: &str, under: Under, ccp: Ccp) -> (Testbed, Session) {
             // One session at a time, so a redial gets 10.0.2.1 again.
             "-N",
             "1",
-            // Kernel-mode PPPoE, as the router's end: the session's frames do not go through a
-            // `pppoe` process and a pseudo-terminal in the WAN host (every frame of the tests'
-            // transfers did, each a few context switches, slow in an emulated guest).
-            "-k",
-            "-q",
-            &server_pppd,
             "-O",
             &options,
         ],
@@ -323,7 +299,7 @@ fn pppoe_testbed(tag: &str, under: Under, ccp: Ccp) -> (Testbed, Session) {
     );
     let session_secs = dialled.elapsed().as_secs_f64();
     wan_over_ppp0(&tb);
-    // Where a PPPoE test's setup goes (an emulated guest's time is mostly here).
+    // Where a PPPoE test's setup time goes (read beside the guest's per-test times).
     println!(
         "pppoe setup: test bed {testbed_secs:.1} s, session up {session_secs:.1} s after pppd \
          started, {:.1} s in all",
