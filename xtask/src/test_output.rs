@@ -14,7 +14,8 @@ const MESSAGE_CHARS: usize = 300;
 /// What the lines of one run said so far.
 #[derive(Default)]
 pub struct TestOutput {
-    /// Tests reported `test NAME ... FAILED`, in order.
+    /// Tests reported `test NAME ... FAILED` (with `--report-time`, `... FAILED <1.234s>`), in
+    /// order.
     failed: Vec<String>,
     /// The first line of each thread's panic message, by thread (= test) name.
     messages: HashMap<String, String>,
@@ -71,10 +72,10 @@ impl TestOutput {
                 .entry(thread)
                 .or_insert(format!("{location}: {message}"));
         }
-        if let Some(name) = line
-            .strip_prefix("test ")
-            .and_then(|l| l.strip_suffix(" ... FAILED"))
-        {
+        if let Some(name) = line.strip_prefix("test ").and_then(|l| {
+            l.strip_suffix(" ... FAILED")
+                .or_else(|| l.split_once(" ... FAILED <").map(|(name, _)| name))
+        }) {
             self.failed.push(name.to_owned());
         } else if let Some(rest) = line.strip_prefix("thread '")
             && let Some((thread, after)) = rest.split_once("' ")
@@ -124,7 +125,7 @@ mod tests {
         let out = read(
             "test a ... ok\n\
              test acc::b ... FAILED\n\
-             test c ... FAILED\n\
+             test c ... FAILED <12.034s>\n\
              \n\
              failures:\n\
              \n\

@@ -15,7 +15,7 @@
 use std::{
     fs,
     process::{Child, Stdio},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use xdp_router_tests::{
@@ -184,7 +184,9 @@ const WAN_BRIDGE: &str = "br-wan";
 /// onto their PPP devices (IPV6CP up); NAT and FORWARD rules name ppp0, and TCP's MSS is
 /// clamped to the path MTU, as every PPPoE router does.
 fn pppoe_testbed(tag: &str, under: Under, ccp: Ccp) -> (Testbed, Session) {
+    let started = Instant::now();
     let tb = Testbed::new(tag);
+    let testbed_secs = started.elapsed().as_secs_f64();
     tb.router
         .sh(&format!("ip addr flush dev {WAN_IF} scope global"));
     tb.wan
@@ -282,6 +284,7 @@ fn pppoe_testbed(tag: &str, under: Under, ccp: Ccp) -> (Testbed, Session) {
     client_args.extend(ccp.client_options());
     let log = dir.path().join(CLIENT_LOG).to_string_lossy().into_owned();
     client_args.extend(["debug", "logfile", log.as_str()]);
+    let dialled = Instant::now();
     let client = spawn(&tb.router, "pppd", &client_args);
     let session = Session {
         client,
@@ -294,7 +297,14 @@ fn pppoe_testbed(tag: &str, under: Under, ccp: Ccp) -> (Testbed, Session) {
         "no PPPoE session within 60 s: router links:\n{}",
         tb.router.exec_ok("ip", &["addr"])
     );
+    let session_secs = dialled.elapsed().as_secs_f64();
     wan_over_ppp0(&tb);
+    // Where a PPPoE test's setup time goes (read beside the guest's per-test times).
+    println!(
+        "pppoe setup: test bed {testbed_secs:.1} s, session up {session_secs:.1} s after pppd \
+         started, {:.1} s in all",
+        started.elapsed().as_secs_f64()
+    );
     (tb, session)
 }
 

@@ -135,16 +135,22 @@ pub(super) fn version_key(v: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Builds the guest test binaries (with `extra` arguments for them, e.g. a name filter) and
-/// sets up the boot that runs their ignored tests against `daemon`.
-pub fn prepare(daemon: &Path, extra: &[String]) -> anyhow::Result<Prepared> {
+/// Builds the guest test binaries (those of `only`, all [`TEST_TARGETS`] when it is empty;
+/// with `extra` arguments for them, e.g. a name filter) and sets up the boot that runs their
+/// ignored tests against `daemon`.
+pub fn prepare(daemon: &Path, only: &[String], extra: &[String]) -> anyhow::Result<Prepared> {
     if cmd::which("qemu-system-x86_64").is_none() {
         bail!("qemu-system-x86_64 not found: run `cargo xtask setup`");
     }
     let kernel = kernel().with_context(|| {
         format!("no guest kernel with 8021q in /boot: run `cargo xtask setup` ({KERNEL_PACKAGE})")
     })?;
-    let binaries = super::build_test_binaries(TEST_TARGETS, &[], &[])?;
+    let targets: Vec<&str> = TEST_TARGETS
+        .iter()
+        .copied()
+        .filter(|t| only.is_empty() || only.iter().any(|o| o == t))
+        .collect();
+    let binaries = super::build_test_binaries(&targets, &[], &[])?;
     let root = crate::workspace::root();
     // The guest sees this machine's files read-only and has a /tmp of its own: its result and
     // skips go to a directory shared writable.
@@ -196,7 +202,7 @@ pub fn prepare(daemon: &Path, extra: &[String]) -> anyhow::Result<Prepared> {
     println!(
         "guest: booting {} (qemu, no KVM: ~30 s) to run {}",
         kernel.display(),
-        TEST_TARGETS.join(", ")
+        targets.join(", ")
     );
     let mut vng_args = super::vng_boot_args(kernel);
     // One argument: vng's parser takes a separate value starting with `-` for an option.

@@ -13,20 +13,22 @@
 //! back the script's overall status and the skips the tests logged. An amd64 guest that ended
 //! before its script did (a kernel panic, the emulator's exit: [`Unfinished`], with its last
 //! console lines) is booted once more by `cargo xtask test`, which says so in its summary.
-//! The amd64 guest can boot in the background ([`Prepared::boot_beside`]) while the host's
-//! privileged tests run: those leave the CPUs idle nine tenths of the time, and the emulator,
-//! at the idle scheduling class, takes only what they leave.
+//! The amd64 guest, then the Debian 12 guest, can boot in the background ([`boot_beside`])
+//! while the host's privileged tests run: those leave the CPUs idle nine tenths of the time, and
+//! the emulator, at the idle scheduling class, takes only what they leave.
 
 pub mod amd64;
 pub mod arm64;
 pub mod deb12;
 pub mod jammy;
+mod timings;
 
 use std::{
     ffi::OsString,
     fs,
     path::{Path, PathBuf},
     process::Command,
+    sync::mpsc,
     thread,
     time::Instant,
 };
@@ -82,9 +84,10 @@ pub fn vng_boot_args(kernel: std::path::PathBuf) -> Vec<std::ffi::OsString> {
 }
 
 /// What the guest's script does: run `prelude`, load modules, set the environment, run `setup`
-/// (any failure of those ends the run as failed), each test binary one at a time (each one's
-/// exit status and the time so far printed), then `teardown`; it writes the overall status to
-/// the result file.
+/// (any failure of those ends the run as failed), each test binary one at a time (announced by
+/// a [`timings::RUNNING`] line, each test's time reported by libtest's `--report-time`, each
+/// binary's exit status and the time so far printed), then `teardown`; it writes the overall
+/// status to the result file.
 pub struct Script {
     pub prelude: Vec<String>,
     pub modules: Vec<&'static str>,
@@ -136,12 +139,15 @@ impl Script {
         }
         for r in &self.runs {
             let args: Vec<String> = r.args.iter().map(|a| quote(a)).collect();
+            let name = quote(&r.binary.file_name().unwrap_or_default().to_string_lossy());
+            // `--report-time` is unstable: RUSTC_BOOTSTRAP lets the stable-built harness take it.
             s.push_str(&format!(
-                "{} {}\n\
-                 s=$?; printf 'guest: %s exited %s after %s s\\n' {} $s $SECONDS; [ $s -eq 0 ] || rc=1\n",
+                "echo {}{name}\n\
+                 RUSTC_BOOTSTRAP=1 {} -Z unstable-options --report-time {}\n\
+                 s=$?; printf 'guest: %s exited %s after %s s\\n' {name} $s $SECONDS; [ $s -eq 0 ] || rc=1\n",
+                quote(timings::RUNNING),
                 quote(&r.binary.to_string_lossy()),
                 args.join(" "),
-                quote(&r.binary.file_name().unwrap_or_default().to_string_lossy()),
             ));
         }
         for line in &self.teardown {
@@ -234,7 +240,10 @@ impl Shared {
             })
             .arg("--exec")
             .arg(format!("bash {}", guest_dir.join("run.sh").display()));
-        let failed = cmd::run_collecting_failures_into(&mut c, sink);
+        let mut timed = timings::Timings::new(sink);
+        let failed = cmd::run_collecting_failures_into(&mut c, &mut timed);
+        let table = timed.table();
+        let _ = std::io::Write::write_all(sink, table.as_bytes());
         let status = fs::read_to_string(self.result());
         if let Ok(skips) = fs::read_to_string(self.skips()) {
             use std::io::Write as _;
@@ -298,12 +307,52 @@ pub struct Prepared {
     guest_dir: PathBuf,
 }
 
-/// A guest booted in the background: [`Beside::wait`] gives its outcome.
+/// A guest booted in the background (see [`boot_beside`]): [`Beside::wait`] gives its outcome.
 pub struct Beside {
-    /// The outcome and when the guest ended.
-    handle: thread::JoinHandle<(anyhow::Result<Vec<String>>, Instant)>,
+    /// The outcome, when the guest started and when it ended; sent when it ended.
+    done: mpsc::Receiver<(anyhow::Result<Vec<String>>, Instant, Instant)>,
     log: PathBuf,
-    started: Instant,
+}
+
+/// Boots `guests` one after another on a thread of its own, each one's emulator in the idle
+/// scheduling class (it runs only on CPU time nothing else wants, so tests running beside it
+/// keep theirs; never two emulators at once: side by side they take twice as long), each one's
+/// console going to its log (printed by [`Beside::wait`], so two runs' lines do not mix). For
+/// each guest in their order, its [`Beside`], or why it cannot boot (it was not prepared, its
+/// log could not be created).
+pub fn boot_beside(
+    guests: Vec<(anyhow::Result<Prepared>, PathBuf)>,
+    skip_log: &Path,
+) -> Vec<anyhow::Result<Beside>> {
+    let mut runs = Vec::new();
+    let mut waits = Vec::new();
+    for (prepared, log) in guests {
+        let file = fs::File::create(&log).with_context(|| format!("create {}", log.display()));
+        match (prepared, file) {
+            (Ok(prepared), Ok(file)) => {
+                let (tx, done) = mpsc::channel();
+                runs.push((prepared, file, tx));
+                waits.push(Ok(Beside { done, log }));
+            }
+            (Err(e), _) | (_, Err(e)) => waits.push(Err(e)),
+        }
+    }
+    let skip_log = skip_log.to_owned();
+    thread::spawn(move || {
+        for (p, mut file, tx) in runs {
+            let started = Instant::now();
+            let outcome = p.shared.boot(
+                &p.args,
+                &p.guest_dir,
+                &p.script,
+                Priority::Idle,
+                &skip_log,
+                &mut file,
+            );
+            let _ = tx.send((outcome, started, Instant::now()));
+        }
+    });
+    waits
 }
 
 impl Prepared {
@@ -323,44 +372,16 @@ impl Prepared {
             sink,
         )
     }
-
-    /// Boots the guest on a thread of its own, its emulator in the idle scheduling class (it
-    /// runs only on CPU time nothing else wants, so tests running beside it keep theirs), its
-    /// console going to `log` (printed by [`Beside::wait`], so two runs' lines do not mix).
-    pub fn boot_beside(self, skip_log: &Path, log: PathBuf) -> anyhow::Result<Beside> {
-        let mut file =
-            fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
-        let skip_log = skip_log.to_owned();
-        let handle = thread::spawn(move || {
-            let outcome = self.shared.boot(
-                &self.args,
-                &self.guest_dir,
-                &self.script,
-                Priority::Idle,
-                &skip_log,
-                &mut file,
-            );
-            (outcome, Instant::now())
-        });
-        Ok(Beside {
-            handle,
-            log,
-            started: Instant::now(),
-        })
-    }
 }
 
 impl Beside {
     /// Waits for the guest, prints its console and returns its outcome (as
     /// [`Prepared::boot`]) and how long it ran, in seconds.
     pub fn wait(self) -> (anyhow::Result<Vec<String>>, f64) {
-        let (outcome, ended) = self.handle.join().unwrap_or_else(|_| {
-            (
-                Err(anyhow::anyhow!("the guest's thread panicked")),
-                Instant::now(),
-            )
-        });
-        let secs = ended.duration_since(self.started).as_secs_f64();
+        let (outcome, secs) = match self.done.recv() {
+            Ok((outcome, started, ended)) => (outcome, ended.duration_since(started).as_secs_f64()),
+            Err(_) => (Err(anyhow::anyhow!("the guests' thread panicked")), 0.0),
+        };
         match fs::read(&self.log) {
             Ok(text) => print!("{}", String::from_utf8_lossy(&text)),
             Err(e) => println!(
@@ -464,10 +485,11 @@ mod tests {
             "dpkg -i /x/p.deb || { echo 'guest: failed: dpkg -i /x/p.deb'; echo 1 > '/tmp/g/result'; exit 1; }\n"
         ));
         assert!(s.contains(
-            "'/t/vlan-1' '--ignored' 'name'\\''s'\n\
+            "echo 'guest: running ''vlan-1'\n\
+             RUSTC_BOOTSTRAP=1 '/t/vlan-1' -Z unstable-options --report-time '--ignored' 'name'\\''s'\n\
              s=$?; printf 'guest: %s exited %s after %s s\\n' 'vlan-1' $s $SECONDS; [ $s -eq 0 ] || rc=1\n"
         ));
-        assert!(s.contains("'/t/pppoe-2' '--ignored'\n"));
+        assert!(s.contains("'/t/pppoe-2' -Z unstable-options --report-time '--ignored'\n"));
         assert!(s.contains("export XDP_ROUTERD_BIN='/r/xdp-routerd'\n"));
         assert!(s.contains("dpkg --purge p || { echo 'guest: failed: dpkg --purge p'; rc=1; }\n"));
         assert!(s.ends_with("echo $rc > '/tmp/g/result'\n"));
