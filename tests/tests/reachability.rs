@@ -342,7 +342,7 @@ fn an_fw4_ruleset_lets_the_fast_path_carry_flows() {
         "limit name \"wan.log_limit\" log",
         "counter limit name \"wan.log_limit\" log",
     );
-    tb.router.sh(&format!("nft -f - <<'EOF'\n{ruleset}\nEOF"));
+    tb.router.sh(&format!("nft -f - <<'EOF'\n{ruleset}EOF"));
     tb.start_daemon();
     let st = rules_read(&tb);
     assert!(!st.per_packet.held, "held: {:?}", st.per_packet);
@@ -395,10 +395,10 @@ fn an_fw4_log_before_the_verdict_map_holds_the_flows() {
         return;
     }
     let mut tb = Testbed::new("rch6");
-    tb.router.sh(&format!(
-        "nft -f - <<'EOF'\n{FW4}\nEOF\n\
-         nft insert rule inet fw4 forward counter limit name wan.log_limit log prefix \"forward \""
-    ));
+    tb.router.sh(&format!("nft -f - <<'EOF'\n{FW4}EOF"));
+    tb.router.sh(
+        "nft insert rule inet fw4 forward counter limit name wan.log_limit log prefix \"forward \"",
+    );
     tb.start_daemon();
     let st = rules_read(&tb);
     assert!(st.per_packet.held, "not held: {:?}", st.per_packet);
