@@ -132,18 +132,20 @@ pub const PING_TICK: Duration = Duration::from_millis(20);
 /// directions), 8 s at most: conntrack marks UDP ASSURED only after 2 s with replies. Every
 /// datagram must come back while it waits.
 pub fn offload_udp(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
-    ping_until(tb, sock, server, seq, |st| {
+    ping_until(tb, sock, server, seq, "offloaded", |st| {
         st.conntrack.offloaded == 1 && st.flows.ipv4 + st.flows.ipv6 == 2
     });
 }
 
-/// Ping-pongs on `sock` until `done` holds for the daemon's status, 8 s at most (times
-/// [`time_scale`]); every datagram must come back while it waits.
-fn ping_until(
+/// Ping-pongs on `sock` until `done` holds for the daemon's status (`what` it waits for, for
+/// the failure message), 8 s at most (times [`time_scale`]); every datagram must come back
+/// while it waits.
+pub fn ping_until(
     tb: &Testbed,
     sock: &UdpSocket,
     server: SocketAddr,
     seq: &mut u64,
+    what: &str,
     done: impl Fn(&Status) -> bool,
 ) {
     let limit = Duration::from_secs(8) * time_scale();
@@ -154,7 +156,7 @@ fn ping_until(
         assert_eq!(
             (pp.good, pp.lost, pp.corrupt),
             (pp.sent, 0, 0),
-            "before offload: {pp:?}"
+            "before {what}: {pp:?}"
         );
         let st = tb.daemon().status();
         if done(&st) {
@@ -162,9 +164,10 @@ fn ping_until(
         }
         assert!(
             Instant::now() < deadline,
-            "UDP to {server} not offloaded within {limit:?}: {:?} {:?}\nconntrack:\n{}\nflows: {}\n{}",
+            "UDP to {server} not {what} within {limit:?}: {:?} {:?} {:?}\nconntrack:\n{}\nflows: {}\n{}",
             st.flows,
             st.conntrack,
+            st.per_packet,
             tb.router.exec_ok("conntrack", &["-L", "-p", "udp"]),
             tb.daemon().flows_json(),
             tb.daemon().log_tail()
@@ -316,7 +319,7 @@ pub fn udp_and_tcp_are_intact(tb: &Testbed, port: u16, what: &str) -> (Status, S
 /// directions in the flow map of its family; 8 s at most).
 pub fn offload_udp_family(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64) {
     let v6 = server.is_ipv6();
-    ping_until(tb, sock, server, seq, |st| {
+    ping_until(tb, sock, server, seq, "offloaded", |st| {
         (if v6 { st.flows.ipv6 } else { st.flows.ipv4 }) >= 2
     });
 }

@@ -4,14 +4,11 @@
 //! exactly six packets of each connection, with the fast path on as with it off, and the rest
 //! of the connection is fast-pathed.
 
-use std::{
-    thread::sleep,
-    time::{Duration, Instant},
-};
+use std::{thread::sleep, time::Duration};
 
 use xdp_router_tests::testbed::{
-    LAN_IF, PING_TICK, Testbed, UdpEcho, any_v4, fastpath_fraction, ping_pong, ready, time_scale,
-    udp_socket, wan_v4,
+    LAN_IF, Testbed, UdpEcho, any_v4, fastpath_fraction, ping_pong, ping_until, ready, udp_socket,
+    wan_v4,
 };
 
 use super::{PAYLOAD, QueueReader, blast, rule_or_skip, rule_seen};
@@ -41,22 +38,10 @@ fn connection(tb: &Testbed, reader: &QueueReader, port: u16, fast_path: bool) ->
     assert_eq!(pp.good, FIRST, "the first packets: {pp:?}");
     if fast_path {
         // Until the daemon offloads it (it reads conntrack's counters every 250 ms).
-        let deadline = Instant::now() + Duration::from_secs(8) * time_scale();
         let offloaded = tb.daemon().status().conntrack.offloaded;
-        loop {
-            let pp = ping_pong(&sock, server, seq, 10, PAYLOAD, PING_TICK);
-            seq += pp.sent;
-            assert_eq!(pp.good, pp.sent, "before the offload: {pp:?}");
-            if tb.daemon().status().conntrack.offloaded > offloaded {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "port {port}: not offloaded after its first {FIRST} packets: {:?}\n{}",
-                tb.daemon().status().per_packet,
-                tb.daemon().log_tail()
-            );
-        }
+        ping_until(tb, &sock, server, &mut seq, "offloaded", |st| {
+            st.conntrack.offloaded > offloaded
+        });
     }
     let before = tb.snapshot();
     blast(&sock, server, &mut seq, 1000, Duration::from_secs(1));

@@ -21,7 +21,7 @@ mod one_port;
 
 use xdp_router_tests::testbed::{
     LAN_IF, PING_DGRAM, PING_TICK, Snapshot, Status, Testbed, UdpEcho, WAN_IF, any_v4,
-    fastpath_fraction, offload_udp, ping_pong, ready, time_scale, udp_payload, udp_socket, wan_v4,
+    fastpath_fraction, offload_udp, ping_pong, ping_until, ready, udp_payload, udp_socket, wan_v4,
 };
 
 /// Datagram payload of the streams (IPv4 packets of 228 bytes).
@@ -81,22 +81,9 @@ fn held_for_the_rule(after: &Snapshot, before: &Snapshot) -> u64 {
 /// Ping-pongs on `sock` until the daemon holds `held` connections for a narrowed rule, this
 /// one among them (8 s at most, times the time scale); every datagram must come back.
 fn held_udp(tb: &Testbed, sock: &UdpSocket, server: SocketAddr, seq: &mut u64, held: u64) {
-    let deadline = Instant::now() + Duration::from_secs(8) * time_scale();
-    loop {
-        let pp = ping_pong(sock, server, *seq, 10, PING_DGRAM, PING_TICK);
-        *seq += pp.sent;
-        assert_eq!((pp.good, pp.lost), (pp.sent, 0), "before the burst: {pp:?}");
-        let st = tb.daemon().status();
-        if st.per_packet.held_connections == held {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the connection is not held for the rule: {:?}\n{}",
-            st.per_packet,
-            tb.daemon().log_tail()
-        );
-    }
+    ping_until(tb, sock, server, seq, "held for the rule", |st| {
+        st.per_packet.held_connections == held
+    });
 }
 
 /// Runs `cmd` in the router; on failure (a match or target this kernel lacks) skips `test`.

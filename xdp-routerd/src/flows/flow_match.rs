@@ -311,16 +311,7 @@ pub fn prefix_range(a: IpAddr, len: u8) -> Option<(IpAddr, IpAddr)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn t(src: &str, sport: u16, dst: &str, dport: u16, proto: u8) -> CtTuple {
-        CtTuple {
-            src: src.parse().unwrap(),
-            dst: dst.parse().unwrap(),
-            proto,
-            sport,
-            dport,
-        }
-    }
+    use crate::flows::tests::tuple as t;
 
     /// LAN host 192.168.1.10:40000 to 203.0.113.7:<dport> masqueraded behind 198.51.100.2:61000.
     fn nat(dport: u16, proto: u8) -> (CtTuple, CtTuple) {

@@ -52,15 +52,12 @@ impl FlowManager {
         self.parked
             .values()
             .filter(|e| {
-                let holding = self.held.iter().filter(|m| m.may_match(&e.orig, &e.reply));
-                let mut any = false;
-                for m in holding {
-                    if !m.is_bounded() {
-                        return false;
-                    }
-                    any = true;
-                }
-                any
+                let mut holding = self
+                    .held
+                    .iter()
+                    .filter(|m| m.may_match(&e.orig, &e.reply))
+                    .peekable();
+                holding.peek().is_some() && holding.all(FlowMatch::is_bounded)
             })
             .map(|e| (e.orig, e.zone))
             .collect()

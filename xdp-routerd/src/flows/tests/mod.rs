@@ -55,7 +55,7 @@ const IPS_SEEN_REPLY: u32 = 1 << 1;
 const IPS_ASSURED: u32 = 1 << 2;
 const TCP_ESTABLISHED: u8 = 3;
 
-fn tuple(src: &str, sport: u16, dst: &str, dport: u16, proto: u8) -> CtTuple {
+pub(super) fn tuple(src: &str, sport: u16, dst: &str, dport: u16, proto: u8) -> CtTuple {
     CtTuple {
         src: src.parse().unwrap(),
         dst: dst.parse().unwrap(),

@@ -14,9 +14,13 @@ use crate::flows::flow_match::{
 const TCP: u8 = 6;
 const UDP: u8 = 17;
 
-/// The terms of one nftables `match` expression (the object inside `{"match": …}`); empty when
-/// it is not a flow-constant test this reads.
+/// The terms of one nftables `match` expression (the object inside `{"match": …}`), an
+/// upper bound on conntrack's counters among them ([`nft_counter_bound`]); empty when it is
+/// not a test this reads.
 pub(super) fn nft_match(m: &Value) -> Vec<FlowTerm> {
+    if let Some(bound) = nft_counter_bound(m) {
+        return vec![bound];
+    }
     let negated = match m.get("op").and_then(Value::as_str) {
         Some("==" | "in") => false,
         Some("!=") => true,
@@ -87,9 +91,10 @@ pub(super) fn nft_match(m: &Value) -> Vec<FlowTerm> {
 }
 
 /// The upper bound an nftables `match` on `ct [original|reply] packets|bytes` puts on the
-/// counter (`< 10`, `<= 1000`, `1-6`, `{ 1-6, 9 }`); `None` for any other test, or one without
+/// counter: it narrows a rule in time, holding a connection (whose verdict may change with the
+/// counter) only until a counter is past the bound (see [`crate::flows::flow_match`]) (`< 10`, `<= 1000`, `1-6`, `{ 1-6, 9 }`); `None` for any other test, or one without
 /// an upper bound (`> 100`, `!= 3`).
-pub(super) fn nft_counter_bound(m: &Value) -> Option<FlowTerm> {
+fn nft_counter_bound(m: &Value) -> Option<FlowTerm> {
     let ct = m.get("left")?.get("ct")?;
     let unit = match ct.get("key")?.as_str()? {
         "packets" => CounterUnit::Packets,

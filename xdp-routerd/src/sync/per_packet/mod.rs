@@ -110,15 +110,10 @@ impl Parts {
 
     /// The flow-constant tests of the next part: they narrow the connections the rule can do
     /// something per packet for while nothing per packet came before them.
-    fn narrow(&mut self, terms: Vec<FlowTerm>) {
-        if self.narrows() {
+    fn narrow(&mut self, terms: impl IntoIterator<Item = FlowTerm>) {
+        if self.kinds.is_empty() {
             self.flows.terms.extend(terms);
         }
-    }
-
-    /// Whether the next part's tests narrow the rule: nothing per packet came before it.
-    fn narrows(&self) -> bool {
-        self.kinds.is_empty()
     }
 
     /// Matches of the next part whose answer can change without a ruleset change.

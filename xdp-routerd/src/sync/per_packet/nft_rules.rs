@@ -83,14 +83,6 @@ fn nft_rule(expr: &Value, table: &NftTable, save: Option<&[String]>, ct_known: b
             }
             "match" => {
                 parts.narrow(super::flow_tests::nft_match(inner));
-                // An upper-bounded counter test narrows the rule in time: it holds a
-                // connection (its verdict may change with the counter) only until a counter
-                // is past the bound (see `flows::flow_match`).
-                if let Some(bound) = super::flow_tests::nft_counter_bound(inner)
-                    && parts.narrows()
-                {
-                    parts.narrow(vec![bound]);
-                }
                 let test = ct_state::nft_match(inner).map_or(Match::Maybe, known);
                 parts.push(test, kinds);
                 continue;
@@ -99,13 +91,12 @@ fn nft_rule(expr: &Value, table: &NftTable, save: Option<&[String]>, ct_known: b
                 let name = inner.get("name").and_then(Value::as_str).unwrap_or("");
                 match inner.get("type").and_then(Value::as_str) {
                     Some("match") => {
-                        if name == "connbytes"
-                            && let Some(bound) = save_connbytes
-                                .next()
-                                .and_then(super::flow_tests::save_connbytes_bound)
-                            && parts.narrows()
-                        {
-                            parts.narrow(vec![bound]);
+                        if name == "connbytes" {
+                            parts.narrow(
+                                save_connbytes
+                                    .next()
+                                    .and_then(super::flow_tests::save_connbytes_bound),
+                            );
                         }
                         let test = match name {
                             "conntrack" | "state" => save_ct

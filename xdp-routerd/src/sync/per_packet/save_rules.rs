@@ -111,14 +111,8 @@ fn save_rule(words: &[String], is_chain: impl Fn(&str) -> bool, ct_known: bool) 
                 if kinds.is_empty() {
                     p.narrow(super::flow_tests::save_ports(name, options));
                 }
-                // An upper-bounded counter test narrows the rule in time: it holds a
-                // connection (its verdict may change with the counter) only until a counter
-                // is past the bound (see `flows::flow_match`).
-                if name == "connbytes"
-                    && p.narrows()
-                    && let Some(bound) = super::flow_tests::save_connbytes_bound(options)
-                {
-                    p.narrow(vec![bound]);
+                if name == "connbytes" {
+                    p.narrow(super::flow_tests::save_connbytes_bound(options));
                 }
                 p.expiring(ExpiringMatch::of_xtables(name));
                 p.push(test, kinds);
