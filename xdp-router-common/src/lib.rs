@@ -8,11 +8,15 @@
 
 pub mod checksum;
 mod iface;
+#[cfg(feature = "user")]
+mod iface_map;
 pub mod lab;
 pub mod parse;
 pub mod reason;
 
 pub use iface::*;
+#[cfg(feature = "user")]
+pub use iface_map::IfaceMap;
 pub use reason::Reason;
 
 /// Name of the XDP program in the object file (multi-buffer: `xdp.frags`).

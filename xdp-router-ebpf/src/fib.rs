@@ -14,7 +14,7 @@ use xdp_router_common::{
 };
 
 use crate::{
-    maps::{IFACES, fib_flags},
+    maps::{fib_flags, iface},
     order::{halves, load_ordered, store_ordered, word},
     packet::Packet,
     words::{opaque_zero, pack16},
@@ -240,9 +240,7 @@ pub fn next_hop<P: Packet>(
 #[inline(always)]
 fn has_no_neighbours(ifindex: u32) -> bool {
     // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
-    IFACES
-        .get_ptr(ifindex)
-        .is_some_and(|i| unsafe { (*i).flags } & (IFACE_F_PPPOE | IFACE_F_L3) != 0)
+    iface(ifindex).is_some_and(|i| unsafe { (*i).flags } & (IFACE_F_PPPOE | IFACE_F_L3) != 0)
 }
 
 /// The daemon's probe for `BPF_FIB_LOOKUP_MARK` (see the `xdp_router_fibm` program): the answer

@@ -38,10 +38,13 @@ use crate::{
     case::{Case, Expect, forward, pass},
     runner::{Prog, assert_all_ok, check_case, hex},
 };
-use aya::programs::{SchedClassifier, Xdp};
+use aya::{
+    maps::MapError,
+    programs::{SchedClassifier, Xdp},
+};
 use xdp_router_common::{
-    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_BRIDGE, IFACE_F_PPP_CCP, IFACE_F_PPPOE, PROG_NAME, Reason,
-    SINGLE_BUFFER_PROG_NAME, TC_PROG_NAME, stats_index,
+    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_BRIDGE, IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACES_ARRAY_LEN,
+    IfaceInfo, PROG_NAME, Reason, SINGLE_BUFFER_PROG_NAME, TC_PROG_NAME, stats_index,
 };
 use xdp_router_tests::{
     fixture_net::{
@@ -510,6 +513,33 @@ fn table_covers_every_reason() {
         .filter(|r| !covered.contains(&(**r as u32)) && !TC_ONLY.contains(r))
         .collect();
     assert!(missing.is_empty(), "reasons without a case: {missing:?}");
+}
+
+/// `IFACES` is an array indexed by ifindex: the last index takes an interface, the next one
+/// is refused (the daemon then leaves the interface unmanaged, saying why in one line).
+#[test]
+fn an_ifindex_beyond_the_iface_array_is_refused() {
+    if !require_root("prog_run::an_ifindex_beyond_the_iface_array_is_refused") {
+        return;
+    }
+    let (_ebpf, mut maps) = load();
+    let info = IfaceInfo {
+        slot: LAN_SLOT,
+        ..IfaceInfo::default()
+    };
+    let last = IFACES_ARRAY_LEN - 1;
+    maps.ifaces.insert(last, info, 0).expect("the last index");
+    assert_eq!(maps.ifaces.get(&last, 0).ok(), Some(info));
+    maps.ifaces.remove(&last).expect("remove");
+    assert!(matches!(
+        maps.ifaces.get(&last, 0),
+        Err(MapError::KeyNotFound)
+    ));
+    let beyond = maps.ifaces.insert(IFACES_ARRAY_LEN, info, 0);
+    assert!(
+        matches!(beyond, Err(MapError::OutOfBounds { .. })),
+        "{beyond:?}"
+    );
 }
 
 /// The per-flow FIB cache: a flow's cached `bpf_fib_lookup` answer is used while its
