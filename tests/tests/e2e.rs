@@ -137,6 +137,27 @@ fn tcp_v6_bulk_is_fast_pathed() {
     bulk_is_fast_pathed(&tb, wan_v6(5003), LAN_HOST_V6.into(), true);
 }
 
+/// Test 3b: TCP WAN→LAN through the reverse NAT, tens of MB: intact, ≥ 90 % of the WAN packets
+/// fast-pathed, < 10 % seen by FORWARD.
+#[test]
+fn tcp_v4_download_is_fast_pathed_through_reverse_nat() {
+    if !ready("tcp_v4_download_is_fast_pathed_through_reverse_nat") {
+        return;
+    }
+    let mut tb = Testbed::new("e2e3b");
+    tb.start_daemon();
+    let (before, after) = testbed::download_is_fast_pathed(&tb, wan_v4(5008), BULK);
+    let (wire, established) = (
+        after.rx_wan_since(&before),
+        after.established_since(&before, false),
+    );
+    eprintln!("download: FORWARD ESTABLISHED saw {established} of {wire}");
+    assert!(
+        (established as f64) < 0.1 * wire as f64,
+        "the FORWARD ESTABLISHED rule saw {established} packets, ≥ 10 % of the {wire} data packets"
+    );
+}
+
 /// A connection LAN→WAN carrying data through the fast path; returns the client and a server
 /// thread that reads until EOF or error and returns (bytes, result).
 fn offloaded_connection(

@@ -9,6 +9,9 @@
 //! the tag on the parent (XDP counters equal to the datagrams sent, netfilter's ESTABLISHED
 //! rule not rising, every byte intact), and stops doing so when switched off (the negative
 //! control); with only the parent in the config, tagged frames stay with the kernel.
+//!
+//! The checks that need the same test bed (the WAN on VLAN 7, the LAN untagged or on VLAN 10)
+//! share it: one test per bed runs them one after the other (`testbed::check`).
 
 use std::net::IpAddr;
 
@@ -17,8 +20,8 @@ use xdp_router_tests::{
     testbed::{
         HOST_IF, LAN_HOST_V4, LAN_HOST_V6, LAN_IF, ROUTER_LAN_V4, ROUTER_LAN_V6, ROUTER_WAN_V4,
         ROUTER_WAN_V6, Testbed, WAN_HOST_V4, WAN_HOST_V6, WAN_IF,
-        assert_encapsulated_wan_left_to_kernel, ready, route_wan_through, traffic_is_fast_pathed,
-        udp_and_tcp_are_intact, wan_lan_interfaces,
+        assert_encapsulated_wan_left_to_kernel, check, ready, route_wan_through,
+        traffic_is_fast_pathed, udp_and_tcp_are_intact, wan_lan_interfaces,
     },
 };
 
@@ -155,54 +158,73 @@ fn vlan_traffic_is_fast_pathed(tb: &mut Testbed, lan: &str, datapath: [&str; 2])
     traffic_is_fast_pathed(tb, 6200, lan, &wan_vlan, &format!("over VLAN {VID}"));
 }
 
-/// The WAN named as the VLAN device (`name = "eth0.7"`): established flows are forwarded by
-/// XDP on the parent, the reply's tag popped and the original's pushed.
+/// The WAN on VLAN 7, the LAN untagged: the checks on that test bed.
 #[test]
 #[ignore = "needs the 8021q module: cargo xtask test runs it in a Debian-kernel guest"]
-fn wan_on_vlan_is_fast_pathed() {
-    if !ready("wan_on_vlan_is_fast_pathed") {
+fn wan_on_vlan() {
+    if !ready("wan_on_vlan") {
         return;
     }
     let mut tb = vlan_testbed("vf", false);
-    vlan_traffic_is_fast_pathed(&mut tb, LAN_IF, ["auto", "auto"]);
+    let tb = &mut tb;
+    check(tb, "wan_on_vlan_is_fast_pathed", wan_on_vlan_is_fast_pathed);
+    check(
+        tb,
+        "wan_vlan_on_tc_and_lan_on_xdp_are_fast_pathed",
+        wan_vlan_on_tc_and_lan_on_xdp_are_fast_pathed,
+    );
+    check(
+        tb,
+        "wan_as_vlan_parent_leaves_tagged_frames_to_the_kernel",
+        wan_as_vlan_parent_leaves_tagged_frames_to_the_kernel,
+    );
 }
 
-/// LAN and WAN both VLANs (eth1.10, eth0.7): tagged in, tagged out.
+/// LAN and WAN both on VLANs (eth1.10, eth0.7): the checks on that test bed.
 #[test]
 #[ignore = "needs the 8021q module: cargo xtask test runs it in a Debian-kernel guest"]
-fn lan_and_wan_on_vlans_are_fast_pathed() {
-    if !ready("lan_and_wan_on_vlans_are_fast_pathed") {
+fn lan_and_wan_on_vlans() {
+    if !ready("lan_and_wan_on_vlans") {
         return;
     }
     let mut tb = vlan_testbed("vl", true);
-    vlan_traffic_is_fast_pathed(&mut tb, &format!("{LAN_IF}.{LAN_VID}"), ["auto", "auto"]);
+    let tb = &mut tb;
+    check(
+        tb,
+        "lan_and_wan_on_vlans_are_fast_pathed",
+        lan_and_wan_on_vlans_are_fast_pathed,
+    );
+    check(
+        tb,
+        "lan_and_wan_on_vlans_are_fast_pathed_on_tc",
+        lan_and_wan_on_vlans_are_fast_pathed_on_tc,
+    );
+}
+
+/// The WAN named as the VLAN device (`name = "eth0.7"`): established flows are forwarded by
+/// XDP on the parent, the reply's tag popped and the original's pushed.
+fn wan_on_vlan_is_fast_pathed(tb: &mut Testbed) {
+    vlan_traffic_is_fast_pathed(tb, LAN_IF, ["auto", "auto"]);
+}
+
+/// LAN and WAN both VLANs (eth1.10, eth0.7): tagged in, tagged out.
+fn lan_and_wan_on_vlans_are_fast_pathed(tb: &mut Testbed) {
+    vlan_traffic_is_fast_pathed(tb, &format!("{LAN_IF}.{LAN_VID}"), ["auto", "auto"]);
 }
 
 /// LAN and WAN both VLANs on the TC datapath (`datapath = "tc"`, as on a port without native
 /// XDP): the TC fast path on eth1.10 and eth0.7 themselves, no program on their parents;
 /// untagged in (the kernel pops the tag before), redirected to the other VLAN device (whose
 /// transmit path pushes it).
-#[test]
-#[ignore = "needs the 8021q module: cargo xtask test runs it in a Debian-kernel guest"]
-fn lan_and_wan_on_vlans_are_fast_pathed_on_tc() {
-    if !ready("lan_and_wan_on_vlans_are_fast_pathed_on_tc") {
-        return;
-    }
-    let mut tb = vlan_testbed("vt", true);
-    vlan_traffic_is_fast_pathed(&mut tb, &format!("{LAN_IF}.{LAN_VID}"), ["tc", "tc"]);
+fn lan_and_wan_on_vlans_are_fast_pathed_on_tc(tb: &mut Testbed) {
+    vlan_traffic_is_fast_pathed(tb, &format!("{LAN_IF}.{LAN_VID}"), ["tc", "tc"]);
 }
 
 /// The WAN VLAN on the TC datapath, the LAN port on native XDP: the LAN's XDP program pushes
 /// the WAN's tag and redirects to its parent (which has no program of its own); the TC fast
 /// path on eth0.7 redirects replies to the native LAN port.
-#[test]
-#[ignore = "needs the 8021q module: cargo xtask test runs it in a Debian-kernel guest"]
-fn wan_vlan_on_tc_and_lan_on_xdp_are_fast_pathed() {
-    if !ready("wan_vlan_on_tc_and_lan_on_xdp_are_fast_pathed") {
-        return;
-    }
-    let mut tb = vlan_testbed("vx", false);
-    vlan_traffic_is_fast_pathed(&mut tb, LAN_IF, ["tc", "auto"]);
+fn wan_vlan_on_tc_and_lan_on_xdp_are_fast_pathed(tb: &mut Testbed) {
+    vlan_traffic_is_fast_pathed(tb, LAN_IF, ["tc", "auto"]);
 }
 
 /// A VLAN device on a bridge port: the router's LAN port eth1 is a port of br-lan (managed:
@@ -256,15 +278,9 @@ fn vlan_on_a_bridge_port_is_fast_pathed() {
 /// The WAN named as the Ethernet port under the VLAN (`name = "eth0"`): tagged frames of a
 /// VLAN the daemon does not manage go to the kernel (`vlan_unknown`), and connections whose
 /// path leaves through eth0.7 are not offloaded (`path_not_managed`); the kernel carries both.
-#[test]
-#[ignore = "needs the 8021q module: cargo xtask test runs it in a Debian-kernel guest"]
-fn wan_as_vlan_parent_leaves_tagged_frames_to_the_kernel() {
-    if !ready("wan_as_vlan_parent_leaves_tagged_frames_to_the_kernel") {
-        return;
-    }
-    let mut tb = vlan_testbed("vp", false);
+fn wan_as_vlan_parent_leaves_tagged_frames_to_the_kernel(tb: &mut Testbed) {
     tb.start_daemon_config(&wan_lan_interfaces(WAN_IF));
-    let (before, after) = udp_and_tcp_are_intact(&tb, 6107, &format!("VLAN {VID}"));
+    let (before, after) = udp_and_tcp_are_intact(tb, 6107, &format!("VLAN {VID}"));
     assert_encapsulated_wan_left_to_kernel(&before, &after, "tagged", "vlan_unknown");
 }
 

@@ -195,7 +195,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             )];
             if !args.no_deb12 {
                 guests.push((
-                    crate::guest::deb12::prepare(bin),
+                    crate::guest::deb12::prepare(),
                     ws.target_dir().join("guest-deb12-console.log"),
                 ));
             }
@@ -285,9 +285,9 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             outcome: Outcome::Failed("not root".into()),
             secs: 0.0,
         },
-        (Some(bin), true) => {
+        (Some(_), true) => {
             let boot = || {
-                crate::guest::deb12::prepare(bin)
+                crate::guest::deb12::prepare()
                     .and_then(|p| p.boot(&skip_log, &mut std::io::stdout()))
             };
             let (name, first, ran) = match deb12_beside {
@@ -327,11 +327,11 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             outcome: Outcome::Failed("not root".into()),
             secs: 0.0,
         },
-        (Some(bin), true) => {
+        (Some(_), true) => {
             println!("\n==== {JAMMY_STEP}");
             let t = Instant::now();
             let boot = || {
-                crate::guest::jammy::prepare(bin)
+                crate::guest::jammy::prepare()
                     .and_then(|p| p.boot(&skip_log, &mut std::io::stdout()))
             };
             let outcome = once_more_if_unfinished("Ubuntu 22.04", boot(), &mut notes, boot);

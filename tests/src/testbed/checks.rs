@@ -11,7 +11,7 @@ use super::{
     addrs::{LAN_IF, ROUTER_WAN_V4, WAN_HOST_V4, WAN_HOST_V6, WAN_IF},
     status::{Snapshot, Status, fastpath_fraction},
     topology::Testbed,
-    traffic::{Plan, Transfer, TransferResult, UdpEcho, ping_pong, udp_socket},
+    traffic::{Plan, Transfer, TransferResult, UdpEcho, download_offloaded, ping_pong, udp_socket},
 };
 
 /// Polls `cond` every 50 ms for up to `timeout`; returns whether it became true.
@@ -77,6 +77,41 @@ pub fn bulk_is_fast_pathed(
     assert!(
         frac >= 0.9,
         "only {fwd} of {wire} LAN packets ({:.1} %) were forwarded by the fast path (want ≥ 90 %)",
+        frac * 100.0
+    );
+    (before, after)
+}
+
+/// WAN→LAN TCP download of `bytes` from `server` through the reverse NAT
+/// ([`download_offloaded`]: the bulk waits until the daemon lists the connection): the data
+/// arrives intact and ≥ 90 % of the WAN wire packets were forwarded by the fast path. Returns
+/// the counters before and after, for further checks.
+pub fn download_is_fast_pathed(
+    tb: &Testbed,
+    server: SocketAddr,
+    bytes: u64,
+) -> (Snapshot, Snapshot) {
+    let before = tb.snapshot();
+    let (sent, received) = download_offloaded(tb, server, bytes);
+    let after = tb.snapshot();
+    assert_eq!(
+        received, sent,
+        "download {server}: bytes and SHA-256 (got, sent)"
+    );
+    let wire = after.rx_wan_since(&before);
+    let fwd = after.packets_since(&before, WAN_IF, "forwarded_reply");
+    let frac = fastpath_fraction(fwd, wire);
+    eprintln!(
+        "TCP download {server}: {wire} packets in on {WAN_IF}, {fwd} fast-pathed ({:.1} %)",
+        frac * 100.0
+    );
+    assert!(
+        wire >= bytes / MAX_FRAME,
+        "only {wire} packets received on {WAN_IF} for {bytes} bytes: GRO on the router veth?"
+    );
+    assert!(
+        frac >= 0.9,
+        "only {fwd} of {wire} WAN packets ({:.1} %) were forwarded by the fast path (want ≥ 90 %)",
         frac * 100.0
     );
     (before, after)

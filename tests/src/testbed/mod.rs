@@ -15,17 +15,20 @@
 //! One module per part: `addrs` (names and addresses), `topology` (the namespaces and the
 //! `Testbed`), `daemon`, `status` (what the tests read off the router), `traffic` and
 //! `udp_flow` (a running flow whose stop and resumption tests time), `capture` and `checks`
-//! (the assertions the e2e tests share). Everything is re-exported here.
+//! (the assertions the e2e tests share), `shared_bed` (checks that share one test bed).
+//! Everything is re-exported here.
 
 mod addrs;
 mod capture;
 mod checks;
 mod daemon;
+mod shared_bed;
 mod status;
 mod topology;
 mod traffic;
 mod udp_flow;
 
 pub use self::{
-    addrs::*, capture::*, checks::*, daemon::*, status::*, topology::*, traffic::*, udp_flow::*,
+    addrs::*, capture::*, checks::*, daemon::*, shared_bed::*, status::*, topology::*, traffic::*,
+    udp_flow::*,
 };

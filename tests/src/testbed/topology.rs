@@ -240,6 +240,36 @@ impl Testbed {
         );
     }
 
+    /// Undoes [`Testbed::macvlan_lan_port`]: the macvlan deleted, the LAN addresses back on the
+    /// LAN veth, its `arp_ignore` back to the kernel's default, and the LAN host's neighbour
+    /// entries for the router made again (and checked) to point at the veth. The FORWARD rules
+    /// naming the macvlan stay (they match nothing now).
+    pub fn lan_port_back_from_macvlan(&self) {
+        self.router.sh(&format!(
+            "ip link del {MACVLAN_LAN_IF}
+             ip addr add {ROUTER_LAN_V4}/24 dev {LAN_IF}
+             ip addr add {ROUTER_LAN_V6}/64 dev {LAN_IF} nodad
+             sysctl -qw net.ipv4.conf.{LAN_IF}.arp_ignore=0"
+        ));
+        self.lan.sh(&format!(
+            "ip neigh flush dev {HOST_IF}
+             ping -c1 -W2 {ROUTER_LAN_V4} >/dev/null
+             for i in 1 2 3 4 5; do ping -6 -c1 -W1 {ROUTER_LAN_V6} >/dev/null && exit 0; done
+             echo 'no IPv6 path to the LAN veth' >&2; exit 1"
+        ));
+        let veth_mac = self
+            .router
+            .sh(&format!("cat /sys/class/net/{LAN_IF}/address"));
+        let neigh = self
+            .lan
+            .sh(&format!("ip neigh show {ROUTER_LAN_V4} dev {HOST_IF}"));
+        assert!(
+            neigh.contains(veth_mac.trim()),
+            "the LAN host should resolve {ROUTER_LAN_V4} to {LAN_IF}'s MAC {}: {neigh}",
+            veth_mac.trim()
+        );
+    }
+
     /// Writes a config to the temp dir, starts `xdp-routerd run` in the router namespace, waits
     /// until `status --json` answers, and checks both interfaces are attached natively.
     pub fn start_daemon(&mut self) -> &Daemon {

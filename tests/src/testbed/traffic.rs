@@ -239,22 +239,50 @@ pub fn download(
     server: SocketAddr,
     bytes: u64,
 ) -> ((u64, [u8; 32]), (u64, [u8; 32])) {
+    download_gated(tb, server, bytes, false)
+}
+
+/// [`download`] for a download the fast path should carry: the server sends its first 64 KiB,
+/// then waits until the daemon lists the connection (`flows --json`, 10 s at most) before the
+/// rest, as [`Transfer::start_offloaded`] does for an upload.
+pub fn download_offloaded(
+    tb: &Testbed,
+    server: SocketAddr,
+    bytes: u64,
+) -> ((u64, [u8; 32]), (u64, [u8; 32])) {
+    download_gated(tb, server, bytes, true)
+}
+
+/// The first chunk a gated sender writes before it waits for the gate.
+const CHUNK: usize = 64 * 1024;
+
+fn download_gated(
+    tb: &Testbed,
+    server: SocketAddr,
+    bytes: u64,
+    gated: bool,
+) -> ((u64, [u8; 32]), (u64, [u8; 32])) {
     let listener = tb
         .wan
         .run(move || TcpListener::bind(server))
         .unwrap_or_else(|e| panic!("bind {server} in the WAN host: {e}"));
+    let (open, gate) = std::sync::mpsc::channel::<()>();
     let sender = std::thread::spawn(move || -> io::Result<(u64, [u8; 32])> {
         let (mut s, _) = listener.accept()?;
         s.set_write_timeout(Some(Duration::from_secs(20)))?;
         let mut pattern = Pattern::new(bytes ^ 0xd0);
         let mut hash = Sha256::new();
-        let mut buf = vec![0u8; 64 * 1024];
+        let mut buf = vec![0u8; CHUNK];
         let mut sent = 0u64;
         while sent < bytes {
             let n = (bytes - sent).min(buf.len() as u64) as usize;
             pattern.fill(&mut buf[..n]);
             s.write_all(&buf[..n])?;
             hash.update(&buf[..n]);
+            if gated && sent == 0 {
+                // The receiver opens the gate (or hangs up, when it gave up waiting).
+                let _ = gate.recv();
+            }
             sent += n as u64;
         }
         s.shutdown(Shutdown::Write)?;
@@ -270,6 +298,7 @@ pub fn download(
     let mut hash = Sha256::new();
     let mut buf = vec![0u8; 256 * 1024];
     let mut got = 0u64;
+    let mut open = gated.then_some(open);
     loop {
         let n = client
             .read(&mut buf)
@@ -279,6 +308,19 @@ pub fn download(
         }
         hash.update(&buf[..n]);
         got += n as u64;
+        if got >= CHUNK.min(bytes as usize) as u64
+            && let Some(open) = open.take()
+        {
+            let listed = super::checks::wait_until(Duration::from_secs(10), || {
+                tb.daemon().original_flow(server.port()).is_some()
+            });
+            assert!(
+                listed,
+                "the daemon did not list the download from {server} within 10 s: {}",
+                tb.daemon().flows_json()
+            );
+            let _ = open.send(());
+        }
     }
     let sent = sender
         .join()

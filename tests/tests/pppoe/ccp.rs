@@ -4,10 +4,32 @@
 //! its IP layer, does.
 
 use xdp_router_tests::testbed::{
-    LAN_IF, Status, Testbed, ready, udp_and_tcp_are_intact, wait_until, wan_lan_interfaces,
+    LAN_IF, Status, Testbed, check, ready, udp_and_tcp_are_intact, wait_until, wan_lan_interfaces,
 };
 
-use super::{Ccp, PPP_IF, Under, pppoe_testbed, promptly};
+use super::bed::{Ccp, PPP_IF, Session, Under, pppoe_testbed, promptly};
+
+/// An MPPE session over the Ethernet port, for both checks: left to the kernel by XDP, then
+/// fast-pathed on TC.
+#[test]
+#[ignore = "needs the pppoe and ppp_mppe modules: cargo xtask test runs it in a Debian-kernel guest"]
+fn session_with_mppe() {
+    if !ready("ccp::session_with_mppe") {
+        return;
+    }
+    let (mut tb, session) = pppoe_testbed("pc", Under::Port, Ccp::Mppe);
+    let tb = &mut tb;
+    check(
+        tb,
+        "ccp::ppp_device_with_compression_is_left_to_the_kernel_by_xdp",
+        |tb| ppp_device_with_compression_is_left_to_the_kernel_by_xdp(tb, &session),
+    );
+    check(
+        tb,
+        "ccp::ppp_device_with_compression_is_fast_pathed_on_tc",
+        |tb| ppp_device_with_compression_is_fast_pathed_on_tc(tb, &session),
+    );
+}
 
 /// `pppstats -z` of the router's PPP device, on one line.
 fn pppstats(tb: &Testbed) -> String {
@@ -45,42 +67,36 @@ fn ppp_not_accelerated_because(tb: &Testbed) -> Option<String> {
 /// ppp0 to the kernel once its compressor has run (`SIOCGPPPCSTATS`): the status gives the
 /// reason, and UDP and TCP are intact with nothing forwarded by XDP; the kernel's compressor
 /// and decompressor see every packet (and nothing leaves unencrypted).
-#[test]
-#[ignore = "needs the pppoe and ppp_mppe modules: cargo xtask test runs it in a Debian-kernel guest"]
-fn ppp_device_with_compression_is_left_to_the_kernel_by_xdp() {
-    if !ready("ccp::ppp_device_with_compression_is_left_to_the_kernel_by_xdp") {
-        return;
-    }
-    let (mut tb, session) = pppoe_testbed("pc", Under::Port, Ccp::Mppe);
-    println!("router: pppstats -z {PPP_IF}: {}", pppstats(&tb));
+fn ppp_device_with_compression_is_left_to_the_kernel_by_xdp(tb: &mut Testbed, session: &Session) {
+    println!("router: pppstats -z {PPP_IF}: {}", pppstats(tb));
     tb.start_daemon_config(&format!(
         "xdp_mode = \"native\"\n\
          [[interface]]\nname = \"{PPP_IF}\"\nrole = \"wan\"\ndatapath = \"xdp\"\n\
          [[interface]]\nname = \"{LAN_IF}\"\nrole = \"lan\"\n"
     ));
     // Traffic both ways through the kernel's compressor (the set-up's pings ran it already).
-    let (first_before, first_after) = udp_and_tcp_are_intact(&tb, 6221, "PPPoE with MPPE");
+    let (first_before, first_after) = udp_and_tcp_are_intact(tb, 6221, "PPPoE with MPPE");
     let (orig, reply) = ppp_forwarded(&first_before, &first_after);
     println!(
         "PPPoE with MPPE, from the daemon's start: UDP and TCP intact; XDP forwarded {orig} \
          original (on {LAN_IF}), {reply} reply (on {PPP_IF})"
     );
     let noticed = wait_until(promptly(), || {
-        ppp_not_accelerated_because(&tb)
+        ppp_not_accelerated_because(tb)
             .is_some_and(|w| w.contains("CCP (PPP compression or MPPE) runs on it"))
     });
     println!(
         "status: {PPP_IF}: PPPoE not accelerated: {:?}",
-        ppp_not_accelerated_because(&tb)
+        ppp_not_accelerated_because(tb)
     );
     assert!(
         noticed,
         "{PPP_IF} not left to the kernel within 10 s: {:?}; pppstats -z: {}; pppd log:\n{}",
-        ppp_not_accelerated_because(&tb),
-        pppstats(&tb),
+        ppp_not_accelerated_because(tb),
+        pppstats(tb),
         session.client_log()
     );
-    let (before, after) = udp_and_tcp_are_intact(&tb, 6223, "PPPoE with MPPE, left to the kernel");
+    let (before, after) = udp_and_tcp_are_intact(tb, 6223, "PPPoE with MPPE, left to the kernel");
     let (orig, reply) = ppp_forwarded(&before, &after);
     println!(
         "PPPoE with MPPE, after the daemon noticed: UDP 205 datagrams each way and TCP 2 MiB \
@@ -99,13 +115,7 @@ fn ppp_device_with_compression_is_left_to_the_kernel_by_xdp() {
 /// PPP layer encrypts. UDP and TCP are fast-pathed both ways and intact, the router's MPPE
 /// compressor counted at least every packet the fast path sent into ppp0 (nothing left
 /// unencrypted), and with the fast path off the kernel carries it all.
-#[test]
-#[ignore = "needs the pppoe and ppp_mppe modules: cargo xtask test runs it in a Debian-kernel guest"]
-fn ppp_device_with_compression_is_fast_pathed_on_tc() {
-    if !ready("ccp::ppp_device_with_compression_is_fast_pathed_on_tc") {
-        return;
-    }
-    let (mut tb, session) = pppoe_testbed("pm", Under::Port, Ccp::Mppe);
+fn ppp_device_with_compression_is_fast_pathed_on_tc(tb: &mut Testbed, session: &Session) {
     tb.start_daemon_config(&format!(
         "xdp_mode = \"native\"\n{}",
         wan_lan_interfaces(PPP_IF)
@@ -119,13 +129,13 @@ fn ppp_device_with_compression_is_fast_pathed_on_tc() {
     println!(
         "status: {PPP_IF}: {:?}; not accelerated: {:?}",
         on_tc(),
-        ppp_not_accelerated_because(&tb)
+        ppp_not_accelerated_because(tb)
     );
     assert!(
         bound,
         "{PPP_IF} not bound on TC within 10 s: {:?}; pppstats -z: {}; pppd log:\n{}",
-        ppp_not_accelerated_because(&tb),
-        pppstats(&tb),
+        ppp_not_accelerated_because(tb),
+        pppstats(tb),
         session.client_log()
     );
     assert!(
@@ -144,16 +154,16 @@ fn ppp_device_with_compression_is_fast_pathed_on_tc() {
     };
     for (on, port) in [(true, 6225), (false, 6227)] {
         tb.daemon().set_fastpath(on);
-        let c0 = compressed(&tb);
-        let (before, after) = udp_and_tcp_are_intact(&tb, port, "PPPoE with MPPE on TC");
-        let sent_encrypted = compressed(&tb).wrapping_sub(c0);
+        let c0 = compressed(tb);
+        let (before, after) = udp_and_tcp_are_intact(tb, port, "PPPoE with MPPE on TC");
+        let sent_encrypted = compressed(tb).wrapping_sub(c0);
         let (orig, reply) = ppp_forwarded(&before, &after);
         let path = if on { "on" } else { "off" };
         println!(
             "PPPoE with MPPE, fast path {path}: UDP 205 datagrams each way and TCP 2 MiB intact; \
              the fast path forwarded {orig} original (on {LAN_IF}, into {PPP_IF}), {reply} reply \
              (on {PPP_IF}); the MPPE compressor sent {sent_encrypted} packets; pppstats -z: {}",
-            pppstats(&tb)
+            pppstats(tb)
         );
         if on {
             assert!(

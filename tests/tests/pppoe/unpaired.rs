@@ -11,7 +11,7 @@ use xdp_router_tests::testbed::{
     traffic_is_fast_pathed, wan_lan_interfaces,
 };
 
-use super::{PPP_IF, end, ppp0_up, spawn, wan_over_ppp0};
+use super::bed::{PPP_IF, end, ppp0_up, spawn, wan_over_ppp0};
 
 /// pppd in the router, running its peer (pppd in the WAN host) over a pseudo-terminal; ended
 /// by PID on drop, which hangs the link up and so ends the peer too.

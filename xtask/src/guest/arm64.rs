@@ -125,7 +125,7 @@ pub fn prepare() -> anyhow::Result<Prepared> {
         modules: super::CORE_MODULES.to_vec(),
         path: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
         env: vec![
-            ("XDP_ROUTERD_BIN", "/usr/sbin/xdp-routerd".into()),
+            ("XDP_ROUTERD_BIN", format!("/{}", dist::DAEMON_PATH)),
             (
                 "XDP_ROUTER_SKIP_LOG",
                 guest.join("skips").to_string_lossy().into_owned(),
@@ -134,18 +134,9 @@ pub fn prepare() -> anyhow::Result<Prepared> {
             ("XDP_ROUTER_TIME_SCALE", "5".into()),
         ],
         cwd: guest.to_owned(),
-        setup: vec![
-            format!("dpkg -i {}", guest_deb.display()),
-            "xdp-routerd --version".into(),
-            "xdp-routerd check-system".into(),
-        ],
+        setup: super::install_package(&guest_deb),
         runs,
-        teardown: vec![
-            "dpkg --purge xdp-router".into(),
-            "test ! -e /usr/sbin/xdp-routerd".into(),
-            "test ! -e /etc/xdp-router".into(),
-            "test ! -e /lib/systemd/system/xdp-routerd.service".into(),
-        ],
+        teardown: super::purge_package(),
     };
     println!(
         "arm64 guest: will boot {} under qemu-system-aarch64 to install {} and run the \
@@ -169,7 +160,7 @@ pub fn prepare() -> anyhow::Result<Prepared> {
         "--memory".into(),
         "3G".into(),
     ];
-    for dir in ["/etc", "/usr", "/var"] {
+    for dir in super::PACKAGE_OVERLAYS {
         args.extend(["--overlay-rwdir".into(), dir.into()]);
     }
     Ok(Prepared {

@@ -159,14 +159,14 @@ fn fetch_into(dir: &Path) -> anyhow::Result<()> {
     }
 }
 
-/// Sets up the boot that runs check-system and the Debian 12 guest's core end-to-end tests
-/// against `daemon` on Ubuntu 22.04's kernel.
-pub fn prepare(daemon: &Path) -> anyhow::Result<Prepared> {
+/// Sets up the boot that installs the amd64 package and runs its check-system and the Debian
+/// 12 guest's core end-to-end tests on Ubuntu 22.04's kernel.
+pub fn prepare() -> anyhow::Result<Prepared> {
     let kernel = kernel().context(
         "no Ubuntu 22.04 kernel (5.15) with 8021q in /boot: run `cargo xtask setup` \
          (it fetches linux-image-unsigned-5.15.0-<N>-generic from archive.ubuntu.com)",
     )?;
-    super::deb12::prepare_core(daemon, kernel, "jammy", "Ubuntu 22.04 guest")
+    super::deb12::prepare_core(kernel, "jammy", "Ubuntu 22.04 guest")
 }
 
 #[cfg(test)]

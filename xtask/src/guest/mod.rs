@@ -69,6 +69,38 @@ pub const CORE_MODULES: &[&str] = &[
     "sch_ingress",
 ];
 
+/// The directories where a guest installing the package writes (dpkg's database, the binary,
+/// the unit, the config), given to `vng` as `--overlay-rwdir`: writable in the guest, their
+/// changes gone with it. The root it shares stays untouched (the amd64-hosted guests share this
+/// machine's).
+pub const PACKAGE_OVERLAYS: [&str; 3] = ["/etc", "/usr", "/var"];
+
+/// A guest's setup that installs the package `deb` (a path the guest sees) with dpkg, as
+/// `apt install ./xdp-router_*.deb` would on a router, then runs the installed daemon:
+/// `--version` and `check-system`. man-db's trigger is switched off first (its documented
+/// switch, the file `/var/lib/man-db/auto-update`): on a guest sharing this machine's root it
+/// re-indexed every man page there, minutes under emulation.
+pub fn install_package(deb: &Path) -> Vec<String> {
+    let daemon = format!("/{}", crate::dist::DAEMON_PATH);
+    vec![
+        "rm -f /var/lib/man-db/auto-update".into(),
+        format!("dpkg -i {}", quote(&deb.to_string_lossy())),
+        format!("{daemon} --version"),
+        format!("{daemon} check-system"),
+    ]
+}
+
+/// A guest's teardown that purges the package and checks it left nothing behind.
+pub fn purge_package() -> Vec<String> {
+    use crate::dist::{DAEMON_PATH, PACKAGE, UNIT_PATH};
+    vec![
+        format!("dpkg --purge {PACKAGE}"),
+        format!("test ! -e /{DAEMON_PATH}"),
+        "test ! -e /etc/xdp-router".into(),
+        format!("test ! -e /{UNIT_PATH}"),
+    ]
+}
+
 /// `vng`'s arguments that boot `kernel` emulated (no KVM here) with 2 CPUs and 4 GiB, as
 /// every amd64-hosted guest boots.
 pub fn vng_boot_args(kernel: std::path::PathBuf) -> Vec<std::ffi::OsString> {
