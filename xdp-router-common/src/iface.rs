@@ -1,6 +1,7 @@
 //! The interfaces' part of the map ABI: `IFACES` values ([`IfaceInfo`] and its flags) and the
 //! keys of the VLAN and PPPoE maps. Re-exported at the crate root.
 
+use crate::MAX_IFACE_SLOTS;
 // What the doc comments link to.
 #[cfg(doc)]
 use crate::*;
@@ -119,15 +120,19 @@ pub const IFACE_F_L3: u32 = 1 << 17;
 /// to the TC fast path on an [`IFACE_F_TC_HANDOFF`] interface.
 pub const XDP_TC_HANDOFF: u32 = 0x7c68_0ff0;
 
-/// Entries of [`MAP_IFACES`], an array indexed by ifindex (host order): the kernel inlines its
-/// lookup into the program, where a hash lookup costs a jhash of the key and a compare on every
-/// packet, at ingress and again at egress. The daemon manages no interface with an ifindex
-/// from this on (one line in its log says so; deleting and recreating the device gives it a
-/// lower one). Ifindexes are counted per network namespace from 1 and not reused until they
-/// wrap: 4,096 is a PPP device reconnected daily for eleven years, and a host that creates
-/// containers' devices in the router's namespace by the thousand may reach it sooner. A
-/// larger array costs 40 bytes of kernel memory per entry.
-pub const IFACES_ARRAY_LEN: u32 = 4096;
+/// Interfaces whose ifindex is below this are found in [`MAP_IFACES`] at index ifindex: the
+/// kernel inlines an array lookup into the program, where a hash lookup costs a jhash of the
+/// key and a compare on every packet, at ingress and again at egress. Ifindexes are counted
+/// per network namespace from 1 and not reused until they wrap, so a long-running router may
+/// pass this (a PPP device reconnected every day takes a new one each time; containers' and
+/// VPN clients' devices too): an interface from this ifindex on has an entry in
+/// [`MAP_IFACES_HIGH`] that gives its index in the array, one hash lookup more per packet.
+pub const IFACES_DIRECT: u32 = 4096;
+
+/// Entries of [`MAP_IFACES`]: [`IFACES_DIRECT`] indexed by ifindex, then one per interface
+/// with a larger ifindex (there are at most [`MAX_IFACE_SLOTS`] managed interfaces), 40 bytes
+/// of kernel memory each.
+pub const IFACES_ARRAY_LEN: u32 = IFACES_DIRECT + MAX_IFACE_SLOTS;
 
 /// Value of [`MAP_IFACES`] at index ifindex: a managed interface.
 #[repr(C)]

@@ -11,9 +11,9 @@ use aya::{
 use xdp_router_common::{
     BridgeVlanKey, Counter, FdbKey, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
     GLOBAL_FIB_FLAGS, GLOBAL_XDP_META, HostCounters, IfaceMap, MAP_BRIDGE_FDB, MAP_BRIDGE_VLANS,
-    MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_HOST_TRAFFIC, MAP_IFACES, MAP_PPPOE, MAP_SETTINGS, MAP_STATS,
-    MAP_TX_PORTS, MAP_VLANS, PROG_NAME, PppoeKey, SETTINGS_F_DSCP_REWRITE, SETTINGS_F_FIB_MARK,
-    SETTINGS_F_HOLD_ALL, Settings, VlanKey,
+    MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_HOST_TRAFFIC, MAP_IFACES, MAP_IFACES_HIGH, MAP_PPPOE,
+    MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAP_VLANS, PROG_NAME, PppoeKey, SETTINGS_F_DSCP_REWRITE,
+    SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL, Settings, VlanKey,
 };
 
 use xdp_routerd::{
@@ -115,7 +115,10 @@ pub fn load_with(object: &[u8], fib_flags: u32, xdp_meta: bool) -> (Ebpf, Maps) 
     let maps = Maps {
         flows_v4: take(&mut ebpf, MAP_FLOWS_V4),
         flows_v6: take(&mut ebpf, MAP_FLOWS_V6),
-        ifaces: IfaceMap::new(take(&mut ebpf, MAP_IFACES)),
+        ifaces: IfaceMap::new(
+            take(&mut ebpf, MAP_IFACES),
+            take(&mut ebpf, MAP_IFACES_HIGH),
+        ),
         tx_ports: take(&mut ebpf, MAP_TX_PORTS),
         fdb: take(&mut ebpf, MAP_BRIDGE_FDB),
         bridge_vlans: ebpf

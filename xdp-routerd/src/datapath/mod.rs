@@ -23,8 +23,8 @@ use tracing::warn;
 use xdp_router_common::{
     ARM_L3_PROG_NAME, ARM_PROG_NAME, GLOBAL_XDP_META, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT,
     IFACE_F_GENERIC_XDP, IFACE_F_L3, IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER,
-    IFACE_F_TC_HANDOFF, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IFACES_ARRAY_LEN, IfaceInfo, IfaceMap,
-    MAP_HOST_TRAFFIC, MAP_IFACES, MAP_TX_PORTS, STAMP_PROG_NAME, TC_PROG_NAME,
+    IFACE_F_TC_HANDOFF, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, IfaceMap, MAP_HOST_TRAFFIC,
+    MAP_IFACES, MAP_IFACES_HIGH, MAP_TX_PORTS, STAMP_PROG_NAME, TC_PROG_NAME,
 };
 
 use crate::kernel_features::{self, Feature, KernelFeatures};
@@ -98,13 +98,9 @@ const DATAPATH_FLAGS: u32 = IFACE_F_BRIDGE
     | IFACE_F_TC_HANDOFF
     | IFACE_F_L3;
 
-/// The error of an `IFACES` insert for the interface `name`: one whose ifindex is beyond the
-/// array is not managed (see `IFACES_ARRAY_LEN`).
+/// The error of an `IFACES` insert for the interface `name`.
 fn cannot_add_iface(name: &str) -> String {
-    format!(
-        "{name}: cannot add to {MAP_IFACES} (managed interfaces need an ifindex below \
-         {IFACES_ARRAY_LEN}: delete and recreate the device for a lower one)"
-    )
+    format!("{name}: cannot add to {MAP_IFACES}")
 }
 
 /// Takes the map `name` out of `ebpf` as the typed handle `T` (once: the map is gone after).
@@ -218,7 +214,10 @@ impl Datapath {
             }
         };
         let mut dp = Datapath {
-            ifaces: IfaceMap::new(take(&mut ebpf, MAP_IFACES)?),
+            ifaces: IfaceMap::new(
+                take(&mut ebpf, MAP_IFACES)?,
+                take(&mut ebpf, MAP_IFACES_HIGH)?,
+            ),
             tx_ports: take(&mut ebpf, MAP_TX_PORTS)?,
             flows: flows::FlowMaps::take(&mut ebpf, flow_capacity)?,
             host_traffic: hosts::HostTrafficMap::take(&mut ebpf)?,
