@@ -199,6 +199,7 @@ fn judge(
                 kinds: facts.kinds.iter().copied().collect(),
                 not_held_because: why(&facts.excluded),
                 flows: facts.flows.clone(),
+                held_connections: None,
             });
         }
     }
