@@ -27,8 +27,6 @@ use xdp_router_tests::testbed::{
 const PAYLOAD: u64 = 100_000_000;
 /// Ethernet header of the frames on the router's LAN port (no VLAN tag).
 const ETH_HLEN: u64 = 14;
-/// Where the daemon serves /metrics inside the router namespace (the default).
-const METRICS: &str = "127.0.0.1:9824";
 
 /// IP bytes and packets of everything the router's LAN port received between two snapshots.
 fn lan_wire(before: &Snapshot, after: &Snapshot) -> (u64, u64) {
@@ -121,17 +119,7 @@ fn flow_row(tb: &Testbed, port: u16) -> Value {
 /// The LAN host's `xdp_router_host_transmit_bytes_total` in /metrics (an HTTP/1.0 GET from
 /// inside the router namespace); 0 while the host has no series (no connection offloaded yet).
 fn host_transmit_bytes(tb: &Testbed) -> u64 {
-    let out = tb
-        .router
-        .run(|| -> std::io::Result<String> {
-            let mut s = TcpStream::connect(METRICS)?;
-            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-            let mut out = String::new();
-            s.read_to_string(&mut out)?;
-            Ok(out)
-        })
-        .expect("GET /metrics");
-    assert!(out.starts_with("HTTP/1.0 200"), "{out}");
+    let out = tb.metrics();
     let prefix = format!("xdp_router_host_transmit_bytes_total{{host=\"{LAN_HOST_V4}\"}} ");
     out.lines()
         .find_map(|l| l.strip_prefix(&prefix))

@@ -9,6 +9,8 @@
 //! - an OpenWrt fw4-style nftables ruleset (verdict map on `ct state` first, zone chains,
 //!   limited logs in the reject chains, each given a counter): ≥ 90 %, every log rule's
 //!   counter the same in both runs;
+//! - firewalld's ruleset for a router (captured from firewalld 1.3: zones external and
+//!   internal, a policy between them, `LogDenied=all`), each log given a counter: the same;
 //! - the negative controls: the LOG rule first in FORWARD, and a counted log before fw4's
 //!   verdict map, hold the flows (nothing fast-pathed, `status` says held) and count the same
 //!   packets as with the fast path off.
@@ -303,6 +305,10 @@ fn a_log_rule_before_the_established_accept_holds_the_flows() {
 /// limited logs in the reject chains, MSS clamping), each log rule given a counter first.
 const FW4: &str = include_str!("../../xdp-routerd/src/sync/testdata/fw4_style.nft");
 
+/// firewalld's router ruleset, as firewalld itself wrote it (see
+/// [`a_firewalld_ruleset_lets_the_fast_path_carry_flows`]).
+const FIREWALLD: &str = include_str!("../../xdp-routerd/src/sync/testdata/firewalld_router.nft");
+
 /// Packets the `counter` statements of rule `position` (1-based) of `chain` in the nftables
 /// `family` `table` counted; `None` when it has no counter.
 fn nft_rule_packets(
@@ -329,19 +335,18 @@ fn nft_rule_packets(
     (!counters.is_empty()).then(|| counters.iter().sum())
 }
 
-/// The fw4-style ruleset: nothing established packets reach must see every packet, so a NATed
-/// TCP transfer is ≥ 90 % fast-pathed, and each of its logging rules counts what it counted
-/// with the kernel alone (0: they sit behind the verdict map's established accept).
-#[test]
-fn an_fw4_ruleset_lets_the_fast_path_carry_flows() {
-    if !ready("an_fw4_ruleset_lets_the_fast_path_carry_flows") {
-        return;
-    }
-    let mut tb = Testbed::new("rch5");
-    let ruleset = FW4.replace(
-        "limit name \"wan.log_limit\" log",
-        "counter limit name \"wan.log_limit\" log",
-    );
+/// Loads the nftables `ruleset` into the router (`tag`), starts the daemon, and runs the same
+/// NATed TCP transfer fast path off (to `ports.0`), then on (`ports.1`): ≥ 90 % fast-pathed,
+/// and each of its log rules (every one of them holding nothing, at least `min_logs`) counts
+/// what it counted with the kernel alone.
+fn nft_ruleset_accelerated(
+    what: &str,
+    tag: &str,
+    ruleset: &str,
+    min_logs: usize,
+    ports: (u16, u16),
+) {
+    let mut tb = Testbed::new(tag);
     tb.router.sh(&format!("nft -f - <<'EOF'\n{ruleset}EOF"));
     tb.start_daemon();
     let st = rules_read(&tb);
@@ -353,8 +358,8 @@ fn an_fw4_ruleset_lets_the_fast_path_carry_flows() {
         .filter(|r| r.kinds.iter().any(|k| k == "log"))
         .collect();
     assert!(
-        logs.len() >= 3 && logs.iter().all(|r| r.not_held_because.is_some()),
-        "fw4's log rules, each holding nothing: {:?}",
+        logs.len() >= min_logs && logs.iter().all(|r| r.not_held_because.is_some()),
+        "{what}'s log rules, each holding nothing: {:?}",
         st.per_packet.rules
     );
     let counters = |tb: &Testbed| -> BTreeMap<String, u64> {
@@ -367,7 +372,7 @@ fn an_fw4_ruleset_lets_the_fast_path_carry_flows() {
             .collect()
     };
     let mut runs = Vec::new();
-    for (port, on) in [(6441, false), (6442, true)] {
+    for (port, on) in [(ports.0, false), (ports.1, true)] {
         let before = counters(&tb);
         let run = tcp_run(&tb, &st, port, on);
         let after = counters(&tb);
@@ -376,14 +381,44 @@ fn an_fw4_ruleset_lets_the_fast_path_carry_flows() {
             .map(|(k, n)| (k.clone(), n - before[k]))
             .collect();
         eprintln!(
-            "fw4 log rules, fast path {}: {seen:?}",
+            "{what} log rules, fast path {}: {seen:?}",
             if on { "on" } else { "off" }
         );
         runs.push((run, seen));
     }
     let ((off, off_logs), (on, on_logs)) = (&runs[0], &runs[1]);
-    assert_accelerated_and_equal("fw4", off, on);
-    assert_eq!(on_logs, off_logs, "fw4's log rules, fast path on vs off");
+    assert_accelerated_and_equal(what, off, on);
+    assert_eq!(on_logs, off_logs, "{what}'s log rules, fast path on vs off");
+}
+
+/// The fw4-style ruleset: nothing established packets reach must see every packet, so a NATed
+/// TCP transfer is ≥ 90 % fast-pathed, and each of its logging rules counts what it counted
+/// with the kernel alone (0: they sit behind the verdict map's established accept).
+#[test]
+fn an_fw4_ruleset_lets_the_fast_path_carry_flows() {
+    if !ready("an_fw4_ruleset_lets_the_fast_path_carry_flows") {
+        return;
+    }
+    let ruleset = FW4.replace(
+        "limit name \"wan.log_limit\" log",
+        "counter limit name \"wan.log_limit\" log",
+    );
+    nft_ruleset_accelerated("fw4", "rch5", &ruleset, 3, (6441, 6442));
+}
+
+/// firewalld's own ruleset for a router (`xdp-routerd/src/sync/testdata/firewalld_router.nft`,
+/// captured from Debian 12's firewalld 1.3 by `capture_rulesets.sh`: the WAN in zone external,
+/// masquerading, the LAN in internal, a policy accepting internal → external, `LogDenied=all`),
+/// each log statement given a counter: its logs sit behind `ct state { established, related }
+/// accept`, except the IPv6 reverse-path filter's, which drops what it logs. A NATed TCP
+/// transfer is ≥ 90 % fast-pathed, every log rule counts what it counted with the kernel alone.
+#[test]
+fn a_firewalld_ruleset_lets_the_fast_path_carry_flows() {
+    if !ready("a_firewalld_ruleset_lets_the_fast_path_carry_flows") {
+        return;
+    }
+    let ruleset = FIREWALLD.replace("log prefix", "counter log prefix");
+    nft_ruleset_accelerated("firewalld", "rch7", &ruleset, 7, (6451, 6452));
 }
 
 /// Negative control: fw4's ruleset with a counted, rate-limited log of every forwarded packet

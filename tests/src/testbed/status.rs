@@ -171,6 +171,10 @@ pub struct PerPacketRuleSummary {
     /// The connections it can match (`{"terms": […]}`), absent when it can match every one.
     #[serde(default)]
     pub flows: Option<serde_json::Value>,
+    /// How many connections it holds in the kernel (a narrowed rule while the others are
+    /// offloaded).
+    #[serde(default)]
+    pub held_connections: Option<u64>,
 }
 
 /// The `ruleset` object of `status --json`.

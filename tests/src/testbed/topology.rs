@@ -340,6 +340,24 @@ impl Testbed {
         self.daemon.as_ref().expect("start_daemon() first")
     }
 
+    /// `/metrics` as the daemon serves it at its default address (127.0.0.1:9824) in the router
+    /// namespace: the whole HTTP/1.0 answer, whose status line is checked.
+    pub fn metrics(&self) -> String {
+        use std::io::{Read as _, Write as _};
+        let out = self
+            .router
+            .run(|| -> std::io::Result<String> {
+                let mut s = std::net::TcpStream::connect("127.0.0.1:9824")?;
+                s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+                let mut out = String::new();
+                s.read_to_string(&mut out)?;
+                Ok(out)
+            })
+            .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
+        assert!(out.starts_with("HTTP/1.0 200"), "{out}");
+        out
+    }
+
     /// Counters from everywhere the tests look: daemon status, router veth rx_packets and the
     /// FORWARD chains' ESTABLISHED rule.
     pub fn snapshot(&self) -> Snapshot {

@@ -21,6 +21,8 @@ struct OnePort {
     limited_sent_pps: f64,
     /// LAN packets of the rule's port's stream that XDP forwarded.
     limited_fwd: u64,
+    /// The connections `status` says the hashlimit rule holds, and the same from `/metrics`.
+    rule_held: (Option<u64>, Option<f64>),
 }
 
 /// A hashlimit DROP rule first in FORWARD for UDP to `ports.0` (`dport`) or to every port,
@@ -99,6 +101,7 @@ fn one_port_run(test: &str, tag: &str, ports: (u16, u16), dport: bool) -> Option
         limited_pps: delivered as f64 / elapsed,
         limited_sent_pps: sent as f64 / elapsed,
         limited_fwd: after.packets_since(&before, LAN_IF, "forwarded_original"),
+        rule_held: rule_held(&tb),
     };
     let status = tb.daemon().ctl(&["status"]).unwrap_or_default();
     eprintln!(
@@ -123,6 +126,24 @@ fn one_port_run(test: &str, tag: &str, ports: (u16, u16), dport: bool) -> Option
     Some(r)
 }
 
+/// The connections `status` and `/metrics` say the hashlimit rule (FORWARD rule 1) holds.
+fn rule_held(tb: &Testbed) -> (Option<u64>, Option<f64>) {
+    let st = tb.daemon().status();
+    let status = st
+        .per_packet
+        .rules
+        .iter()
+        .find(|r| r.kinds.iter().any(|k| k == "hashlimit"))
+        .and_then(|r| r.held_connections);
+    let series =
+        "xdp_router_ruleset_per_packet_rule_held_connections{rule=\"ip filter FORWARD rule 1\"} ";
+    let metrics = tb
+        .metrics()
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok());
+    (status, metrics)
+}
+
 /// `-p udp --dport P -m hashlimit … -j DROP` before the ESTABLISHED accept holds only the
 /// connections to port P: a stream to another port is fast-pathed, the stream to P is limited
 /// by the kernel as without the fast path.
@@ -142,6 +163,11 @@ fn a_hashlimit_on_one_port_leaves_other_ports_fast_pathed() {
     );
     assert_limited(r.limited_sent_pps, r.limited_pps);
     assert_eq!(r.limited_fwd, 0, "the rule's port was fast-pathed");
+    assert_eq!(
+        r.rule_held,
+        (Some(1), Some(1.0)),
+        "the connections status and /metrics say the rule holds"
+    );
 }
 
 /// The negative control: the same rule for UDP to every port holds the other port's stream
@@ -160,4 +186,9 @@ fn a_hashlimit_on_every_udp_port_holds_every_udp_stream() {
         "a stream the rule matches was fast-pathed"
     );
     assert_eq!(r.limited_fwd, 0);
+    assert_eq!(
+        r.rule_held,
+        (Some(2), Some(2.0)),
+        "the connections status and /metrics say the rule holds"
+    );
 }

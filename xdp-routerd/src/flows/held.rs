@@ -82,14 +82,46 @@ impl FlowManager {
         released
     }
 
-    /// How many parked connections a rule that must see every packet holds.
-    pub fn held_len(&self) -> usize {
+    /// How many parked connections the rules that must see every packet hold: in all, and for
+    /// each rule's match (a connection two rules can match counts for both).
+    pub fn held_counts(&self) -> HeldCounts {
+        let mut counts = HeldCounts {
+            total: 0,
+            by_match: self.held.iter().map(|m| (m.clone(), 0)).collect(),
+        };
         if self.held.is_empty() {
-            return 0;
+            return counts;
         }
-        self.parked
-            .values()
-            .filter(|e| self.is_held(&e.orig, &e.reply))
-            .count()
+        for e in self.parked.values() {
+            let c = self.held_counters.get(&e.orig);
+            let mut held = false;
+            for (m, n) in &mut counts.by_match {
+                if m.may_match(&e.orig, &e.reply) && !c.is_some_and(|c| m.past_bound(c)) {
+                    *n += 1;
+                    held = true;
+                }
+            }
+            counts.total += u64::from(held);
+        }
+        counts
+    }
+}
+
+/// What [`FlowManager::held_counts`] counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldCounts {
+    /// Connections held by at least one rule.
+    pub total: u64,
+    /// Connections held by each match of [`FlowManager::set_held`]'s list.
+    pub by_match: Vec<(FlowMatch, u64)>,
+}
+
+impl HeldCounts {
+    /// The connections the rule narrowed to `flows` holds (0 for a match not in the list).
+    pub fn of(&self, flows: &FlowMatch) -> u64 {
+        self.by_match
+            .iter()
+            .find(|(m, _)| m == flows)
+            .map_or(0, |(_, n)| *n)
     }
 }

@@ -30,6 +30,7 @@ use map_entries::{Plan, read_traffic, remove_entries};
 use stored::{Conns, Stored, TupleV4, TupleV6};
 use upsert::OncePerInterval;
 
+pub use held::HeldCounts;
 pub use keepalive::Active;
 pub use map_entries::{ArmKey, DirKey};
 pub use resync::release_freed_memory;

@@ -24,8 +24,11 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    dscp_rewrite::DscpRewrites, flow_match::FlowMatch, rule_origin::RuleOrigin,
-    rule_reach::NotHeld, verdict_expiry::ExpiringRule,
+    dscp_rewrite::DscpRewrites,
+    flow_match::FlowMatch,
+    rule_origin::{RuleOrigin, RulePlace},
+    rule_reach::NotHeld,
+    verdict_expiry::ExpiringRule,
 };
 
 /// What a rule does per packet that XDP cannot.
@@ -149,9 +152,23 @@ pub struct PerPacketRule {
     /// it).
     #[serde(default, skip_serializing_if = "FlowMatch::is_every_flow")]
     pub flows: FlowMatch,
+    /// In `status` only: how many connections it holds in the kernel now, for a narrowed rule
+    /// that holds flows while the others are offloaded (`None` in a read of the ruleset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_connections: Option<u64>,
 }
 
 impl PerPacketRule {
+    /// Where it is: `ip filter FORWARD rule 1`.
+    pub fn place(&self) -> RulePlace {
+        RulePlace {
+            origin: self.origin,
+            table: self.table.clone(),
+            chain: self.chain.clone(),
+            position: self.position,
+        }
+    }
+
     /// Whether it holds flows in the kernel.
     pub fn holds(&self) -> bool {
         self.not_held_because.is_none()
@@ -162,15 +179,7 @@ impl fmt::Display for PerPacketRule {
     /// `ip filter FORWARD rule 1 uses hashlimit`, `… uses log on l4proto tcp dport 22`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kinds: Vec<&str> = self.kinds.iter().map(|k| k.name()).collect();
-        write!(
-            f,
-            "{} {} {} rule {} uses {}",
-            self.origin.name(),
-            self.table,
-            self.chain,
-            self.position,
-            kinds.join(" and ")
-        )?;
+        write!(f, "{} uses {}", self.place(), kinds.join(" and "))?;
         if !self.flows.is_every_flow() {
             write!(f, " on {}", self.flows)?;
         }
@@ -278,6 +287,7 @@ mod tests {
             kinds,
             not_held_because: None,
             flows: FlowMatch::default(),
+            held_connections: None,
         }
     }
 

@@ -137,6 +137,11 @@ pub enum NotHeld {
         through: RulePlace,
         states: CtStates,
     },
+    /// The rule drops (or rejects) every packet it logs, and its tests before the log are the
+    /// same for every packet of a connection's direction (addresses, ports, protocols,
+    /// interfaces, a route lookup): the kernel drops a direction whose packets reach the log,
+    /// so the fast path never carries one, and a direction it carries never reaches the log.
+    DropsWhatItLogs,
 }
 
 impl fmt::Display for NotHeld {
@@ -151,6 +156,10 @@ impl fmt::Display for NotHeld {
             NotHeld::Through { through, states } => write!(
                 f,
                 "reached only through {through}, which matches ct state {states} only"
+            ),
+            NotHeld::DropsWhatItLogs => write!(
+                f,
+                "drops what it logs, on tests that are the same for a whole connection"
             ),
         }
     }

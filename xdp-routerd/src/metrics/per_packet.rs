@@ -57,6 +57,15 @@ pub(super) fn encode(s: &Status, enc: &mut DescriptorEncoder) -> Result<(), fmt:
     )?;
     gauges(
         enc,
+        "ruleset_per_packet_rule_held_connections",
+        "Of those, the connections each narrowed rule can match, by the rule's place (a connection two rules can match counts for both).",
+        None,
+        p.rules
+            .iter()
+            .filter_map(|r| Some((vec![("rule", r.place().to_string())], r.held_connections?))),
+    )?;
+    gauges(
+        enc,
         "ruleset_dscp_rewrite_rules",
         "Firewall rules that set a DSCP, in chains that forwarded packets traverse.",
         None,

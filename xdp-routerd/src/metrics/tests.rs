@@ -151,6 +151,7 @@ fn sample_status() -> Status {
                     kinds: vec![PerPacketKind::Hashlimit],
                     flows: Default::default(),
                     not_held_because: None,
+                    held_connections: None,
                 },
                 PerPacketRule {
                     origin: RuleOrigin::NftInet,
@@ -160,6 +161,7 @@ fn sample_status() -> Status {
                     kinds: vec![PerPacketKind::Limit, PerPacketKind::Log],
                     flows: Default::default(),
                     not_held_because: None,
+                    held_connections: Some(2),
                 },
                 PerPacketRule {
                     origin: RuleOrigin::LegacyIpv4,
@@ -171,6 +173,7 @@ fn sample_status() -> Status {
                     not_held_because: Some(NotHeld::CtState {
                         states: [CtState::New].into_iter().collect(),
                     }),
+                    held_connections: None,
                 },
             ],
             unreadable: vec![],
@@ -357,6 +360,17 @@ fn encodes_every_family_with_values_from_the_status() {
     assert_eq!(
         value(&t, "xdp_router_ruleset_per_packet_held_connections"),
         3.0
+    );
+    assert_eq!(
+        value(
+            &t,
+            r#"xdp_router_ruleset_per_packet_rule_held_connections{rule="inet fw forward rule 3"}"#
+        ),
+        2.0
+    );
+    assert!(
+        !t.contains(r#"rule_held_connections{rule="ip filter FORWARD rule 1"}"#),
+        "a rule without a count has no series"
     );
     assert_eq!(value(&t, "xdp_router_ruleset_unreadable"), 0.0);
     assert_eq!(value(&t, "xdp_router_ruleset_dscp_rewrite_rules"), 1.0);

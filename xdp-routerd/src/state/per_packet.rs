@@ -106,11 +106,19 @@ impl State<Datapath> {
 
     /// `status`'s view.
     pub(super) fn per_packet_status(&self) -> PerPacketStatus {
-        let found = self.per_packet.found.clone().unwrap_or_default();
+        let mut found = self.per_packet.found.clone().unwrap_or_default();
+        let held = self.flows.held_counts();
+        if !self.dp.hold_all() {
+            for r in &mut found.rules {
+                if r.holds() && !r.flows.is_every_flow() {
+                    r.held_connections = Some(held.of(&r.flows));
+                }
+            }
+        }
         PerPacketStatus {
             mode: self.per_packet.mode,
             held: self.dp.hold_all(),
-            held_connections: self.flows.held_len() as u64,
+            held_connections: held.total,
             reading: self.per_packet.reading || self.per_packet.found.is_none(),
             rules: found.rules,
             unreadable: found.unreadable,

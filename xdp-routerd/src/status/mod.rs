@@ -181,7 +181,10 @@ impl PerPacketStatus {
             .rules
             .iter()
             .filter(|r| r.holds())
-            .map(ToString::to_string)
+            .map(|r| match r.held_connections {
+                Some(n) => format!("{r} ({n} held)"),
+                None => r.to_string(),
+            })
             .collect();
         what.extend(
             self.unreadable
@@ -581,6 +584,7 @@ mod tests {
             kinds: vec![PerPacketKind::Hashlimit],
             flows: Default::default(),
             not_held_because: None,
+            held_connections: None,
         });
         assert_eq!(
             p.line().as_deref(),
@@ -604,6 +608,7 @@ mod tests {
                     position: 2,
                 },
             }),
+            held_connections: None,
         });
         assert_eq!(
             p.line().as_deref(),
@@ -650,6 +655,52 @@ mod tests {
         );
         let json = serde_json::to_string(&p).unwrap();
         assert!(json.contains(r#""mode":"ignore""#), "{json}");
+    }
+
+    #[test]
+    fn the_per_packet_line_says_how_many_connections_each_narrowed_rule_holds() {
+        use crate::flows::{
+            flow_match::{FlowMatch, FlowTerm, Side},
+            per_packet::PerPacketKind,
+            rule_origin::RuleOrigin,
+        };
+        let rule = |position, port, held| PerPacketRule {
+            origin: RuleOrigin::NftIp,
+            table: "filter".into(),
+            chain: "FORWARD".into(),
+            position,
+            kinds: vec![PerPacketKind::Hashlimit],
+            flows: FlowMatch {
+                terms: vec![
+                    FlowTerm::Proto {
+                        protos: vec![17],
+                        negated: false,
+                    },
+                    FlowTerm::Port {
+                        side: Side::Destination,
+                        ranges: vec![(port, port)],
+                        negated: false,
+                    },
+                ],
+            },
+            not_held_because: None,
+            held_connections: Some(held),
+        };
+        let p = PerPacketStatus {
+            held_connections: 3,
+            rules: vec![rule(1, 6111, 1), rule(2, 53, 2)],
+            ..PerPacketStatus::default()
+        };
+        assert_eq!(
+            p.line().as_deref(),
+            Some(
+                "3 connection(s) held in the kernel, the ones these rules can match: ip filter \
+                 FORWARD rule 1 uses hashlimit on l4proto udp dport 6111 (1 held), ip filter \
+                 FORWARD rule 2 uses hashlimit on l4proto udp dport 53 (2 held)"
+            )
+        );
+        let json = serde_json::to_value(&p).unwrap();
+        assert_eq!(json["rules"][1]["held_connections"], 2, "{json}");
     }
 
     #[test]

@@ -14,6 +14,36 @@ use crate::flows::flow_match::{
 const TCP: u8 = 6;
 const UDP: u8 = 17;
 
+/// Whether the nftables `match` `m` gives the same answer for every packet of a connection's
+/// direction while the ruleset and the routes stay: its left side is an address, port or
+/// protocol field, the address family, an interface, a route lookup (`fib`, whose answer the
+/// fast path's verdict expiry re-asks), or a concatenation of those.
+pub(super) fn is_flow_constant(m: &Value) -> bool {
+    m.get("left").is_some_and(constant_expr)
+}
+
+fn constant_expr(v: &Value) -> bool {
+    let Some((key, inner)) = v.as_object().and_then(|o| o.iter().next()) else {
+        return false;
+    };
+    let field = |name: &str| inner.get(name).and_then(Value::as_str);
+    match key.as_str() {
+        "payload" => matches!(
+            field("field"),
+            Some("saddr" | "daddr" | "sport" | "dport" | "protocol" | "nexthdr")
+        ),
+        "meta" => matches!(
+            field("key"),
+            Some("nfproto" | "l4proto" | "protocol" | "iifname" | "oifname" | "iif" | "oif")
+        ),
+        "fib" => true,
+        "concat" => inner
+            .as_array()
+            .is_some_and(|a| a.iter().all(constant_expr)),
+        _ => false,
+    }
+}
+
 /// The terms of one nftables `match` expression (the object inside `{"match": …}`), an
 /// upper bound on conntrack's counters among them ([`nft_counter_bound`]); empty when it is
 /// not a test this reads.

@@ -65,6 +65,9 @@ struct RuleFacts {
     never_established: Option<CtStates>,
     /// The connections its flow-constant tests before its first per-packet part can match.
     flows: FlowMatch,
+    /// It drops every packet it logs, on flow-constant tests (see
+    /// [`NotHeld::DropsWhatItLogs`]).
+    drops_what_it_logs: bool,
 }
 
 /// A rule's parts folded in the order the kernel evaluates them.
@@ -130,6 +133,7 @@ impl Parts {
             expiring: self.expiring,
             never_established: self.never_established,
             flows: self.flows,
+            drops_what_it_logs: false,
         }
     }
 }
@@ -197,8 +201,10 @@ fn judge(
                 chain,
                 position: i as u32 + 1,
                 kinds: facts.kinds.iter().copied().collect(),
-                not_held_because: why(&facts.excluded),
+                not_held_because: why(&facts.excluded)
+                    .or_else(|| facts.drops_what_it_logs.then_some(NotHeld::DropsWhatItLogs)),
                 flows: facts.flows.clone(),
+                held_connections: None,
             });
         }
     }

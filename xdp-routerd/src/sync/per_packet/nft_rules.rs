@@ -150,7 +150,32 @@ fn nft_rule(expr: &Value, table: &NftTable, save: Option<&[String]>, ct_known: b
         }),
     };
     leave_no_chain_out(expr, table, &mut walk);
-    parts.into_facts(walk)
+    let mut facts = parts.into_facts(walk);
+    facts.drops_what_it_logs = drops_what_it_logs(expr);
+    facts
+}
+
+/// Whether the rule is `[tests…] log … drop|reject` (counters anywhere), every test before
+/// the log the same for all packets of a connection's direction
+/// ([`super::flow_tests::is_flow_constant`]): every packet it logs is dropped, so a direction
+/// the kernel forwards never reaches its log. Firewalld's IPv6 reverse-path filter with
+/// `LogDenied` on is one: `meta nfproto ipv6 fib saddr . mark . iif oif missing log drop`.
+/// A `limit` or `quota` before the drop is not: a packet over it goes on, logged or not.
+fn drops_what_it_logs(expr: &Value) -> bool {
+    let mut logged = false;
+    for e in expr.as_array().into_iter().flatten() {
+        let Some((key, inner)) = e.as_object().and_then(|o| o.iter().next()) else {
+            return false;
+        };
+        match key.as_str() {
+            "counter" => {}
+            "log" => logged = true,
+            "match" if !logged && super::flow_tests::is_flow_constant(inner) => {}
+            "drop" | "reject" => return logged,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// The action of a verdict statement (`{"accept": null}`, `{"jump": {"target": "x"}}`,

@@ -171,6 +171,7 @@ fn unsplit_rule(words: &[String], is_chain: impl Fn(&str) -> bool) -> RuleFacts 
         expiring,
         never_established: None,
         flows: Default::default(),
+        drops_what_it_logs: false,
     }
 }
 

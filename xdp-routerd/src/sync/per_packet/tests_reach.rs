@@ -192,6 +192,91 @@ fn fw4_verdict_map_first_holds_nothing() {
     assert!(held);
 }
 
+/// `testdata/firewalld_router.nft`, captured from firewalld 1.3 itself (see
+/// `capture_rulesets.sh`): eth0 in zone external, eth1 in internal, a policy accepting
+/// internal → external, `LogDenied=all`. Its forward chain accepts `ct state { established,
+/// related }` first: every log rule there and in the zone and policy chains it jumps to is out
+/// of reach.
+const FIREWALLD: &str = include_str!("../testdata/firewalld_router.json");
+
+#[test]
+fn firewalld_as_a_router_holds_nothing() {
+    let (rules, held) = named(parse_nft_json(FIREWALLD).unwrap());
+    let after = "(after an established accept at inet firewalld filter_FORWARD rule 1)";
+    let rfc3964 = "daddr ::-::ffff:ffff,::ffff:0.0.0.0-::ffff:255.255.255.255,\
+                   2002::-2002:ff:ffff:ffff:ffff:ffff:ffff:ffff,\
+                   2002:a00::-2002:aff:ffff:ffff:ffff:ffff:ffff:ffff,\
+                   2002:7f00::-2002:7fff:ffff:ffff:ffff:ffff:ffff:ffff,\
+                   2002:a9fe::-2002:a9fe:ffff:ffff:ffff:ffff:ffff:ffff,\
+                   2002:ac10::-2002:ac1f:ffff:ffff:ffff:ffff:ffff:ffff,\
+                   2002:c0a8::-2002:c0a8:ffff:ffff:ffff:ffff:ffff:ffff,\
+                   2002:e000::-2002:ffff:ffff:ffff:ffff:ffff:ffff:ffff";
+    assert_eq!(
+        rules,
+        vec![
+            format!("inet firewalld filter_FORWARD rule 4 uses log {after}"),
+            format!("inet firewalld filter_FORWARD rule 6 uses log on {rfc3964} {after}"),
+            format!("inet firewalld filter_FORWARD rule 8 uses log {after}"),
+            format!("inet firewalld filter_FWD_external rule 8 uses log {after}"),
+            format!("inet firewalld filter_FWD_internal rule 8 uses log {after}"),
+            format!("inet firewalld filter_FWD_public rule 8 uses log {after}"),
+            // The IPv6 reverse-path filter: `meta nfproto ipv6 fib saddr . mark . iif oif
+            // missing log prefix "rpfilter_DROP: " drop`, before any conntrack test.
+            "inet firewalld filter_PREROUTING rule 2 uses log (drops what it logs, on tests \
+             that are the same for a whole connection)"
+                .to_string(),
+        ]
+    );
+    assert!(!held);
+}
+
+/// `[tests…] log drop` holds nothing only while every test before the log is the same for a
+/// whole connection and nothing after it but a counter lets a packet go on.
+#[test]
+fn a_log_holds_nothing_only_where_its_rule_drops_every_packet_it_logs() {
+    let rule = |exprs: &str| {
+        format!(
+            r#"{{"nftables": [{{"table": {{"family": "inet", "name": "t", "handle": 1}}}},
+            {{"chain": {{"family": "inet", "table": "t", "name": "f", "handle": 1,
+              "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}}}},
+            {{"rule": {{"family": "inet", "table": "t", "chain": "f", "handle": 2,
+              "expr": [{exprs}]}}}}]}}"#
+        )
+    };
+    let iif = r#"{"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "eth0"}}"#;
+    let saddr = r#"{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": "192.0.2.1"}}"#;
+    let mark = r#"{"match": {"op": "==", "left": {"meta": {"key": "mark"}}, "right": 1}}"#;
+    let (log, counter, drop, reject, accept) = (
+        r#"{"log": {"prefix": "x "}}"#,
+        r#"{"counter": {"packets": 0, "bytes": 0}}"#,
+        r#"{"drop": null}"#,
+        r#"{"reject": null}"#,
+        r#"{"accept": null}"#,
+    );
+    let limit = r#"{"limit": {"rate": 1, "per": "second"}}"#;
+    let held = |exprs: &[&str]| {
+        let rules = parse_nft_json(&rule(&exprs.join(", "))).unwrap();
+        assert_eq!(rules.len(), 1, "{exprs:?}");
+        rules[0].holds()
+    };
+    for not_held in [
+        vec![iif, log, drop],
+        vec![counter, iif, saddr, log, counter, reject],
+        vec![log, drop],
+    ] {
+        assert!(!held(&not_held), "{not_held:?}");
+    }
+    for holds in [
+        vec![iif, log, accept],
+        vec![iif, log],
+        vec![iif, limit, log, drop],
+        vec![iif, log, saddr, drop],
+        vec![mark, log, drop],
+    ] {
+        assert!(held(&holds), "{holds:?}");
+    }
+}
+
 /// Without the verdict map every zone chain is reached: the logs and limits hold, except the
 /// log of `ct state invalid` packets.
 #[test]

@@ -9,8 +9,11 @@
 # time rule after it, an ipset after `--ctstate NEW`) and expiring.nft from OUTDIR; rules narrowed
 # by their flow-constant tests (a hashlimit on port 22 first in FORWARD; narrowed.nft and
 # narrowed_log_first.nft from OUTDIR); a first-6-packets NFQUEUE rule (connbytes) and native
-# `ct original packets 1-6` / `ct packets > 100` rules.
-# Usage (root, ufw installed, iptables = iptables-nft): capture_rulesets.sh OUTDIR
+# `ct original packets 1-6` / `ct packets > 100` rules; firewalld (Debian's package, run in the
+# namespace with its own copy of /etc/firewalld and a private system bus) as a router: eth0 in
+# zone external (masquerading), eth1 in internal, a policy accepting internal → external, denied
+# packets logged (`--set-log-denied=all`), also kept as firewalld_router.nft.
+# Usage (root, ufw and firewalld installed, iptables = iptables-nft): capture_rulesets.sh OUTDIR
 set -e
 OUT=$1
 N=xrcap
@@ -82,4 +85,25 @@ ip netns exec $N sh -c 'iptables -w -I FORWARD 1 -p udp -m connbytes --connbytes
   nft add rule inet dpi f ct original packets 1-6 counter
   nft add rule inet dpi f ct packets \> 100 counter'
 dump narrowed_connbytes
+
+fresh
+mkdir -p /etc/netns/$N; cp -a /etc/firewalld /etc/netns/$N/firewalld
+# firewalld needs a system bus: its own, in a mount namespace of its own (never the host's).
+ip netns exec $N unshare -m sh -c 'mount --make-rprivate /
+  mount -t tmpfs tmpfs /run/dbus; mount -t tmpfs tmpfs /var/lib/dbus
+  dbus-uuidgen --ensure=/var/lib/dbus/machine-id; dbus-daemon --system --fork --nopidfile
+  firewalld --nofork --nopid & fw=$!
+  for i in $(seq 60); do firewall-cmd --state >/dev/null 2>&1 && break; sleep 1; done
+  firewall-cmd -q --permanent --zone=external --add-interface=eth0
+  firewall-cmd -q --permanent --zone=internal --add-interface=eth1
+  firewall-cmd -q --permanent --new-policy=lan-to-wan
+  firewall-cmd -q --permanent --policy=lan-to-wan --add-ingress-zone=internal
+  firewall-cmd -q --permanent --policy=lan-to-wan --add-egress-zone=external
+  firewall-cmd -q --permanent --policy=lan-to-wan --set-target=ACCEPT
+  firewall-cmd -q --set-log-denied=all; firewall-cmd -q --reload
+  nft list ruleset > /tmp/xrcap-firewalld.nft
+  kill $fw; wait $fw'
+mv /tmp/xrcap-firewalld.nft $OUT/firewalld_router.nft
+ip netns exec $N nft -f $OUT/firewalld_router.nft
+dump firewalld_router
 ip netns del $N; rm -rf /etc/netns/$N
