@@ -71,18 +71,21 @@ impl Netns {
 
     /// Creates a veth pair `a` (in self) ⇄ `b` (in `peer`), both up.
     pub fn veth(&self, a: &str, peer: &Netns, b: &str) {
-        self.veth_at(a, None, peer, b);
-    }
-
-    /// [`Netns::veth`], `a` with the ifindex `index` when given.
-    pub fn veth_at(&self, a: &str, index: Option<u32>, peer: &Netns, b: &str) {
-        let index = index.map(|i| i.to_string());
-        let mut args = vec!["link", "add", a];
-        if let Some(index) = &index {
-            args.extend(["index", index]);
-        }
-        args.extend(["type", "veth", "peer", "name", b, "netns", peer.name()]);
-        self.exec_ok("ip", &args);
+        self.exec_ok(
+            "ip",
+            &[
+                "link",
+                "add",
+                a,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                b,
+                "netns",
+                peer.name(),
+            ],
+        );
         self.exec_ok("ip", &["link", "set", a, "up"]);
         peer.exec_ok("ip", &["link", "set", b, "up"]);
     }

@@ -1,7 +1,6 @@
 //! The interfaces' part of the map ABI: `IFACES` values ([`IfaceInfo`] and its flags) and the
 //! keys of the VLAN and PPPoE maps. Re-exported at the crate root.
 
-use crate::MAX_IFACE_SLOTS;
 // What the doc comments link to.
 #[cfg(doc)]
 use crate::*;
@@ -120,25 +119,11 @@ pub const IFACE_F_L3: u32 = 1 << 17;
 /// to the TC fast path on an [`IFACE_F_TC_HANDOFF`] interface.
 pub const XDP_TC_HANDOFF: u32 = 0x7c68_0ff0;
 
-/// Interfaces whose ifindex is below this are found in [`MAP_IFACES`] at index ifindex: the
-/// kernel inlines an array lookup into the program, where a hash lookup costs a jhash of the
-/// key and a compare on every packet, at ingress and again at egress. Ifindexes are counted
-/// per network namespace from 1 and not reused until they wrap, so a long-running router may
-/// pass this (a PPP device reconnected every day takes a new one each time; containers' and
-/// VPN clients' devices too): an interface from this ifindex on has an entry in
-/// [`MAP_IFACES_HIGH`] that gives its index in the array, one hash lookup more per packet.
-pub const IFACES_DIRECT: u32 = 4096;
-
-/// Entries of [`MAP_IFACES`]: [`IFACES_DIRECT`] indexed by ifindex, then one per interface
-/// with a larger ifindex (there are at most [`MAX_IFACE_SLOTS`] managed interfaces), 40 bytes
-/// of kernel memory each.
-pub const IFACES_ARRAY_LEN: u32 = IFACES_DIRECT + MAX_IFACE_SLOTS;
-
-/// Value of [`MAP_IFACES`] at index ifindex: a managed interface.
+/// Value of [`MAP_IFACES`], keyed by ifindex (host order): a managed interface.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IfaceInfo {
-    /// Slot in [`MAP_STATS`], 1..MAX_IFACE_SLOTS; 0 in [`MAP_IFACES`]: no interface.
+    /// Slot in [`MAP_STATS`], 1..MAX_IFACE_SLOTS.
     pub slot: u32,
     /// `IFACE_F_*`.
     pub flags: u32,

@@ -8,15 +8,11 @@
 
 pub mod checksum;
 mod iface;
-#[cfg(feature = "user")]
-mod iface_map;
 pub mod lab;
 pub mod parse;
 pub mod reason;
 
 pub use iface::*;
-#[cfg(feature = "user")]
-pub use iface_map::IfaceMap;
 pub use reason::Reason;
 
 /// Name of the XDP program in the object file (multi-buffer: `xdp.frags`).
@@ -35,9 +31,6 @@ pub const MULTI_BUFFER_PROBE_PROG_NAME: &str = "xdp_router_mbp";
 pub const MAP_FLOWS_V4: &str = "FLOWS_V4";
 pub const MAP_FLOWS_V6: &str = "FLOWS_V6";
 pub const MAP_IFACES: &str = "IFACES";
-/// ifindex → index in [`MAP_IFACES`] of the interfaces whose ifindex is [`IFACES_DIRECT`] or
-/// more.
-pub const MAP_IFACES_HIGH: &str = "IFACES_HIGH";
 pub const MAP_TX_PORTS: &str = "TX_PORTS";
 pub const MAP_STATS: &str = "STATS";
 pub const MAP_SETTINGS: &str = "SETTINGS";

@@ -15,7 +15,7 @@ use xdp_router_common::{
 
 use crate::{
     encap::{EgressTag, check_egress},
-    maps::{BRIDGE_FDB, BRIDGE_VLANS, iface},
+    maps::{BRIDGE_FDB, BRIDGE_VLANS, IFACES},
     packet::Packet,
     parse::FrameTag,
     words::pack16,
@@ -170,7 +170,7 @@ pub fn port<P: Packet>(
         // The bridge floods unknown destinations; the kernel learns where the host is.
         return Err(Reason::PassBridgeFdbMiss);
     };
-    let Some(pinfo) = iface(port) else {
+    let Some(pinfo) = IFACES.get_ptr(port) else {
         return Err(Reason::PassEgressNotManaged);
     };
     // SAFETY: map value pointer from the kernel.

@@ -11,7 +11,7 @@ use crate::{
     bridge,
     encap::{EgressTag, check_egress},
     fib::NextHop,
-    maps::iface,
+    maps::IFACES,
     packet::Packet,
     pppoe, vlan,
 };
@@ -37,7 +37,7 @@ pub fn redirect_to<P: Packet>(hop: &mut NextHop) -> Result<Egress, Reason> {
     let egress = hop.ifindex;
     // Only interfaces the daemon manages are fast-path targets (their neighbours, qdiscs and
     // counters are known); anything else keeps the kernel's full output path.
-    let Some(info) = iface(egress) else {
+    let Some(info) = IFACES.get_ptr(egress) else {
         return Err(Reason::PassEgressNotManaged);
     };
     // SAFETY: map value pointer from the kernel.

@@ -14,7 +14,7 @@ use xdp_router_common::{
 };
 
 use crate::{
-    maps::{fib_flags, iface},
+    maps::{IFACES, fib_flags},
     order::{halves, load_ordered, store_ordered, word},
     packet::Packet,
     words::{opaque_zero, pack16},
@@ -240,7 +240,9 @@ pub fn next_hop<P: Packet>(
 #[inline(always)]
 fn has_no_neighbours(ifindex: u32) -> bool {
     // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
-    iface(ifindex).is_some_and(|i| unsafe { (*i).flags } & (IFACE_F_PPPOE | IFACE_F_L3) != 0)
+    IFACES
+        .get_ptr(ifindex)
+        .is_some_and(|i| unsafe { (*i).flags } & (IFACE_F_PPPOE | IFACE_F_L3) != 0)
 }
 
 /// The daemon's probe for `BPF_FIB_LOOKUP_MARK` (see the `xdp_router_fibm` program): the answer

@@ -52,7 +52,7 @@ use crate::packet::Packet;
 #[xdp(frags)]
 pub fn xdp_router(ctx: XdpContext) -> u32 {
     let ifindex = ctx.ingress_ifindex() as u32;
-    let info = maps::iface(ifindex);
+    let info = maps::IFACES.get_ptr(ifindex);
     let slot = stats::ingress_slot(info);
     let bytes = (ctx.data_end() - ctx.data()) as u64;
     // SAFETY: a helper on this program's own context.
@@ -71,7 +71,7 @@ pub fn xdp_router(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn xdp_router_1buf(ctx: XdpContext) -> u32 {
     let ifindex = ctx.ingress_ifindex() as u32;
-    let info = maps::iface(ifindex);
+    let info = maps::IFACES.get_ptr(ifindex);
     let slot = stats::ingress_slot(info);
     let bytes = (ctx.data_end() - ctx.data()) as u64;
     xdp_pipeline(&ctx, ifindex, info, slot, bytes)
@@ -128,7 +128,7 @@ pub fn xdp_router_mbp(ctx: XdpContext) -> u32 {
 pub fn xdp_router_tc(ctx: TcContext) -> i32 {
     // SAFETY: the context's skb pointer is valid for the program run.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    let info = maps::iface(ifindex);
+    let info = maps::IFACES.get_ptr(ifindex);
     if !handoff::for_tc(&ctx, info) {
         // Behind the XDP program, which counted this packet already.
         return TC_ACT_UNSPEC;
@@ -162,7 +162,7 @@ pub fn xdp_router_tc(ctx: TcContext) -> i32 {
             // Behind XDP without the hand-over's mark, XDP counted what it did not hand over
             // (see `handoff.rs`). Looked up again rather than kept across the pipeline: the
             // stack is full.
-            if !handoff::unmarked(maps::iface(ifindex)) {
+            if !handoff::unmarked(maps::IFACES.get_ptr(ifindex)) {
                 stats::count(slot, reason, Packet::len(&ctx) as u64);
             }
             TC_ACT_UNSPEC

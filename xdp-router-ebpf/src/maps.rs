@@ -9,8 +9,8 @@ use aya_ebpf::{
 use xdp_router_common::{
     ArmKeyV4, ArmKeyV6, BRIDGE_VLANS_CAPACITY, BridgeVlanKey, Counter, DEFAULT_FLOW_CAPACITY,
     DEFAULT_HOST_SLOTS, FDB_CAPACITY, FIB_LOOKUP_DIRECT, FdbKey, FlowKeyV4, FlowKeyV6, FlowV4,
-    FlowV6, HostCounters, IFACES_ARRAY_LEN, IFACES_DIRECT, IfaceInfo, MAX_IFACE_SLOTS,
-    PPPOE_CAPACITY, PppoeKey, STATS_ENTRIES, Settings, VLANS_CAPACITY, VlanKey,
+    FlowV6, HostCounters, IfaceInfo, MAX_IFACE_SLOTS, PPPOE_CAPACITY, PppoeKey, STATS_ENTRIES,
+    Settings, VLANS_CAPACITY, VlanKey,
 };
 
 /// `BPF_F_NO_PREALLOC`: entries are allocated on insert, so a map costs kernel memory for the
@@ -58,40 +58,10 @@ pub static ACTIVE_V4: HashMap<FlowKeyV4, u8> =
 pub static ACTIVE_V6: HashMap<FlowKeyV6, u8> =
     HashMap::with_max_entries(DEFAULT_FLOW_CAPACITY, BPF_F_NO_PREALLOC);
 
-/// Managed interfaces: stats slot and `IFACE_F_*` flags, at index ifindex below
-/// `IFACES_DIRECT` and at the index [`IFACES_HIGH`] gives above; slot 0 is no interface.
-/// Read through [`iface`].
+/// Managed interfaces by ifindex: stats slot and `IFACE_F_*` flags. A packet is forwarded only
+/// to an egress interface listed here.
 #[map]
-pub static IFACES: Array<IfaceInfo> = Array::with_max_entries(IFACES_ARRAY_LEN, 0);
-
-/// ifindex → index in [`IFACES`] of the managed interfaces whose ifindex is `IFACES_DIRECT`
-/// or more.
-#[map]
-pub static IFACES_HIGH: HashMap<u32, u32> = HashMap::with_max_entries(MAX_IFACE_SLOTS, 0);
-
-/// The managed interface `ifindex`, `None` when it is not managed. A packet is forwarded only
-/// to an egress interface found here.
-#[inline(always)]
-pub fn iface(ifindex: u32) -> Option<*const IfaceInfo> {
-    iface_mut(ifindex).map(<*mut IfaceInfo>::cast_const)
-}
-
-/// [`iface`], writable.
-#[inline(always)]
-pub fn iface_mut(ifindex: u32) -> Option<*mut IfaceInfo> {
-    // Both ways end in one lookup in the one array, so the verifier's states after it do not
-    // depend on which way was taken (a value pointer into a second map would double them).
-    let index = if ifindex < IFACES_DIRECT {
-        ifindex
-    } else {
-        // SAFETY: a map value read; the daemon writes only indexes within the array (the
-        // kernel checks the index anyway).
-        *unsafe { IFACES_HIGH.get(&ifindex) }?
-    };
-    let info = IFACES.get_ptr_mut(index)?;
-    // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
-    (unsafe { (*info).slot } != 0).then_some(info)
-}
+pub static IFACES: HashMap<u32, IfaceInfo> = HashMap::with_max_entries(MAX_IFACE_SLOTS, 0);
 
 /// Redirect targets by ifindex (value: the same ifindex). The daemon keeps it in step with
 /// [`IFACES`]; an egress missing here is treated as not managed.

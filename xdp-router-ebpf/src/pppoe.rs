@@ -19,7 +19,7 @@ use xdp_router_common::{
 use crate::{
     encap::{EgressTag, check_egress},
     fib::NextHop,
-    maps::{PPPOE, iface, iface_mut},
+    maps::{IFACES, PPPOE},
     packet::{Packet, frame_len, ptr_at_mut},
     parse::PppoeHdr,
     verify::mac_words,
@@ -61,7 +61,7 @@ pub fn session<P: Packet>(ctx: &P, lower: u32, at: usize, src: [u8; 6]) -> Resul
     let Some(&ifindex) = (unsafe { PPPOE.get(key) }) else {
         return Err(Reason::PassPppoeUnknownSession);
     };
-    let Some(info) = iface_mut(ifindex) else {
+    let Some(info) = IFACES.get_ptr_mut(ifindex) else {
         return Err(Reason::PassPppoeUnknownSession);
     };
     // SAFETY: a map value pointer returned by the kernel is valid for reads of IfaceInfo.
@@ -149,7 +149,7 @@ pub fn lower<P: Packet>(
             (*info).peer_mac,
         )
     };
-    let Some(linfo) = iface(lower) else {
+    let Some(linfo) = IFACES.get_ptr(lower) else {
         return Err(Reason::PassEgressNotManaged);
     };
     // SAFETY: map value pointer from the kernel.

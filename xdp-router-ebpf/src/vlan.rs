@@ -11,7 +11,7 @@ use xdp_router_common::{
 use crate::{
     bridge,
     encap::{EgressTag, check_egress},
-    maps::{VLANS, iface},
+    maps::{IFACES, VLANS},
     packet::{Packet, ptr_at_mut},
     parse::{FrameTag, VlanHdr},
     words::pack16,
@@ -51,7 +51,7 @@ pub fn device_of(parent: u32, vid: u16, tpid_be: u16) -> Result<VlanDevice, Reas
         // Another VLAN, or 802.1ad where the VLAN device is 802.1Q (or the other way round).
         return Err(Reason::PassVlanUnknown);
     };
-    let Some(info) = iface(ifindex) else {
+    let Some(info) = IFACES.get_ptr(ifindex) else {
         return Err(Reason::PassVlanUnknown);
     };
     Ok(VlanDevice { ifindex, info })
@@ -83,7 +83,7 @@ pub fn parent<P: Packet>(
             (*info).vlan_tci_be,
         )
     };
-    let Some(pinfo) = iface(parent) else {
+    let Some(pinfo) = IFACES.get_ptr(parent) else {
         return Err(Reason::PassEgressNotManaged);
     };
     // SAFETY: map value pointer from the kernel.

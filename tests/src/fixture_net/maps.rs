@@ -10,10 +10,10 @@ use aya::{
 };
 use xdp_router_common::{
     BridgeVlanKey, Counter, FdbKey, FibCache, FlowCounters, FlowKeyV4, FlowKeyV6, FlowV4, FlowV6,
-    GLOBAL_FIB_FLAGS, GLOBAL_XDP_META, HostCounters, IfaceMap, MAP_BRIDGE_FDB, MAP_BRIDGE_VLANS,
-    MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_HOST_TRAFFIC, MAP_IFACES, MAP_IFACES_HIGH, MAP_PPPOE,
-    MAP_SETTINGS, MAP_STATS, MAP_TX_PORTS, MAP_VLANS, PROG_NAME, PppoeKey, SETTINGS_F_DSCP_REWRITE,
-    SETTINGS_F_FIB_MARK, SETTINGS_F_HOLD_ALL, Settings, VlanKey,
+    GLOBAL_FIB_FLAGS, GLOBAL_XDP_META, HostCounters, IfaceInfo, MAP_BRIDGE_FDB, MAP_BRIDGE_VLANS,
+    MAP_FLOWS_V4, MAP_FLOWS_V6, MAP_HOST_TRAFFIC, MAP_IFACES, MAP_PPPOE, MAP_SETTINGS, MAP_STATS,
+    MAP_TX_PORTS, MAP_VLANS, PROG_NAME, PppoeKey, SETTINGS_F_DSCP_REWRITE, SETTINGS_F_FIB_MARK,
+    SETTINGS_F_HOLD_ALL, Settings, VlanKey,
 };
 
 use xdp_routerd::{
@@ -33,7 +33,7 @@ pub struct Maps {
     /// `FLOWS_V6`.
     pub flows_v6: HashMap<MapData, FlowKeyV6, FlowV6>,
     /// `IFACES`.
-    pub ifaces: IfaceMap,
+    pub ifaces: HashMap<MapData, u32, IfaceInfo>,
     /// `TX_PORTS`.
     pub tx_ports: DevMapHash<MapData>,
     /// `BRIDGE_FDB`.
@@ -115,10 +115,7 @@ pub fn load_with(object: &[u8], fib_flags: u32, xdp_meta: bool) -> (Ebpf, Maps) 
     let maps = Maps {
         flows_v4: take(&mut ebpf, MAP_FLOWS_V4),
         flows_v6: take(&mut ebpf, MAP_FLOWS_V6),
-        ifaces: IfaceMap::new(
-            take(&mut ebpf, MAP_IFACES),
-            take(&mut ebpf, MAP_IFACES_HIGH),
-        ),
+        ifaces: take(&mut ebpf, MAP_IFACES),
         tx_ports: take(&mut ebpf, MAP_TX_PORTS),
         fdb: take(&mut ebpf, MAP_BRIDGE_FDB),
         bridge_vlans: ebpf
@@ -154,7 +151,10 @@ impl Maps {
         for k in keys {
             self.flows_v6.remove(&k).expect("remove flow v6");
         }
-        self.ifaces.clear().expect("clear ifaces");
+        let keys: Vec<_> = self.ifaces.keys().map(|k| k.expect("ifaces key")).collect();
+        for k in keys {
+            self.ifaces.remove(&k).expect("remove iface");
+        }
         let keys: Vec<_> = self
             .tx_ports
             .keys()
@@ -170,7 +170,7 @@ impl Maps {
             }
         }
         for (i, info) in &s.ifaces {
-            self.ifaces.insert(*i, *info, 0).expect("insert iface");
+            self.ifaces.insert(i, info, 0).expect("insert iface");
         }
         for i in &s.tx_ports {
             self.tx_ports

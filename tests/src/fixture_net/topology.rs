@@ -77,13 +77,8 @@ impl Bed {
 
 /// Builds the router namespace (see the module docs); `hosts` holds the veth peers.
 pub fn build_topology(router: &Netns, hosts: &Netns) {
-    build_topology_at(router, hosts, None);
-}
-
-/// [`build_topology`], with `lan0` and `wan0` at ifindexes `high` and `high + 1` when given.
-pub fn build_topology_at(router: &Netns, hosts: &Netns, high: Option<u32>) {
-    router.veth_at("lan0", high, hosts, "lan0p");
-    router.veth_at("wan0", high.map(|i| i + 1), hosts, "wan0p");
+    router.veth("lan0", hosts, "lan0p");
+    router.veth("wan0", hosts, "wan0p");
     router.veth("mtu0", hosts, "mtu0p");
     router.veth("sub0", hosts, "sub0p");
     router.sh(&format!(

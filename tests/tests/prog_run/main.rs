@@ -38,20 +38,16 @@ use crate::{
     case::{Case, Expect, forward, pass},
     runner::{Prog, assert_all_ok, check_case, hex},
 };
-use aya::{
-    maps::MapError,
-    programs::{SchedClassifier, Xdp},
-};
+use aya::programs::{SchedClassifier, Xdp};
 use xdp_router_common::{
-    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_BRIDGE, IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACES_DIRECT,
-    IfaceInfo, MAX_IFACE_SLOTS, PROG_NAME, Reason, SINGLE_BUFFER_PROG_NAME, TC_PROG_NAME,
-    stats_index,
+    FIB_LOOKUP_DIRECT, FibCache, IFACE_F_BRIDGE, IFACE_F_PPP_CCP, IFACE_F_PPPOE, PROG_NAME, Reason,
+    SINGLE_BUFFER_PROG_NAME, TC_PROG_NAME, stats_index,
 };
 use xdp_router_tests::{
     fixture_net::{
         Bed, GW_MAC, LAN_SLOT, MTU_MAC, MTU_PEER_MAC, Setup, WAN_MAC, XDP_PASS, XDP_REDIRECT,
-        build_topology_at, flow, lan_pkt, load, load_object, object, routed, run, try_run_tc, v4,
-        v6, wan_pkt,
+        build_topology, flow, lan_pkt, load, load_object, object, routed, run, try_run_tc, v4, v6,
+        wan_pkt,
     },
     netns::{Netns, require_root},
     packet::{
@@ -64,17 +60,12 @@ use xdp_router_tests::{
 /// The fixture's router namespace (`xr-<tag>-…`, with its FIB) and the hosts' one behind it,
 /// for `test`; `None` (the test skipped, saying why) without root.
 fn fixture_namespaces(test: &str, tag: &str) -> Option<(Netns, Netns)> {
-    fixture_namespaces_at(test, tag, None)
-}
-
-/// [`fixture_namespaces`], `lan0` and `wan0` at ifindexes `high` and `high + 1` when given.
-fn fixture_namespaces_at(test: &str, tag: &str, high: Option<u32>) -> Option<(Netns, Netns)> {
     if !require_root(test) {
         return None;
     }
     let router = Netns::new(tag);
     let hosts = Netns::new(&format!("{tag}h"));
-    build_topology_at(&router, &hosts, high);
+    build_topology(&router, &hosts);
     Some((router, hosts))
 }
 
@@ -95,20 +86,7 @@ fn cases(b: &Bed) -> Vec<Case> {
 
 #[test]
 fn fixture_table() {
-    xdp_table("prog_run::fixture_table", "dp", PROG_NAME, None);
-}
-
-/// The table with `lan0` and `wan0` at ifindexes from `IFACES_DIRECT` on (a router whose
-/// PPP link has redialled for years), `mtu0` and `sub0` below it: their `IFACES` entries are
-/// found through `IFACES_HIGH`, at ingress and at egress, and every case answers as before.
-#[test]
-fn fixture_table_high_ifindexes() {
-    xdp_table(
-        "prog_run::fixture_table_high_ifindexes",
-        "dph",
-        PROG_NAME,
-        Some(IFACES_DIRECT + 1000),
-    );
+    xdp_table("prog_run::fixture_table", "dp", PROG_NAME);
 }
 
 /// The table on the single-buffer XDP program (`xdp_router_1buf`, what the daemon attaches
@@ -121,13 +99,12 @@ fn fixture_table_single_buffer() {
         "prog_run::fixture_table_single_buffer",
         "d1",
         SINGLE_BUFFER_PROG_NAME,
-        None,
     );
 }
 
 /// Runs every case of the table on the XDP program `name` and fails on any case that fails.
-fn xdp_table(test: &str, tag: &str, name: &str, high: Option<u32>) {
-    let Some((router, _hosts)) = fixture_namespaces_at(test, tag, high) else {
+fn xdp_table(test: &str, tag: &str, name: &str) {
+    let Some((router, _hosts)) = fixture_namespaces(test, tag) else {
         return;
     };
     let results = router.run(|| {
@@ -533,60 +510,6 @@ fn table_covers_every_reason() {
         .filter(|r| !covered.contains(&(**r as u32)) && !TC_ONLY.contains(r))
         .collect();
     assert!(missing.is_empty(), "reasons without a case: {missing:?}");
-}
-
-/// `IFACES` as the daemon and the fixtures write it: an ifindex below `IFACES_DIRECT` is its
-/// own index; larger ones take the indexes after those, one per interface, as many as there
-/// are stats slots; a removed one frees its index for the next.
-#[test]
-fn large_ifindexes_take_the_indexes_after_the_direct_part() {
-    if !require_root("prog_run::large_ifindexes_take_the_indexes_after_the_direct_part") {
-        return;
-    }
-    let (_ebpf, mut maps) = load();
-    let info = |slot| IfaceInfo {
-        slot,
-        ..IfaceInfo::default()
-    };
-    let last = IFACES_DIRECT - 1;
-    maps.ifaces
-        .insert(last, info(1), 0)
-        .expect("the last direct index");
-    assert_eq!(maps.ifaces.get(&last, 0).ok(), Some(info(1)));
-    let high = |i| 1_000_000 + i * 7;
-    for i in 0..MAX_IFACE_SLOTS {
-        maps.ifaces
-            .insert(high(i), info(i + 1), 0)
-            .unwrap_or_else(|e| panic!("large ifindex {}: {e}", high(i)));
-    }
-    for i in 0..MAX_IFACE_SLOTS {
-        assert_eq!(maps.ifaces.get(&high(i), 0).ok(), Some(info(i + 1)));
-    }
-    let full = maps.ifaces.insert(high(MAX_IFACE_SLOTS), info(1), 0);
-    assert!(
-        matches!(full, Err(MapError::OutOfBounds { .. })),
-        "{full:?}"
-    );
-    maps.ifaces.remove(&high(3)).expect("remove");
-    assert!(matches!(
-        maps.ifaces.get(&high(3), 0),
-        Err(MapError::KeyNotFound)
-    ));
-    maps.ifaces
-        .insert(high(MAX_IFACE_SLOTS), info(9), 0)
-        .expect("the freed index");
-    assert_eq!(
-        maps.ifaces.get(&high(MAX_IFACE_SLOTS), 0).ok(),
-        Some(info(9))
-    );
-    assert_eq!(maps.ifaces.get(&high(4), 0).ok(), Some(info(5)));
-    maps.ifaces.clear().expect("clear");
-    for ifindex in [last, high(0), high(MAX_IFACE_SLOTS)] {
-        assert!(matches!(
-            maps.ifaces.get(&ifindex, 0),
-            Err(MapError::KeyNotFound)
-        ));
-    }
 }
 
 /// The per-flow FIB cache: a flow's cached `bpf_fib_lookup` answer is used while its

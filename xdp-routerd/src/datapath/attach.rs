@@ -10,7 +10,7 @@ use aya::programs::{Xdp, XdpMode, links::LinkType, loaded_links, xdp::XdpLinkId}
 use tracing::{debug, info, warn};
 use xdp_router_common::{
     ARM_PROG_NAME, IFACE_F_BRIDGE_PORT, IFACE_F_GENERIC_XDP, IFACE_F_NO_XDP_XMIT,
-    IFACE_F_TC_HANDOFF, IfaceInfo, MAP_TX_PORTS, MAX_IFACE_SLOTS,
+    IFACE_F_TC_HANDOFF, IfaceInfo, MAP_IFACES, MAP_TX_PORTS, MAX_IFACE_SLOTS,
 };
 
 use super::{Datapath, Ports as _, VlanParent, tc_links::TcLink};
@@ -146,7 +146,7 @@ impl Datapath {
         };
         self.ifaces
             .insert(ifindex, info, 0)
-            .with_context(|| super::cannot_add_iface(name))?;
+            .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
         // A device that cannot transmit XDP frames is no redirect target.
         if flags & IFACE_F_NO_XDP_XMIT == 0 {
             self.tx_ports

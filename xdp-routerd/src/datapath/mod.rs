@@ -15,7 +15,7 @@
 use anyhow::{Context as _, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapData, MapError, xdp::DevMapHash},
+    maps::{HashMap, MapData, MapError, xdp::DevMapHash},
     programs::{SchedClassifier, Xdp},
     util::KernelVersion,
 };
@@ -23,8 +23,8 @@ use tracing::warn;
 use xdp_router_common::{
     ARM_L3_PROG_NAME, ARM_PROG_NAME, GLOBAL_XDP_META, IFACE_F_BRIDGE, IFACE_F_BRIDGE_PORT,
     IFACE_F_GENERIC_XDP, IFACE_F_L3, IFACE_F_PPP_CCP, IFACE_F_PPPOE, IFACE_F_PPPOE_LOWER,
-    IFACE_F_TC_HANDOFF, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, IfaceMap, MAP_HOST_TRAFFIC,
-    MAP_IFACES, MAP_IFACES_HIGH, MAP_TX_PORTS, STAMP_PROG_NAME, TC_PROG_NAME,
+    IFACE_F_TC_HANDOFF, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_HOST_TRAFFIC, MAP_IFACES,
+    MAP_TX_PORTS, STAMP_PROG_NAME, TC_PROG_NAME,
 };
 
 use crate::kernel_features::{self, Feature, KernelFeatures};
@@ -55,7 +55,7 @@ pub static EBPF_OBJECT: &[u8] =
 pub struct Datapath {
     ebpf: Ebpf,
     /// `IFACES`: the entry of every registered interface.
-    ifaces: IfaceMap,
+    ifaces: HashMap<MapData, u32, IfaceInfo>,
     /// `TX_PORTS`: the interfaces XDP frames are redirected to.
     tx_ports: DevMapHash<MapData>,
     /// The flow maps, their arming indexes and the active-connection record.
@@ -97,11 +97,6 @@ const DATAPATH_FLAGS: u32 = IFACE_F_BRIDGE
     | IFACE_F_GENERIC_XDP
     | IFACE_F_TC_HANDOFF
     | IFACE_F_L3;
-
-/// The error of an `IFACES` insert for the interface `name`.
-fn cannot_add_iface(name: &str) -> String {
-    format!("{name}: cannot add to {MAP_IFACES}")
-}
 
 /// Takes the map `name` out of `ebpf` as the typed handle `T` (once: the map is gone after).
 fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(
@@ -214,10 +209,7 @@ impl Datapath {
             }
         };
         let mut dp = Datapath {
-            ifaces: IfaceMap::new(
-                take(&mut ebpf, MAP_IFACES)?,
-                take(&mut ebpf, MAP_IFACES_HIGH)?,
-            ),
+            ifaces: take(&mut ebpf, MAP_IFACES)?,
             tx_ports: take(&mut ebpf, MAP_TX_PORTS)?,
             flows: flows::FlowMaps::take(&mut ebpf, flow_capacity)?,
             host_traffic: hosts::HostTrafficMap::take(&mut ebpf)?,

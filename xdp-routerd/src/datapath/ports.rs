@@ -9,7 +9,7 @@ use xdp_router_common::{
     ARM_L3_PROG_NAME, ARM_PROG_NAME, BRIDGE_VLAN_F_UNTAGGED, FdbKey, IFACE_F_BRIDGE,
     IFACE_F_BRIDGE_PORT, IFACE_F_L3, IFACE_F_NO_XDP_XMIT, IFACE_F_PPP_CCP, IFACE_F_PPPOE,
     IFACE_F_PPPOE_LOWER, IFACE_F_VLAN, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_BRIDGE_FDB,
-    MAP_BRIDGE_VLANS, MAP_TX_PORTS, MAP_VLANS, MAX_IFACE_SLOTS, VlanKey,
+    MAP_BRIDGE_VLANS, MAP_IFACES, MAP_TX_PORTS, MAP_VLANS, MAX_IFACE_SLOTS, VlanKey,
 };
 
 use super::{
@@ -271,7 +271,7 @@ impl Ports for Datapath {
         };
         self.ifaces
             .insert(ifindex, info, 0)
-            .with_context(|| super::cannot_add_iface(name))?;
+            .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
         self.attach_arming(name, ifindex, ARM_PROG_NAME);
         info!(interface = name, ifindex, "bridge: XDP runs on its ports");
         Ok(AttachMode::Ports)
@@ -346,7 +346,7 @@ impl Ports for Datapath {
         };
         self.ifaces
             .insert(ifindex, info, 0)
-            .with_context(|| super::cannot_add_iface(name))?;
+            .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
         let key = VlanKey {
             parent_ifindex: parent.ifindex,
             vid,
@@ -580,7 +580,7 @@ impl Datapath {
         };
         self.ifaces
             .insert(ifindex, info, 0)
-            .with_context(|| super::cannot_add_iface(name))?;
+            .with_context(|| format!("{name}: cannot add to {MAP_IFACES}"))?;
         let _ = self.tx_ports.remove(ifindex);
         Ok(())
     }

@@ -10,7 +10,7 @@ use aya::{
     maps::{HashMap, MapData, MapError},
 };
 use xdp_router_common::{
-    IFACE_F_BRIDGE, IFACE_F_NO_XDP_XMIT, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_VLANS,
+    IFACE_F_BRIDGE, IFACE_F_NO_XDP_XMIT, IFACE_F_VLAN_PARENT, IfaceInfo, MAP_IFACES, MAP_VLANS,
     MAX_IFACE_SLOTS, VlanKey,
 };
 
@@ -118,7 +118,7 @@ impl Datapath {
         };
         self.ifaces
             .insert(parent.ifindex, info, 0)
-            .with_context(|| super::cannot_add_iface(&parent.name))
+            .with_context(|| format!("{}: cannot add to {MAP_IFACES}", parent.name))
     }
 
     /// Whether the VLAN device `name` over `parent` runs the TC fast path itself instead of
