@@ -216,27 +216,31 @@ impl Testbed {
              for t in iptables ip6tables; do $t -w -A FORWARD -i {MV} -o {wan} -j ACCEPT; done",
             MV = MACVLAN_LAN_IF
         ));
-        self.lan.sh(&format!(
-            "ip neigh flush dev {HOST_IF}
-             ping -c1 -W2 {ROUTER_LAN_V4} >/dev/null
-             for i in 1 2 3 4 5; do ping -6 -c1 -W1 {ROUTER_LAN_V6} >/dev/null && exit 0; done
-             echo 'no IPv6 path to the macvlan' >&2; exit 1"
-        ));
         // The LAN host must reach the router through the macvlan: with the kernel's default
         // `arp_ignore = 0` the lower veth answers ARP for the macvlan's address too, with its
         // own MAC, and when its answer came last the host's IPv4 packets entered by the
         // unmanaged veth (set to 1 above; IPv6 neighbour discovery answers per interface
         // already).
-        let mv_mac = self
-            .router
-            .sh(&format!("cat /sys/class/net/{MACVLAN_LAN_IF}/address"));
+        self.lan_host_reaches_the_router_by(MACVLAN_LAN_IF, "the macvlan");
+    }
+
+    /// The LAN host's neighbour entries for the router made again (pinging it over IPv4 and
+    /// IPv6) and checked to point at the router's device `dev` (`what` names it).
+    fn lan_host_reaches_the_router_by(&self, dev: &str, what: &str) {
+        self.lan.sh(&format!(
+            "ip neigh flush dev {HOST_IF}
+             ping -c1 -W2 {ROUTER_LAN_V4} >/dev/null
+             for i in 1 2 3 4 5; do ping -6 -c1 -W1 {ROUTER_LAN_V6} >/dev/null && exit 0; done
+             echo 'no IPv6 path to {what}' >&2; exit 1"
+        ));
+        let mac = self.router.sh(&format!("cat /sys/class/net/{dev}/address"));
         let neigh = self
             .lan
             .sh(&format!("ip neigh show {ROUTER_LAN_V4} dev {HOST_IF}"));
         assert!(
-            neigh.contains(mv_mac.trim()),
-            "the LAN host should resolve {ROUTER_LAN_V4} to {MACVLAN_LAN_IF}'s MAC {}: {neigh}",
-            mv_mac.trim()
+            neigh.contains(mac.trim()),
+            "the LAN host should resolve {ROUTER_LAN_V4} to {dev}'s MAC {}: {neigh}",
+            mac.trim()
         );
     }
 
@@ -251,23 +255,7 @@ impl Testbed {
              ip addr add {ROUTER_LAN_V6}/64 dev {LAN_IF} nodad
              sysctl -qw net.ipv4.conf.{LAN_IF}.arp_ignore=0"
         ));
-        self.lan.sh(&format!(
-            "ip neigh flush dev {HOST_IF}
-             ping -c1 -W2 {ROUTER_LAN_V4} >/dev/null
-             for i in 1 2 3 4 5; do ping -6 -c1 -W1 {ROUTER_LAN_V6} >/dev/null && exit 0; done
-             echo 'no IPv6 path to the LAN veth' >&2; exit 1"
-        ));
-        let veth_mac = self
-            .router
-            .sh(&format!("cat /sys/class/net/{LAN_IF}/address"));
-        let neigh = self
-            .lan
-            .sh(&format!("ip neigh show {ROUTER_LAN_V4} dev {HOST_IF}"));
-        assert!(
-            neigh.contains(veth_mac.trim()),
-            "the LAN host should resolve {ROUTER_LAN_V4} to {LAN_IF}'s MAC {}: {neigh}",
-            veth_mac.trim()
-        );
+        self.lan_host_reaches_the_router_by(LAN_IF, "the LAN veth");
     }
 
     /// Writes a config to the temp dir, starts `xdp-routerd run` in the router namespace, waits

@@ -38,9 +38,7 @@ impl FlowManager {
     /// while the counters last read are within its bounds).
     pub(super) fn is_held(&self, orig: &CtTuple, reply: &CtTuple) -> bool {
         let counters = self.held_counters.get(orig);
-        self.held
-            .iter()
-            .any(|m| m.may_match(orig, reply) && !counters.is_some_and(|c| m.past_bound(c)))
+        self.held.iter().any(|m| holds(m, orig, reply, counters))
     }
 
     /// The parked connections held only by rules with a counter bound, with their zones: their
@@ -96,7 +94,7 @@ impl FlowManager {
             let c = self.held_counters.get(&e.orig);
             let mut held = false;
             for (m, n) in &mut counts.by_match {
-                if m.may_match(&e.orig, &e.reply) && !c.is_some_and(|c| m.past_bound(c)) {
+                if holds(m, &e.orig, &e.reply, c) {
                     *n += 1;
                     held = true;
                 }
@@ -105,6 +103,12 @@ impl FlowManager {
         }
         counts
     }
+}
+
+/// Whether the rule narrowed to `m` holds the connection: it can match a packet of it, and
+/// for a bounded rule the `counters` last read are within its bounds.
+fn holds(m: &FlowMatch, orig: &CtTuple, reply: &CtTuple, counters: Option<&DirTraffic>) -> bool {
+    m.may_match(orig, reply) && !counters.is_some_and(|c| m.past_bound(c))
 }
 
 /// What [`FlowManager::held_counts`] counted.
